@@ -1,0 +1,28 @@
+# make run: the default job (small ResNet on digits); make test: the whole suite.
+# Both install what they need into .venv first (scripts/setup_env.sh, skipped once done).
+VENV := .venv
+STAMP := $(VENV)/.trainrun-installed
+
+.PHONY: run test lint bench install clean
+
+run: $(STAMP)
+	$(VENV)/bin/trainrun
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check trainrun tests bench
+	$(VENV)/bin/ruff format --check trainrun tests bench
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/overhead.py
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs

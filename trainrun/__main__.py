@@ -1,0 +1,3 @@
+from trainrun.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Exponential moving average of the weights *and* buffers, evaluated in place of the weights.
+
+Every ``update_interval`` steps (at BATCH_END): ema = s·ema + (1 − s)·w with
+s = 2^(−update_interval / half_life). The average starts from the weights at FIT_START, is
+swapped into the model for evaluation (EVAL_START) and swapped out again (EVAL_END), and is
+saved in checkpoints. Averaging is ``torch.optim.swa_utils.AveragedModel``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import EMAConfig
+
+
+def smoothing(update_interval: int, half_life: int) -> float:
+    """Per-update decay so that a weight's influence halves every ``half_life`` steps."""
+    return 2.0 ** (-update_interval / half_life)
+
+
+def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [t.detach() for t in (*model.parameters(), *model.buffers())]
+
+
+class EMA(Algorithm):
+    name = "ema"
+    events = frozenset({Event.FIT_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END})
+    order = 80  # updates after every other method has changed the weights
+
+    def __init__(self, half_life: str, update_interval: str) -> None:
+        self.half_life, self.update_interval = half_life, update_interval
+        self.average: Optional[AveragedModel] = None
+        self.interval = 1
+        self._pending_state: Optional[dict[str, Any]] = None
+        self._stash: list[torch.Tensor] = []
+
+    def match(self, event: Event, state: State) -> bool:
+        if event is Event.BATCH_END:
+            return state.batch % self.interval == 0
+        return event in self.events
+
+    def apply(self, event: Event, state: State) -> None:
+        if event is Event.FIT_START:
+            self._start(state)
+        elif event is Event.BATCH_END:
+            self.average.update_parameters(state.raw_model)
+        elif event is Event.EVAL_START:
+            self._stash = [t.clone() for t in _tensors(state.raw_model)]
+            torch._foreach_copy_(_tensors(state.raw_model), _tensors(self.average.module))
+        else:
+            torch._foreach_copy_(_tensors(state.raw_model), self._stash)
+            self._stash = []
+
+    def _start(self, state: State) -> None:
+        timeline = state.timeline
+        self.interval = max(timeline.to_batches(self.update_interval), 1)
+        decay = smoothing(self.interval, max(timeline.to_batches(self.half_life), 1))
+        self.average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        if self._pending_state is not None:
+            self.average.load_state_dict(self._pending_state)
+        else:
+            self.average.update_parameters(state.raw_model)  # start from the current weights
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average.state_dict()} if self.average is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending_state = state_dict.get("average")
+
+
+def build(config: EMAConfig) -> EMA:
+    return EMA(config.half_life, config.update_interval)

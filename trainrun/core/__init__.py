@@ -1,0 +1,1 @@
+"""State, events, engine, time, trainer and checkpoints: the event-driven core."""

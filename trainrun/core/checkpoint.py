@@ -1,0 +1,73 @@
+"""Atomic checkpoint files: write to a temporary name, then rename; read with ``weights_only``."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from trainrun.errors import CheckpointError
+
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+
+
+def checkpoint_name(epoch: int, batch: int) -> str:
+    return f"ep{epoch}-ba{batch}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoints in ``directory``, oldest (fewest batches) first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(2)), path) for path in directory.iterdir() if (m := _NAME.match(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
+    """Write ``payload`` so that ``path`` is either absent, the old file, or the complete new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`atomic_torch_save`, tensors on the CPU."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for damaged files
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or not a trainrun checkpoint: {reason}") from None
+    if not isinstance(payload, dict) or payload.get("format") != "trainrun/1":
+        raise CheckpointError(f"checkpoint '{path}' is not a trainrun checkpoint")
+    return payload
+
+
+def resolve_resume(resume: Optional[str], checkpoint_dir: Path) -> Optional[Path]:
+    """The checkpoint to resume from: ``auto`` = the newest in ``checkpoint_dir`` (or none)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = list_checkpoints(checkpoint_dir)
+        return found[-1] if found else None
+    path = Path(resume).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' does not exist (resume={resume})")
+    return path
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints."""
+    for path in list_checkpoints(directory)[:-keep]:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,68 @@
+"""Runs algorithms and callbacks at each :class:`Event`; the trainer calls nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from trainrun.core.events import Event
+from trainrun.core.state import State
+
+
+class Algorithm:
+    """A speed-up method: acts on ``events`` and changes the state there.
+
+    ``order`` places algorithms that touch the same thing: lower runs first on ordinary events,
+    last on ``AFTER_*`` / ``*_END`` events. ``state_dict`` is saved in checkpoints.
+    """
+
+    name: ClassVar[str]
+    events: ClassVar[frozenset[Event]] = frozenset()
+    order: ClassVar[int] = 50
+
+    def match(self, event: Event, state: State) -> bool:
+        """Whether to act now; by default on every event in ``events``."""
+        return event in self.events
+
+    def apply(self, event: Event, state: State) -> None:
+        """Do the work for ``event``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class Callback:
+    """Observes the run (logging, progress); runs after the algorithms at every event."""
+
+    def run_event(self, event: Event, state: State) -> None:
+        """Called at every event."""
+
+
+class Engine:
+    """Fires events to algorithms (in ``order``) and then callbacks, timing the algorithms' work."""
+
+    def __init__(self, algorithms: Iterable[Algorithm], callbacks: Iterable[Callback] = ()) -> None:
+        self.algorithms = sorted(algorithms, key=lambda algorithm: algorithm.order)
+        self.callbacks = list(callbacks)
+
+    def run(self, event: Event, state: State) -> None:
+        """Apply every matching algorithm, then every callback."""
+        algorithms = reversed(self.algorithms) if event.is_after else self.algorithms
+        for algorithm in algorithms:
+            if algorithm.match(event, state):
+                previous = state.accounts.switch("algorithms")
+                algorithm.apply(event, state)
+                state.accounts.switch(previous)
+        for callback in self.callbacks:
+            callback.run_event(event, state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {algorithm.name: algorithm.state_dict() for algorithm in self.algorithms}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for algorithm in self.algorithms:
+            if algorithm.name in state_dict:
+                algorithm.load_state_dict(state_dict[algorithm.name])

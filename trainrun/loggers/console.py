@@ -1,0 +1,99 @@
+"""What a person watching the run sees: a live progress bar, a line per evaluation, a closing table."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from trainrun.core.engine import Callback
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.loggers.tta import TimeToAccuracyLogger
+
+
+class ConsoleLogger(Callback):
+    """Rank 0's console. The live bar shows only on a terminal; logs get one line per evaluation."""
+
+    def __init__(self, tta: TimeToAccuracyLogger, live: bool = True, console: Optional[Console] = None) -> None:
+        self.tta = tta
+        self.console = console or Console()
+        self.live = live and self.console.is_terminal
+        self.progress: Optional[Progress] = None
+        self.task = None
+        self._last = (0, 0.0)  # (samples, train seconds) at the last bar update
+
+    def run_event(self, event: Event, state: State) -> None:
+        if not state.is_main:
+            return
+        if event is Event.FIT_START and self.live:
+            self._start_bar(state)
+        elif event is Event.BATCH_END and self.progress is not None:
+            self._update_bar(state)
+        elif event is Event.EVAL_END:
+            self._print_eval(state)
+        elif event is Event.FIT_END:
+            if self.progress is not None:
+                self.progress.stop()
+            self.console.print(self.closing_table(state))
+
+    def _start_bar(self, state: State) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]ep {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  top-1 {task.fields[top1]}  {task.fields[speed]} img/s"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.task = self.progress.add_task(
+            "train", total=state.timeline.max_batches, completed=state.batch, epoch=state.epoch, loss="-", top1="-", speed="-"
+        )
+        self.progress.start()
+
+    def _update_bar(self, state: State) -> None:
+        seconds = state.accounts.train_seconds()
+        samples, since = self._last
+        fields = {"epoch": state.epoch, "loss": f"{state.train_loss:.3f}" if state.train_loss is not None else "-"}
+        if seconds - since >= 1.0:
+            fields["speed"] = f"{(state.samples - samples) / (seconds - since):,.0f}"
+            self._last = (state.samples, seconds)
+        self.progress.update(self.task, completed=state.batch, **fields)
+
+    def _print_eval(self, state: State) -> None:
+        record = self.tta.records[-1] if self.tta.records else None
+        if record is None:
+            return
+        if self.progress is not None:
+            self.progress.update(self.task, top1=f"{record['top1']:.2%}")
+        self.console.print(
+            f"epoch {record['epoch']:.2f}  batch {record['batch']}  top-1 {record['top1']:.2%}  "
+            f"top-5 {record['top5']:.2%}  eval loss {record['eval_loss']:.4f}  "
+            f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} img/s",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def closing_table(self, state: State) -> Table:
+        """Time to each accuracy target, with final and best accuracy."""
+        table = Table(title="time to accuracy", title_justify="left")
+        for column in ("target top-1", "train seconds", "wall seconds", "epoch", "batch"):
+            table.add_column(column, justify="right")
+        for target, reached in self.tta.time_to_targets().items():
+            if reached is None:
+                table.add_row(f"{float(target):.1%}", "not reached", "-", "-", "-")
+            else:
+                table.add_row(
+                    f"{float(target):.1%}",
+                    f"{reached['train_seconds']:.1f}",
+                    f"{reached['wall_seconds']:.1f}",
+                    f"{reached['epoch']:.2f}",
+                    str(reached["batch"]),
+                )
+        best = max((r["top1"] for r in self.tta.records), default=float("nan"))
+        final = self.tta.records[-1]["top1"] if self.tta.records else float("nan")
+        table.caption = f"final top-1 {final:.2%}, best {best:.2%}, train {state.accounts.train_seconds():.1f}s"
+        return table

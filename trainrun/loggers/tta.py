@@ -1,0 +1,91 @@
+"""Time-to-accuracy records: one ``metrics.jsonl`` line per evaluation and ``summary.json``.
+
+``train_seconds`` excludes evaluation and checkpointing, as published time-to-accuracy results
+do; ``wall_seconds`` includes everything since training started.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from trainrun.core.engine import Callback
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.loggers.files import atomic_write_json, atomic_write_text, read_jsonl
+
+
+class TimeToAccuracyLogger(Callback):
+    """Appends a record per evaluation and keeps when each accuracy target was first reached."""
+
+    def __init__(self, run_dir: Path, targets: list[float]) -> None:
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.summary_path = run_dir / "summary.json"
+        self.targets = sorted(targets)
+        self.records: list[dict[str, Any]] = []
+
+    def resume_from(self, batch: int) -> None:
+        """Keep the records up to ``batch`` (a resumed checkpoint); drop any written after it."""
+        self.records = [r for r in read_jsonl(self.metrics_path) if r["batch"] <= batch]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.records))
+
+    def run_event(self, event: Event, state: State) -> None:
+        if event is Event.EVAL_END and state.is_main:
+            record = self._record(state)
+            self.records.append(record)
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        elif event is Event.FIT_END and state.is_main:
+            self.write_summary(state, "completed")
+
+    @staticmethod
+    def _record(state: State) -> dict[str, Any]:
+        metrics = state.eval_metrics
+        return {
+            "epoch": state.batch / state.timeline.batches_per_epoch,
+            "batch": state.batch,
+            "samples": state.samples,
+            "train_seconds": round(state.accounts.train_seconds(), 4),
+            "wall_seconds": round(state.accounts.total(), 4),
+            "throughput": round(metrics["throughput"], 2),
+            "lr": state.optimizer.param_groups[0]["lr"],
+            "train_loss": _finite_or_none(metrics["train_loss"]),
+            "eval_loss": metrics["eval_loss"],
+            "top1": metrics["top1"],
+            "top5": metrics["top5"],
+        }
+
+    def time_to_targets(self) -> dict[str, Optional[dict[str, Any]]]:
+        """For each target, the first record that reached it (train seconds, epoch, batch) or None."""
+        reached: dict[str, Optional[dict[str, Any]]] = {}
+        for target in self.targets:
+            first = next((r for r in self.records if r["top1"] >= target), None)
+            reached[f"{target:g}"] = (
+                {k: first[k] for k in ("train_seconds", "wall_seconds", "epoch", "batch", "samples")} if first else None
+            )
+        return reached
+
+    def write_summary(self, state: Optional[State], status: str, error: Optional[str] = None) -> None:
+        """Write ``summary.json`` atomically with the outcome of the run."""
+        last = self.records[-1] if self.records else {}
+        summary = {
+            "status": status,
+            "error": error,
+            "final_top1": last.get("top1"),
+            "final_top5": last.get("top5"),
+            "best_top1": max((r["top1"] for r in self.records), default=None),
+            "time_to_accuracy": self.time_to_targets(),
+            "epochs": state.batch / state.timeline.batches_per_epoch if state else None,
+            "batches": state.batch if state else None,
+            "samples": state.samples if state else None,
+            "train_seconds": state.accounts.train_seconds() if state else None,
+            "wall_seconds": state.accounts.total() if state else None,
+            "time_breakdown": dict(state.accounts.seconds) if state else None,
+        }
+        atomic_write_json(self.summary_path, summary)
+
+
+def _finite_or_none(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,20 @@
+"""Model builders: torchvision ResNets and a ResNet for 8-32 px images."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from trainrun.models.initializers import initialize
+from trainrun.models.resnet import build_resnet
+from trainrun.models.small import SmallResNet
+from trainrun.schema import ModelConfig
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The network named by ``config``, initialised with its ``initializers``."""
+    if config.name == "resnet_small":
+        model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks)
+    else:
+        model = build_resnet(config.name, config.num_classes)
+    initialize(model, config.initializers, config.num_classes)
+    return model

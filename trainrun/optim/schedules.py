@@ -1,0 +1,68 @@
+"""Learning-rate schedules as pure functions of the optimizer step, applied every batch.
+
+Times may be written in any unit. ``scale_schedule_ratio`` stretches every time written in
+``ep``/``ba``/``sp`` (the warmup included); ``dur`` times follow the already-scaled run length.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable
+
+import torch
+
+from trainrun.core.time import Time, Timeline, TimeUnit
+from trainrun.schema import SchedulerConfig
+
+
+def multiplier(
+    batch: int,
+    *,
+    shape: str,
+    warmup: int,
+    total: int,
+    alpha_f: float = 0.0,
+    step_size: int = 1,
+    gamma: float = 0.1,
+) -> float:
+    """LR multiplier after ``batch`` steps: linear warmup 0→1 over ``warmup``, then ``shape``."""
+    if batch < warmup:
+        return batch / warmup
+    if shape == "constant":
+        return 1.0
+    if shape == "step":
+        return gamma ** (batch // max(step_size, 1))
+    tau = min(max((batch - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    if shape == "cosine":
+        return alpha_f + (1 - alpha_f) * (1 + math.cos(math.pi * tau)) / 2
+    if shape == "linear":
+        return 1.0 + (alpha_f - 1.0) * tau
+    raise ValueError(f"unknown schedule '{shape}'")
+
+
+def stretched_batches(time: str, timeline: Timeline, ratio: float) -> int:
+    """Steps spanned by ``time`` once the run is stretched by ``ratio``."""
+    parsed = Time.parse(time)
+    batches = timeline.to_batches(parsed)
+    return batches if parsed.unit is TimeUnit.DURATION else int(batches * ratio)
+
+
+def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float) -> Callable[[int], float]:
+    """The multiplier of ``config`` as a function of the step, for this run."""
+    return partial(
+        multiplier,
+        shape=config.name,
+        warmup=stretched_batches(config.t_warmup, timeline, ratio),
+        total=timeline.max_batches,
+        alpha_f=config.alpha_f,
+        step_size=stretched_batches(config.step_size, timeline, ratio),
+        gamma=config.gamma,
+    )
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: SchedulerConfig, timeline: Timeline, ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` stepped once per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(config, timeline, ratio))

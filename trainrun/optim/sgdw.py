@@ -1,0 +1,64 @@
+"""SGD with decoupled weight decay (Loshchilov & Hutter, 2019), and the optimizer factory.
+
+torch's ``SGD`` adds ``weight_decay * w`` to the gradient, so the decay is scaled by the learning
+rate and by momentum. Here the decay is applied to the weights directly and follows the
+schedule's *multiplier* (``lr / peak_lr``), not the LR's peak value: ``weight_decay=5e-4`` means
+the same regularisation at lr 0.1 and at lr 2.048.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from trainrun.schema import OptimizerConfig
+
+
+class DecoupledSGDW(torch.optim.SGD):
+    """``torch.optim.SGD`` whose weight decay is decoupled from the gradient and the LR peak."""
+
+    def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, **kwargs) -> None:
+        super().__init__(params, lr=lr, weight_decay=0.0, **kwargs)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = group.pop("decoupled_weight_decay", weight_decay)
+            group["peak_lr"] = group["lr"]
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - as torch.optim.SGD.step
+        for group in self.param_groups:
+            decay = group["decoupled_weight_decay"] * group["lr"] / group["peak_lr"]
+            params = [p for p in group["params"] if p.grad is not None]
+            if decay and params:
+                torch._foreach_mul_(params, 1.0 - decay)
+        return super().step(closure)
+
+
+def _param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
+    if not exclude_norm_and_bias:
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    decayed, exempt = [], []
+    for module in model.modules():
+        is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad:
+                (exempt if is_norm or name == "bias" else decayed).append(param)
+    return [{"params": decayed}, {"params": exempt, "decoupled_weight_decay": 0.0, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+    """Decoupled SGDW or torch's AdamW over the model's trainable parameters."""
+    groups = _param_groups(model, config.weight_decay, config.exclude_norm_and_bias)
+    if config.name == "sgdw":
+        return DecoupledSGDW(
+            groups,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            momentum=config.momentum,
+            dampening=config.dampening,
+            nesterov=config.nesterov,
+        )
+    return torch.optim.AdamW(
+        groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay
+    )

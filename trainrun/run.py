@@ -1,0 +1,128 @@
+"""Build a run's components from a validated config and train them in one process (one rank)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from trainrun.algorithms import build_algorithms
+from trainrun.core import checkpoint
+from trainrun.core.engine import Engine
+from trainrun.core.precision import resolve_precision
+from trainrun.core.state import State
+from trainrun.core.time import Time, Timeline
+from trainrun.core.trainer import Trainer, TrainerSettings
+from trainrun.data import build_data
+from trainrun.errors import TrainrunError
+from trainrun.loggers.console import ConsoleLogger
+from trainrun.loggers.files import atomic_write_text
+from trainrun.loggers.tta import TimeToAccuracyLogger
+from trainrun.loss import LOSSES
+from trainrun.models import build_model
+from trainrun.optim.schedules import build_scheduler
+from trainrun.optim.sgdw import build_optimizer
+from trainrun.schema import TrainConfig
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _distributed() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torch.distributed environment; joins the group."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return rank, world_size, local_rank
+
+
+def _device(name: str, local_rank: int) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TrainrunError("device=cuda but no CUDA device is available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
+    """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
+    rank, world_size, local_rank = _distributed()
+    console = Console(stderr=False, quiet=rank != 0)
+    device = _device(config.device, local_rank)
+    precision, note = resolve_precision(config.precision, device)
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
+
+    seed_everything(config.seed)
+    model = build_model(config.model)
+    seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
+    data = build_data(
+        config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size
+    )
+    max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
+    timeline = Timeline.for_run(max_duration, len(data.train), config.train_batch_size)
+    optimizer = build_optimizer(model, config.optimizer)
+    scheduler = build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
+
+    tta = TimeToAccuracyLogger(run_dir, config.accuracy_targets)
+    callbacks = [tta, ConsoleLogger(tta, live=config.progress, console=console)] if rank == 0 else []
+    state = State(
+        model=model,
+        optimizer=optimizer,
+        timeline=timeline,
+        device=device,
+        precision=config.precision,
+        rank=rank,
+        world_size=world_size,
+        loss_fn=LOSSES[config.loss],
+        train_resolution=config.data.resolution,
+    )
+    checkpoint_dir = run_dir / "checkpoints"
+    settings = TrainerSettings(
+        eval_interval=config.eval_interval,
+        log_interval=config.log_interval,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_interval=config.checkpoint.interval,
+        checkpoint_keep=config.checkpoint.keep,
+        checkpoint_final=config.checkpoint.save_final,
+    )
+    engine = Engine(build_algorithms(config.algorithms), callbacks)
+    trainer = Trainer(state, data, scheduler, precision, engine, settings, config.model.num_classes)
+
+    offset = None
+    resume_path = checkpoint.resolve_resume(config.resume, checkpoint_dir)
+    if resume_path is not None:
+        offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
+        if rank == 0:
+            tta.resume_from(state.batch)
+        console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
+    if rank == 0:
+        atomic_write_text(run_dir / "config.yaml", config_yaml)
+    console.print(
+        f"run dir {run_dir} | {config.model.name} on {config.data.name} | {device} {config.precision} "
+        f"| {world_size} rank(s) | {timeline.max_batches} steps of {config.train_batch_size}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    try:
+        trainer.fit(offset)
+    except BaseException as error:
+        if rank == 0:
+            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            tta.write_summary(state, status, str(error) or type(error).__name__)
+        raise
+    finally:
+        if world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    return state

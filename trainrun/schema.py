@@ -1,0 +1,286 @@
+"""The typed schema every composed config is validated against before any work starts.
+
+This module imports neither torch nor torchvision, so that a bad key, type or value fails in a
+fraction of a second. Field metadata carries the checks OmegaConf cannot express:
+``time`` (a :class:`~trainrun.core.time.Time` string), ``choices``, ``min`` and ``exclusive_min``.
+Each algorithm's hyperparameters are a dataclass registered in :data:`ALGORITHM_CONFIGS`; the
+module under ``trainrun/algorithms/`` of the same name builds the algorithm from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from trainrun.core.time import Time, TimeUnit
+from trainrun.errors import ConfigError
+
+
+def _time(default: Optional[str]) -> Any:
+    return field(default=default, metadata={"time": True})
+
+
+def _choice(default: str, *choices: str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def _positive(default: Any) -> Any:
+    return field(default=default, metadata={"exclusive_min": 0})
+
+
+def _non_negative(default: Any) -> Any:
+    return field(default=default, metadata={"min": 0})
+
+
+MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101")
+INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
+DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder")
+
+
+@dataclass
+class ModelConfig:
+    """Which network to build and how to initialise it."""
+
+    name: str = _choice("resnet_small", *MODEL_NAMES)
+    num_classes: int = _positive(10)
+    initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
+    width: int = _positive(32)  # resnet_small only: channels of the first stage
+    blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # resnet_small: blocks per stage
+
+
+@dataclass
+class DataConfig:
+    """Where images come from and how they are cut, augmented and batched."""
+
+    name: str = _choice("digits", *DATA_NAMES)
+    path: Optional[str] = None  # folder: a directory with train/ and val/ ImageFolder trees
+    num_classes: int = _positive(10)
+    resolution: int = _positive(8)  # training image side
+    eval_resolution: int = _positive(8)  # evaluation image side (center crop)
+    eval_resize: Optional[int] = None  # folder: shorter side before the center crop
+    val_fraction: float = _positive(0.2)  # digits, mnist5k: held-out share, fixed by split_seed
+    split_seed: int = 0
+    num_samples: int = _positive(2048)  # synthetic: training images
+    val_samples: int = _positive(512)  # synthetic: validation images
+    random_crop_padding: int = _non_negative(0)  # built-in sets: pad-and-crop jitter in pixels
+    hflip: bool = False
+    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
+    num_workers: int = _non_negative(0)
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None
+
+
+@dataclass
+class OptimizerConfig:
+    """Decoupled SGDW or AdamW."""
+
+    name: str = _choice("sgdw", "sgdw", "adamw")
+    lr: float = _positive(0.1)
+    momentum: float = _non_negative(0.9)
+    dampening: float = _non_negative(0.0)
+    nesterov: bool = False
+    weight_decay: float = _non_negative(5e-4)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = _positive(1e-8)
+    exclude_norm_and_bias: bool = False  # no weight decay on normalisation layers and biases
+
+
+@dataclass
+class SchedulerConfig:
+    """Linear warmup, then one decay shape; every time in any unit, applied every step."""
+
+    name: str = _choice("cosine", "cosine", "linear", "step", "constant")
+    t_warmup: str = _time("0ba")
+    alpha_f: float = _non_negative(0.0)  # final multiplier of cosine / linear decay
+    step_size: str = _time("30ep")  # step: decay every step_size
+    gamma: float = _positive(0.1)  # step: factor per step
+
+
+@dataclass
+class CheckpointConfig:
+    """When to save and how many checkpoints to keep."""
+
+    interval: Optional[str] = _time(None)  # e.g. 1ep or 500ba; null = only at the end
+    keep: int = _positive(2)  # newest checkpoints kept in <run>/checkpoints
+    save_final: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The whole run. ``algorithms`` maps names to each algorithm's own config dataclass."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    algorithms: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    loss: str = _choice("soft_ce", "soft_ce", "bce")
+    precision: str = _choice("fp32", "fp32", "amp", "bf16")
+    device: str = _choice("auto", "auto", "cpu", "cuda")
+    seed: int = 42
+    max_duration: str = _time("10ep")
+    eval_interval: str = _time("1ep")
+    train_batch_size: int = _positive(128)  # global: divided among ranks
+    eval_batch_size: int = _positive(512)  # global
+    scale_schedule_ratio: float = _positive(1.0)
+    accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    resume: Optional[str] = None  # "auto" (newest checkpoint in the run dir) or a path
+    log_interval: int = _positive(10)  # batches between loss checks and progress updates
+    progress: bool = True  # live rich progress bar on a terminal
+
+
+ALGORITHM_CONFIGS: dict[str, type] = {}
+
+
+def algorithm_config(name: str):
+    """Register a dataclass as the hyperparameters of algorithm ``name``."""
+
+    def register(cls: type) -> type:
+        ALGORITHM_CONFIGS[name] = cls
+        return cls
+
+    return register
+
+
+@algorithm_config("channels_last")
+@dataclass
+class ChannelsLastConfig:
+    """Store the model's weights and activations in NHWC memory format."""
+
+
+@algorithm_config("blurpool")
+@dataclass
+class BlurPoolConfig:
+    """Anti-aliased downsampling (Zhang 2019)."""
+
+    replace_convs: bool = True
+    replace_maxpools: bool = True
+    blur_first: bool = True
+    min_channels: int = _non_negative(16)
+
+
+@algorithm_config("ema")
+@dataclass
+class EMAConfig:
+    """Exponential moving average of weights and buffers, evaluated in place of the weights."""
+
+    half_life: str = _time("100ba")
+    update_interval: str = _time("20ba")
+
+
+@algorithm_config("label_smoothing")
+@dataclass
+class LabelSmoothingConfig:
+    """Mix targets with the uniform distribution."""
+
+    smoothing: float = field(default=0.1, metadata={"min": 0, "max": 1})
+
+
+@algorithm_config("gradient_clipping")
+@dataclass
+class GradientClippingConfig:
+    """Clip gradients by global norm, by value, or adaptively (AGC) before each step."""
+
+    type: str = _choice("norm", "norm", "value", "adaptive")
+    threshold: float = _positive(1.0)
+
+
+def validate(cfg: DictConfig) -> TrainConfig:
+    """Merge ``cfg`` into the schema and check every value; raise :class:`ConfigError` if bad."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
+        for name, params in (merged.algorithms or {}).items():
+            if name not in ALGORITHM_CONFIGS:
+                raise ConfigError(
+                    f"unknown algorithm '{name}' (choose from: {', '.join(sorted(ALGORITHM_CONFIGS))})"
+                )
+            typed = OmegaConf.merge(OmegaConf.structured(ALGORITHM_CONFIGS[name]), params or {})
+            merged.algorithms[name] = typed
+        config: TrainConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_describe_omegaconf_error(error)) from error
+    _check_fields(config, "")
+    for name, params in config.algorithms.items():
+        _check_fields(params, f"algorithms.{name}.")
+    _check_run(config)
+    return config
+
+
+def _describe_omegaconf_error(error: OmegaConfBaseException) -> str:
+    key = getattr(error, "full_key", None) or getattr(error, "key", None)
+    message = str(error).splitlines()[0]
+    if "not in struct" in message or "Key '" in message and "not" in message:
+        return f"unknown config key '{key}'"
+    if key:
+        return f"bad value for '{key}': {message}"
+    return message
+
+
+def _check_fields(obj: Any, prefix: str) -> None:
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
+        key = prefix + spec.name
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, key + ".")
+            continue
+        if value is None:
+            continue
+        meta = spec.metadata
+        if meta.get("time"):
+            try:
+                Time.parse(value)
+            except ValueError as error:
+                raise ConfigError(f"bad value for '{key}': {error}") from None
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
+        if "exclusive_min" in meta and not value > meta["exclusive_min"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be > {meta['exclusive_min']})")
+        if "min" in meta and not value >= meta["min"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be >= {meta['min']})")
+        if "max" in meta and not value <= meta["max"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be <= {meta['max']})")
+
+
+def _check_run(config: TrainConfig) -> None:
+    """Checks that involve more than one field."""
+    if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
+        raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
+    for name in config.model.initializers:
+        if name not in INITIALIZERS:
+            raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
+    for target in config.accuracy_targets:
+        if not 0 < target <= 1:
+            raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")
+    if config.data.name == "folder" and not config.data.path:
+        raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
+    if config.data.path and not Path(config.data.path).expanduser().is_dir():
+        raise ConfigError(f"bad value for 'data.path': '{config.data.path}' is not a directory")
+    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
+        raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
+    if len(config.data.mean) != 3 or len(config.data.std) != 3:
+        raise ConfigError("bad value for 'data.mean'/'data.std': give three values (R, G, B)")
+    if config.model.num_classes != config.data.num_classes:
+        raise ConfigError(
+            f"bad value for 'model.num_classes': {config.model.num_classes} but data "
+            f"'{config.data.name}' has {config.data.num_classes} classes"
+        )
+
+
+def list_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
+    """Dotted keys whose value is a list (``algorithms`` included), for flag translation."""
+    keys = {"algorithms"} if cls is TrainConfig else set()
+    for name, hint in typing.get_type_hints(cls).items():
+        if typing.get_origin(hint) is list:
+            keys.add(prefix + name)
+        elif dataclasses.is_dataclass(hint):
+            keys |= list_keys(hint, f"{prefix}{name}.")
+    return keys
