@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -154,7 +153,7 @@ def _job(cfg: DictConfig, debug: bool) -> None:
         raise SystemExit(_fail(error, debug)) from None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trainrun`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv

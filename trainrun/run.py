@@ -60,16 +60,14 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     rank, world_size, local_rank = _distributed()
     console = Console(stderr=False, quiet=rank != 0)
     device = _device(config.device, local_rank)
-    precision, note = resolve_precision(config.precision, device)
-    if note:
-        console.print(f"[yellow]note:[/] {note}")
+    precision, notes = resolve_precision(config.precision, device)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
     seed_everything(config.seed)
     model = build_model(config.model)
     seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
-    data = build_data(
-        config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size
-    )
+    data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size)
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, len(data.train), config.train_batch_size)
     optimizer = build_optimizer(model, config.optimizer)

@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,7 +22,7 @@ from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
 
 
-def _time(default: Optional[str]) -> Any:
+def _time(default: str | None) -> Any:
     return field(default=default, metadata={"time": True})
 
 
@@ -59,11 +59,11 @@ class DataConfig:
     """Where images come from and how they are cut, augmented and batched."""
 
     name: str = _choice("digits", *DATA_NAMES)
-    path: Optional[str] = None  # folder: a directory with train/ and val/ ImageFolder trees
+    path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees
     num_classes: int = _positive(10)
     resolution: int = _positive(8)  # training image side
     eval_resolution: int = _positive(8)  # evaluation image side (center crop)
-    eval_resize: Optional[int] = None  # folder: shorter side before the center crop
+    eval_resize: int | None = None  # folder: shorter side before the center crop
     val_fraction: float = _positive(0.2)  # digits, mnist5k: held-out share, fixed by split_seed
     split_seed: int = 0
     num_samples: int = _positive(2048)  # synthetic: training images
@@ -75,7 +75,7 @@ class DataConfig:
     num_workers: int = _non_negative(0)
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: int | None = None
 
 
 @dataclass
@@ -108,7 +108,7 @@ class SchedulerConfig:
 class CheckpointConfig:
     """When to save and how many checkpoints to keep."""
 
-    interval: Optional[str] = _time(None)  # e.g. 1ep or 500ba; null = only at the end
+    interval: str | None = _time(None)  # e.g. 1ep or 500ba; null = only at the end
     keep: int = _positive(2)  # newest checkpoints kept in <run>/checkpoints
     save_final: bool = True
 
@@ -133,7 +133,7 @@ class TrainConfig:
     eval_batch_size: int = _positive(512)  # global
     scale_schedule_ratio: float = _positive(1.0)
     accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    resume: Optional[str] = None  # "auto" (newest checkpoint in the run dir) or a path
+    resume: str | None = None  # "auto" (newest checkpoint in the run dir) or a path
     log_interval: int = _positive(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
 
@@ -200,9 +200,7 @@ def validate(cfg: DictConfig) -> TrainConfig:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
         for name, params in (merged.algorithms or {}).items():
             if name not in ALGORITHM_CONFIGS:
-                raise ConfigError(
-                    f"unknown algorithm '{name}' (choose from: {', '.join(sorted(ALGORITHM_CONFIGS))})"
-                )
+                raise ConfigError(f"unknown algorithm '{name}' (choose from: {', '.join(sorted(ALGORITHM_CONFIGS))})")
             typed = OmegaConf.merge(OmegaConf.structured(ALGORITHM_CONFIGS[name]), params or {})
             merged.algorithms[name] = typed
         config: TrainConfig = OmegaConf.to_object(merged)

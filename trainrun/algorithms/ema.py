@@ -8,7 +8,7 @@ saved in checkpoints. Averaging is ``torch.optim.swa_utils.AveragedModel``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -35,9 +35,9 @@ class EMA(Algorithm):
 
     def __init__(self, half_life: str, update_interval: str) -> None:
         self.half_life, self.update_interval = half_life, update_interval
-        self.average: Optional[AveragedModel] = None
+        self.average: AveragedModel | None = None
         self.interval = 1
-        self._pending_state: Optional[dict[str, Any]] = None
+        self._pending_state: dict[str, Any] | None = None
         self._stash: list[torch.Tensor] = []
 
     def match(self, event: Event, state: State) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -54,7 +54,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return payload
 
 
-def resolve_resume(resume: Optional[str], checkpoint_dir: Path) -> Optional[Path]:
+def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:
     """The checkpoint to resume from: ``auto`` = the newest in ``checkpoint_dir`` (or none)."""
     if resume is None:
         return None

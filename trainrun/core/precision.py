@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -15,8 +18,8 @@ class Precision:
 
     name: str
     device_type: str
-    dtype: Optional[torch.dtype] = None
-    scaler: Optional[torch.amp.GradScaler] = None
+    dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and the loss."""
@@ -25,13 +28,37 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def resolve_precision(name: str, device: torch.device) -> tuple[Precision, Optional[str]]:
-    """The precision to run ``name`` with on ``device``, and a note to show once if it differs."""
+_BF16_PROBE = (
+    "import torch\n"
+    "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+    "    torch.nn.Linear(32, 10)(torch.randn(64, 32))\n"
+)
+
+
+def _limit_cpu_isa_if_amx_faults() -> str | None:
+    """Some virtual machines advertise AMX but fault on it (SIGILL in oneDNN's bf16 kernels).
+
+    Probe once in a child process; if it dies that way, keep oneDNN to AVX512-BF16 kernels for
+    this process (the variable is read when the first oneDNN kernel is created).
+    """
+    if "ONEDNN_MAX_CPU_ISA" in os.environ:
+        return None
+    probe = subprocess.run([sys.executable, "-c", _BF16_PROBE], capture_output=True)
+    if probe.returncode != -signal.SIGILL:
+        return None
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
+    return "this CPU faults on AMX bf16 kernels; limited oneDNN to AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA)"
+
+
+def resolve_precision(name: str, device: torch.device) -> tuple[Precision, list[str]]:
+    """The precision to run ``name`` with on ``device``, and notes to show once."""
     if name == "fp32":
-        return Precision(name, device.type), None
-    if name == "bf16":
-        return Precision(name, device.type, torch.bfloat16), None
+        return Precision(name, device.type), []
     if device.type == "cuda":
-        return Precision(name, device.type, torch.float16, torch.amp.GradScaler("cuda")), None
-    note = "precision=amp needs CUDA for fp16 loss scaling; on this CPU it runs bf16 autocast instead"
-    return Precision(name, device.type, torch.bfloat16), note
+        if name == "bf16":
+            return Precision(name, device.type, torch.bfloat16), []
+        return Precision(name, device.type, torch.float16, torch.amp.GradScaler("cuda")), []
+    notes = [note] if (note := _limit_cpu_isa_if_amx_faults()) else []
+    if name == "amp":
+        notes.append("precision=amp needs CUDA for fp16 loss scaling; on this CPU it runs bf16 autocast instead")
+    return Precision(name, device.type, torch.bfloat16), notes

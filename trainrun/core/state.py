@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ class TimeAccounts:
         self.current = "other"
         self._since = time.perf_counter()
 
-    def start(self, offset: Optional[dict[str, float]] = None) -> None:
+    def start(self, offset: dict[str, float] | None = None) -> None:
         """Begin timing now, continuing from ``offset`` (a resumed run's accounts)."""
         self.seconds = dict.fromkeys(BUCKETS, 0.0) | (offset or {})
         self.current = "other"
@@ -74,12 +74,12 @@ class State:
     outputs: Any = None
     loss: Any = None
     loss_fn: Any = None
-    train_resolution: Optional[int] = None
+    train_resolution: int | None = None
     # results
-    train_loss: Optional[float] = None  # last step's loss, updated every log_interval steps
+    train_loss: float | None = None  # last step's loss, updated every log_interval steps
     eval_metrics: dict[str, float] = field(default_factory=dict)
     accounts: TimeAccounts = field(default_factory=TimeAccounts)
-    stop_reason: Optional[str] = None
+    stop_reason: str | None = None
 
     @property
     def progress(self) -> float:

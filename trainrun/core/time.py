@@ -38,9 +38,7 @@ class Time:
             return text
         match = _TIME_PATTERN.match(str(text))
         if match is None:
-            raise ValueError(
-                f"'{text}' is not a time: write a number and a unit, e.g. 90ep, 100ba, 3000sp or 0.5dur"
-            )
+            raise ValueError(f"'{text}' is not a time: write a number and a unit, e.g. 90ep, 100ba, 3000sp or 0.5dur")
         number, exponent, unit_text = match.groups()
         value = float(number) * (10 ** int(exponent) if exponent else 1)
         unit = TimeUnit(unit_text)
@@ -51,8 +49,7 @@ class Time:
         return cls(value, unit)
 
     def __str__(self) -> str:
-        value = self.value if self.unit is TimeUnit.DURATION else int(self.value)
-        return f"{value}{self.unit.value}"
+        return f"{self.value:g}{self.unit.value}"
 
     def scaled(self, ratio: float) -> Time:
         """This time stretched by ``ratio``; whole units are truncated, never below 1 if non-zero."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,8 +33,8 @@ class TrainerSettings:
 
     eval_interval: str
     log_interval: int
-    checkpoint_dir: Optional[Path] = None
-    checkpoint_interval: Optional[str] = None
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: str | None = None
     checkpoint_keep: int = 2
     checkpoint_final: bool = True
 
@@ -67,7 +67,7 @@ class Trainer:
             state.model = DistributedDataParallel(state.model, device_ids=device_ids)
 
     # ----------------------------------------------------------------------------------------
-    def fit(self, accounts_offset: Optional[dict[str, float]] = None) -> State:
+    def fit(self, accounts_offset: dict[str, float] | None = None) -> State:
         """Train until ``max_duration``; evaluate and checkpoint at their intervals."""
         state, timeline = self.state, self.state.timeline
         state.accounts.start(accounts_offset)

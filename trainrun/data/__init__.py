@@ -67,9 +67,15 @@ def build_data(
         "persistent_workers": config.persistent_workers and config.num_workers > 0,
         "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
     }
-    train = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, **workers)
+    # Own generator: iterator creation must not draw from the global RNG that augmentation uses,
+    # or a run resumed mid-epoch would see different augmentations than the uninterrupted one.
+    generator = torch.Generator().manual_seed(seed + rank)
+    train = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, generator=generator, **workers)
     evaluation = DataLoader(
-        val_set, batch_size=eval_batch_size // world_size, sampler=ShardSampler(len(val_set), rank, world_size), **workers
+        val_set,
+        batch_size=eval_batch_size // world_size,
+        sampler=ShardSampler(len(val_set), rank, world_size),
+        **workers,
     )
     scale = torch.tensor(255.0)
     return DataSpec(

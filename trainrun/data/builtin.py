@@ -7,7 +7,6 @@ split into train / validation by a permutation fixed by ``split_seed``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Optional
 
 import numpy as np
 import torch
@@ -16,7 +15,7 @@ from torchvision.transforms import v2
 
 from trainrun.schema import DataConfig
 
-Transform = Optional[Callable[[torch.Tensor], torch.Tensor]]
+Transform = Callable[[torch.Tensor], torch.Tensor] | None
 
 
 class TensorImageDataset(Dataset):
@@ -118,6 +117,7 @@ class SyntheticImages(Dataset):
 
 def synthetic_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
     """Train and validation synthetic sets drawing from the same class patterns."""
+
     def make(count: int, resolution: int, offset: int) -> SyntheticImages:
         return SyntheticImages(count, resolution, config.num_classes, config.split_seed, offset)
 

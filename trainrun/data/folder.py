@@ -29,7 +29,9 @@ def folder_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
     root = Path(config.path).expanduser()
     train = _image_folder(
         root / "train",
-        v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(config.resolution, antialias=True), v2.RandomHorizontalFlip()]),
+        v2.Compose(
+            [v2.PILToTensor(), v2.RandomResizedCrop(config.resolution, antialias=True), v2.RandomHorizontalFlip()]
+        ),
     )
     eval_resize = config.eval_resize or config.eval_resolution
     val = _image_folder(

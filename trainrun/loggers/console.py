@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -17,11 +15,11 @@ from trainrun.loggers.tta import TimeToAccuracyLogger
 class ConsoleLogger(Callback):
     """Rank 0's console. The live bar shows only on a terminal; logs get one line per evaluation."""
 
-    def __init__(self, tta: TimeToAccuracyLogger, live: bool = True, console: Optional[Console] = None) -> None:
+    def __init__(self, tta: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
         self.tta = tta
         self.console = console or Console()
         self.live = live and self.console.is_terminal
-        self.progress: Optional[Progress] = None
+        self.progress: Progress | None = None
         self.task = None
         self._last = (0, 0.0)  # (samples, train seconds) at the last bar update
 
@@ -50,7 +48,13 @@ class ConsoleLogger(Callback):
             transient=True,
         )
         self.task = self.progress.add_task(
-            "train", total=state.timeline.max_batches, completed=state.batch, epoch=state.epoch, loss="-", top1="-", speed="-"
+            "train",
+            total=state.timeline.max_batches,
+            completed=state.batch,
+            epoch=state.epoch,
+            loss="-",
+            top1="-",
+            speed="-",
         )
         self.progress.start()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
@@ -57,9 +57,9 @@ class TimeToAccuracyLogger(Callback):
             "top5": metrics["top5"],
         }
 
-    def time_to_targets(self) -> dict[str, Optional[dict[str, Any]]]:
+    def time_to_targets(self) -> dict[str, dict[str, Any] | None]:
         """For each target, the first record that reached it (train seconds, epoch, batch) or None."""
-        reached: dict[str, Optional[dict[str, Any]]] = {}
+        reached: dict[str, dict[str, Any] | None] = {}
         for target in self.targets:
             first = next((r for r in self.records if r["top1"] >= target), None)
             reached[f"{target:g}"] = (
@@ -67,7 +67,7 @@ class TimeToAccuracyLogger(Callback):
             )
         return reached
 
-    def write_summary(self, state: Optional[State], status: str, error: Optional[str] = None) -> None:
+    def write_summary(self, state: State | None, status: str, error: str | None = None) -> None:
         """Write ``summary.json`` atomically with the outcome of the run."""
         last = self.records[-1] if self.records else {}
         summary = {
@@ -87,5 +87,5 @@ class TimeToAccuracyLogger(Callback):
         atomic_write_json(self.summary_path, summary)
 
 
-def _finite_or_none(value: float) -> Optional[float]:
+def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None

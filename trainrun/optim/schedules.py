@@ -7,8 +7,8 @@ Times may be written in any unit. ``scale_schedule_ratio`` stretches every time 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 

@@ -1,0 +1,40 @@
+"""Shared helpers: run the real CLI in a subprocess on tiny settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Small enough for a 2-core CPU: a narrow ResNet on digits for two epochs.
+TINY = ["model.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m trainrun ARGS`` with captured text output."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "trainrun", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """One completed tiny run with a checkpoint every epoch, shared by read-only tests."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = run_cli(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=1ep", "checkpoint.keep=5")
+    assert result.returncode == 0, result.stderr
+    return run_dir

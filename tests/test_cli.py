@@ -1,0 +1,192 @@
+"""The real CLI in a subprocess: composition, flags, help, and every bad input failing cleanly."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+from conftest import TINY, read_metrics, run_cli
+
+from trainrun.cli import check, translate
+from trainrun.errors import ConfigError
+
+
+def test_composer_flags_become_hydra_overrides():
+    hydra_args, overrides, debug = translate(
+        [
+            "--algorithms",
+            "channels_last",
+            "ema",
+            "--precision",
+            "amp",
+            "--optimizer.lr",
+            "0.4",
+            "--max_duration=5ep",
+            "recipe=baseline",
+            "--cfg",
+            "job",
+            "-m",
+            "--debug",
+            "--progress",
+        ]
+    )
+    assert hydra_args == ["--cfg", "job", "-m"] and debug
+    assert overrides == [
+        "algorithms=[channels_last,ema]",
+        "precision=amp",
+        "optimizer.lr=0.4",
+        "max_duration=5ep",
+        "recipe=baseline",
+        "progress=true",
+    ]
+    assert translate(["--algorithms", "ema"])[1] == ["algorithms=[ema]"]
+    assert translate(["--optimizer.lr", "-0.5"])[1] == ["optimizer.lr=-0.5"]
+
+
+def test_flags_and_overrides_compose_the_same_config():
+    by_flag = check(translate(["--algorithms", "ema", "blurpool", "--optimizer.lr", "0.4"])[1])[0]
+    by_override = check(["algorithms=[ema,blurpool]", "optimizer.lr=0.4"])[0]
+    assert by_flag == by_override
+    assert set(by_flag.algorithms) == {"ema", "blurpool"} and by_flag.optimizer.lr == 0.4
+
+
+def test_recipe_group_lives_in_top_level_recipes(tmp_path):
+    config = check(["recipe=baseline", f"data.path={tmp_path}"])[0]
+    assert config.model.name == "resnet50" and config.optimizer.lr == 2.048
+    assert config.scheduler.t_warmup == "8ep" and config.train_batch_size == 2048
+    override = check(["recipe=baseline", f"data.path={tmp_path}", "model=resnet18", "optimizer.lr=0.1"])[0]
+    assert override.model.name == "resnet18" and override.optimizer.lr == 0.1
+
+
+def test_multirun_sweeps_are_validated_job_by_job():
+    assert [c.optimizer.lr for c in check(["optimizer.lr=0.1,0.2"], multirun=True)] == [0.1, 0.2]
+    with pytest.raises(ConfigError, match="optimizer.lr"):
+        check(["optimizer.lr=0.1,-1"], multirun=True)
+
+
+def test_help_lists_groups_and_options(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for line in (
+        "algorithms: blurpool, channels_last, ema",
+        "model: resnet101, resnet18, resnet34, resnet50",
+        "recipe: baseline",
+        "data: digits, folder, mnist5k, synthetic",
+    ):
+        assert line in result.stdout
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path):
+    result = run_cli("--cfg", "job", "--algorithms", "ema", "--optimizer.lr", "0.4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "half_life: 100ba" in result.stdout and "lr: 0.4" in result.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def _snapshot(directory):
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def previous_run(trained_run, tmp_path):
+    """A copy of a finished run: bad input pointed at it must leave every file as it was."""
+    copy = tmp_path / "previous"
+    shutil.copytree(trained_run, copy)
+    return copy
+
+
+def _empty_folder(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / "empty" / split).mkdir(parents=True, exist_ok=True)
+    return tmp_path / "empty"
+
+
+BAD_INPUTS = [
+    (["algorithms=[nosuch]"], "unknown option 'nosuch' for 'algorithms'"),
+    (["--algorithms", "ema", "nosuch"], "unknown option 'nosuch' for 'algorithms'"),
+    (["optimizer.lrr=0.1"], "unknown config key 'optimizer.lrr'"),
+    (["optimizer.lr=fast"], "bad value for 'optimizer.lr'"),
+    (["max_duration=10epochs"], "bad value for 'max_duration'"),
+    (["max_duration=0.5dur"], "bad value for 'max_duration'"),
+    (["eval_interval=often"], "bad value for 'eval_interval'"),
+    (["algorithms=[ema]", "algorithms.ema.half_life=5"], "bad value for 'algorithms.ema.half_life'"),
+    (["optimizer.lr=-0.1"], "bad value for 'optimizer.lr'"),
+    (["scale_schedule_ratio=0"], "bad value for 'scale_schedule_ratio'"),
+    (["precision=fp8"], "bad value for 'precision'"),
+    (["model=resnet9000"], "unknown option 'resnet9000' for 'model'"),
+    (["recipe=scorching"], "unknown option 'scorching' for 'recipe'"),
+    (["accuracy_targets=[1.5]"], "bad value for 'accuracy_targets'"),
+    (["model.num_classes=7"], "bad value for 'model.num_classes'"),
+    (["data=folder"], "data=folder needs 'data.path'"),
+    (["data=folder", "data.path=/no/such/imagenet"], "'/no/such/imagenet' is not a directory"),
+    (["resume=/no/such/checkpoint.pt"], "checkpoint '/no/such/checkpoint.pt' does not exist"),
+    (["optimizer.lr=["], "cannot parse override 'optimizer.lr=['"),
+    (["-x"], "unknown flag '-x'"),
+    (["train_batch_size=5000"], "train_batch_size 5000 is larger than the 1438 training images"),
+    (["data=folder", "data.num_classes=2", "data.path={empty}"], "no images in data folder"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_clear_line_and_changes_nothing(args, message, previous_run, tmp_path):
+    before = _snapshot(previous_run)
+    args = [a.replace("{empty}", str(_empty_folder(tmp_path))) for a in args]
+    result = run_cli(*TINY, *args, f"hydra.run.dir={previous_run}", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("trainrun: error:"), result.stderr
+    assert message in lines[0]
+    assert _snapshot(previous_run) == before
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint_on_resume(previous_run, tmp_path):
+    newest = sorted((previous_run / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])
+    before = _snapshot(previous_run)
+    for resume in ("auto", str(newest)):
+        result = run_cli(*TINY, f"hydra.run.dir={previous_run}", f"resume={resume}", cwd=tmp_path)
+        assert result.returncode == 2
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "is corrupt or not a trainrun checkpoint" in lines[0], result.stderr
+        assert _snapshot(previous_run) == before
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_naming_the_step(tmp_path):
+    run_dir = tmp_path / "nan"
+    result = run_cli(*TINY, "optimizer.lr=1e12", "log_interval=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 3
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "at step" in lines[0] and "loss is" in lines[0], result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "at step" in summary["error"]
+
+
+@pytest.mark.slow
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_cli("optimizer.lrr=1", "--debug", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_metrics_of_a_shared_run(trained_run):
+    records = read_metrics(trained_run)
+    assert [r["epoch"] for r in records] == [1.0, 2.0]
+    for key in (
+        "epoch",
+        "batch",
+        "samples",
+        "train_seconds",
+        "wall_seconds",
+        "throughput",
+        "lr",
+        "train_loss",
+        "top1",
+        "top5",
+    ):
+        assert key in records[0]
+    assert records[0]["train_seconds"] <= records[0]["wall_seconds"]

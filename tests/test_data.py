@@ -1,0 +1,93 @@
+import pytest
+import torch
+from PIL import Image
+
+from trainrun.data import build_data
+from trainrun.data.builtin import SyntheticImages, builtin_datasets, split_indices
+from trainrun.data.sampling import ResumableSampler, ShardSampler
+from trainrun.errors import DataError
+from trainrun.schema import DataConfig
+
+
+def test_digits_split_is_fixed_disjoint_and_complete():
+    train, val = split_indices(1797, 0.2, seed=0)
+    again, _ = split_indices(1797, 0.2, seed=0)
+    assert torch.equal(train, again)
+    assert len(val) == 359 and len(train) == 1438
+    assert set(train.tolist()).isdisjoint(val.tolist())
+    assert len(set(train.tolist()) | set(val.tolist())) == 1797
+    other, _ = split_indices(1797, 0.2, seed=1)
+    assert not torch.equal(train, other)
+
+
+@pytest.mark.parametrize(("name", "size", "total"), [("digits", 8, 1797), ("mnist5k", 28, 5000)])
+def test_builtin_sets_are_real_uint8_rgb(name, size, total):
+    train, val = builtin_datasets(DataConfig(name=name, resolution=size, eval_resolution=size))
+    image, label = train[0]
+    assert image.dtype == torch.uint8 and image.shape == (3, size, size)
+    assert len(train) + len(val) == total
+    assert set(int(train.labels[i]) for i in range(len(train))) == set(range(10))
+
+
+def test_synthetic_images_are_deterministic_and_class_dependent():
+    data = SyntheticImages(100, 16, num_classes=4, seed=3)
+    a, label = data[5]
+    b, _ = data[5]
+    assert torch.equal(a, b) and label == 1 and a.shape == (3, 16, 16)
+    same = (data[1][0].float() - data[5][0].float()).abs().mean()
+    other = (data[2][0].float() - data[5][0].float()).abs().mean()
+    assert same < other
+
+
+def test_shards_cover_the_set_once_without_padding():
+    shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
+    assert sorted(sum(shards, [])) == list(range(10))
+
+
+def test_resumable_sampler_skips_into_the_epoch():
+    sampler = ResumableSampler(range(20), num_replicas=1, rank=0, shuffle=True, seed=1)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    sampler.set_epoch(3, skip=8)
+    assert list(sampler) == full[8:] and len(sampler) == 12
+
+
+def _folder(root, classes, per_class, size=(40, 30)):
+    for split in ("train", "val"):
+        for name in classes:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", size, (i * 20, 100, 200)).save(folder / f"{i}.jpg")
+
+
+def test_folder_loader_crops_to_the_configured_sizes(tmp_path):
+    _folder(tmp_path, ["cat", "dog"], 3)
+    config = DataConfig(
+        name="folder", path=str(tmp_path), num_classes=2, resolution=16, eval_resolution=12, eval_resize=14
+    )
+    data = build_data(config, 4, 6, seed=0, rank=0, world_size=1)
+    images, labels = next(iter(data.train))
+    assert images.shape == (4, 3, 16, 16) and images.dtype == torch.uint8
+    images, labels = next(iter(data.eval))
+    assert images.shape == (6, 3, 12, 12) and sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1]
+
+
+def test_folder_errors(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    with pytest.raises(DataError, match="no images"):
+        build_data(DataConfig(name="folder", path=str(tmp_path), num_classes=2), 2, 2, 0, 0, 1)
+    other = tmp_path / "x"
+    _folder(other, ["a", "b", "c"], 1)
+    with pytest.raises(DataError, match="has 3 classes"):
+        build_data(DataConfig(name="folder", path=str(other), num_classes=2), 2, 2, 0, 0, 1)
+
+
+def test_global_batch_is_divided_among_ranks():
+    config = DataConfig(name="synthetic", num_samples=64, val_samples=10, resolution=8, eval_resolution=8)
+    data = build_data(config, train_batch_size=16, eval_batch_size=4, seed=0, rank=1, world_size=2)
+    assert data.train.batch_size == 8 and len(data.train) == 4
+    assert len(data.eval.sampler) == 5
+    with pytest.raises(DataError, match="larger than"):
+        build_data(config, train_batch_size=128, eval_batch_size=4, seed=0, rank=0, world_size=1)

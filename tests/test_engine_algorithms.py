@@ -1,0 +1,156 @@
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.models import resnet50
+
+from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
+from trainrun.algorithms.ema import smoothing
+from trainrun.algorithms.gradient_clipping import adaptive_clip
+from trainrun.algorithms.label_smoothing import smooth
+from trainrun.core.engine import Algorithm, Callback, Engine
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.core.time import Timeline
+from trainrun.schema import ALGORITHM_CONFIGS, BlurPoolConfig, EMAConfig
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def make_state(model=None, max_batches=100) -> State:
+    model = model or torch.nn.Linear(2, 2)
+    return State(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        timeline=Timeline(batches_per_epoch=10, samples_per_batch=4, max_batches=max_batches),
+        device=torch.device("cpu"),
+        precision="fp32",
+    )
+
+
+class Recorder(Algorithm):
+    events = frozenset(Event)
+
+    def __init__(self, name, order, log):
+        self.name, self.order, self.log = name, order, log
+
+    def apply(self, event, state):
+        self.log.append((event, self.name))
+
+
+def test_engine_orders_algorithms_and_reverses_after_events():
+    log = []
+    engine = Engine([Recorder("late", 70, log), Recorder("early", 10, log)])
+    state = make_state()
+    for event in (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BATCH_END):
+        engine.run(event, state)
+    assert [name for _, name in log] == ["early", "late", "late", "early", "late", "early"]
+
+
+def test_callbacks_run_after_algorithms():
+    log = []
+
+    class Listener(Callback):
+        def run_event(self, event, state):
+            log.append((event, "callback"))
+
+    Engine([Recorder("a", 1, log)], [Listener()]).run(Event.INIT, make_state())
+    assert log == [(Event.INIT, "a"), (Event.INIT, "callback")]
+
+
+def test_trainer_never_names_an_algorithm():
+    source = (Path(__file__).resolve().parent.parent / "trainrun/core/trainer.py").read_text()
+    names = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if node.module and "algorithms" in node.module
+    }
+    assert not imported and not {n.lower() for n in names} & set(ALGORITHM_CONFIGS)
+
+
+def test_every_algorithm_has_a_schema_a_module_and_a_yaml():
+    yaml_names = {path.stem for path in (CONF / "algorithms").glob("*.yaml")}
+    assert yaml_names == set(ALGORITHM_CONFIGS)
+    built = build_algorithms({name: cls() for name, cls in ALGORITHM_CONFIGS.items()})
+    assert {a.name for a in built} == set(ALGORITHM_CONFIGS)
+
+
+def test_blurpool_on_resnet50_replaces_the_strided_convs_and_the_maxpool():
+    model = resnet50()
+    strided = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and m.stride != (1, 1)]
+    assert len(strided) == 7  # the stem, three 3x3 and three 1x1 downsampling convolutions
+    assert apply_blurpool(model, BlurPoolConfig()) == 7
+    blurred = [n for n, m in model.named_modules() if isinstance(m, BlurConv2d)]
+    assert sorted(blurred) == sorted(n for n in strided if n != "conv1")  # the stem has 3 channels
+    assert isinstance(model.maxpool, BlurMaxPool2d)
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_blur_kernel_is_binomial_and_keeps_constants():
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, stride=2, padding=1))
+    apply_blurpool(model, BlurPoolConfig())
+    blur = model[0].blur
+    assert torch.allclose(blur.kernel[0, 0], torch.tensor([[1, 2, 1], [2, 4, 2], [1, 2, 1]]) / 16.0)
+    assert torch.allclose(blur(torch.ones(1, 16, 6, 6))[..., 1:-1, 1:-1], torch.ones(1, 16, 4, 4))
+
+
+def test_channels_last_survives_blurpool():
+    model = resnet50()
+    engine = Engine(
+        build_algorithms({"channels_last": ALGORITHM_CONFIGS["channels_last"](), "blurpool": BlurPoolConfig()})
+    )
+    state = make_state(model)
+    engine.run(Event.INIT, state)
+    assert isinstance(model.layer2[0].conv2, BlurConv2d)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            assert module.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_ema_equals_the_closed_form():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    (ema,) = build_algorithms({"ema": EMAConfig(half_life="10ba", update_interval="2ba")})
+    state = make_state(model)
+    ema.apply(Event.FIT_START, state)
+    s = smoothing(2, 10)
+    assert s == pytest.approx(2**-0.2)
+    expected = [t.detach().clone().float() for t in model.state_dict().values()]
+    for step in range(1, 9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model(torch.randn(4, 3))  # moves the BN running statistics
+        state.batch = step
+        if ema.match(Event.BATCH_END, state):
+            ema.apply(Event.BATCH_END, state)
+            current = [t.float() for t in model.state_dict().values()]
+            expected = [s * e + (1 - s) * c for e, c in zip(expected, current)]
+    averaged = list(ema.average.module.state_dict().values())
+    for got, want, key in zip(averaged, expected, model.state_dict()):
+        if "num_batches" not in key:
+            assert torch.allclose(got.float(), want, atol=1e-6), key
+    training = [t.clone() for t in model.state_dict().values()]
+    ema.apply(Event.EVAL_START, state)
+    assert torch.allclose(model[0].weight, ema.average.module[0].weight)
+    ema.apply(Event.EVAL_END, state)
+    assert all(torch.equal(a, b) for a, b in zip(training, model.state_dict().values()))
+
+
+def test_label_smoothing_targets():
+    targets = smooth(torch.tensor([2, 0]), 4, 0.1, torch.float32)
+    assert torch.allclose(targets[0], torch.tensor([0.025, 0.025, 0.925, 0.025]))
+    assert torch.allclose(targets.sum(1), torch.ones(2))
+
+
+def test_adaptive_clipping_bounds_each_unit():
+    weight = torch.nn.Parameter(torch.tensor([[3.0, 4.0], [0.3, 0.4]]))
+    weight.grad = torch.tensor([[30.0, 40.0], [0.003, 0.004]])
+    adaptive_clip([weight], threshold=0.1)
+    assert weight.grad[0].norm() == pytest.approx(0.5)  # clipped to 0.1 * ||w|| = 0.5
+    assert torch.allclose(weight.grad[1], torch.tensor([0.003, 0.004]))  # under the bound, untouched

@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainrun.loss import binary_cross_entropy, soft_cross_entropy
+from trainrun.models import build_model
+from trainrun.schema import ModelConfig
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet34", "resnet50", "resnet101"])
+def test_torchvision_resnets_build_with_the_head_size(name):
+    model = build_model(ModelConfig(name=name, num_classes=7))
+    assert model.fc.out_features == 7
+
+
+@pytest.mark.parametrize("size", [8, 16, 28, 32])
+def test_small_resnet_takes_8_to_32_px(size):
+    model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=8, blocks=[1, 1]))
+    assert model(torch.zeros(2, 3, size, size)).shape == (2, 10)
+
+
+def test_initializers():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="resnet50", num_classes=1000))
+    assert torch.allclose(model.fc.bias, torch.full((1000,), -math.log(1000)))
+    bn_weights = torch.cat([m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)])
+    assert bn_weights.min() >= 0 and bn_weights.max() <= 1 and 0.45 < bn_weights.mean() < 0.55
+    conv = model.layer3[0].conv2  # 256 -> 256, 3x3: He-normal std = sqrt(2 / fan_in)
+    assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / (256 * 9)), rel=0.05)
+
+
+def test_initial_sigmoid_outputs_are_near_one_over_classes():
+    model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=8))
+    model.fc.weight.data.zero_()
+    assert torch.allclose(
+        torch.sigmoid(model(torch.randn(2, 3, 8, 8))), torch.full((2, 10), 1 / 11)
+    )  # sigmoid(-ln C) = 1 / (1 + C)
+
+
+def test_soft_cross_entropy_matches_hard_labels_and_is_sum_over_batch():
+    logits, labels = torch.randn(6, 5), torch.tensor([0, 1, 2, 3, 4, 0])
+    one_hot = F.one_hot(labels, 5).float()
+    assert soft_cross_entropy(logits, labels) == pytest.approx(F.cross_entropy(logits, labels).item())
+    assert soft_cross_entropy(logits, one_hot) == pytest.approx(F.cross_entropy(logits, labels).item())
+    soft = torch.full((6, 5), 0.2)
+    expected = -(soft * F.log_softmax(logits, 1)).sum() / 6
+    assert soft_cross_entropy(logits, soft) == pytest.approx(expected.item())
+
+
+def test_bce_sums_over_classes_and_divides_by_batch():
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 2, 1, 1])
+    one_hot = F.one_hot(labels, 3).float()
+    by_hand = -(one_hot * F.logsigmoid(logits) + (1 - one_hot) * F.logsigmoid(-logits)).sum() / 4
+    assert binary_cross_entropy(logits, labels) == pytest.approx(by_hand.item(), rel=1e-5)

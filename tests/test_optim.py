@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from trainrun.core.time import Time, Timeline
+from trainrun.optim.schedules import build_scheduler, multiplier
+from trainrun.optim.sgdw import DecoupledSGDW, build_optimizer
+from trainrun.schema import OptimizerConfig, SchedulerConfig
+
+
+def test_warmup_is_linear_from_zero():
+    values = [multiplier(b, shape="cosine", warmup=10, total=100) for b in (0, 5, 10)]
+    assert values == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("shape", "batch", "expected"),
+    [
+        ("cosine", 55, 0.1 + 0.9 * 0.5),  # halfway through the decay
+        ("cosine", 100, 0.1),
+        ("linear", 55, 1 + (0.1 - 1) * 0.5),
+        ("linear", 100, 0.1),
+        ("constant", 80, 1.0),
+    ],
+)
+def test_decay_shapes_with_alpha_f(shape, batch, expected):
+    assert multiplier(batch, shape=shape, warmup=10, total=100, alpha_f=0.1) == pytest.approx(expected)
+
+
+def test_step_schedule():
+    assert multiplier(29, shape="step", warmup=0, total=100, step_size=30, gamma=0.1) == 1.0
+    assert multiplier(60, shape="step", warmup=0, total=100, step_size=30, gamma=0.1) == pytest.approx(0.01)
+
+
+def _lrs(config: SchedulerConfig, ratio: float, steps: int, timeline: Timeline) -> list[float]:
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    scheduler = build_scheduler(optimizer, config, timeline, ratio)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def test_schedule_applied_every_step_and_stretched_by_the_ratio():
+    config = SchedulerConfig(name="cosine", t_warmup="2ep", alpha_f=0.0)
+    base = Timeline.for_run(Time.parse("10ep"), 10, 8)
+    stretched = Timeline.for_run(Time.parse("10ep").scaled(2.0), 10, 8)
+    plain = _lrs(config, 1.0, base.max_batches, base)
+    double = _lrs(config, 2.0, stretched.max_batches, stretched)
+    assert plain[10] == pytest.approx(0.5)  # every step, mid-warmup
+    assert double[20] == pytest.approx(0.5)  # warmup stretched with the run
+    for step in range(0, 100, 7):
+        assert double[2 * step] == pytest.approx(plain[step], abs=1e-9)
+
+
+def test_weight_decay_follows_the_schedule_not_the_peak_lr():
+    for peak in (0.1, 2.048):
+        weight = torch.nn.Parameter(torch.ones(4))
+        optimizer = DecoupledSGDW([weight], lr=peak, weight_decay=0.01, momentum=0.9)
+        weight.grad = torch.zeros(4)
+        optimizer.step()
+        assert weight.detach() == pytest.approx(torch.full((4,), 0.99))
+        optimizer.param_groups[0]["lr"] = peak / 2  # the schedule halves the LR
+        optimizer.step()
+        assert weight.detach() == pytest.approx(torch.full((4,), 0.99 * 0.995))
+
+
+def test_sgdw_matches_sgd_without_decay():
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(5)), None
+    b = torch.nn.Parameter(a.detach().clone())
+    sgdw = DecoupledSGDW([a], lr=0.1, momentum=0.9)
+    sgd = torch.optim.SGD([b], lr=0.1, momentum=0.9)
+    for _ in range(3):
+        grad = torch.randn(5)
+        a.grad, b.grad = grad.clone(), grad.clone()
+        sgdw.step()
+        sgd.step()
+    assert torch.allclose(a, b)
+
+
+def test_norm_and_bias_can_be_exempt_from_decay():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    optimizer = build_optimizer(model, OptimizerConfig(weight_decay=0.1, exclude_norm_and_bias=True))
+    decayed, exempt = optimizer.param_groups
+    assert [p.shape for p in decayed["params"]] == [torch.Size([3, 3])]
+    assert len(exempt["params"]) == 3 and exempt["decoupled_weight_decay"] == 0.0
+    adamw = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3))
+    assert isinstance(adamw, torch.optim.AdamW)
+    assert math.isclose(adamw.param_groups[0]["lr"], 1e-3)

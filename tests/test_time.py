@@ -1,0 +1,43 @@
+import pytest
+
+from trainrun.core.time import Time, Timeline, TimeUnit
+
+
+@pytest.mark.parametrize("text", ["90ep", "100ba", "3000sp", "0.5dur", "1dur", "0ba"])
+def test_time_strings_round_trip(text):
+    assert str(Time.parse(text)) == text
+    assert Time.parse(str(Time.parse(text))) == Time.parse(text)
+
+
+@pytest.mark.parametrize("text", ["", "ep", "10", "1.5ep", "10 epochs", "-3ba", "3xx", "dur"])
+def test_bad_time_strings_name_the_text(text):
+    with pytest.raises(ValueError, match="is not a time"):
+        Time.parse(text)
+
+
+def test_units_convert_to_batches():
+    timeline = Timeline.for_run(Time.parse("10ep"), batches_per_epoch=20, samples_per_batch=64)
+    assert timeline.max_batches == 200
+    assert timeline.to_batches("2ep") == 40
+    assert timeline.to_batches("7ba") == 7
+    assert timeline.to_batches("640sp") == 10
+    assert timeline.to_batches("641sp") == 11
+    assert timeline.to_batches("0.25dur") == 50
+
+
+def test_max_duration_cannot_be_a_fraction_of_itself():
+    with pytest.raises(ValueError):
+        Timeline.for_run(Time.parse("0.5dur"), 10, 10)
+
+
+def test_scaling_truncates_whole_units_like_the_published_recipes():
+    assert Time.parse("90ep").scaled(0.32) == Time(28, TimeUnit.EPOCH)
+    assert Time.parse("90ep").scaled(0.36) == Time(32, TimeUnit.EPOCH)
+    assert Time.parse("0.5dur").scaled(0.1) == Time.parse("0.5dur")
+    assert Time.parse("1ep").scaled(0.1) == Time(1, TimeUnit.EPOCH)
+
+
+def test_interval_boundaries_include_the_last_step():
+    timeline = Timeline(batches_per_epoch=10, samples_per_batch=1, max_batches=25)
+    hits = [b for b in range(1, 26) if timeline.is_multiple(b, "1ep")]
+    assert hits == [10, 20, 25]
