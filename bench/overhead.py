@@ -14,33 +14,28 @@ import argparse
 import time
 
 import torch
-from torch.utils.data import DataLoader
 
 from trainrun.core.engine import Engine
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import DataSpec
+from trainrun.data import TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
-from trainrun.data.sampling import ResumableSampler
 from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.schedules import build_scheduler
 from trainrun.optim.sgdw import build_optimizer
-from trainrun.schema import ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
 
 
-def in_memory_data(count: int, resolution: int, batch: int) -> DataSpec:
+def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
     """Synthetic images materialised once as tensors, read through a plain DataLoader."""
     source = SyntheticImages(count, resolution, num_classes=10, seed=0)
     images = torch.stack([source[i][0] for i in range(count)])
     labels = torch.tensor([source[i][1] for i in range(count)])
     dataset = TensorImageDataset(images, labels)
-    sampler = ResumableSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
-    mean = torch.full((1, 3, 1, 1), 127.5)
-    return DataSpec(train=loader, eval=DataLoader(dataset, batch_size=batch), sampler=sampler, mean=mean, std=mean)
+    return TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0, rank=0, world_size=1)
 
 
 def components(steps: int, data: DataSpec):
@@ -97,8 +92,10 @@ def main() -> None:
         plain.append(plain_loop(args.steps, data))
         trainer.append(trainer_loop(args.steps, data))
     ratio = max(trainer) / max(plain)
-    print(f"device cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
-          f"{args.resolution}px, {args.steps} steps x {args.rounds} rounds")
+    print(
+        f"device cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
+        f"{args.resolution}px, {args.steps} steps x {args.rounds} rounds"
+    )
     for name, rounds in (("plain loop", plain), ("trainer", trainer)):
         print(f"{name:<11}: {max(rounds):8.1f} img/s best  (rounds: {', '.join(f'{v:.1f}' for v in rounds)})")
     print(f"ratio trainer/plain: {ratio:.3f}  (target >= 0.98)")

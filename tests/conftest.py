@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-# Small enough for a 2-core CPU: a narrow ResNet on digits for two epochs.
-TINY = ["model.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
+# Small enough for a 2-core CPU: a narrow ResNet on digits (torch loader) for two epochs.
+TINY = ["data=digits", "model.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

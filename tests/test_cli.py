@@ -71,7 +71,7 @@ def test_help_lists_groups_and_options(tmp_path):
         "algorithms: blurpool, channels_last, ema",
         "model: resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline",
-        "data: digits, folder, mnist5k, synthetic",
+        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, synthetic, synthetic_ffcv",
     ):
         assert line in result.stdout
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from trainrun.errors import ConfigError, TrainrunError
-from trainrun.schema import TrainConfig, list_keys, validate
+from trainrun.schema import TrainConfig, list_keys, validate, value_keys
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -71,6 +71,21 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
         else:
             overrides.append(token)
     return hydra_args, overrides, debug
+
+
+def force_schema_keys(overrides: list[str]) -> list[str]:
+    """Prefix overrides of schema keys with ``++``, so that keys a YAML option leaves out can be set.
+
+    Hydra refuses ``data.cache_dir=...`` when the selected ``data`` option does not list
+    ``cache_dir``; every key of the schema is settable, so those are forced. Other keys are left
+    alone and fail as unknown.
+    """
+    known = value_keys()
+    forced = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        forced.append(f"++{override}" if "=" in override and key in known else override)
+    return forced
 
 
 def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -157,8 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trainrun`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    if argv and argv[0] in SUBCOMMANDS:
+        try:
+            return SUBCOMMANDS[argv[0]]([a for a in argv[1:] if a != "--debug"])
+        except KeyboardInterrupt:
+            print("trainrun: interrupted", file=sys.stderr)
+            return 130
+        except Exception as error:
+            return _fail(error, debug)
     try:
         hydra_args, overrides, debug = translate(argv)
+        overrides = force_schema_keys(overrides)
         if not NO_RUN_FLAGS & set(hydra_args):
             check(overrides, multirun=bool({"-m", "--multirun"} & set(hydra_args)))
     except Exception as error:
@@ -182,3 +206,57 @@ def _run_hydra(args: list[str], debug: bool) -> int:
     finally:
         sys.argv = saved_argv
     return 0
+
+
+def write_command(argv: list[str]) -> int:
+    """``trainrun write SRC OUT.beton``: an image folder or a built-in set to an FFCV file."""
+    import argparse
+
+    from trainrun.data.write import WriteSettings
+
+    defaults = WriteSettings()
+    parser = argparse.ArgumentParser(
+        prog="trainrun write",
+        description="Write an ImageFolder tree (SRC/<class>/*.jpg) or a built-in set (digits, mnist5k, "
+        "synthetic) to an FFCV .beton with an RGB 'image' and an integer 'label' field.",
+    )
+    parser.add_argument("source", help="a folder of class folders, or digits | mnist5k | synthetic")
+    parser.add_argument("out", type=Path, help="the .beton file to write (atomically)")
+    parser.add_argument("--mode", choices=["raw", "jpg", "proportion"], default=defaults.mode)
+    parser.add_argument("--max-resolution", type=int, default=defaults.max_resolution)
+    parser.add_argument("--jpeg-quality", type=int, default=defaults.jpeg_quality)
+    parser.add_argument("--compress-probability", type=float, default=defaults.compress_probability)
+    parser.add_argument("--workers", type=int, default=defaults.num_workers)
+    parser.add_argument("--split", choices=["train", "val"], default="train", help="built-in sets: which split")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("overrides", nargs="*", help="data.* overrides for built-in sets, e.g. data.num_samples=4096")
+    args = parser.parse_args(argv)
+    if args.out.exists() and not args.overwrite:
+        raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
+    if not 0 <= args.compress_probability <= 1:
+        raise ConfigError(f"bad value for '--compress-probability': {args.compress_probability} (0 to 1)")
+    settings = WriteSettings(
+        mode=args.mode,
+        max_resolution=args.max_resolution,
+        jpeg_quality=args.jpeg_quality,
+        compress_probability=args.compress_probability,
+        num_workers=args.workers,
+    )
+    from trainrun.data.write import source_dataset, write_beton
+
+    dataset = source_dataset(args.source, args.split, _builtin_data_config(args.source, args.overrides))
+    write_beton(dataset, args.out, settings)
+    print(f"wrote {len(dataset)} images to {args.out}")
+    return 0
+
+
+def _builtin_data_config(source: str, overrides: list[str]):
+    """The data config of built-in set ``source`` (None for a folder), with ``data.*`` overrides."""
+    from trainrun.schema import DATA_NAMES
+
+    if source not in DATA_NAMES:
+        return None
+    return validate(compose([f"data={source}", *overrides])).data
+
+
+SUBCOMMANDS = {"write": write_command}

@@ -67,9 +67,18 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     seed_everything(config.seed)
     model = build_model(config.model)
     seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
-    data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size)
+    data = build_data(
+        config.data,
+        config.train_batch_size,
+        config.eval_batch_size,
+        config.seed,
+        rank,
+        world_size,
+        device,
+        channels_last="channels_last" in config.algorithms,
+    )
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
-    timeline = Timeline.for_run(max_duration, len(data.train), config.train_batch_size)
+    timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
     optimizer = build_optimizer(model, config.optimizer)
     scheduler = build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
 
@@ -108,7 +117,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     if rank == 0:
         atomic_write_text(run_dir / "config.yaml", config_yaml)
     console.print(
-        f"run dir {run_dir} | {config.model.name} on {config.data.name} | {device} {config.precision} "
+        f"run dir {run_dir} | {config.model.name} on {config.data.name} ({config.data.loader}) | "
+        f"{device} {config.precision} "
         f"| {world_size} rank(s) | {timeline.max_batches} steps of {config.train_batch_size}",
         highlight=False,
         soft_wrap=True,

@@ -40,7 +40,7 @@ def _non_negative(default: Any) -> Any:
 
 MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
-DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder")
+DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton")
 
 
 @dataclass
@@ -59,7 +59,11 @@ class DataConfig:
     """Where images come from and how they are cut, augmented and batched."""
 
     name: str = _choice("digits", *DATA_NAMES)
+    loader: str = _choice("torch", "torch", "ffcv")
     path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees
+    train: str | None = None  # beton: the training .beton file
+    val: str | None = None  # beton: the validation .beton file
+    cache_dir: str = "~/.cache/trainrun"  # ffcv: where built-in sets are written once
     num_classes: int = _positive(10)
     resolution: int = _positive(8)  # training image side
     eval_resolution: int = _positive(8)  # evaluation image side (center crop)
@@ -68,14 +72,20 @@ class DataConfig:
     split_seed: int = 0
     num_samples: int = _positive(2048)  # synthetic: training images
     val_samples: int = _positive(512)  # synthetic: validation images
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # random-resized crop
+    crop_ratio: list[float] = field(default_factory=lambda: [0.75, 4 / 3])
     random_crop_padding: int = _non_negative(0)  # built-in sets: pad-and-crop jitter in pixels
-    hflip: bool = False
+    hflip: bool = False  # built-in sets and .beton files (folders always flip)
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
     num_workers: int = _non_negative(0)
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_factor: int | None = None
+    order: str = _choice("random", "random", "quasi_random", "sequential")  # ffcv: training order
+    os_cache: bool = True  # ffcv: read through the page cache (False: FFCV's own in-process cache)
+    batches_ahead: int = _non_negative(3)  # ffcv
+    drop_last: bool = True  # ffcv: training
 
 
 @dataclass
@@ -262,6 +272,20 @@ def _check_run(config: TrainConfig) -> None:
         raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
     if config.data.path and not Path(config.data.path).expanduser().is_dir():
         raise ConfigError(f"bad value for 'data.path': '{config.data.path}' is not a directory")
+    if config.data.name == "beton":
+        if config.data.loader != "ffcv":
+            raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
+        for key in ("train", "val"):
+            path = getattr(config.data, key)
+            if not path:
+                raise ConfigError(f"data=beton needs 'data.{key}' (a .beton file written by 'trainrun write')")
+            if not Path(path).expanduser().is_file():
+                raise ConfigError(f"bad value for 'data.{key}': '{path}' does not exist")
+    if config.data.name == "folder" and config.data.loader == "ffcv":
+        raise ConfigError(
+            "data=folder reads image files with the torch loader; for FFCV write them once with "
+            "'trainrun write' and use data=beton"
+        )
     if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
         raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
     if len(config.data.mean) != 3 or len(config.data.std) != 3:
@@ -281,4 +305,18 @@ def list_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
             keys.add(prefix + name)
         elif dataclasses.is_dataclass(hint):
             keys |= list_keys(hint, f"{prefix}{name}.")
+    return keys
+
+
+def value_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
+    """Dotted keys of every value in the schema, algorithm hyperparameters included."""
+    keys: set[str] = set()
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            keys |= value_keys(hint, f"{prefix}{name}.")
+        elif name != "algorithms":
+            keys.add(prefix + name)
+    if cls is TrainConfig:
+        for algorithm, config in ALGORITHM_CONFIGS.items():
+            keys |= value_keys(config, f"algorithms.{algorithm}.")
     return keys

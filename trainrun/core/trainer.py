@@ -7,6 +7,7 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,10 @@ class Trainer:
         state.accounts.start(accounts_offset)
         state.model.train()
         self.engine.run(Event.FIT_START, state)
-        per_rank = self.data.train.batch_size
         while state.batch < timeline.max_batches and state.stop_reason is None:
-            self.data.sampler.set_epoch(state.epoch, skip=state.batch_in_epoch * per_rank)
             if state.batch_in_epoch == 0:
                 self.engine.run(Event.EPOCH_START, state)
-            self._train_epoch()
+            self._train_epoch(self.data.train_batches(state.epoch, skip=state.batch_in_epoch))
         self._flush_losses()
         state.accounts.switch("other")
         self.engine.run(Event.FIT_END, state)
@@ -86,9 +85,8 @@ class Trainer:
             self.save_checkpoint()
         return state
 
-    def _train_epoch(self) -> None:
+    def _train_epoch(self, batches: Iterator) -> None:
         state, accounts = self.state, self.state.accounts
-        batches = iter(self.data.train)
         while state.batch < state.timeline.max_batches:
             accounts.switch("data")
             try:
@@ -180,7 +178,7 @@ class Trainer:
         self.top1.reset()
         self.top5.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=state.device)  # loss sum, count
-        for images, targets in self.data.eval:
+        for images, targets in self.data.eval_batches():
             images = self.data.prepare(images.to(state.device, non_blocking=True))
             targets = targets.to(state.device, non_blocking=True)
             with self.precision.autocast():

@@ -1,38 +1,20 @@
-"""Build the train and evaluation loaders a run reads, and the on-device preprocessing."""
+"""Build the data a run reads: torch DataLoaders or FFCV loaders, behind one :class:`DataSpec`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainrun.data.sampling import ResumableSampler, ShardSampler
+from trainrun.data.spec import DataSpec
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 
-@dataclass
-class DataSpec:
-    """The loaders of one rank and how to turn their uint8 batches into model inputs."""
-
-    train: DataLoader
-    eval: DataLoader
-    sampler: ResumableSampler
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    def to(self, device: torch.device) -> None:
-        """Keep the normalisation constants on ``device``."""
-        self.mean, self.std = self.mean.to(device), self.std.to(device)
-
-    def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (already on the device) to normalised float32."""
-        return images.float().sub_(self.mean).div_(self.std)
-
-
-def datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
-    """Train and validation sets named by ``config``."""
+def datasets(config: DataConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+    """Train and validation sets named by ``config``; ``augment=False`` gives the stored images."""
     if config.name == "folder":
         from trainrun.data.folder import folder_datasets
 
@@ -43,45 +25,74 @@ def datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
         return synthetic_datasets(config)
     from trainrun.data.builtin import builtin_datasets
 
-    return builtin_datasets(config)
+    return builtin_datasets(config, augment)
+
+
+class TorchData(DataSpec):
+    """torch DataLoaders over map-style datasets, sharded by :class:`ResumableSampler`."""
+
+    def __init__(
+        self,
+        config: DataConfig,
+        train_set: Dataset,
+        val_set: Dataset,
+        per_rank_batch: int,
+        eval_batch: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        super().__init__(config)
+        self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        workers = {
+            "num_workers": config.num_workers,
+            "pin_memory": config.pin_memory,
+            "persistent_workers": config.persistent_workers and config.num_workers > 0,
+            "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
+        }
+        # Own generator: iterator creation must not draw from the global RNG that augmentation uses,
+        # or a run resumed mid-epoch would see different augmentations than the uninterrupted one.
+        generator = torch.Generator().manual_seed(seed + rank)
+        self.train = DataLoader(
+            train_set, batch_size=per_rank_batch, sampler=self.sampler, drop_last=True, generator=generator, **workers
+        )
+        self.eval = DataLoader(
+            val_set, batch_size=eval_batch, sampler=ShardSampler(len(val_set), rank, world_size), **workers
+        )
+        self.per_rank_batch = per_rank_batch
+        self.batches_per_epoch = len(self.train)
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
+        self.sampler.set_epoch(epoch, skip=skip * self.per_rank_batch)
+        return iter(self.train)
+
+    def eval_batches(self) -> Iterable:
+        return self.eval
 
 
 def build_data(
-    config: DataConfig, train_batch_size: int, eval_batch_size: int, seed: int, rank: int, world_size: int
+    config: DataConfig,
+    train_batch_size: int,
+    eval_batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device = torch.device("cpu"),
+    channels_last: bool = False,
 ) -> DataSpec:
-    """Loaders for one rank; the batch sizes are global and divided among ``world_size`` ranks."""
-    train_set, val_set = datasets(config)
+    """One rank's data; batch sizes are global and divided among ``world_size`` ranks."""
     for name, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
         if size % world_size:
             raise DataError(f"{name} {size} does not divide among {world_size} ranks")
-    per_rank = train_batch_size // world_size
-    sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
-    if len(sampler) < per_rank:
+    per_rank, eval_per_rank = train_batch_size // world_size, eval_batch_size // world_size
+    if config.loader == "ffcv":
+        from trainrun.data.ffcv import FFCVData
+
+        return FFCVData(config, per_rank, eval_per_rank, seed, device, rank, world_size, channels_last)
+    train_set, val_set = datasets(config)
+    if len(train_set) // world_size < per_rank:
         raise DataError(
             f"train_batch_size {train_batch_size} is larger than the {len(train_set)} training images of "
-            f"'{config.name}' (at most {len(sampler) * world_size})"
+            f"'{config.name}'"
         )
-    workers = {
-        "num_workers": config.num_workers,
-        "pin_memory": config.pin_memory,
-        "persistent_workers": config.persistent_workers and config.num_workers > 0,
-        "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
-    }
-    # Own generator: iterator creation must not draw from the global RNG that augmentation uses,
-    # or a run resumed mid-epoch would see different augmentations than the uninterrupted one.
-    generator = torch.Generator().manual_seed(seed + rank)
-    train = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, generator=generator, **workers)
-    evaluation = DataLoader(
-        val_set,
-        batch_size=eval_batch_size // world_size,
-        sampler=ShardSampler(len(val_set), rank, world_size),
-        **workers,
-    )
-    scale = torch.tensor(255.0)
-    return DataSpec(
-        train=train,
-        eval=evaluation,
-        sampler=sampler,
-        mean=(torch.tensor(config.mean) * scale).view(1, 3, 1, 1),
-        std=(torch.tensor(config.std) * scale).view(1, 3, 1, 1),
-    )
+    return TorchData(config, train_set, val_set, per_rank, eval_per_rank, seed, rank, world_size)

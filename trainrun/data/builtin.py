@@ -80,14 +80,14 @@ def eval_transform(config: DataConfig, native: int) -> Transform:
     return v2.Resize(config.eval_resolution, antialias=True) if config.eval_resolution != native else None
 
 
-def builtin_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
-    """Train and validation sets of ``digits`` or ``mnist5k``."""
+def builtin_datasets(config: DataConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+    """Train and validation sets of ``digits`` or ``mnist5k``; without transforms if not ``augment``."""
     images, labels = load_arrays(config.name)
     train, val = split_indices(len(labels), config.val_fraction, config.split_seed)
     native = images.shape[-1]
     return (
-        TensorImageDataset(images[train], labels[train], train_transform(config, native)),
-        TensorImageDataset(images[val], labels[val], eval_transform(config, native)),
+        TensorImageDataset(images[train], labels[train], train_transform(config, native) if augment else None),
+        TensorImageDataset(images[val], labels[val], eval_transform(config, native) if augment else None),
     )
 
 
@@ -95,24 +95,25 @@ class SyntheticImages(Dataset):
     """A learnable synthetic set of any size: each class is a smooth random pattern plus noise.
 
     Sample ``i`` has label ``i % num_classes`` and is generated from ``(seed, i)`` on access, so a
-    set of millions of images costs no memory.
+    set of millions of images costs no memory. Samples are made with NumPy: FFCV's writer forks
+    worker processes, and torch operations in a forked child can deadlock.
     """
 
     def __init__(self, count: int, resolution: int, num_classes: int, seed: int, offset: int = 0) -> None:
         self.count, self.resolution, self.num_classes = count, resolution, num_classes
         self.seed, self.offset = seed, offset
         coarse = torch.rand(num_classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
-        self.prototypes = torch.nn.functional.interpolate(coarse, size=resolution, mode="bilinear")
+        self.prototypes = torch.nn.functional.interpolate(coarse, size=resolution, mode="bilinear").numpy()
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         label = index % self.num_classes
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
-        noise = torch.randn(3, self.resolution, self.resolution, generator=generator) * 0.15
-        image = (self.prototypes[label] + noise).clamp_(0, 1).mul_(255).to(torch.uint8)
-        return image, label
+        rng = np.random.default_rng(self.seed * 1_000_003 + self.offset + index)
+        noise = rng.standard_normal((3, self.resolution, self.resolution), dtype=np.float32) * 0.15
+        image = np.clip(self.prototypes[label] + noise, 0, 1) * 255
+        return torch.from_numpy(image.astype(np.uint8)), label
 
 
 def synthetic_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:

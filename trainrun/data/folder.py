@@ -30,7 +30,13 @@ def folder_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
     train = _image_folder(
         root / "train",
         v2.Compose(
-            [v2.PILToTensor(), v2.RandomResizedCrop(config.resolution, antialias=True), v2.RandomHorizontalFlip()]
+            [
+                v2.PILToTensor(),
+                v2.RandomResizedCrop(
+                    config.resolution, scale=tuple(config.crop_scale), ratio=tuple(config.crop_ratio), antialias=True
+                ),
+                v2.RandomHorizontalFlip(),
+            ]
         ),
     )
     eval_resize = config.eval_resize or config.eval_resolution

@@ -1,0 +1,226 @@
+"""Real .beton files written and read through FFCV: labels, sizes, sharding, resolution, bad files."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import read_metrics, run_cli
+from PIL import Image
+
+from trainrun.data import build_data, datasets
+from trainrun.data.ffcv import FFCVData, check_beton
+from trainrun.data.write import WriteSettings, write_beton
+from trainrun.errors import ConfigError, DataError
+from trainrun.schema import DataConfig
+
+RAW = WriteSettings(mode="raw", max_resolution=64, num_workers=1)
+
+
+class Indexed:
+    """Label = index, so each sample can be recognised after loading."""
+
+    def __init__(self, count, size=(12, 10)):
+        self.count, self.size = count, size
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        return np.full((*self.size, 3), index % 256, dtype=np.uint8), index
+
+
+def beton_config(train, val, num_classes, **kwargs):
+    return DataConfig(
+        name="beton", loader="ffcv", train=str(train), val=str(val), num_classes=num_classes, num_workers=1, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def indexed_betons(tmp_path_factory):
+    root = tmp_path_factory.mktemp("betons")
+    write_beton(Indexed(64), root / "train.beton", RAW)
+    write_beton(Indexed(20, size=(30, 40)), root / "val.beton", RAW)
+    return root / "train.beton", root / "val.beton"
+
+
+def test_digits_labels_round_trip_exactly(tmp_path):
+    train, _ = datasets(DataConfig(name="digits"), augment=False)
+    write_beton(train, tmp_path / "d.beton", RAW)
+    config = beton_config(tmp_path / "d.beton", tmp_path / "d.beton", 10, resolution=8, eval_resolution=8)
+    data = FFCVData(config, 64, 100, seed=0, device=torch.device("cpu"), rank=0, world_size=1, channels_last=False)
+    labels, images = [], []
+    for batch, targets in data.eval_batches():  # sequential order: the stored order
+        labels.append(targets.clone())  # FFCV reuses its batch buffers
+        images.append(batch.clone())
+    assert torch.equal(torch.cat(labels), train.labels)
+    assert torch.equal(torch.cat(images), train.images)  # raw mode at native size: pixel-exact
+
+
+def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
+    train, val = indexed_betons
+    config = beton_config(train, val, 64, resolution=8, eval_resolution=16, eval_resize=20)
+    data = build_data(config, 16, 8, seed=0, channels_last=True)
+    images, _ = next(data.train_batches(0))
+    assert images.shape == (16, 3, 8, 8) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    images, _ = next(iter(data.eval_batches()))
+    assert images.shape == (8, 3, 16, 16)
+    assert data.set_train_resolution(12)
+    assert all(images.shape[-1] == 12 for images, _ in data.train_batches(1))
+    assert data.batches_per_epoch == 4
+
+
+def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons):
+    train, val = indexed_betons
+    data = build_data(beton_config(train, val, 64), 16, 8, seed=3)
+    first = torch.cat([labels.clone() for _, labels in data.train_batches(0)])
+    second = torch.cat([labels.clone() for _, labels in data.train_batches(1)])
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(64))
+    assert not torch.equal(first, second)
+    again = torch.cat([labels.clone() for _, labels in data.train_batches(0)])
+    assert torch.equal(first, again)  # an epoch's order depends on the seed and epoch only
+    resumed = torch.cat([labels.clone() for _, labels in data.train_batches(0, skip=2)])
+    assert torch.equal(resumed, first[32:])
+
+
+def _rank_labels(rank, world_size, train, val, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    data = build_data(beton_config(train, val, 64), 16, 8, seed=1, rank=rank, world_size=world_size)
+    epochs = [sorted(torch.cat([y.clone() for _, y in data.train_batches(e)]).tolist()) for e in range(2)]
+    evaluation = sorted(torch.cat([y.clone() for _, y in data.eval_batches()]).tolist())
+    queue.put((rank, epochs, evaluation))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_split_each_epoch_without_overlap(indexed_betons):
+    context = mp.get_context("spawn")
+    queue = context.SimpleQueue()
+    mp.start_processes(_rank_labels, args=(2, *map(str, indexed_betons), 29531, queue), nprocs=2, start_method="spawn")
+    results = dict((rank, (epochs, evaluation)) for rank, epochs, evaluation in (queue.get(), queue.get()))
+    for epoch in range(2):
+        a, b = results[0][0][epoch], results[1][0][epoch]
+        assert len(a) == len(b) == 32 and not set(a) & set(b) and sorted(a + b) == list(range(64))
+    a, b = results[0][1], results[1][1]
+    assert not set(a) & set(b) and sorted(a + b) == list(range(20))  # evaluation: no padding
+
+
+def test_quasi_random_with_ranks_is_a_clear_error(indexed_betons):
+    with pytest.raises(ConfigError, match="quasi_random cannot be combined"):
+        FFCVData(
+            beton_config(*indexed_betons, 64, order="quasi_random"),
+            8,
+            8,
+            0,
+            torch.device("cpu"),
+            rank=0,
+            world_size=2,
+            channels_last=False,
+        )
+
+
+def test_bad_betons(indexed_betons, tmp_path):
+    train, _ = indexed_betons
+    with pytest.raises(DataError, match="does not exist"):
+        check_beton(tmp_path / "missing.beton", 10)
+    truncated = tmp_path / "truncated.beton"
+    truncated.write_bytes(train.read_bytes()[: train.stat().st_size // 2])
+    with pytest.raises(DataError, match="truncated|not a readable"):
+        check_beton(truncated, 64)
+    garbage = tmp_path / "garbage.beton"
+    garbage.write_bytes(b"not a beton" * 100)
+    with pytest.raises(DataError, match="not a readable .beton"):
+        check_beton(garbage, 64)
+    with pytest.raises(DataError, match="label 63 outside 0..9"):
+        check_beton(train, 10)
+    from ffcv.fields import FloatField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    other = tmp_path / "other.beton"
+    DatasetWriter(str(other), {"picture": RGBImageField(), "score": FloatField()}, num_workers=1).from_indexed_dataset(
+        [(np.zeros((4, 4, 3), np.uint8), 0.5)] * 3
+    )
+    with pytest.raises(DataError, match="needs fields image"):
+        check_beton(other, 10)
+
+
+class Failing(Indexed):
+    def __getitem__(self, index):
+        if index == 40:
+            raise RuntimeError("source broke")
+        return super().__getitem__(index)
+
+
+def test_interrupted_write_leaves_no_file(tmp_path):
+    out = tmp_path / "out.beton"
+    with pytest.raises(DataError, match="sample 40: RuntimeError: source broke"):
+        write_beton(Failing(64), out, WriteSettings(mode="raw", num_workers=1, chunk_size=8))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _jpeg_folder(root, classes=("ant", "bee"), per_class=6):
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 255, (rng.integers(20, 40), rng.integers(20, 40), 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.jpg")
+
+
+@pytest.mark.slow
+def test_write_command_and_training_on_betons(tmp_path):
+    _jpeg_folder(tmp_path / "train")
+    _jpeg_folder(tmp_path / "val")
+    for split in ("train", "val"):
+        result = run_cli(
+            "write", str(tmp_path / split), str(tmp_path / f"{split}.beton"), "--max-resolution", "32", "--workers", "1"
+        )
+        assert result.returncode == 0, result.stderr
+        assert "wrote 12 images" in result.stdout
+    again = run_cli("write", str(tmp_path / "train"), str(tmp_path / "train.beton"))
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "data=imagenet_ffcv",
+        f"data.train={tmp_path / 'train.beton'}",
+        f"data.val={tmp_path / 'val.beton'}",
+        "data.num_classes=2",
+        "data.resolution=16",
+        "data.eval_resolution=16",
+        "data.eval_resize=20",
+        "data.num_workers=1",
+        "model=resnet_small",
+        "model.width=8",
+        "train_batch_size=4",
+        "eval_batch_size=4",
+        "max_duration=2ep",
+        "progress=false",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "(ffcv)" in result.stdout and [r["batch"] for r in read_metrics(run_dir)] == [3, 6]
+    bad = run_cli(
+        "data=imagenet_ffcv",
+        f"data.train={tmp_path / 'train.beton'}",
+        f"data.val={tmp_path / 'val.beton'}",
+        "data.num_classes=2",
+        "model=resnet_small",
+        f"hydra.run.dir={run_dir}",
+        "data.num_workers=1",
+        "train_batch_size=64",
+    )
+    assert bad.returncode == 2 and "larger than the training images" in bad.stderr.strip().splitlines()[-1]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # untouched
+
+
+def test_missing_beton_fails_before_any_work(tmp_path):
+    result = run_cli("data=imagenet_ffcv", f"data.train={tmp_path / 'no.beton'}", f"data.val={tmp_path / 'no.beton'}")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    assert "data=beton needs 'data.train'" in run_cli("data=imagenet_ffcv").stderr

@@ -1,0 +1,168 @@
+"""FFCV loaders: decode, augment and move batches with FFCV's compiled pipelines.
+
+Training: random-resized-crop decoder at the configured resolution (its ``output_size`` can
+change between epochs), optional translate and flip, to tensor, to device (non-blocking), to a
+torch image (channels-last when the model is). Evaluation: center-crop decoder with ratio
+``eval_resolution / eval_resize``. Normalisation happens on the device in
+:meth:`DataSpec.prepare`. Built-in sets are written once to ``data.cache_dir`` and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainrun.data.spec import DataSpec
+from trainrun.data.write import WriteSettings, write_beton
+from trainrun.errors import ConfigError, DataError
+from trainrun.schema import DataConfig
+
+
+def check_beton(path: Path, num_classes: int) -> int:
+    """Open ``path`` as a trainrun ``.beton``; return its sample count or raise :class:`DataError`."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.reader import Reader
+
+    if not path.is_file():
+        raise DataError(f"'{path}' does not exist")
+    try:
+        reader = Reader(str(path))
+    except Exception as error:  # FFCV raises many types on damaged headers
+        raise DataError(f"'{path}' is not a readable .beton file ({type(error).__name__}: {error})") from None
+    fields = {name: type(handler) for name, handler in reader.handlers.items()}
+    if fields.get("image") is not RGBImageField or fields.get("label") is not IntField:
+        found = ", ".join(f"{k}: {v.__name__}" for k, v in fields.items())
+        raise DataError(f"'{path}' needs fields image (RGBImageField) and label (IntField); it has {found}")
+    table = reader.alloc_table
+    if len(table) and int((table["ptr"] + table["size"]).max()) > path.stat().st_size:
+        raise DataError(f"'{path}' is truncated: its data runs past the end of the file")
+    labels = reader.metadata[f"f{reader.field_names.index('label')}"]
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(
+            f"'{path}' has label {int(labels.max() if labels.max() >= num_classes else labels.min())} "
+            f"outside 0..{num_classes - 1} (data.num_classes={num_classes})"
+        )
+    return reader.num_samples
+
+
+def cached_betons(config: DataConfig, rank: int, world_size: int) -> tuple[Path, Path]:
+    """Paths of a built-in set written to ``cache_dir``; rank 0 writes them once, atomically."""
+    keys = ("name", "num_classes", "val_fraction", "split_seed", "num_samples", "val_samples")
+    identity = {k: getattr(config, k) for k in keys}
+    if config.name == "synthetic":
+        identity |= {"resolution": config.resolution, "eval_resolution": config.eval_resolution}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+    directory = Path(config.cache_dir).expanduser()
+    paths = directory / f"{config.name}-{digest}-train.beton", directory / f"{config.name}-{digest}-val.beton"
+    if rank == 0 and not all(path.is_file() for path in paths):
+        from trainrun.data import datasets
+
+        settings = WriteSettings(mode="raw", max_resolution=max(config.resolution, config.eval_resolution))
+        for dataset, path in zip(datasets(config, augment=False), paths):
+            if not path.is_file():
+                write_beton(dataset, path, settings)
+    if world_size > 1:
+        dist.barrier()
+    return paths
+
+
+class FFCVData(DataSpec):
+    """FFCV loaders for one rank."""
+
+    def __init__(
+        self,
+        config: DataConfig,
+        per_rank_batch: int,
+        eval_batch: int,
+        seed: int,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+        channels_last: bool,
+    ) -> None:
+        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
+
+        super().__init__(config)
+        if config.order == "quasi_random" and world_size > 1:
+            raise ConfigError(
+                "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
+                "distributed quasi-random order); use data.order=random"
+            )
+        if config.name == "beton":
+            train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
+        else:
+            train_path, val_path = cached_betons(config, rank, world_size)
+        check_beton(train_path, config.num_classes)
+        val_count = check_beton(val_path, config.num_classes)
+
+        self.decoder = RandomResizedCropRGBImageDecoder(
+            (config.resolution, config.resolution), scale=tuple(config.crop_scale), ratio=tuple(config.crop_ratio)
+        )
+        to_device = ToDevice(device, non_blocking=True)
+        augment = [RandomTranslate(config.random_crop_padding)] if config.random_crop_padding else []
+        augment += [RandomHorizontalFlip()] if config.hflip else []
+        train_pipeline = [self.decoder, *augment, ToTensor(), to_device, ToTorchImage(channels_last=channels_last)]
+        labels = [IntDecoder(), ToTensor(), Squeeze(), to_device]
+        workers = config.num_workers or -1  # FFCV: -1 uses every core
+        orders = {
+            "random": OrderOption.RANDOM,
+            "quasi_random": OrderOption.QUASI_RANDOM,
+            "sequential": OrderOption.SEQUENTIAL,
+        }
+        self.train = Loader(
+            str(train_path),
+            batch_size=per_rank_batch,
+            num_workers=workers,
+            order=orders[config.order],
+            os_cache=config.os_cache,
+            drop_last=config.drop_last,
+            distributed=world_size > 1,
+            seed=seed,
+            batches_ahead=config.batches_ahead,
+            pipelines={"image": train_pipeline, "label": labels},
+        )
+        ratio = config.eval_resolution / config.eval_resize if config.eval_resize else 1.0
+        eval_decoder = CenterCropRGBImageDecoder((config.eval_resolution, config.eval_resolution), ratio=ratio)
+        self.eval = Loader(
+            str(val_path),
+            batch_size=eval_batch,
+            num_workers=workers,
+            order=OrderOption.SEQUENTIAL,
+            os_cache=config.os_cache,
+            drop_last=False,
+            indices=list(range(rank, val_count, world_size)),
+            batches_ahead=config.batches_ahead,
+            pipelines={
+                "image": [eval_decoder, ToTensor(), to_device, ToTorchImage(channels_last=channels_last)],
+                "label": labels,
+            },
+        )
+        self.per_rank_batch = per_rank_batch
+        self.batches_per_epoch = len(self.train)
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"train_batch_size {per_rank_batch * world_size} is larger than the training images in '{train_path}'"
+            )
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
+        """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""
+        self.train.next_epoch = epoch
+        batches = iter(self.train)
+        for _ in range(skip):
+            next(batches)
+        return batches
+
+    def eval_batches(self) -> Iterable:
+        return self.eval
+
+    def set_train_resolution(self, size: int) -> bool:
+        self.decoder.output_size = (size, size)
+        return True

@@ -1,0 +1,45 @@
+"""What the trainer needs from a data source, whichever loader reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from trainrun.schema import DataConfig
+
+
+class DataSpec:
+    """One rank's training and evaluation batches, and how uint8 images become model inputs.
+
+    Batches are ``(images, labels)`` with images uint8 (N, 3, H, W), on the CPU or already on the
+    device. :meth:`prepare` normalises them on the device.
+    """
+
+    per_rank_batch: int
+    batches_per_epoch: int
+
+    def __init__(self, config: DataConfig) -> None:
+        scale = torch.tensor(255.0)
+        self.mean = (torch.tensor(config.mean) * scale).view(1, 3, 1, 1)
+        self.std = (torch.tensor(config.std) * scale).view(1, 3, 1, 1)
+
+    def to(self, device: torch.device) -> None:
+        """Keep the normalisation constants on ``device``."""
+        self.mean, self.std = self.mean.to(device), self.std.to(device)
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images (already on the device) to normalised float32, memory format kept."""
+        return images.float().sub_(self.mean).div_(self.std)
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
+        """The batches of epoch ``epoch``, less the first ``skip`` (a mid-epoch resume)."""
+        raise NotImplementedError
+
+    def eval_batches(self) -> Iterable:
+        """Every evaluation batch of this rank; each sample is seen by exactly one rank."""
+        raise NotImplementedError
+
+    def set_train_resolution(self, size: int) -> bool:
+        """Decode training images at ``size`` from the next epoch on; False if this loader cannot."""
+        return False
