@@ -38,7 +38,7 @@ def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
     return TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0, rank=0, world_size=1)
 
 
-def components(steps: int, data: DataSpec):
+def components(steps: int, data: TorchData):
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=32, blocks=[1, 1, 1]))
     optimizer = build_optimizer(model, OptimizerConfig(lr=0.1))
@@ -47,7 +47,7 @@ def components(steps: int, data: DataSpec):
     return model, optimizer, scheduler, timeline
 
 
-def plain_loop(steps: int, data: DataSpec) -> float:
+def plain_loop(steps: int, data: TorchData) -> float:
     """Images/s of the loop a user would write by hand."""
     model, optimizer, scheduler, _ = components(steps, data)
     model.train()
@@ -66,7 +66,7 @@ def plain_loop(steps: int, data: DataSpec) -> float:
     return steps * data.train.batch_size / (time.perf_counter() - started)
 
 
-def trainer_loop(steps: int, data: DataSpec) -> float:
+def trainer_loop(steps: int, data: TorchData) -> float:
     """Images/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
     model, optimizer, scheduler, timeline = components(steps, data)
     state = State(model, optimizer, timeline, torch.device("cpu"), "fp32", loss_fn=soft_cross_entropy)

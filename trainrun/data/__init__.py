@@ -77,7 +77,7 @@ def build_data(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
-    device: torch.device = torch.device("cpu"),
+    device: torch.device | None = None,
     channels_last: bool = False,
 ) -> DataSpec:
     """One rank's data; batch sizes are global and divided among ``world_size`` ranks."""
@@ -88,6 +88,7 @@ def build_data(
     if config.loader == "ffcv":
         from trainrun.data.ffcv import FFCVData
 
+        device = device or torch.device("cpu")
         return FFCVData(config, per_rank, eval_per_rank, seed, device, rank, world_size, channels_last)
     train_set, val_set = datasets(config)
     if len(train_set) // world_size < per_rank:
