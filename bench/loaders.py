@@ -1,11 +1,11 @@
 """Data loading: FFCV against torchvision's ImageFolder + DataLoader, same augmentations, same workers.
 
-Generates a JPEG ImageFolder of ImageNet-like sizes (sides 300-500 px, quality 90), writes it to
-a .beton with the published ImageNet settings (proportion mode, longest side 500, JPEG with
-probability 0.5, quality 90), then reads both for ``--epochs`` epochs with a random-resized crop
-to 176 px and a horizontal flip, as uint8 NCHW batches. The last epoch of each is timed, so
-worker start-up and FFCV's one-off compilation (reported apart) are not counted.
-Target: FFCV >= 3x torchvision on a 2-core machine.
+Generates a JPEG ImageFolder of ImageNet-like sizes (sides 300-500 px, quality 90) and writes it
+to a .beton, by default with the published ImageNet settings (proportion mode, longest side 500,
+JPEG with probability 0.5, quality 90; ``--mode`` and ``--max-resolution`` change them). Both are
+read for ``--epochs`` epochs with a random-resized crop to 176 px and a horizontal flip, as uint8
+NCHW batches; the last epoch of each is timed, so worker start-up and FFCV's one-off compilation
+(shown in the first epoch) are not counted. Target: FFCV >= 3x torchvision on a 2-core machine.
 
     .venv/bin/python bench/loaders.py [--images 2000] [--workers 2] [--batch 128] [--dir DIR]
 """
@@ -100,18 +100,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--resolution", type=int, default=176)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--mode", default="proportion", help=".beton write mode (published: proportion)")
+    parser.add_argument("--max-resolution", type=int, default=500, help=".beton longest side (published: 500)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the generated files here (reused)")
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="trainrun-bench-"))
-    folder, beton = work / "jpeg", work / "images.beton"
+    folder, beton = work / "jpeg", work / f"images-{args.mode}-{args.max_resolution}.beton"
     if not folder.is_dir():
         started = time.perf_counter()
         make_jpeg_folder(folder, args.images)
         print(f"generated {args.images} JPEGs in {time.perf_counter() - started:.1f}s")
     if not beton.is_file():
         started = time.perf_counter()
-        write_beton(ImageFolder(str(folder)), beton, WriteSettings(num_workers=args.workers))
+        settings = WriteSettings(mode=args.mode, max_resolution=args.max_resolution, num_workers=args.workers)
+        write_beton(ImageFolder(str(folder)), beton, settings)
         print(f"wrote {beton.stat().st_size / 2**20:.0f} MiB .beton in {time.perf_counter() - started:.1f}s")
 
     torch.set_num_threads(1)  # the main process only iterates; the workers decode
@@ -121,7 +124,7 @@ def main() -> None:
     tv_rate, ff_rate = images / tv[-1], images / ff[-1]
     print(
         f"{args.images} images, {args.resolution}px random-resized crop + flip, batch {args.batch}, "
-        f"{args.workers} workers, torch {torch.__version__}"
+        f"{args.workers} workers, .beton {args.mode} max {args.max_resolution}px, torch {torch.__version__}"
     )
     print(f"torchvision ImageFolder + DataLoader: {tv_rate:8.1f} img/s (epochs: {', '.join(f'{s:.1f}s' for s in tv)})")
     print(
