@@ -17,6 +17,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py
+	$(VENV)/bin/python bench/loaders.py
 
 install: $(STAMP)
 
