@@ -112,7 +112,7 @@ def _composition_message(error: Exception) -> str:
         return f"unknown option '{option}' for '{group}' (choose from: {', '.join(group_options(group))})"
     if isinstance(error, OverrideParseException):
         detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
-        return f"cannot parse override '{error.override}'" + (f": {detail[0]}" if detail else "")
+        return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")
     text = " ".join(str(error).split())
     if "not in struct" in text or "To append to your config use" in text:
         key = text.split("'")[1] if "'" in text else text
