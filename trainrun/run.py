@@ -93,6 +93,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         rank=rank,
         world_size=world_size,
         loss_fn=LOSSES[config.loss],
+        data=data,
+        num_classes=config.model.num_classes,
         train_resolution=config.data.resolution,
     )
     checkpoint_dir = run_dir / "checkpoints"

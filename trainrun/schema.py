@@ -204,6 +204,34 @@ class GradientClippingConfig:
     threshold: float = _positive(1.0)
 
 
+@algorithm_config("progressive_resizing")
+@dataclass
+class ProgressiveResizingConfig:
+    """Train at a reduced resolution that grows to full size (Touvron et al.; Composer's schedule)."""
+
+    mode: str = _choice("resize", "resize", "crop")
+    initial_scale: float = field(default=0.5, metadata={"exclusive_min": 0, "max": 1})
+    delay: float = field(default=0.4, metadata={"min": 0, "max": 1})  # fraction of the run at initial_scale
+    finetune: float = field(default=0.2, metadata={"min": 0, "max": 1})  # final fraction at full size
+    size_increment: int = _positive(4)  # sizes are multiples of this
+
+
+@algorithm_config("mixup")
+@dataclass
+class MixUpConfig:
+    """Convex combinations of pairs of images and of their labels (torchvision's MixUp)."""
+
+    alpha: float = _positive(0.2)
+
+
+@algorithm_config("cutmix")
+@dataclass
+class CutMixConfig:
+    """A box of one image pasted into another, labels mixed by area (torchvision's CutMix)."""
+
+    alpha: float = _positive(1.0)
+
+
 def validate(cfg: DictConfig) -> TrainConfig:
     """Merge ``cfg`` into the schema and check every value; raise :class:`ConfigError` if bad."""
     try:
@@ -265,6 +293,9 @@ def _check_run(config: TrainConfig) -> None:
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
+    resizing = config.algorithms.get("progressive_resizing")
+    if resizing is not None and resizing.delay + resizing.finetune > 1:
+        raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
     for target in config.accuracy_targets:
         if not 0 < target <= 1:
             raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")

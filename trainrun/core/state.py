@@ -74,7 +74,9 @@ class State:
     outputs: Any = None
     loss: Any = None
     loss_fn: Any = None
-    train_resolution: int | None = None
+    data: Any = None  # the run's DataSpec
+    num_classes: int = 0
+    train_resolution: int | None = None  # full training resolution; algorithms may train lower
     # results
     train_loss: float | None = None  # last step's loss, updated every log_interval steps
     eval_metrics: dict[str, float] = field(default_factory=dict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from trainrun.schema import DataConfig
 
 
-class DataSpec:
+class DataSpec(ABC):
     """One rank's training and evaluation batches, and how uint8 images become model inputs.
 
     Batches are ``(images, labels)`` with images uint8 (N, 3, H, W), on the CPU or already on the
@@ -32,13 +33,13 @@ class DataSpec:
         """uint8 images (already on the device) to normalised float32, memory format kept."""
         return images.float().sub_(self.mean).div_(self.std)
 
+    @abstractmethod
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """The batches of epoch ``epoch``, less the first ``skip`` (a mid-epoch resume)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def eval_batches(self) -> Iterable:
         """Every evaluation batch of this rank; each sample is seen by exactly one rank."""
-        raise NotImplementedError
 
     def set_train_resolution(self, size: int) -> bool:
         """Decode training images at ``size`` from the next epoch on; False if this loader cannot."""

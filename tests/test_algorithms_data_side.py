@@ -1,0 +1,73 @@
+"""Progressive resizing, MixUp and CutMix: sizes, mixing weights and targets, with numbers."""
+
+import pytest
+import torch
+from test_engine_algorithms import make_state
+
+from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.progressive_resizing import size_at
+from trainrun.core.events import Event
+from trainrun.schema import CutMixConfig, MixUpConfig, ProgressiveResizingConfig
+
+MILD = ProgressiveResizingConfig(initial_scale=0.5, delay=0.4, finetune=0.2, size_increment=4)
+
+
+@pytest.mark.parametrize(("progress", "size"), [(0.0, 88), (0.4, 88), (0.6, 132), (0.8, 176), (1.0, 176)])
+def test_mild_sizes_over_training(progress, size):
+    assert size_at(progress, 176, MILD) == size
+
+
+def test_hot_settings_start_larger_and_ramp_earlier():
+    hot = ProgressiveResizingConfig(initial_scale=0.6, delay=0.2, finetune=0.2, size_increment=4)
+    assert [size_at(p, 176, hot) for p in (0.0, 0.2, 0.5, 0.8)] == [104, 104, 140, 176]
+
+
+class Decoding:
+    """A loader that can decode at any size, recording the sizes asked for."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def set_train_resolution(self, size):
+        self.sizes.append(size)
+        return True
+
+
+def test_resizes_batches_or_asks_the_loader_to_decode_smaller():
+    (resizing,) = build_algorithms({"progressive_resizing": MILD})
+    state = make_state(max_batches=100)
+    state.train_resolution, state.batch = 16, 0
+    resizing.apply(Event.EPOCH_START, state)  # no loader that decodes: resize on the device
+    state.inputs = torch.arange(256.0).view(1, 1, 16, 16)
+    resizing.apply(Event.AFTER_DATALOADER, state)
+    assert state.inputs.shape[-1] == 8
+    assert torch.equal(state.inputs[0, 0, 0], torch.arange(0.0, 16, 2))  # nearest neighbour
+    state.data, state.batch = Decoding(), 60
+    resizing.apply(Event.EPOCH_START, state)
+    state.inputs = torch.zeros(1, 3, 12, 12)
+    resizing.apply(Event.AFTER_DATALOADER, state)
+    assert state.data.sizes == [12] and state.inputs.shape[-1] == 12  # decoded at size, left alone
+
+
+@pytest.mark.parametrize(("name", "config"), [("mixup", MixUpConfig(alpha=0.4)), ("cutmix", CutMixConfig())])
+def test_mixing_targets_sum_to_one_and_use_the_drawn_lambda(name, config):
+    torch.manual_seed(0)
+    (mixing,) = build_algorithms({name: config})
+    state = make_state()
+    state.num_classes = 5
+    images = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 3, 8, 8).contiguous()  # sample i is all i
+    labels = torch.tensor([0, 1, 2, 3])
+    state.inputs, state.targets = images.clone(), labels.clone()
+    mixing.apply(Event.BEFORE_FORWARD, state)
+    assert torch.allclose(state.targets.sum(1), torch.ones(4))
+    partner = labels.roll(1)
+    for i in range(4):
+        own = float((state.inputs[i] == images[i]).float().mean()) if name == "cutmix" else None
+        if name == "mixup":  # pixel = lam * i + (1 - lam) * partner
+            lam = (float(state.inputs[i, 0, 0, 0]) - float(partner[i])) / (i - float(partner[i]))
+        else:  # the share of pixels still the sample's own is the label weight
+            lam = own
+        expected = torch.zeros(5)
+        expected[labels[i]] += lam
+        expected[partner[i]] += 1 - lam
+        assert torch.allclose(state.targets[i], expected, atol=1e-5), (name, i)

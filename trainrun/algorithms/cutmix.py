@@ -1,0 +1,19 @@
+"""CutMix (Yun et al., 2019) through torchvision's ``v2.CutMix``.
+
+At BEFORE_FORWARD one box per batch, of area fraction 1 − λ with λ ~ Beta(α, α), is pasted
+from each sample's partner (``roll(1)``); labels are mixed with λ adjusted to the clipped box.
+"""
+
+from torchvision.transforms import v2
+
+from trainrun.algorithms.mixup import BatchMixing
+from trainrun.schema import CutMixConfig
+
+
+class CutMix(BatchMixing):
+    name = "cutmix"
+    transform_class = v2.CutMix
+
+
+def build(config: CutMixConfig) -> CutMix:
+    return CutMix(config.alpha)

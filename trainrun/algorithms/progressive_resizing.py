@@ -1,0 +1,62 @@
+"""Progressive resizing: train at a reduced resolution that grows linearly to full size.
+
+scale(t) = s0 + (1 − s0) · clip((t − delay) / (1 − finetune − delay), 0, 1), with t the fraction
+of training done; the side is ``scale · full`` rounded down to a multiple of ``size_increment``.
+When the loader can decode at a given size (FFCV), the size is set at each EPOCH_START and
+images are decoded at it; otherwise each training batch is resized on the device at
+AFTER_DATALOADER (``resize``: nearest-neighbour, as Composer; ``crop``: one random crop per batch).
+Evaluation always runs at full resolution.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import ProgressiveResizingConfig
+
+
+def scale_at(progress: float, initial_scale: float, delay: float, finetune: float) -> float:
+    """The fraction of full resolution to train at after ``progress`` of the run."""
+    ramp = 1.0 - finetune - delay
+    fraction = 1.0 if ramp <= 0 else min(max((progress - delay) / ramp, 0.0), 1.0)
+    return initial_scale + (1.0 - initial_scale) * fraction
+
+
+def size_at(progress: float, full: int, config: ProgressiveResizingConfig) -> int:
+    """Training side length after ``progress`` of the run."""
+    scale = scale_at(progress, config.initial_scale, config.delay, config.finetune)
+    size = int(full * scale) // config.size_increment * config.size_increment
+    return min(max(size, config.size_increment), full)
+
+
+class ProgressiveResizing(Algorithm):
+    name = "progressive_resizing"
+    events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
+    order = 30  # before ColOut-style methods that drop rows of the resized batch
+
+    def __init__(self, config: ProgressiveResizingConfig) -> None:
+        self.config = config
+        self.decoding = False  # the loader decodes at the target size this epoch
+
+    def apply(self, event: Event, state: State) -> None:
+        size = size_at(state.progress, state.train_resolution, self.config)
+        if event is Event.EPOCH_START:
+            self.decoding = state.data is not None and state.data.set_train_resolution(size)
+        elif not self.decoding and size < state.inputs.shape[-1]:
+            state.inputs = self.shrink(state.inputs, size)
+
+    def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
+        """Resize (nearest) or crop a batch to ``size`` x ``size``."""
+        if self.config.mode == "resize":
+            return F.interpolate(images, size=(size, size), mode="nearest")
+        top = int(torch.randint(0, images.shape[-2] - size + 1, ()))
+        left = int(torch.randint(0, images.shape[-1] - size + 1, ()))
+        return images[..., top : top + size, left : left + size]
+
+
+def build(config: ProgressiveResizingConfig) -> ProgressiveResizing:
+    return ProgressiveResizing(config)
