@@ -71,3 +71,44 @@ def test_mixing_targets_sum_to_one_and_use_the_drawn_lambda(name, config):
         expected[labels[i]] += lam
         expected[partner[i]] += 1 - lam
         assert torch.allclose(state.targets[i], expected, atol=1e-5), (name, i)
+
+
+def test_colout_keeps_rows_and_columns_in_order():
+    from trainrun.algorithms.colout import colout
+
+    images = torch.arange(176.0).view(1, 1, 1, 176).expand(4, 3, 176, 176).contiguous()
+    for batch in (True, False):
+        out = colout(images, 0.15, 0.15, batch)
+        assert out.shape == (4, 3, int(0.85 * 176), int(0.85 * 176)) == (4, 3, 149, 149)
+        columns = out[:, 0, 0]  # each row of the image is 0..175: the kept columns, in order
+        assert bool((columns[:, 1:] > columns[:, :-1]).all())
+        same = all(torch.equal(columns[0], columns[i]) for i in range(4))
+        assert same == batch  # batch mode: the same columns for every sample
+
+
+def test_stochastic_depth_rates_are_linear_over_the_16_resnet50_blocks():
+    from torchvision.models import resnet50
+
+    from trainrun.algorithms.stochastic_depth import apply_stochastic_depth
+    from trainrun.schema import StochasticDepthConfig
+
+    model = resnet50()
+    blocks = apply_stochastic_depth(model, StochasticDepthConfig(drop_rate=0.1))
+    assert len(blocks) == 16
+    assert [b.drop.p for b in blocks] == pytest.approx([(i + 1) / 16 * 0.1 for i in range(16)])
+    model.eval()
+    x = torch.randn(2, 3, 64, 64)
+    assert torch.equal(model(x), model(x))  # evaluation keeps every branch
+
+
+def test_stochastic_depth_drops_whole_branches_per_sample():
+    from torchvision.models.resnet import BasicBlock
+
+    from trainrun.algorithms.stochastic_depth import StochasticBlock
+
+    torch.manual_seed(0)
+    block = StochasticBlock(BasicBlock(4, 4), p=0.5, mode="sample").train()
+    x = torch.randn(400, 4, 5, 5)
+    out = block(x)
+    skipped = torch.isclose(out, torch.relu(x)).flatten(1).all(1)  # branch dropped: relu(identity)
+    assert 0.4 < skipped.float().mean() < 0.6

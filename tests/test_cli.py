@@ -68,7 +68,7 @@ def test_help_lists_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in (
-        "algorithms: blurpool, channels_last, cutmix, ema, gradient_clipping, label_smoothing, mixup",
+        "algorithms: blurpool, channels_last, colout, cutmix, ema, gradient_clipping, label_smoothing, mixup",
         "model: resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline",
         "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, synthetic, synthetic_ffcv",

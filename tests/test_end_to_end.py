@@ -96,6 +96,8 @@ def test_flags_algorithms_and_schedules_run_together(tmp_path):
         "mixup",
         "cutmix",
         "progressive_resizing",
+        "colout",
+        "stochastic_depth",
         "label_smoothing",
         "gradient_clipping",
         "--optimizer.lr",

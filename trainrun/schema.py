@@ -232,6 +232,26 @@ class CutMixConfig:
     alpha: float = _positive(1.0)
 
 
+@algorithm_config("stochastic_depth")
+@dataclass
+class StochasticDepthConfig:
+    """Randomly skip residual branches in training (Huang et al., 2016)."""
+
+    drop_rate: float = field(default=0.1, metadata={"min": 0, "max": 1})  # of the last block
+    mode: str = _choice("sample", "sample", "block")  # drop per sample, or the whole batch's branch
+    distribution: str = _choice("linear", "linear", "uniform")  # over the blocks, first to last
+
+
+@algorithm_config("colout")
+@dataclass
+class ColOutConfig:
+    """Drop random rows and columns of each training image (Composer's ColOut)."""
+
+    p_row: float = field(default=0.15, metadata={"min": 0, "max": 1})
+    p_col: float = field(default=0.15, metadata={"min": 0, "max": 1})
+    batch: bool = True  # the same rows and columns for the whole batch
+
+
 def validate(cfg: DictConfig) -> TrainConfig:
     """Merge ``cfg`` into the schema and check every value; raise :class:`ConfigError` if bad."""
     try:

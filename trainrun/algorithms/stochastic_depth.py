@@ -1,0 +1,82 @@
+"""Stochastic depth on torchvision ResNet blocks, with ``torchvision.ops.StochasticDepth``.
+
+At INIT each ``BasicBlock`` / ``Bottleneck`` becomes a :class:`StochasticBlock` whose residual
+branch passes through ``StochasticDepth(p_i)``; with ``distribution=linear`` block i of N gets
+p_i = (i + 1) / N · drop_rate (ResNet-50: 16 blocks). ``sample`` mode drops the branch per
+sample (torchvision's ``row``), ``block`` mode for the whole batch (``batch``). torchvision
+rescales kept branches by 1 / (1 − p) in training and is the identity at evaluation, where
+Composer leaves training unscaled and multiplies by (1 − p) at evaluation: the same expectation.
+The block's own layers are kept, so initialisation and other surgery (BlurPool) survive.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+from torchvision.ops import StochasticDepth as DropPath
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import StochasticDepthConfig
+
+
+class StochasticBlock(nn.Module):
+    """A torchvision residual block whose branch may be dropped."""
+
+    def __init__(self, block: BasicBlock | Bottleneck, p: float, mode: str) -> None:
+        super().__init__()
+        self.block = block
+        self.drop = DropPath(p, "row" if mode == "sample" else "batch")
+
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        out = b.relu(b.bn1(b.conv1(x)))
+        if isinstance(b, Bottleneck):
+            out = b.relu(b.bn2(b.conv2(out)))
+            return b.bn3(b.conv3(out))
+        return b.bn2(b.conv2(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.block.downsample is None else self.block.downsample(x)
+        return self.block.relu(identity + self.drop(self.branch(x)))
+
+
+def drop_rates(count: int, drop_rate: float, distribution: str) -> list[float]:
+    """Drop probability of each of ``count`` blocks, first to last."""
+    if distribution == "uniform":
+        return [drop_rate] * count
+    return [(index + 1) / count * drop_rate for index in range(count)]
+
+
+def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> list[StochasticBlock]:
+    """Wrap every residual block in place; return the wrappers in network order."""
+    places = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, BasicBlock | Bottleneck)
+    ]
+    wrapped = []
+    for (parent, name, block), p in zip(places, drop_rates(len(places), config.drop_rate, config.distribution)):
+        wrapper = StochasticBlock(block, p, config.mode)
+        setattr(parent, name, wrapper)
+        wrapped.append(wrapper)
+    return wrapped
+
+
+class StochasticDepth(Algorithm):
+    name = "stochastic_depth"
+    events = frozenset({Event.INIT})
+    order = 5  # wraps whole blocks before any surgery inside them
+
+    def __init__(self, config: StochasticDepthConfig) -> None:
+        self.config = config
+
+    def apply(self, event: Event, state: State) -> None:
+        apply_stochastic_depth(state.raw_model, self.config)
+
+
+def build(config: StochasticDepthConfig) -> StochasticDepth:
+    return StochasticDepth(config)
