@@ -69,9 +69,11 @@ def plain_loop(steps: int, data: TorchData) -> float:
 def trainer_loop(steps: int, data: TorchData) -> float:
     """Images/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
     model, optimizer, scheduler, timeline = components(steps, data)
-    state = State(model, optimizer, timeline, torch.device("cpu"), "fp32", loss_fn=soft_cross_entropy)
+    state = State(
+        model, optimizer, timeline, torch.device("cpu"), "fp32", loss_fn=soft_cross_entropy, data=data, num_classes=10
+    )
     settings = TrainerSettings(eval_interval=f"{steps + 1}ba", log_interval=10)
-    trainer = Trainer(state, data, scheduler, Precision("fp32", "cpu"), Engine([]), settings, num_classes=10)
+    trainer = Trainer(state, scheduler, Precision("fp32", "cpu"), Engine([]), settings)
     started = time.perf_counter()
     trainer.fit()
     seconds = time.perf_counter() - started - state.accounts.seconds["eval"]  # timed from outside

@@ -6,6 +6,7 @@ from test_engine_algorithms import make_state
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.progressive_resizing import size_at
+from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.schema import CutMixConfig, MixUpConfig, ProgressiveResizingConfig
 
@@ -43,10 +44,11 @@ def test_resizes_batches_or_asks_the_loader_to_decode_smaller():
     assert state.inputs.shape[-1] == 8
     assert torch.equal(state.inputs[0, 0, 0], torch.arange(0.0, 16, 2))  # nearest neighbour
     state.data, state.batch = Decoding(), 60
-    resizing.apply(Event.EPOCH_START, state)
-    state.inputs = torch.zeros(1, 3, 12, 12)
-    resizing.apply(Event.AFTER_DATALOADER, state)
-    assert state.data.sizes == [12] and state.inputs.shape[-1] == 12  # decoded at size, left alone
+    engine = Engine([resizing])
+    engine.run(Event.EPOCH_START, state)
+    state.inputs = torch.zeros(1, 3, 16, 16)  # larger than the target: only a resize could change it
+    engine.run(Event.AFTER_DATALOADER, state)
+    assert state.data.sizes == [12] and state.inputs.shape[-1] == 16  # the loader decodes; batches left alone
 
 
 @pytest.mark.parametrize(("name", "config"), [("mixup", MixUpConfig(alpha=0.4)), ("cutmix", CutMixConfig())])

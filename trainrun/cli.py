@@ -256,7 +256,7 @@ def _builtin_data_config(source: str, overrides: list[str]):
 
     if source not in DATA_NAMES:
         return None
-    return validate(compose([f"data={source}", *overrides])).data
+    return validate(compose(force_schema_keys([f"data={source}", *overrides]))).data
 
 
 SUBCOMMANDS = {"write": write_command}

@@ -107,7 +107,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         checkpoint_final=config.checkpoint.save_final,
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
-    trainer = Trainer(state, data, scheduler, precision, engine, settings, config.model.num_classes)
+    trainer = Trainer(state, scheduler, precision, engine, settings)
 
     offset = None
     resume_path = checkpoint.resolve_resume(config.resume, checkpoint_dir)

@@ -42,11 +42,14 @@ class ProgressiveResizing(Algorithm):
         self.config = config
         self.decoding = False  # the loader decodes at the target size this epoch
 
+    def match(self, event: Event, state: State) -> bool:
+        return event is Event.EPOCH_START or (event is Event.AFTER_DATALOADER and not self.decoding)
+
     def apply(self, event: Event, state: State) -> None:
         size = size_at(state.progress, state.train_resolution, self.config)
         if event is Event.EPOCH_START:
             self.decoding = state.data is not None and state.data.set_train_resolution(size)
-        elif not self.decoding and size < state.inputs.shape[-1]:
+        elif size < state.inputs.shape[-1]:
             state.inputs = self.shrink(state.inputs, size)
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:

@@ -24,7 +24,6 @@ from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
-from trainrun.data import DataSpec
 from trainrun.errors import TrainingDiverged
 
 
@@ -46,21 +45,19 @@ class Trainer:
     def __init__(
         self,
         state: State,
-        data: DataSpec,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         precision: Precision,
         engine: Engine,
         settings: TrainerSettings,
-        num_classes: int,
     ) -> None:
-        self.state, self.data, self.scheduler = state, data, scheduler
+        self.state, self.scheduler = state, scheduler
         self.precision, self.engine, self.settings = precision, engine, settings
-        top_k = min(5, num_classes)
-        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro").to(state.device)
-        self.top5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro").to(state.device)
+        classes = state.num_classes
+        self.top1 = MulticlassAccuracy(classes, top_k=1, average="micro").to(state.device)
+        self.top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro").to(state.device)
         self._pending_losses: list[torch.Tensor] = []
         self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": 0.0}
-        data.to(state.device)
+        state.data.to(state.device)
         engine.run(Event.INIT, state)
         state.model.to(state.device)
         if state.world_size > 1:
@@ -77,7 +74,7 @@ class Trainer:
         while state.batch < timeline.max_batches and state.stop_reason is None:
             if state.batch_in_epoch == 0:
                 self.engine.run(Event.EPOCH_START, state)
-            self._train_epoch(self.data.train_batches(state.epoch, skip=state.batch_in_epoch))
+            self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
         self._flush_losses()
         state.accounts.switch("other")
         self.engine.run(Event.FIT_END, state)
@@ -97,7 +94,7 @@ class Trainer:
             accounts.switch("to_device")
             images = images.to(state.device, non_blocking=True)
             state.targets = targets.to(state.device, non_blocking=True)
-            state.inputs = self.data.prepare(images)
+            state.inputs = state.data.prepare(images)
             accounts.switch("step")
             self._train_step()
             state.batch += 1
@@ -178,8 +175,8 @@ class Trainer:
         self.top1.reset()
         self.top5.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=state.device)  # loss sum, count
-        for images, targets in self.data.eval_batches():
-            images = self.data.prepare(images.to(state.device, non_blocking=True))
+        for images, targets in state.data.eval_batches():
+            images = state.data.prepare(images.to(state.device, non_blocking=True))
             targets = targets.to(state.device, non_blocking=True)
             with self.precision.autocast():
                 logits = state.model(images)

@@ -106,11 +106,17 @@ class FFCVData(DataSpec):
         self.decoder = RandomResizedCropRGBImageDecoder(
             (config.resolution, config.resolution), scale=tuple(config.crop_scale), ratio=tuple(config.crop_ratio)
         )
-        to_device = ToDevice(device, non_blocking=True)
         augment = [RandomTranslate(config.random_crop_padding)] if config.random_crop_padding else []
         augment += [RandomHorizontalFlip()] if config.hflip else []
-        train_pipeline = [self.decoder, *augment, ToTensor(), to_device, ToTorchImage(channels_last=channels_last)]
-        labels = [IntDecoder(), ToTensor(), Squeeze(), to_device]
+
+        def to_device() -> ToDevice:  # one instance per pipeline: FFCV operations are not shared
+            return ToDevice(device, non_blocking=True)
+
+        def labels() -> list:
+            return [IntDecoder(), ToTensor(), Squeeze(), to_device()]
+
+        train_pipeline = [self.decoder, *augment, ToTensor(), to_device(), ToTorchImage(channels_last=channels_last)]
+
         workers = config.num_workers or -1  # FFCV: -1 uses every core
         orders = {
             "random": OrderOption.RANDOM,
@@ -127,7 +133,7 @@ class FFCVData(DataSpec):
             distributed=world_size > 1,
             seed=seed,
             batches_ahead=config.batches_ahead,
-            pipelines={"image": train_pipeline, "label": labels},
+            pipelines={"image": train_pipeline, "label": labels()},
         )
         ratio = config.eval_resolution / config.eval_resize if config.eval_resize else 1.0
         eval_decoder = CenterCropRGBImageDecoder((config.eval_resolution, config.eval_resolution), ratio=ratio)
@@ -141,11 +147,10 @@ class FFCVData(DataSpec):
             indices=list(range(rank, val_count, world_size)),
             batches_ahead=config.batches_ahead,
             pipelines={
-                "image": [eval_decoder, ToTensor(), to_device, ToTorchImage(channels_last=channels_last)],
-                "label": labels,
+                "image": [eval_decoder, ToTensor(), to_device(), ToTorchImage(channels_last=channels_last)],
+                "label": labels(),
             },
         )
-        self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)
         if self.batches_per_epoch == 0:
             raise DataError(

@@ -17,7 +17,6 @@ class DataSpec(ABC):
     device. :meth:`prepare` normalises them on the device.
     """
 
-    per_rank_batch: int
     batches_per_epoch: int
 
     def __init__(self, config: DataConfig) -> None:
