@@ -18,6 +18,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py
 	$(VENV)/bin/python bench/loaders.py
+	$(VENV)/bin/python bench/algorithms.py
 
 install: $(STAMP)
 

@@ -41,7 +41,7 @@ def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
 def components(steps: int, data: TorchData):
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=32, blocks=[1, 1, 1]))
-    optimizer = build_optimizer(model, OptimizerConfig(lr=0.1))
+    optimizer = build_optimizer(model, OptimizerConfig(lr=0.1), data.train.batch_size)
     timeline = Timeline(len(data.train), data.train.batch_size, steps)
     scheduler = build_scheduler(optimizer, SchedulerConfig(t_warmup="0.1dur"), timeline, 1.0)
     return model, optimizer, scheduler, timeline
@@ -70,10 +70,17 @@ def trainer_loop(steps: int, data: TorchData) -> float:
     """Images/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
     model, optimizer, scheduler, timeline = components(steps, data)
     state = State(
-        model, optimizer, timeline, torch.device("cpu"), "fp32", loss_fn=soft_cross_entropy, data=data, num_classes=10
+        model,
+        optimizer,
+        timeline,
+        torch.device("cpu"),
+        Precision("fp32", "cpu"),
+        loss_fn=soft_cross_entropy,
+        data=data,
+        num_classes=10,
     )
     settings = TrainerSettings(eval_interval=f"{steps + 1}ba", log_interval=10)
-    trainer = Trainer(state, scheduler, Precision("fp32", "cpu"), Engine([]), settings)
+    trainer = Trainer(state, lambda _: (optimizer, scheduler), Engine([]), settings)
     started = time.perf_counter()
     trainer.fit()
     seconds = time.perf_counter() - started - state.accounts.seconds["eval"]  # timed from outside

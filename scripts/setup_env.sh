@@ -19,5 +19,5 @@ pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if ! "$VENV/bin/python" -c "import torch, torchvision" >/dev/null 2>&1; then
   "${pip[@]}" torch torchvision
 fi
-"${pip[@]}" -e ".[ffcv,dev]"
+"${pip[@]}" -e ".[ffcv,dev,slurm]"
 "$VENV/bin/python" -c "import ffcv, hydra, torchvision, trainrun" 

@@ -1,4 +1,4 @@
-"""Progressive resizing, MixUp and CutMix: sizes, mixing weights and targets, with numbers."""
+"""Progressive resizing, FixRes, MixUp, CutMix, ColOut, stochastic depth and per-image augmentation."""
 
 import pytest
 import torch
@@ -8,7 +8,18 @@ from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.progressive_resizing import size_at
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
-from trainrun.schema import CutMixConfig, MixUpConfig, ProgressiveResizingConfig
+from trainrun.data import TorchData
+from trainrun.data.builtin import builtin_datasets
+from trainrun.data.spec import DataSpec
+from trainrun.schema import (
+    CutMixConfig,
+    DataConfig,
+    FixResConfig,
+    MixUpConfig,
+    ProgressiveResizingConfig,
+    RandAugmentConfig,
+    TrivialAugmentConfig,
+)
 
 MILD = ProgressiveResizingConfig(initial_scale=0.5, delay=0.4, finetune=0.2, size_increment=4)
 
@@ -23,11 +34,18 @@ def test_hot_settings_start_larger_and_ramp_earlier():
     assert [size_at(p, 176, hot) for p in (0.0, 0.2, 0.5, 0.8)] == [104, 104, 140, 176]
 
 
-class Decoding:
-    """A loader that can decode at any size, recording the sizes asked for."""
+class Decoding(DataSpec):
+    """A loader that can decode at any size, recording the sizes asked for (as FFCV's can)."""
 
     def __init__(self):
+        super().__init__(DataConfig())
         self.sizes = []
+
+    def train_batches(self, epoch, skip=0):
+        return iter(())
+
+    def eval_batches(self):
+        return ()
 
     def set_train_resolution(self, size):
         self.sizes.append(size)
@@ -114,3 +132,38 @@ def test_stochastic_depth_drops_whole_branches_per_sample():
     out = block(x)
     skipped = torch.isclose(out, torch.relu(x)).flatten(1).all(1)  # branch dropped: relu(identity)
     assert 0.4 < skipped.float().mean() < 0.6
+
+
+def test_fixres_trains_below_the_evaluation_resolution_and_progressive_resizing_ramps_to_it():
+    algorithms = build_algorithms({"fixres": FixResConfig(train_resolution=12), "progressive_resizing": MILD})
+    engine = Engine(algorithms)
+    state = make_state(max_batches=100)
+    state.train_resolution = 16
+    engine.run(Event.INIT, state)
+    assert state.train_resolution == 12
+    state.batch = 90  # progressive resizing is at full (training) size
+    engine.run(Event.EPOCH_START, state)
+    state.inputs = torch.rand(2, 3, 16, 16)
+    engine.run(Event.AFTER_DATALOADER, state)
+    assert state.inputs.shape[-2:] == (12, 12)
+    state.batch, state.data = 0, Decoding()
+    engine.run(Event.EPOCH_START, state)
+    assert state.data.sizes == [12, 4]  # FixRes asks for 12, progressive resizing then for 0.5 x 12 -> 4
+
+
+@pytest.mark.parametrize("config", [RandAugmentConfig(depth=2, severity=10), TrivialAugmentConfig()])
+def test_per_image_augmentation_joins_the_torch_training_pipeline(config):
+    data_config = DataConfig(name="digits")
+    train_set, val_set = builtin_datasets(data_config, augment=False)
+    data = TorchData(data_config, train_set, val_set, 64, 64, seed=0, rank=0, world_size=1)
+    plain, _ = next(data.train_batches(0))
+    (augment,) = build_algorithms({config.__class__.__name__.removesuffix("Config").lower(): config})
+    state = make_state()
+    state.data = data
+    torch.manual_seed(0)
+    augment.apply(Event.FIT_START, state)
+    augmented, _ = next(data.train_batches(0))
+    assert augmented.dtype == torch.uint8 and augmented.shape == plain.shape
+    changed = (augmented != plain).flatten(1).any(1).float().mean()
+    assert changed > 0.5  # most images were transformed
+    assert not Decoding().add_train_transform(augment.transform)  # loaders without Python transforms refuse

@@ -51,10 +51,12 @@ def test_flags_and_overrides_compose_the_same_config():
 
 
 def test_recipe_group_lives_in_top_level_recipes(tmp_path):
-    config = check(["recipe=baseline", f"data.path={tmp_path}"])[0]
+    config = check(["recipe=baseline", "data=folder", f"data.path={tmp_path}"])[0]
     assert config.model.name == "resnet50" and config.optimizer.lr == 2.048
     assert config.scheduler.t_warmup == "8ep" and config.train_batch_size == 2048
-    override = check(["recipe=baseline", f"data.path={tmp_path}", "model=resnet18", "optimizer.lr=0.1"])[0]
+    override = check(["recipe=baseline", "data=folder", f"data.path={tmp_path}", "model=resnet18", "optimizer.lr=0.1"])[
+        0
+    ]
     assert override.model.name == "resnet18" and override.optimizer.lr == 0.1
 
 
@@ -68,9 +70,9 @@ def test_help_lists_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in (
-        "algorithms: blurpool, channels_last, colout, cutmix, ema, gradient_clipping, label_smoothing, mixup",
+        "algorithms: bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, ghost_batchnorm",
         "model: resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline",
+        "recipe: baseline, hot, medium, mild",
         "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, synthetic, synthetic_ffcv",
     ):
         assert line in result.stdout
@@ -128,6 +130,9 @@ BAD_INPUTS = [
     (["-x"], "unknown flag '-x'"),
     (["train_batch_size=5000"], "train_batch_size 5000 is larger than the 1438 training images"),
     (["data=folder", "data.num_classes=2", "data.path={empty}"], "no images in data folder"),
+    (["--algorithms", "mixup", "cutmix"], "algorithms 'cutmix' and 'mixup' cannot run together"),
+    (["algorithms=[randaugment]", "data=digits_ffcv"], "algorithm 'randaugment' transforms images in the torch"),
+    (["algorithms=[fixres]"], "bad value for 'algorithms.fixres.train_resolution': 176 (must be below"),
 ]
 
 

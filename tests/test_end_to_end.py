@@ -93,7 +93,6 @@ def test_flags_algorithms_and_schedules_run_together(tmp_path):
         "blurpool",
         "channels_last",
         "ema",
-        "mixup",
         "cutmix",
         "progressive_resizing",
         "colout",
@@ -111,6 +110,90 @@ def test_flags_algorithms_and_schedules_run_together(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert [r["batch"] for r in read_metrics(tmp_path)] == [20, 40]
+
+
+ALL_TOGETHER = [  # every method but the one of each incompatible pair (cutmix, trivialaugment)
+    "blurpool", "channels_last", "label_smoothing", "bce_loss", "progressive_resizing", "fixres", "ema", "mixup",
+    "sam", "randaugment", "stochastic_depth", "colout", "squeeze_excite", "ghost_batchnorm", "layer_freezing",
+    "swa", "selective_backprop", "gradient_clipping",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_method_together_on_resnet50_at_small_resolution(tmp_path):
+    result = run_cli(
+        "model=resnet50",
+        "data=synthetic",
+        "data.resolution=32",
+        "data.eval_resolution=32",
+        "data.num_samples=64",
+        "data.val_samples=16",
+        "train_batch_size=16",
+        "eval_batch_size=16",
+        "max_duration=4ba",
+        "eval_interval=4ba",
+        "progress=false",
+        f"algorithms=[{','.join(ALL_TOGETHER)}]",
+        "algorithms.fixres.train_resolution=24",
+        "algorithms.ghost_batchnorm.ghost_batch_size=4",
+        "algorithms.selective_backprop.start=0",
+        "algorithms.layer_freezing.freeze_start=0.25",
+        "algorithms.swa.swa_start=0.25dur",
+        "algorithms.swa.update_interval=1ba",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path)[-1]["batch"] == 4
+    payload = torch.load(tmp_path / "checkpoints" / "ep1-ba4.pt", weights_only=True)
+    assert set(payload["algorithms"]) == set(ALL_TOGETHER)
+
+
+@pytest.mark.slow
+def test_ema_and_swa_state_survive_a_resume(tmp_path):
+    """Stop mid-way through the SWA window, resume, and get the uninterrupted run's weights and averages."""
+    args = [
+        *TINY,
+        "algorithms=[ema,swa]",
+        "algorithms.swa.swa_start=0.5dur",
+        "algorithms.swa.swa_end=0.9dur",
+        "algorithms.swa.update_interval=4ba",
+        "checkpoint.interval=30ba",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    final = tmp_path / "checkpoints" / "ep2-ba44.pt"
+    uninterrupted = torch.load(final, weights_only=True)
+    final.unlink()
+    resumed_run = run_cli(*args, "resume=auto")
+    assert resumed_run.returncode == 0, resumed_run.stderr
+    assert "resumed from" in resumed_run.stdout and "ep1-ba30.pt" in resumed_run.stdout
+    resumed = torch.load(final, weights_only=True)
+    assert resumed["algorithms"]["swa"]["loaded"] and int(resumed["algorithms"]["swa"]["average"]["n_averaged"]) == 5
+    for part in ("model",):
+        for key, value in uninterrupted[part].items():
+            assert torch.equal(value, resumed[part][key]), key
+    for name in ("ema", "swa"):
+        for key, value in uninterrupted["algorithms"][name]["average"].items():
+            assert torch.equal(value, resumed["algorithms"][name]["average"][key]), (name, key)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_gloo_ranks_run_ema_sam_and_blurpool(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+        "-m", "trainrun", *TINY, "algorithms=[ema,sam,blurpool]", "algorithms.sam.interval=2",
+        "algorithms.ema.half_life=10ba", "algorithms.ema.update_interval=2ba", f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "2 rank(s)" in result.stdout
+    records = read_metrics(tmp_path)
+    assert [r["batch"] for r in records] == [22, 44] and records[-1]["top1"] > 0.5
+    payload = torch.load(tmp_path / "checkpoints" / "ep2-ba44.pt", weights_only=True)
+    assert set(payload["algorithms"]) == {"ema", "sam", "blurpool"} and payload["algorithms"]["ema"]
 
 
 @pytest.mark.slow
@@ -170,7 +253,7 @@ def test_wheel_ships_conf_and_recipes_and_runs_from_anywhere(tmp_path):
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run(
-        [sys.executable, "-m", "trainrun", "--cfg", "job", "recipe=baseline", f"data.path={elsewhere}"],
+        [sys.executable, "-m", "trainrun", "--cfg", "job", "recipe=baseline", "data=folder", f"data.path={elsewhere}"],
         cwd=elsewhere,
         env=env,
         capture_output=True,

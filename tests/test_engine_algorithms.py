@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 from torchvision.models import resnet50
+from torchvision.ops import SqueezeExcitation
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
@@ -12,6 +13,7 @@ from trainrun.algorithms.gradient_clipping import adaptive_clip
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.core.engine import Algorithm, Callback, Engine
 from trainrun.core.events import Event
+from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.schema import ALGORITHM_CONFIGS, BlurPoolConfig, EMAConfig
@@ -26,7 +28,7 @@ def make_state(model=None, max_batches=100) -> State:
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         timeline=Timeline(batches_per_epoch=10, samples_per_batch=4, max_batches=max_batches),
         device=torch.device("cpu"),
-        precision="fp32",
+        precision=Precision("fp32", "cpu"),
     )
 
 
@@ -99,14 +101,14 @@ def test_blur_kernel_is_binomial_and_keeps_constants():
     assert torch.allclose(blur(torch.ones(1, 16, 6, 6))[..., 1:-1, 1:-1], torch.ones(1, 16, 4, 4))
 
 
-def test_channels_last_survives_blurpool():
+def test_channels_last_survives_every_model_surgery():
     model = resnet50()
-    engine = Engine(
-        build_algorithms({"channels_last": ALGORITHM_CONFIGS["channels_last"](), "blurpool": BlurPoolConfig()})
-    )
+    surgery = ("channels_last", "blurpool", "squeeze_excite", "ghost_batchnorm", "stochastic_depth")
+    engine = Engine(build_algorithms({name: ALGORITHM_CONFIGS[name]() for name in surgery}))
     state = make_state(model)
     engine.run(Event.INIT, state)
-    assert isinstance(model.layer2[0].conv2, BlurConv2d)
+    assert isinstance(model.layer2[0].block.conv2, BlurConv2d)
+    assert isinstance(model.layer2[0].block.conv2.conv[1], SqueezeExcitation)
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
             assert module.weight.is_contiguous(memory_format=torch.channels_last)

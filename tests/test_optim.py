@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainrun.core.time import Time, Timeline
-from trainrun.optim.schedules import build_scheduler, multiplier
+from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function
 from trainrun.optim.sgdw import DecoupledSGDW, build_optimizer
 from trainrun.schema import OptimizerConfig, SchedulerConfig
 
@@ -85,10 +85,25 @@ def test_sgdw_matches_sgd_without_decay():
 
 def test_norm_and_bias_can_be_exempt_from_decay():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
-    optimizer = build_optimizer(model, OptimizerConfig(weight_decay=0.1, exclude_norm_and_bias=True))
+    optimizer = build_optimizer(model, OptimizerConfig(weight_decay=0.1, exclude_norm_and_bias=True), 256)
     decayed, exempt = optimizer.param_groups
     assert [p.shape for p in decayed["params"]] == [torch.Size([3, 3])]
     assert len(exempt["params"]) == 3 and exempt["decoupled_weight_decay"] == 0.0
-    adamw = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3))
+    adamw = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3), 256)
     assert isinstance(adamw, torch.optim.AdamW)
     assert math.isclose(adamw.param_groups[0]["lr"], 1e-3)
+
+
+def test_linear_lr_scaling_follows_the_global_batch():
+    model = torch.nn.Linear(2, 2)
+    config = OptimizerConfig(lr=2.048, lr_scaling="linear", reference_batch_size=2048)
+    assert build_optimizer(model, config, 256).param_groups[0]["lr"] == pytest.approx(0.256)
+    assert build_optimizer(model, OptimizerConfig(lr=2.048), 256).param_groups[0]["lr"] == 2.048
+
+
+def test_scale_warmup_off_keeps_the_warmup_as_written():
+    timeline = Timeline(batches_per_epoch=10, samples_per_batch=4, max_batches=360)  # 90ep x 0.4
+    stretched = schedule_function(SchedulerConfig(t_warmup="8ep"), timeline, 0.4)
+    fixed = schedule_function(SchedulerConfig(t_warmup="8ep", scale_warmup=False), timeline, 0.4)
+    assert stretched(16) == 0.5 and stretched(32) == 1.0  # warmup 0.4 x 80 = 32 steps
+    assert fixed(40) == 0.5 and fixed(80) == 1.0  # warmup stays 80 steps

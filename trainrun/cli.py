@@ -141,13 +141,17 @@ def check(overrides: list[str], multirun: bool = False) -> list[TrainConfig]:
     return [validate(compose(job)) for job in jobs]
 
 
-def _fail(error: BaseException, debug: bool) -> int:
+def report_error(error: BaseException, debug: bool, where: str = "") -> int:
+    """Print ``error`` as one line (``where`` names the rank, if any); return the exit code."""
     if debug:
         raise error
     if isinstance(error, TrainrunError):
-        print(f"trainrun: error: {error}", file=sys.stderr)
+        print(f"trainrun: error: {where}{error}", file=sys.stderr)
         return error.exit_code
-    print(f"trainrun: error: {type(error).__name__}: {error} (rerun with --debug for the traceback)", file=sys.stderr)
+    print(
+        f"trainrun: error: {where}{type(error).__name__}: {error} (rerun with --debug for the traceback)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -158,14 +162,14 @@ def _job(cfg: DictConfig, debug: bool) -> None:
     try:
         config = validate(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        from trainrun.run import train
+        from trainrun.launch import launch
 
-        train(config, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
+        launch(config, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
     except KeyboardInterrupt:
         print("trainrun: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as error:
-        raise SystemExit(_fail(error, debug)) from None
+        raise SystemExit(report_error(error, debug)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,14 +183,14 @@ def main(argv: list[str] | None = None) -> int:
             print("trainrun: interrupted", file=sys.stderr)
             return 130
         except Exception as error:
-            return _fail(error, debug)
+            return report_error(error, debug)
     try:
         hydra_args, overrides, debug = translate(argv)
         overrides = force_schema_keys(overrides)
         if not NO_RUN_FLAGS & set(hydra_args):
             check(overrides, multirun=bool({"-m", "--multirun"} & set(hydra_args)))
     except Exception as error:
-        return _fail(error, debug)
+        return report_error(error, debug)
     return _run_hydra(hydra_args + overrides, debug)
 
 

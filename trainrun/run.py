@@ -79,17 +79,19 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     )
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
-    optimizer = build_optimizer(model, config.optimizer)
-    scheduler = build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
+
+    def optimization(final_model: torch.nn.Module):
+        optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
+        return optimizer, build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
 
     tta = TimeToAccuracyLogger(run_dir, config.accuracy_targets)
     callbacks = [tta, ConsoleLogger(tta, live=config.progress, console=console)] if rank == 0 else []
     state = State(
         model=model,
-        optimizer=optimizer,
+        optimizer=None,
         timeline=timeline,
         device=device,
-        precision=config.precision,
+        precision=precision,
         rank=rank,
         world_size=world_size,
         loss_fn=LOSSES[config.loss],
@@ -105,9 +107,10 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         checkpoint_interval=config.checkpoint.interval,
         checkpoint_keep=config.checkpoint.keep,
         checkpoint_final=config.checkpoint.save_final,
+        compile=config.compile,
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
-    trainer = Trainer(state, scheduler, precision, engine, settings)
+    trainer = Trainer(state, optimization, engine, settings)
 
     offset = None
     resume_path = checkpoint.resolve_resume(config.resume, checkpoint_dir)

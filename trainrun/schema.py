@@ -52,6 +52,7 @@ class ModelConfig:
     initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
     width: int = _positive(32)  # resnet_small only: channels of the first stage
     blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # resnet_small: blocks per stage
+    norm: str = _choice("batch", "batch", "group")  # resnet_small: group norm is independent of the batch
 
 
 @dataclass
@@ -101,6 +102,8 @@ class OptimizerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = _positive(1e-8)
     exclude_norm_and_bias: bool = False  # no weight decay on normalisation layers and biases
+    lr_scaling: str = _choice("none", "none", "linear")  # linear: lr x train_batch_size / reference_batch_size
+    reference_batch_size: int = _positive(256)  # the global batch that ``lr`` was tuned for
 
 
 @dataclass
@@ -112,6 +115,7 @@ class SchedulerConfig:
     alpha_f: float = _non_negative(0.0)  # final multiplier of cosine / linear decay
     step_size: str = _time("30ep")  # step: decay every step_size
     gamma: float = _positive(0.1)  # step: factor per step
+    scale_warmup: bool = True  # false: scale_schedule_ratio leaves t_warmup as written
 
 
 @dataclass
@@ -124,6 +128,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """How many processes train, on how many nodes: torchrun's settings under trainrun's names."""
+
+    devices: str = "auto"  # processes on this node: auto = every GPU (1 on a CPU-only machine), or N
+    nnodes: int = _positive(1)
+    node_rank: int = _non_negative(0)
+    master_addr: str = "127.0.0.1"  # the node_rank 0 machine, reachable from every node
+    master_port: int | None = field(default=None, metadata={"min": 1, "max": 65535})  # null: a free port
+    rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master_addr/port
+
+
+@dataclass
 class TrainConfig:
     """The whole run. ``algorithms`` maps names to each algorithm's own config dataclass."""
 
@@ -133,8 +149,10 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     algorithms: dict[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     loss: str = _choice("soft_ce", "soft_ce", "bce")
     precision: str = _choice("fp32", "fp32", "amp", "bf16")
+    compile: bool = False  # torch.compile the model (after model surgery, before DDP)
     device: str = _choice("auto", "auto", "cpu", "cuda")
     seed: int = 42
     max_duration: str = _time("10ep")
@@ -252,6 +270,105 @@ class ColOutConfig:
     batch: bool = True  # the same rows and columns for the whole batch
 
 
+@algorithm_config("bce_loss")
+@dataclass
+class BCELossConfig:
+    """Binary cross-entropy per class instead of softmax cross-entropy."""
+
+    bias_init: bool = True  # classifier bias at -ln(C), so sigmoid outputs start near 1/C
+
+
+@algorithm_config("fixres")
+@dataclass
+class FixResConfig:
+    """Train at a lower resolution than evaluation (Touvron et al., 2019)."""
+
+    train_resolution: int = _positive(176)  # below data.eval_resolution (e.g. 176 -> 224)
+
+
+@algorithm_config("sam")
+@dataclass
+class SAMConfig:
+    """Sharpness-aware minimisation (Foret et al., 2021) every ``interval`` steps."""
+
+    rho: float = _positive(0.05)
+    epsilon: float = _positive(1.0e-12)
+    interval: int = _positive(1)
+
+
+@algorithm_config("randaugment")
+@dataclass
+class RandAugmentConfig:
+    """``depth`` random image operations per training image (torchvision's RandAugment)."""
+
+    depth: int = _positive(1)
+    severity: int = field(default=9, metadata={"min": 0, "max": 20})  # of 20 levels; 10 = half strength
+
+
+@algorithm_config("trivialaugment")
+@dataclass
+class TrivialAugmentConfig:
+    """One random operation at a random strength per training image (TrivialAugment Wide)."""
+
+    num_magnitude_bins: int = field(default=31, metadata={"min": 2})
+
+
+@algorithm_config("squeeze_excite")
+@dataclass
+class SqueezeExciteConfig:
+    """Channel gating after large convolutions (Hu et al., 2018)."""
+
+    latent_channels: float = _positive(64)  # >= 1: channels; < 1: fraction of the conv's output
+    min_channels: int = _non_negative(128)  # only convs with min(in, out) >= this
+
+
+@algorithm_config("ghost_batchnorm")
+@dataclass
+class GhostBatchNormConfig:
+    """Batch normalisation over small chunks of the batch (Hoffer et al., 2017)."""
+
+    ghost_batch_size: int = _positive(32)
+
+
+@algorithm_config("layer_freezing")
+@dataclass
+class LayerFreezingConfig:
+    """Freeze the leading layers progressively towards the end of training."""
+
+    freeze_start: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fraction of the run
+    freeze_level: float = field(default=1.0, metadata={"min": 0, "max": 1})  # frozen fraction at the end
+
+
+@algorithm_config("swa")
+@dataclass
+class SWAConfig:
+    """Stochastic weight averaging (Izmailov et al., 2018), loaded into the model at ``swa_end``."""
+
+    swa_start: str = _time("0.7dur")
+    swa_end: str = _time("0.97dur")
+    update_interval: str = _time("1ep")
+
+
+@algorithm_config("selective_backprop")
+@dataclass
+class SelectiveBackpropConfig:
+    """Backpropagate only a loss-weighted sample of each batch (Jiang et al., 2019)."""
+
+    start: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fraction of the run
+    end: float = field(default=0.9, metadata={"min": 0, "max": 1})
+    keep: float = field(default=0.5, metadata={"exclusive_min": 0, "max": 1})  # share of the batch kept
+    scale_factor: float = field(default=1.0, metadata={"exclusive_min": 0, "max": 1})  # scoring resolution
+    interval: int = _positive(2)  # every interval-th batch is a full one
+
+
+# Pairs that cannot run together, and why.
+INCOMPATIBLE_ALGORITHMS: dict[tuple[str, str], str] = {
+    ("cutmix", "mixup"): "both replace each batch with mixed images and targets; choose one",
+    ("randaugment", "trivialaugment"): "both draw random per-image augmentations; choose one",
+}
+TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
+
+
 def validate(cfg: DictConfig) -> TrainConfig:
     """Merge ``cfg`` into the schema and check every value; raise :class:`ConfigError` if bad."""
     try:
@@ -313,6 +430,8 @@ def _check_run(config: TrainConfig) -> None:
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
+    _check_algorithms(config)
+    _check_launcher(config.launcher)
     resizing = config.algorithms.get("progressive_resizing")
     if resizing is not None and resizing.delay + resizing.finetune > 1:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
@@ -346,6 +465,42 @@ def _check_run(config: TrainConfig) -> None:
             f"bad value for 'model.num_classes': {config.model.num_classes} but data "
             f"'{config.data.name}' has {config.data.num_classes} classes"
         )
+
+
+def _check_launcher(launcher: LauncherConfig) -> None:
+    if launcher.devices != "auto" and not (launcher.devices.isdigit() and int(launcher.devices) > 0):
+        raise ConfigError(f"bad value for 'launcher.devices': '{launcher.devices}' (auto or a positive number)")
+    if launcher.node_rank >= launcher.nnodes:
+        raise ConfigError(
+            f"bad value for 'launcher.node_rank': {launcher.node_rank} (below launcher.nnodes {launcher.nnodes})"
+        )
+    if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
+        raise ConfigError(
+            "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
+        )
+
+
+def _check_algorithms(config: TrainConfig) -> None:
+    """Pairs of algorithms that cannot combine, and algorithms the data path cannot run."""
+    chosen = config.algorithms
+    for (first, second), why in INCOMPATIBLE_ALGORITHMS.items():
+        if first in chosen and second in chosen:
+            raise ConfigError(f"algorithms '{first}' and '{second}' cannot run together: {why}")
+    for name in TORCH_LOADER_ALGORITHMS:
+        if name in chosen and config.data.loader == "ffcv":
+            raise ConfigError(
+                f"algorithm '{name}' transforms images in the torch DataLoader, which data.loader=ffcv "
+                f"does not use; choose a torch-loader data set (e.g. data=folder or data=digits)"
+            )
+    fixres = chosen.get("fixres")
+    if fixres is not None and fixres.train_resolution >= config.data.eval_resolution:
+        raise ConfigError(
+            f"bad value for 'algorithms.fixres.train_resolution': {fixres.train_resolution} (must be below "
+            f"data.eval_resolution {config.data.eval_resolution})"
+        )
+    backprop = chosen.get("selective_backprop")
+    if backprop is not None and backprop.start > backprop.end:
+        raise ConfigError("bad value for 'algorithms.selective_backprop': start must be <= end")
 
 
 def list_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:

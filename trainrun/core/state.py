@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainrun.core.precision import Precision
 from trainrun.core.time import Time, Timeline
 
 BUCKETS = ("data", "to_device", "step", "algorithms", "eval", "checkpoint", "other")
@@ -57,10 +58,10 @@ class State:
     """The run's components and progress. Algorithms read and replace fields here."""
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None  # built by the trainer after INIT when None
     timeline: Timeline
     device: torch.device
-    precision: str
+    precision: Precision  # autocast and, for fp16, the gradient scaler
     rank: int = 0
     world_size: int = 1
     # progress (batch counts optimizer steps over the whole run)
@@ -77,6 +78,7 @@ class State:
     data: Any = None  # the run's DataSpec
     num_classes: int = 0
     train_resolution: int | None = None  # full training resolution; algorithms may train lower
+    find_unused_parameters: bool = False  # DDP option for algorithms that stop some gradients
     # results
     train_loss: float | None = None  # last step's loss, updated every log_interval steps
     eval_metrics: dict[str, float] = field(default_factory=dict)
@@ -94,8 +96,9 @@ class State:
 
     @property
     def raw_model(self) -> nn.Module:
-        """The model without its distributed wrapper."""
-        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+        """The model without its distributed wrapper and without torch.compile's."""
+        model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+        return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule keeps the original here
 
     @property
     def is_main(self) -> bool:

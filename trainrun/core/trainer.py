@@ -7,7 +7,7 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainrun.core import checkpoint
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
-from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.errors import TrainingDiverged
 
@@ -37,32 +37,41 @@ class TrainerSettings:
     checkpoint_interval: str | None = None
     checkpoint_keep: int = 2
     checkpoint_final: bool = True
+    compile: bool = False  # torch.compile the model after the algorithms' surgery
 
 
 class Trainer:
-    """Runs ``state`` to its ``max_duration``; algorithms and callbacks act through ``engine``."""
+    """Runs ``state`` to its ``max_duration``; algorithms and callbacks act through ``engine``.
+
+    ``optimization`` builds the optimizer and its per-step LR scheduler for the model once the
+    algorithms have changed it at INIT (new layers must be optimized too).
+    """
 
     def __init__(
         self,
         state: State,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        precision: Precision,
+        optimization: Callable[[nn.Module], tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]],
         engine: Engine,
         settings: TrainerSettings,
     ) -> None:
-        self.state, self.scheduler = state, scheduler
-        self.precision, self.engine, self.settings = precision, engine, settings
+        self.state = state
+        self.precision, self.engine, self.settings = state.precision, engine, settings
         classes = state.num_classes
         self.top1 = MulticlassAccuracy(classes, top_k=1, average="micro").to(state.device)
         self.top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro").to(state.device)
         self._pending_losses: list[torch.Tensor] = []
         self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": 0.0}
         state.data.to(state.device)
-        engine.run(Event.INIT, state)
+        engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
+        state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)
+        if settings.compile:
+            state.model = torch.compile(state.model)
         if state.world_size > 1:
             device_ids = [state.device] if state.device.type == "cuda" else None
-            state.model = DistributedDataParallel(state.model, device_ids=device_ids)
+            state.model = DistributedDataParallel(
+                state.model, device_ids=device_ids, find_unused_parameters=state.find_unused_parameters
+            )
 
     # ----------------------------------------------------------------------------------------
     def fit(self, accounts_offset: dict[str, float] | None = None) -> State:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -28,6 +28,23 @@ def datasets(config: DataConfig, augment: bool = True) -> tuple[Dataset, Dataset
     return builtin_datasets(config, augment)
 
 
+class AugmentedDataset(Dataset):
+    """A dataset whose images pass through extra per-image transforms that algorithms add."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.dataset[index]
+        for transform in self.transforms:
+            image = transform(image)
+        return image, label
+
+
 class TorchData(DataSpec):
     """torch DataLoaders over map-style datasets, sharded by :class:`ResumableSampler`."""
 
@@ -43,6 +60,7 @@ class TorchData(DataSpec):
         world_size: int,
     ) -> None:
         super().__init__(config)
+        self.train_set = AugmentedDataset(train_set)
         self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         workers = {
             "num_workers": config.num_workers,
@@ -54,7 +72,12 @@ class TorchData(DataSpec):
         # or a run resumed mid-epoch would see different augmentations than the uninterrupted one.
         generator = torch.Generator().manual_seed(seed + rank)
         self.train = DataLoader(
-            train_set, batch_size=per_rank_batch, sampler=self.sampler, drop_last=True, generator=generator, **workers
+            self.train_set,
+            batch_size=per_rank_batch,
+            sampler=self.sampler,
+            drop_last=True,
+            generator=generator,
+            **workers,
         )
         self.eval = DataLoader(
             val_set, batch_size=eval_batch, sampler=ShardSampler(len(val_set), rank, world_size), **workers
@@ -68,6 +91,10 @@ class TorchData(DataSpec):
 
     def eval_batches(self) -> Iterable:
         return self.eval
+
+    def add_train_transform(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+        self.train_set.transforms.append(transform)
+        return True
 
 
 def build_data(

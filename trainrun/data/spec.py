@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -39,6 +39,11 @@ class DataSpec(ABC):
     @abstractmethod
     def eval_batches(self) -> Iterable:
         """Every evaluation batch of this rank; each sample is seen by exactly one rank."""
+
+    def add_train_transform(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+        """Apply ``transform`` to each uint8 training image (C, H, W) from the first epoch on;
+        False if this loader cannot run per-image Python transforms."""
+        return False
 
     def set_train_resolution(self, size: int) -> bool:
         """Decode training images at ``size`` from the next epoch on; False if this loader cannot."""

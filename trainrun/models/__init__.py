@@ -13,7 +13,7 @@ from trainrun.schema import ModelConfig
 def build_model(config: ModelConfig) -> nn.Module:
     """The network named by ``config``, initialised with its ``initializers``."""
     if config.name == "resnet_small":
-        model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks)
+        model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks, norm=config.norm)
     else:
         model = build_resnet(config.name, config.num_classes)
     initialize(model, config.initializers, config.num_classes)

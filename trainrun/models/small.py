@@ -7,20 +7,32 @@ for a stride-1 3x3 convolution, as the CIFAR ResNets of He et al. do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
 
-class SmallResNet(nn.Module):
-    """Stem, then one stage per entry of ``blocks`` (channels doubling, stride 2 after the first)."""
+def group_norm(channels: int) -> nn.GroupNorm:
+    """Group normalisation with up to 8 groups: per-sample, so independent of how a batch is split."""
+    return nn.GroupNorm(min(8, channels), channels)
 
-    def __init__(self, num_classes: int, width: int = 32, blocks: Sequence[int] = (1, 1, 1)) -> None:
+
+class SmallResNet(nn.Module):
+    """Stem, then one stage per entry of ``blocks`` (channels doubling, stride 2 after the first).
+
+    ``norm`` "group" swaps every BatchNorm for :func:`group_norm`, which makes a step's result
+    independent of the number of ranks the batch is split over.
+    """
+
+    def __init__(
+        self, num_classes: int, width: int = 32, blocks: Sequence[int] = (1, 1, 1), norm: str = "batch"
+    ) -> None:
         super().__init__()
+        self.norm_layer: Callable[[int], nn.Module] = group_norm if norm == "group" else nn.BatchNorm2d
         self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
+        self.bn1 = self.norm_layer(width)
         self.relu = nn.ReLU(inplace=True)
         stages, channels = [], width
         for index, count in enumerate(blocks):
@@ -32,16 +44,16 @@ class SmallResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
 
-    @staticmethod
-    def _stage(in_channels: int, out_channels: int, count: int, stride: int) -> nn.Sequential:
+    def _stage(self, in_channels: int, out_channels: int, count: int, stride: int) -> nn.Sequential:
         downsample = None
         if stride != 1 or in_channels != out_channels:
             downsample = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
+                self.norm_layer(out_channels),
             )
-        blocks = [BasicBlock(in_channels, out_channels, stride, downsample)]
-        blocks += [BasicBlock(out_channels, out_channels) for _ in range(count - 1)]
+        norm = self.norm_layer
+        blocks = [BasicBlock(in_channels, out_channels, stride, downsample, norm_layer=norm)]
+        blocks += [BasicBlock(out_channels, out_channels, norm_layer=norm) for _ in range(count - 1)]
         return nn.Sequential(*blocks)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Learning-rate schedules as pure functions of the optimizer step, applied every batch.
 
 Times may be written in any unit. ``scale_schedule_ratio`` stretches every time written in
-``ep``/``ba``/``sp`` (the warmup included); ``dur`` times follow the already-scaled run length.
+``ep``/``ba``/``sp`` (the warmup too, unless ``scale_warmup`` is off, as Composer had it when the
+published recipe points were measured); ``dur`` times follow the already-scaled run length.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float)
     return partial(
         multiplier,
         shape=config.name,
-        warmup=stretched_batches(config.t_warmup, timeline, ratio),
+        warmup=stretched_batches(config.t_warmup, timeline, ratio if config.scale_warmup else 1.0),
         total=timeline.max_batches,
         alpha_f=config.alpha_f,
         step_size=stretched_batches(config.step_size, timeline, ratio),

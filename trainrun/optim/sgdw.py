@@ -47,18 +47,20 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: 
     return [{"params": decayed}, {"params": exempt, "decoupled_weight_decay": 0.0, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
-    """Decoupled SGDW or torch's AdamW over the model's trainable parameters."""
+def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size: int) -> torch.optim.Optimizer:
+    """Decoupled SGDW or torch's AdamW over the model's trainable parameters.
+
+    With ``lr_scaling=linear`` the learning rate is ``lr · global_batch_size / reference_batch_size``.
+    """
+    lr = config.lr * (global_batch_size / config.reference_batch_size if config.lr_scaling == "linear" else 1.0)
     groups = _param_groups(model, config.weight_decay, config.exclude_norm_and_bias)
     if config.name == "sgdw":
         return DecoupledSGDW(
             groups,
-            lr=config.lr,
+            lr=lr,
             weight_decay=config.weight_decay,
             momentum=config.momentum,
             dampening=config.dampening,
             nesterov=config.nesterov,
         )
-    return torch.optim.AdamW(
-        groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay
-    )
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay)

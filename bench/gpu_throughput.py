@@ -1,0 +1,263 @@
+"""Training throughput of ResNet-50: the bare model step, the recipe's full step, and MFU.
+
+Model step: forward, backward and optimizer step on batches already on the device (no data
+loading), for every combination of resolution, batch size per device ("max" searches the
+largest that fits), precision, channels-last and torch.compile asked for. Full step: trainrun's
+Trainer with a recipe's algorithms on the same in-device batches (``--recipe mild``), as a ratio
+to the bare step at the same settings. Data rate: FFCV's loader alone reading ``--beton``, so the
+bottleneck is visible next to the model rate. MFU = achieved FLOP/s (forward + backward, counted
+by ``torch.utils.flop_counter`` on one step) / the device's peak for the precision.
+
+    .venv/bin/python bench/gpu_throughput.py                      # full matrix on a GPU
+    .venv/bin/python bench/gpu_throughput.py --tiny               # seconds on a CPU (self-test)
+    .venv/bin/python bench/gpu_throughput.py --resolutions 224 --batch-sizes 256 --precisions bf16 \\
+        --channels-last on --compile off on --recipe mild --beton /data/ffcv/train.beton
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainrun.algorithms import build_algorithms
+from trainrun.core.engine import Callback, Engine
+from trainrun.core.precision import resolve_precision
+from trainrun.core.state import State
+from trainrun.core.time import Timeline
+from trainrun.core.trainer import Trainer, TrainerSettings
+from trainrun.data.spec import DataSpec
+from trainrun.loss import binary_cross_entropy
+from trainrun.models import build_model
+from trainrun.optim.sgdw import build_optimizer
+from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
+
+# Dense peak TFLOP/s by device name fragment and autocast dtype (fp32 means TF32 tensor cores).
+PEAK_TFLOPS = {
+    "H100": {"fp32": 494.7, "amp": 989.4, "bf16": 989.4},
+    "H200": {"fp32": 494.7, "amp": 989.4, "bf16": 989.4},
+    "A100": {"fp32": 156.0, "amp": 312.0, "bf16": 312.0},
+}
+RECIPE_ALGORITHMS = {
+    "mild": ["blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing"],
+    "medium": ["blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing", "mixup", "sam"],
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    resolution: int
+    batch: int
+    precision: str
+    channels_last: bool
+    compile: bool
+
+    def __str__(self) -> str:
+        return (
+            f"{self.resolution}px b{self.batch} {self.precision:<4} "
+            f"{'NHWC' if self.channels_last else 'NCHW'} {'compiled' if self.compile else 'eager'}"
+        )
+
+
+def make_model(args: argparse.Namespace, setting: Setting, device: torch.device) -> torch.nn.Module:
+    config = ModelConfig(name=args.model, num_classes=1000 if args.model != "resnet_small" else 10)
+    model = build_model(config).to(device)
+    if setting.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def batch(setting: Setting, classes: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.randn(setting.batch, 3, setting.resolution, setting.resolution, device=device)
+    if setting.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, torch.randint(0, classes, (setting.batch,), device=device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def model_step_rate(args: argparse.Namespace, setting: Setting, device: torch.device) -> tuple[float, float]:
+    """(images/s, FLOPs per step) of the bare training step."""
+    model = make_model(args, setting, device)
+    optimizer = build_optimizer(model, OptimizerConfig(lr=0.1), setting.batch)
+    precision, _ = resolve_precision(setting.precision, device)
+    images, labels = batch(setting, model.fc.out_features, device)
+    step_model = torch.compile(model) if setting.compile else model
+
+    def step() -> None:
+        with precision.autocast():
+            loss = F.cross_entropy(step_model(images), labels)
+        (precision.scaler.scale(loss) if precision.scaler else loss).backward()
+        if precision.scaler:
+            precision.scaler.step(optimizer)
+            precision.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    with FlopCounterMode(display=False) as counter:
+        with precision.autocast():
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync(device)
+    return args.steps * setting.batch / (time.perf_counter() - started), float(counter.get_total_flops())
+
+
+class DeviceBatches(DataSpec):
+    """The same in-device uint8 batch every step: the trainer without any loading cost."""
+
+    def __init__(self, setting: Setting, classes: int, device: torch.device, steps: int) -> None:
+        super().__init__(DataConfig(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]))
+        shape = (setting.batch, 3, setting.resolution, setting.resolution)
+        self.images = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        self.labels = torch.randint(0, classes, (setting.batch,), device=device)
+        self.batches_per_epoch = steps
+
+    def train_batches(self, epoch: int, skip: int = 0):
+        return iter([(self.images, self.labels)] * (self.batches_per_epoch - skip))
+
+    def eval_batches(self):
+        return [(self.images, self.labels)]
+
+
+def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.device) -> float:
+    """Images/s of trainrun's Trainer with the recipe's algorithms, timed after warm-up steps."""
+    model = make_model(args, setting, device)
+    classes = model.fc.out_features
+    steps = args.warmup + args.steps
+    data = DeviceBatches(setting, classes, device, steps)
+    data.to(device)
+    precision, _ = resolve_precision(setting.precision, device)
+    timeline = Timeline(steps, setting.batch, steps)
+    state = State(
+        model, None, timeline, device, precision, loss_fn=binary_cross_entropy, data=data, num_classes=classes,
+        train_resolution=setting.resolution,
+    )  # fmt: skip
+    names = RECIPE_ALGORITHMS[args.recipe]
+    algorithms = build_algorithms({name: ALGORITHM_CONFIGS[name]() for name in names})
+
+    def optimization(final_model: torch.nn.Module):
+        optimizer = build_optimizer(final_model, OptimizerConfig(lr=0.1), setting.batch)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+    settings = TrainerSettings(f"{steps + 1}ba", steps, compile=setting.compile)
+    trainer = Trainer(state, optimization, Engine(algorithms), settings)
+    marks: list[float] = []
+
+    class Clock(Callback):
+        def run_event(self, event, state) -> None:
+            if event.value == "batch_end" and state.batch in (args.warmup, steps):
+                sync(device)
+                marks.append(time.perf_counter())
+
+    trainer.engine.callbacks.append(Clock())
+    trainer.fit()
+    return args.steps * setting.batch / (marks[1] - marks[0])
+
+
+def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.device) -> int:
+    """The largest power-of-two batch whose training step fits in device memory."""
+    size, fits = 256, 0
+    while size <= args.max_batch:
+        try:
+            model_step_rate(
+                argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 1}), replace(setting, size), device
+            )
+            fits, size = size, size * 2
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            torch.cuda.empty_cache()
+    return fits or 128
+
+
+def replace(setting: Setting, batch_size: int) -> Setting:
+    return Setting(setting.resolution, batch_size, setting.precision, setting.channels_last, setting.compile)
+
+
+def loader_rate(path: str, resolution: int, batch_size: int, workers: int) -> float:
+    """Images/s of FFCV's training pipeline alone (decode, crop, flip), second epoch."""
+    from trainrun.data.ffcv import FFCVData
+
+    config = DataConfig(name="beton", loader="ffcv", train=path, val=path, resolution=resolution, num_workers=workers)
+    data = FFCVData(config, batch_size, batch_size, 0, torch.device("cpu"), 0, 1, False)
+    for _ in data.train_batches(0):  # compiles the pipeline
+        pass
+    started, count = time.perf_counter(), 0
+    for images, _ in data.train_batches(1):
+        count += len(images)
+    return count / (time.perf_counter() - started)
+
+
+def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((table[precision] for key, table in PEAK_TFLOPS.items() if key in name), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--resolutions", type=int, nargs="+", default=[176, 224])
+    parser.add_argument("--batch-sizes", nargs="+", default=["256", "max"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "amp", "bf16"])
+    parser.add_argument("--channels-last", nargs="+", default=["off", "on"], choices=["off", "on"])
+    parser.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
+    parser.add_argument("--recipe", choices=sorted(RECIPE_ALGORITHMS), help="also time the recipe's full step")
+    parser.add_argument("--beton", help="also time FFCV's loader reading this .beton")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--max-batch", type=int, default=1024)
+    parser.add_argument("--peak-tflops", type=float, help="the device's peak, if not in the built-in table")
+    parser.add_argument("--tiny", action="store_true", help="a few seconds on a CPU: checks the script runs")
+    args = parser.parse_args()
+    if args.tiny:
+        args.model, args.resolutions, args.batch_sizes = "resnet_small", [16], ["8"]
+        args.precisions, args.compile, args.warmup, args.steps = ["fp32", "bf16"], ["off"], 1, 2
+        args.recipe = args.recipe or "mild"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for precision in args.precisions:  # before any kernel runs: a CPU may need its oneDNN ISA limited
+        resolve_precision(precision, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}, {args.model}, {args.steps} timed steps after {args.warmup}")
+    if args.beton:
+        for resolution in args.resolutions:
+            rate = loader_rate(args.beton, resolution, 256, args.workers)
+            print(f"FFCV loader alone, {resolution}px, {args.workers} workers: {rate:,.0f} img/s")
+    grid = itertools.product(args.resolutions, args.batch_sizes, args.precisions, args.channels_last, args.compile)
+    for resolution, size, precision, nhwc, compiled in grid:
+        setting = Setting(resolution, 0 if size == "max" else int(size), precision, nhwc == "on", compiled == "on")
+        if size == "max":
+            setting = replace(setting, largest_batch(args, setting, device))
+        rate, flops = model_step_rate(args, setting, device)
+        line = f"{setting!s:<40} model step {rate:>9,.0f} img/s"
+        peak = peak_tflops(device, precision, args.peak_tflops)
+        if peak:
+            line += f"  MFU {rate / setting.batch * flops / (peak * 1e12):6.1%}"
+        if args.recipe:
+            full = full_step_rate(args, setting, device)
+            line += f"  {args.recipe} full step {full:>9,.0f} img/s ({full / rate:.2f} of the model step)"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

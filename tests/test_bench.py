@@ -1,0 +1,44 @@
+"""The benchmarks run (tiny sizes on this CPU), and compile=true trains like eager mode."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY, read_metrics, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_gpu_throughput_runs_tiny_on_cpu():
+    result = bench("gpu_throughput.py", "--tiny")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "model step" in line]
+    assert len(lines) == 4 and all("mild full step" in line for line in lines)  # fp32/bf16 x NCHW/NHWC
+
+
+@pytest.mark.slow
+def test_algorithm_bench_measures_every_method():
+    result = bench("algorithms.py", "--model", "resnet_small", "--resolution", "16", "--steps", "2", "--rounds", "1")
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "ms / step" not in line]
+    rows = [row for row in rows if not row.startswith("| ---")]
+    assert len(rows) == 1 + 20  # none + every method
+
+
+@pytest.mark.slow
+def test_compile_trains_like_eager(tmp_path):
+    args = [*TINY, "max_duration=6ba", "eval_interval=6ba"]
+    eager = run_cli(*args, f"hydra.run.dir={tmp_path / 'eager'}")
+    compiled = run_cli(*args, "compile=true", f"hydra.run.dir={tmp_path / 'compiled'}", timeout=600)
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
+    (a,), (b,) = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled")
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+    assert b["top1"] == pytest.approx(a["top1"], abs=0.01)

@@ -1,0 +1,138 @@
+"""The runner: worker processes through torch's elastic launcher, failures, ports, Slurm, Ctrl-C."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_metrics, run_cli
+from hydra import compose, initialize_config_dir
+
+from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers
+from trainrun.schema import LauncherConfig
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+EXACT = ["data=digits", "data.random_crop_padding=0", "model.width=8", "model.norm=group", "max_duration=1ep"]
+EXACT += ["train_batch_size=64", "progress=false"]
+
+
+def rank_one_fails() -> None:
+    """Rank 1 raises at once; rank 0 would otherwise wait far beyond the test's limit."""
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 fails on purpose")
+    time.sleep(300)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_train_what_one_process_trains(tmp_path):
+    """Same global batch and seed on 1 and 2 gloo ranks: losses and weights agree to 1e-5.
+
+    Group norm (per-sample) and no random crop make the step independent of how the batch is
+    split; the rest is float summation order.
+    """
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_cli(*EXACT, f"hydra.run.dir={one}").returncode == 0
+    result = run_cli(*EXACT, "launcher.devices=2", f"hydra.run.dir={two}")
+    assert result.returncode == 0, result.stderr
+    assert "2 rank(s)" in result.stdout and result.stdout.count("run dir") == 1  # only rank 0 prints
+    (first,), (second,) = read_metrics(one), read_metrics(two)
+    assert second["train_loss"] == pytest.approx(first["train_loss"], abs=1e-5)
+    assert second["top1"] == pytest.approx(first["top1"], abs=1e-3)
+    a = torch.load(one / "checkpoints" / "ep1-ba22.pt", weights_only=True)["model"]
+    b = torch.load(two / "checkpoints" / "ep1-ba22.pt", weights_only=True)["model"]
+    for key in a:
+        assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
+    assert sorted(p.name for p in two.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_failing_rank_stops_every_rank_within_30_seconds():
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed, match="rank 1 failed") as failure:
+        run_workers(LauncherConfig(), 2, rank_one_fails)
+    assert time.monotonic() - started < 30
+    assert failure.value.exit_code != 0
+
+
+@pytest.mark.distributed
+def test_a_port_in_use_is_one_clear_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(*EXACT, "launcher.devices=2", f"launcher.master_port={port}", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"trainrun: error: bad value for 'launcher.master_port': port {port} is already in use on this machine "
+        "(choose another, or leave it unset for a free one on a single node)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ctrl_c_stops_all_ranks_and_keeps_the_last_checkpoint(tmp_path):
+    command = [sys.executable, "-m", "trainrun", *EXACT, "max_duration=200ep", "checkpoint.interval=5ba"]
+    command += ["launcher.devices=2", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    checkpoints = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (checkpoints.is_dir() and any(checkpoints.glob("*.pt"))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    try:
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, process.stderr.read().decode()
+    for path in checkpoints.glob("*.pt"):
+        assert torch.load(path, weights_only=True)["format"] == "trainrun/1"
+    assert not list(checkpoints.glob("*.partial*"))
+
+
+def test_slurm_node_lists_and_environment(monkeypatch):
+    assert first_host("gpu[07-09,12],cpu3") == "gpu07"
+    assert first_host("node12") == "node12"
+    assert first_host("a-b[3,5]") == "a-b3"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # recorded, so whatever adopt_slurm_environment sets is undone after
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert not adopt_slurm_environment(LauncherConfig())  # one task: trainrun launches its own workers
+    env = {"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    for key, value in {**env, "SLURM_JOB_ID": "4242"}.items():
+        monkeypatch.setenv(key, value)
+    assert adopt_slurm_environment(LauncherConfig())
+    assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")] == [
+        "9", "16", "1", "gpu07", str(20000 + 4242),
+    ]  # fmt: skip
+
+
+def test_slurm_launcher_config_composes():
+    overrides = ["hydra/launcher=trainrun_slurm", "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, "recipe=mild"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node, launcher.partition) == (4, 8, 8, "gpu")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["launcher.devices=many"], "bad value for 'launcher.devices'"),
+        (["launcher.nnodes=2", "launcher.node_rank=2"], "bad value for 'launcher.node_rank'"),
+        (["launcher.nnodes=2"], "a multi-node launch needs 'launcher.master_port'"),
+    ],
+)
+def test_bad_launcher_settings(args, message, tmp_path):
+    result = run_cli(*EXACT, *args, f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -1,0 +1,108 @@
+"""The published ResNet-50 recipes: composed values match the sources, and each one runs."""
+
+import pytest
+from conftest import read_metrics, run_cli
+from omegaconf import OmegaConf
+
+from trainrun.cli import compose
+
+SHARED = {
+    "model.name": "resnet50",
+    "model.initializers": ["kaiming_normal", "bn_uniform", "linear_log_constant_bias"],
+    "loss": "bce",
+    "optimizer.name": "sgdw",
+    "optimizer.lr": 2.048,
+    "optimizer.lr_scaling": "linear",
+    "optimizer.reference_batch_size": 2048,
+    "optimizer.momentum": 0.875,
+    "optimizer.dampening": 0.0,
+    "optimizer.nesterov": False,
+    "scheduler.name": "cosine",
+    "scheduler.t_warmup": "8ep",
+    "scheduler.alpha_f": 0.0,
+    "scheduler.scale_warmup": False,
+    "train_batch_size": 2048,
+    "eval_batch_size": 2048,
+    "max_duration": "90ep",
+    "precision": "amp",
+    "seed": 42,
+    "data.resolution": 176,
+    "data.eval_resolution": 224,
+    "data.eval_resize": 232,
+    "algorithms.blurpool": {"replace_convs": True, "replace_maxpools": True, "blur_first": True, "min_channels": 16},
+    "algorithms.ema": {"half_life": "100ba", "update_interval": "20ba"},
+    "algorithms.channels_last": None,
+}
+RESIZING = {"mode": "resize", "finetune": 0.2, "size_increment": 4}
+PUBLISHED = {
+    "mild": {
+        "optimizer.weight_decay": 5e-4,
+        "algorithms.label_smoothing.smoothing": 0.08,
+        "algorithms.progressive_resizing": {**RESIZING, "initial_scale": 0.5, "delay": 0.4},
+        "data.loader": "ffcv",
+    },
+    "medium": {
+        "optimizer.weight_decay": 5e-4,
+        "algorithms.label_smoothing.smoothing": 0.1,
+        "algorithms.progressive_resizing": {**RESIZING, "initial_scale": 0.5, "delay": 0.4},
+        "algorithms.mixup.alpha": 0.2,
+        "algorithms.sam": {"rho": 0.5, "interval": 10, "epsilon": 1e-12},
+        "data.loader": "ffcv",
+    },
+    "hot": {
+        "optimizer.weight_decay": 3e-4,
+        "algorithms.label_smoothing.smoothing": 0.13,
+        "algorithms.progressive_resizing": {**RESIZING, "initial_scale": 0.6, "delay": 0.2},
+        "algorithms.mixup.alpha": 0.25,
+        "algorithms.sam": {"rho": 0.5, "interval": 5, "epsilon": 1e-12},
+        "algorithms.colout": {"p_row": 0.05, "p_col": 0.05, "batch": True},
+        "algorithms.randaugment": {"depth": 1, "severity": 10},
+        "algorithms.stochastic_depth": {"drop_rate": 0.1, "mode": "sample", "distribution": "linear"},
+        "data.name": "folder",
+    },
+}
+ALGORITHMS = {
+    "mild": {"blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing"},
+    "medium": {"blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing", "mixup", "sam"},
+}
+ALGORITHMS["hot"] = ALGORITHMS["medium"] | {"colout", "randaugment", "stochastic_depth"}
+
+
+def _get(cfg, key):
+    value = OmegaConf.select(cfg, key)
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+@pytest.mark.parametrize("recipe", ["mild", "medium", "hot"])
+def test_recipe_carries_the_published_values(recipe):
+    cfg = compose([f"recipe={recipe}"])
+    for key, value in {**SHARED, **PUBLISHED[recipe]}.items():
+        got = _get(cfg, key)
+        if isinstance(value, dict):
+            for sub_key, sub_value in value.items():
+                assert got[sub_key] == pytest.approx(sub_value), f"{key}.{sub_key}"
+        elif key != "algorithms.channels_last":
+            assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+    assert set(cfg.algorithms) == ALGORITHMS[recipe]
+
+
+def test_baseline_is_the_plain_reference():
+    cfg = compose(["recipe=baseline"])
+    assert not cfg.get("algorithms") and cfg.loss == "soft_ce" and cfg.seed == 17
+    assert (cfg.data.resolution, cfg.data.eval_resize, cfg.data.eval_resolution) == (224, 256, 224)
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay, cfg.max_duration) == (2.048, 5e-4, "90ep")
+
+
+TINY_DATA = ["data.num_samples=32", "data.val_samples=16", "data.resolution=32", "data.eval_resolution=32"]
+TINY_DATA += ["train_batch_size=16", "eval_batch_size=16", "max_duration=3ba", "eval_interval=3ba", "progress=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("recipe", "data"),
+    [("baseline", "synthetic"), ("mild", "synthetic_ffcv"), ("medium", "synthetic"), ("hot", "synthetic")],
+)
+def test_each_recipe_runs_a_few_steps_on_tiny_synthetic_data(recipe, data, tmp_path):
+    result = run_cli(f"recipe={recipe}", f"data={data}", *TINY_DATA, f"hydra.run.dir={tmp_path}", "precision=fp32")
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path)[-1]["batch"] == 3

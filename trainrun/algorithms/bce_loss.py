@@ -1,0 +1,41 @@
+"""Binary cross-entropy: one sigmoid per class in place of the softmax (Wightman et al., 2021).
+
+At INIT the run's loss becomes BCE-with-logits on one-hot (or mixed / smoothed) targets, summed
+over classes and divided by the batch size, as the published recipes compute it. With
+``bias_init`` the classifier's bias starts at −ln(C), so every sigmoid starts near 1/C and the
+first steps are not spent pushing 999 outputs down.
+"""
+
+from torch import nn
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.loss import binary_cross_entropy
+from trainrun.models.initializers import linear_log_constant_bias
+from trainrun.schema import BCELossConfig
+
+
+def classifier(model: nn.Module) -> nn.Linear:
+    """The model's last linear layer."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no linear classifier")
+    return linears[-1]
+
+
+class BCELoss(Algorithm):
+    name = "bce_loss"
+    events = frozenset({Event.INIT})
+
+    def __init__(self, bias_init: bool) -> None:
+        self.bias_init = bias_init
+
+    def apply(self, event: Event, state: State) -> None:
+        state.loss_fn = binary_cross_entropy
+        if self.bias_init:
+            linear_log_constant_bias(classifier(state.raw_model), state.num_classes)
+
+
+def build(config: BCELossConfig) -> BCELoss:
+    return BCELoss(config.bias_init)

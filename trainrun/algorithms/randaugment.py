@@ -1,0 +1,48 @@
+"""RandAugment (Cubuk et al., 2020) through torchvision's ``v2.RandAugment``.
+
+At FIT_START the transform joins the training images' pipeline (after the crop and flip, on
+uint8 tensors, in the DataLoader workers): ``depth`` operations drawn from torchvision's 14
+per image. Composer draws each operation's magnitude from U(0.1, severity)/10 of its maximum;
+torchvision applies a fixed magnitude. trainrun keeps the library and matches the *mean*
+strength: severity s on a 21-level scale (magnitude s of bins 0..20), so severity 10 is half of
+each operation's maximum, the mean of Composer's draw at severity 10. The FFCV loader compiles
+its pipeline and cannot run it; that is refused at start-up.
+"""
+
+from torchvision.transforms import v2
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.errors import ConfigError
+from trainrun.schema import RandAugmentConfig, TrivialAugmentConfig
+
+SEVERITY_LEVELS = 21
+
+
+class ImageAugmentation(Algorithm):
+    """Adds a per-image torchvision transform to the training data at FIT_START."""
+
+    events = frozenset({Event.FIT_START})
+
+    def __init__(self, transform: v2.Transform) -> None:
+        self.transform = transform
+
+    def apply(self, event: Event, state: State) -> None:
+        if not state.data.add_train_transform(self.transform):
+            raise ConfigError(f"algorithm '{self.name}' needs the torch DataLoader path (data.loader=torch)")
+
+
+class RandAugment(ImageAugmentation):
+    name = "randaugment"
+
+
+def transform(config: RandAugmentConfig | TrivialAugmentConfig) -> v2.Transform:
+    """The torchvision transform for a RandAugment or TrivialAugment config."""
+    if isinstance(config, RandAugmentConfig):
+        return v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)
+    return v2.TrivialAugmentWide(num_magnitude_bins=config.num_magnitude_bins)
+
+
+def build(config: RandAugmentConfig) -> RandAugment:
+    return RandAugment(transform(config))

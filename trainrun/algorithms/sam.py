@@ -1,0 +1,89 @@
+"""Sharpness-aware minimisation (Foret et al., 2021), every ``interval``-th step.
+
+On a SAM step the trainer's forward and backward are the first pass: they give g at w, and
+under DDP they run inside ``no_sync`` (each rank's own ascent direction, no all-reduce). At
+AFTER_BACKWARD the weights move to w + e, e = ρ·g / (‖g‖ + ε) with ‖·‖ the global norm, the
+same batch runs forward and backward again (gradients synchronised), and the weights return to
+w; the optimizer then steps with the gradient taken at w + e. Other steps are ordinary steps.
+
+Composer wraps the optimizer in a closure; here the second pass happens at AFTER_BACKWARD,
+before the trainer unscales fp16 gradients, so the gradient scaler sees (and checks for
+overflow) exactly the gradient that is stepped, and gradient clipping at BEFORE_OPTIMIZER_STEP
+clips that gradient too. The loss of the second pass uses the targets the first loss saw
+(mixed and smoothed), recorded at AFTER_LOSS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import SAMConfig
+
+
+class SAM(Algorithm):
+    name = "sam"
+    events = frozenset({Event.BEFORE_FORWARD, Event.AFTER_LOSS, Event.AFTER_BACKWARD})
+    # Above label smoothing (60): on AFTER_LOSS, which runs in reverse, SAM records the targets
+    # before label smoothing restores the unsmoothed ones.
+    order = 70
+
+    def __init__(self, rho: float, epsilon: float, interval: int) -> None:
+        self.rho, self.epsilon, self.interval = rho, epsilon, interval
+        self._no_sync: contextlib.AbstractContextManager | None = None
+        self._loss_targets = None
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in self.events and state.batch % self.interval == 0
+
+    def apply(self, event: Event, state: State) -> None:
+        if event is Event.BEFORE_FORWARD:
+            if isinstance(state.model, DistributedDataParallel):
+                self._no_sync = state.model.no_sync()
+                self._no_sync.__enter__()
+        elif event is Event.AFTER_LOSS:
+            self._loss_targets = state.targets
+        else:
+            if self._no_sync is not None:
+                self._no_sync.__exit__(None, None, None)
+                self._no_sync = None
+            self._second_pass(state)
+            self._loss_targets = None
+
+    def _second_pass(self, state: State) -> None:
+        params = [p for p in state.raw_model.parameters() if p.grad is not None]
+        scaler = state.precision.scaler
+        grads = [p.grad for p in params]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        if scaler is not None:
+            norm = norm / scaler.get_scale()
+        finite = torch.isfinite(norm).float()
+        if state.world_size > 1:
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank skips the second pass, or none
+        if not finite:
+            # An fp16 overflow on some rank: every rank's scaler must see it and skip the step.
+            torch._foreach_fill_(grads, float("inf"))
+            return
+        with torch.no_grad():
+            scale = self.rho / (norm + self.epsilon)
+            if scaler is not None:
+                scale = scale / scaler.get_scale()
+            perturbation = torch._foreach_mul(grads, scale)
+            torch._foreach_add_(params, perturbation)
+        for param in params:
+            param.grad = None
+        with state.precision.autocast():
+            loss = state.loss_fn(state.model(state.inputs), self._loss_targets)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with torch.no_grad():
+            torch._foreach_sub_(params, perturbation)
+
+
+def build(config: SAMConfig) -> SAM:
+    return SAM(config.rho, config.epsilon, config.interval)

@@ -1,0 +1,75 @@
+"""Stochastic weight averaging (Izmailov et al., 2018) with ``torch.optim.swa_utils``.
+
+From ``swa_start`` to ``swa_end`` the training weights are averaged with equal weights every
+``update_interval`` (at BATCH_END), in an ``AveragedModel``. At the first BATCH_END at or after
+``swa_end`` the average is copied into the model; the rest of the run (3 % by default) trains
+on from it so that batch-norm statistics match the averaged weights, as Composer does, and the
+run's own learning-rate schedule is kept (Composer's default, no SWALR).
+
+With EMA: SWA (order 85) runs before EMA (80) at BATCH_END, so the step that loads the SWA
+average also feeds it to EMA; both average the training weights, never each other's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import SWAConfig
+
+
+class SWA(Algorithm):
+    name = "swa"
+    events = frozenset({Event.FIT_START, Event.BATCH_END})
+    order = 85
+
+    def __init__(self, config: SWAConfig) -> None:
+        self.config = config
+        self.average: AveragedModel | None = None
+        self.loaded = False
+        self._pending_state: dict[str, Any] | None = None
+        self.start = self.end = self.interval = 0
+
+    def match(self, event: Event, state: State) -> bool:
+        if event is not Event.BATCH_END:
+            return event is Event.FIT_START
+        if self.loaded or state.batch < self.start:
+            return False
+        return state.batch >= self.end or (state.batch - self.start) % self.interval == 0
+
+    def apply(self, event: Event, state: State) -> None:
+        if event is Event.FIT_START:
+            self._start(state)
+        elif state.batch >= self.end:
+            with torch.no_grad():
+                for target, source in zip(state.raw_model.parameters(), self.average.module.parameters()):
+                    target.copy_(source)
+            self.loaded = True
+        else:
+            self.average.update_parameters(state.raw_model)
+
+    def _start(self, state: State) -> None:
+        timeline = state.timeline
+        self.start, self.end = timeline.to_batches(self.config.swa_start), timeline.to_batches(self.config.swa_end)
+        self.interval = max(timeline.to_batches(self.config.update_interval), 1)
+        self.average = AveragedModel(state.raw_model)
+        if self._pending_state is not None:
+            self.average.load_state_dict(self._pending_state["average"])
+            self.loaded = self._pending_state["loaded"]
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.average is None:
+            return {}
+        return {"average": self.average.state_dict(), "loaded": self.loaded}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending_state = state_dict or None
+
+
+def build(config: SWAConfig) -> SWA:
+    return SWA(config)

@@ -1,0 +1,157 @@
+"""Start one training process per device with torch.distributed's elastic launcher.
+
+``launch`` trains in this process when one process is enough, or when the processes were
+already started by someone else (``torchrun`` sets WORLD_SIZE; Slurm sets SLURM_PROCID and
+SLURM_NTASKS, which are translated to torch's variables). Otherwise it starts
+``launcher.devices`` workers on this node (on ``launcher.nnodes`` nodes, rendezvous at
+``master_addr:master_port`` or ``rdzv_endpoint``), each training its rank of the same run in
+the same, already decided output directory. If any worker fails, the agent stops the others,
+and the failing rank's exit code comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from trainrun.errors import ConfigError, TrainrunError
+from trainrun.schema import LauncherConfig, TrainConfig, validate
+
+SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
+
+
+class LaunchFailed(TrainrunError):
+    """A worker process failed; every other worker was stopped."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def device_count(devices: str) -> int:
+    """Processes to start on this node for ``launcher.devices``."""
+    if devices == "auto":
+        return torch.cuda.device_count() or 1
+    return int(devices)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list such as ``gpu[07-09,12],cpu3``."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if match is None:
+        raise ConfigError(f"cannot read the Slurm node list '{nodelist}'")
+    prefix, ranges = match.groups()
+    return prefix + re.split(r"[-,]", ranges)[0] if ranges else prefix
+
+
+def adopt_slurm_environment(settings: LauncherConfig) -> bool:
+    """Under a multi-task Slurm step, set torch.distributed's variables from Slurm's; True if so."""
+    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    if "SLURM_PROCID" not in os.environ or tasks <= 1:
+        return False
+    port = settings.master_port or 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=str(tasks),
+        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        MASTER_ADDR=first_host(os.environ.get("SLURM_JOB_NODELIST", settings.master_addr)),
+        MASTER_PORT=str(port),
+    )
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """Fail with a clear message if ``port`` is taken on this machine."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            raise ConfigError(
+                f"bad value for 'launcher.master_port': port {port} is already in use on this machine "
+                "(choose another, or leave it unset for a free one on a single node)"
+            ) from None
+
+
+def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
+    """torch's launch settings: static rendezvous at master_addr:port, or c10d at rdzv_endpoint."""
+    if settings.rdzv_endpoint:
+        backend, endpoint, options = "c10d", settings.rdzv_endpoint, {}
+    else:
+        port = settings.master_port or free_port()
+        if settings.node_rank == 0:
+            check_port_free(port)
+        backend, endpoint, options = "static", f"{settings.master_addr}:{port}", {"rank": settings.node_rank}
+    return LaunchConfig(
+        min_nodes=settings.nnodes,
+        max_nodes=settings.nnodes,
+        nproc_per_node=processes,
+        run_id="trainrun",
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=options,
+        max_restarts=0,
+        monitor_interval=0.5,
+        start_method="spawn",
+        shutdown_timeout=SHUTDOWN_SECONDS,
+    )
+
+
+def run_workers(settings: LauncherConfig, processes: int, worker, *args: object) -> None:
+    """Run ``worker(*args)`` in ``processes`` ranks on this node; raise :class:`LaunchFailed` if one fails."""
+    try:
+        elastic_launch(launch_config(settings, processes), worker)(*args)
+    except ChildFailedError as error:
+        rank, failure = error.get_first_failure()
+        code = failure.exitcode if failure.exitcode > 0 else 1
+        raise LaunchFailed(f"rank {rank} failed (exit code {failure.exitcode}); every rank was stopped", code) from None
+    except SignalException:
+        raise KeyboardInterrupt from None
+
+
+def train_worker(run_dir: str, config_yaml: str) -> None:
+    """One rank of a launched run; errors print one line naming the rank and set the exit code."""
+    from trainrun.cli import report_error
+    from trainrun.run import train
+
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max((os.cpu_count() or 1) // local_processes, 1))
+    rank = os.environ.get("RANK", "0")
+    try:
+        train(validate(OmegaConf.create(config_yaml)), Path(run_dir), config_yaml)
+    except KeyboardInterrupt:
+        print(f"trainrun: rank {rank} interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as error:
+        sys.exit(report_error(error, debug=False, where=f"rank {rank}: "))
+
+
+def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
+    """Train ``config`` in ``run_dir`` on every device this launch asks for."""
+    from trainrun.run import train
+
+    settings = config.launcher
+    if "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings):
+        train(config, run_dir, config_yaml)
+        return
+    processes = device_count(settings.devices)
+    if processes == 1 and settings.nnodes == 1:
+        train(config, run_dir, config_yaml)
+        return
+    run_workers(settings, processes, train_worker, str(run_dir), config_yaml)
