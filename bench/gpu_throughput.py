@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -176,7 +176,7 @@ def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.devi
     while size <= args.max_batch:
         try:
             model_step_rate(
-                argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 1}), replace(setting, size), device
+                argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 1}), replace(setting, batch=size), device
             )
             fits, size = size, size * 2
         except torch.OutOfMemoryError:
@@ -184,10 +184,6 @@ def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.devi
         finally:
             torch.cuda.empty_cache()
     return fits or 128
-
-
-def replace(setting: Setting, batch_size: int) -> Setting:
-    return Setting(setting.resolution, batch_size, setting.precision, setting.channels_last, setting.compile)
 
 
 def loader_rate(path: str, resolution: int, batch_size: int, workers: int) -> float:
@@ -247,7 +243,7 @@ def main() -> None:
     for resolution, size, precision, nhwc, compiled in grid:
         setting = Setting(resolution, 0 if size == "max" else int(size), precision, nhwc == "on", compiled == "on")
         if size == "max":
-            setting = replace(setting, largest_batch(args, setting, device))
+            setting = replace(setting, batch=largest_batch(args, setting, device))
         rate, flops = model_step_rate(args, setting, device)
         line = f"{setting!s:<40} model step {rate:>9,.0f} img/s"
         peak = peak_tflops(device, precision, args.peak_tflops)

@@ -237,7 +237,8 @@ def test_ghost_batchnorm_normalises_each_chunk_and_divides_the_momentum():
     bn.load_state_dict(ghost.state_dict())
     assert torch.allclose(ghost(x), bn(x))
     model = resnet18()
-    assert apply_ghost_batchnorm(model, 16) == 20 and isinstance(model.bn1, GhostBatchNorm2d)
+    assert apply_ghost_batchnorm(model, ALGORITHM_CONFIGS["ghost_batchnorm"](16)) == 20
+    assert isinstance(model.bn1, GhostBatchNorm2d)
 
 
 def test_squeeze_excite_gates_exactly_the_large_convs_of_resnet50():

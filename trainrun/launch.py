@@ -147,11 +147,9 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
     from trainrun.run import train
 
     settings = config.launcher
-    if "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings):
-        train(config, run_dir, config_yaml)
-        return
+    started_elsewhere = "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings)
     processes = device_count(settings.devices)
-    if processes == 1 and settings.nnodes == 1:
+    if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
-        return
-    run_workers(settings, processes, train_worker, str(run_dir), config_yaml)
+    else:
+        run_workers(settings, processes, train_worker, str(run_dir), config_yaml)

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
+from trainrun.algorithms import ModelSurgery
+from trainrun.models.surgery import replace_children
 from trainrun.schema import BlurPoolConfig
 
 
@@ -64,30 +63,22 @@ class BlurMaxPool2d(nn.Module):
 
 def apply_blurpool(model: nn.Module, config: BlurPoolConfig) -> int:
     """Replace layers in place; return how many were replaced."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            strided_conv = isinstance(child, nn.Conv2d) and max(child.stride) > 1
-            if strided_conv and config.replace_convs and child.in_channels >= config.min_channels:
-                setattr(parent, name, BlurConv2d(child, config.blur_first))
-                replaced += 1
-            elif isinstance(child, nn.MaxPool2d) and config.replace_maxpools:
-                setattr(parent, name, BlurMaxPool2d(child))
-                replaced += 1
-    return replaced
+
+    def blurred(child: nn.Module) -> nn.Module | None:
+        strided_conv = isinstance(child, nn.Conv2d) and max(child.stride) > 1
+        if strided_conv and config.replace_convs and child.in_channels >= config.min_channels:
+            return BlurConv2d(child, config.blur_first)
+        if isinstance(child, nn.MaxPool2d) and config.replace_maxpools:
+            return BlurMaxPool2d(child)
+        return None
+
+    return replace_children(model, blurred)
 
 
-class BlurPool(Algorithm):
+class BlurPool(ModelSurgery):
     name = "blurpool"
-    events = frozenset({Event.INIT})
     order = 10  # surgery before channels_last converts the new buffers
-
-    def __init__(self, config: BlurPoolConfig) -> None:
-        self.config = config
-
-    def apply(self, event: Event, state: State) -> None:
-        apply_blurpool(state.raw_model, self.config)
+    surgery = staticmethod(apply_blurpool)
 
 
-def build(config: BlurPoolConfig) -> BlurPool:
-    return BlurPool(config)
+build = BlurPool

@@ -10,34 +10,37 @@ the device (bilinear, antialiased) at AFTER_DATALOADER. The paper's optional fin
 test resolution is left out: the published recipes do not use it.
 """
 
+import torch
 import torch.nn.functional as F
 
-from trainrun.core.engine import Algorithm
+from trainrun.algorithms.progressive_resizing import TrainingResolution
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.schema import FixResConfig
 
 
-class FixRes(Algorithm):
+class FixRes(TrainingResolution):
     name = "fixres"
-    events = frozenset({Event.INIT, Event.EPOCH_START, Event.AFTER_DATALOADER})
+    events = frozenset({Event.INIT, *TrainingResolution.events})
     order = 25  # sets the full training resolution before progressive resizing reads it
 
     def __init__(self, train_resolution: int) -> None:
         self.train_resolution = train_resolution
-        self.decoding = False
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.INIT, Event.EPOCH_START) or (event is Event.AFTER_DATALOADER and not self.decoding)
+        return event is Event.INIT or super().match(event, state)
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.INIT:
             state.train_resolution = self.train_resolution
-        elif event is Event.EPOCH_START:
-            self.decoding = state.data is not None and state.data.set_train_resolution(self.train_resolution)
-        elif state.inputs.shape[-1] > self.train_resolution:
-            size = (self.train_resolution, self.train_resolution)
-            state.inputs = F.interpolate(state.inputs, size=size, mode="bilinear", antialias=True)
+        else:
+            super().apply(event, state)
+
+    def target_size(self, state: State) -> int:
+        return self.train_resolution
+
+    def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
+        return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True)
 
 
 def build(config: FixResConfig) -> FixRes:

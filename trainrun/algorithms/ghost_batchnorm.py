@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
+from trainrun.algorithms import ModelSurgery
+from trainrun.models.surgery import replace_children
 from trainrun.schema import GhostBatchNormConfig
 
 
@@ -46,28 +45,18 @@ class GhostBatchNorm2d(nn.BatchNorm2d):
         )
 
 
-def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int) -> int:
+def apply_ghost_batchnorm(model: nn.Module, config: GhostBatchNormConfig) -> int:
     """Replace every BatchNorm2d in place; return how many were replaced."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.BatchNorm2d:
-                setattr(parent, name, GhostBatchNorm2d(child, ghost_batch_size))
-                replaced += 1
-    return replaced
+    size = config.ghost_batch_size
+    return replace_children(
+        model, lambda child: GhostBatchNorm2d(child, size) if type(child) is nn.BatchNorm2d else None
+    )
 
 
-class GhostBatchNorm(Algorithm):
+class GhostBatchNorm(ModelSurgery):
     name = "ghost_batchnorm"
-    events = frozenset({Event.INIT})
     order = 17  # after the surgery that adds layers (BlurPool, SE), before channels-last
-
-    def __init__(self, ghost_batch_size: int) -> None:
-        self.ghost_batch_size = ghost_batch_size
-
-    def apply(self, event: Event, state: State) -> None:
-        apply_ghost_batchnorm(state.raw_model, self.ghost_batch_size)
+    surgery = staticmethod(apply_ghost_batchnorm)
 
 
-def build(config: GhostBatchNormConfig) -> GhostBatchNorm:
-    return GhostBatchNorm(config.ghost_batch_size)
+build = GhostBatchNorm

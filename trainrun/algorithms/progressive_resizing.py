@@ -33,24 +33,41 @@ def size_at(progress: float, full: int, config: ProgressiveResizingConfig) -> in
     return min(max(size, config.size_increment), full)
 
 
-class ProgressiveResizing(Algorithm):
-    name = "progressive_resizing"
-    events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
-    order = 30  # before ColOut-style methods that drop rows of the resized batch
+class TrainingResolution(Algorithm):
+    """Trains at :meth:`target_size`: decoded at that size by the loader when it can (asked at each
+    EPOCH_START), otherwise each larger training batch is shrunk on the device at AFTER_DATALOADER."""
 
-    def __init__(self, config: ProgressiveResizingConfig) -> None:
-        self.config = config
-        self.decoding = False  # the loader decodes at the target size this epoch
+    events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
+    decoding = False  # the loader decodes at the target size this epoch
+
+    def target_size(self, state: State) -> int:
+        """The side length to train at now."""
+        raise NotImplementedError
+
+    def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
+        """A batch made ``size`` x ``size`` on the device."""
+        raise NotImplementedError
 
     def match(self, event: Event, state: State) -> bool:
         return event is Event.EPOCH_START or (event is Event.AFTER_DATALOADER and not self.decoding)
 
     def apply(self, event: Event, state: State) -> None:
-        size = size_at(state.progress, state.train_resolution, self.config)
+        size = self.target_size(state)
         if event is Event.EPOCH_START:
             self.decoding = state.data is not None and state.data.set_train_resolution(size)
         elif size < state.inputs.shape[-1]:
             state.inputs = self.shrink(state.inputs, size)
+
+
+class ProgressiveResizing(TrainingResolution):
+    name = "progressive_resizing"
+    order = 30  # before ColOut-style methods that drop rows of the resized batch
+
+    def __init__(self, config: ProgressiveResizingConfig) -> None:
+        self.config = config
+
+    def target_size(self, state: State) -> int:
+        return size_at(state.progress, state.train_resolution, self.config)
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         """Resize (nearest) or crop a batch to ``size`` x ``size``."""

@@ -59,10 +59,9 @@ class SAM(Algorithm):
     def _second_pass(self, state: State) -> None:
         params = [p for p in state.raw_model.parameters() if p.grad is not None]
         scaler = state.precision.scaler
+        loss_scale = scaler.get_scale() if scaler is not None else 1.0  # fp16 gradients are still scaled here
         grads = [p.grad for p in params]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-        if scaler is not None:
-            norm = norm / scaler.get_scale()
+        norm = torch.nn.utils.get_total_norm(grads) / loss_scale
         finite = torch.isfinite(norm).float()
         if state.world_size > 1:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank skips the second pass, or none
@@ -71,9 +70,7 @@ class SAM(Algorithm):
             torch._foreach_fill_(grads, float("inf"))
             return
         with torch.no_grad():
-            scale = self.rho / (norm + self.epsilon)
-            if scaler is not None:
-                scale = scale / scaler.get_scale()
+            scale = self.rho / (norm + self.epsilon) / loss_scale
             perturbation = torch._foreach_mul(grads, scale)
             torch._foreach_add_(params, perturbation)
         for param in params:

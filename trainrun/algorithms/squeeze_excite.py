@@ -11,9 +11,8 @@ from __future__ import annotations
 from torch import nn
 from torchvision.ops import SqueezeExcitation
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
+from trainrun.algorithms import ModelSurgery
+from trainrun.models.surgery import replace_children
 from trainrun.schema import SqueezeExciteConfig
 
 
@@ -24,27 +23,20 @@ def latent(channels: int, latent_channels: float) -> int:
 
 def apply_squeeze_excite(model: nn.Module, config: SqueezeExciteConfig) -> int:
     """Follow each large Conv2d with an SE gate, in place; return how many were added."""
-    added = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Conv2d) and min(child.in_channels, child.out_channels) >= config.min_channels:
-                gate = SqueezeExcitation(child.out_channels, latent(child.out_channels, config.latent_channels))
-                setattr(parent, name, nn.Sequential(child, gate.to(child.weight.device)))
-                added += 1
-    return added
+
+    def gated(child: nn.Module) -> nn.Module | None:
+        if not isinstance(child, nn.Conv2d) or min(child.in_channels, child.out_channels) < config.min_channels:
+            return None
+        gate = SqueezeExcitation(child.out_channels, latent(child.out_channels, config.latent_channels))
+        return nn.Sequential(child, gate.to(child.weight.device))
+
+    return replace_children(model, gated)
 
 
-class SqueezeExcite(Algorithm):
+class SqueezeExcite(ModelSurgery):
     name = "squeeze_excite"
-    events = frozenset({Event.INIT})
     order = 15  # after BlurPool (10), so a blurred strided conv's inner conv gets the gate
-
-    def __init__(self, config: SqueezeExciteConfig) -> None:
-        self.config = config
-
-    def apply(self, event: Event, state: State) -> None:
-        apply_squeeze_excite(state.raw_model, self.config)
+    surgery = staticmethod(apply_squeeze_excite)
 
 
-def build(config: SqueezeExciteConfig) -> SqueezeExcite:
-    return SqueezeExcite(config)
+build = SqueezeExcite

@@ -16,9 +16,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 from torchvision.ops import StochasticDepth as DropPath
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
+from trainrun.algorithms import ModelSurgery
 from trainrun.schema import StochasticDepthConfig
 
 
@@ -66,17 +64,10 @@ def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> l
     return wrapped
 
 
-class StochasticDepth(Algorithm):
+class StochasticDepth(ModelSurgery):
     name = "stochastic_depth"
-    events = frozenset({Event.INIT})
     order = 5  # wraps whole blocks before any surgery inside them
-
-    def __init__(self, config: StochasticDepthConfig) -> None:
-        self.config = config
-
-    def apply(self, event: Event, state: State) -> None:
-        apply_stochastic_depth(state.raw_model, self.config)
+    surgery = staticmethod(apply_stochastic_depth)
 
 
-def build(config: StochasticDepthConfig) -> StochasticDepth:
-    return StochasticDepth(config)
+build = StochasticDepth

@@ -55,7 +55,7 @@ class Trainer:
         settings: TrainerSettings,
     ) -> None:
         self.state = state
-        self.precision, self.engine, self.settings = state.precision, engine, settings
+        self.engine, self.settings = engine, settings
         classes = state.num_classes
         self.top1 = MulticlassAccuracy(classes, top_k=1, average="micro").to(state.device)
         self.top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro").to(state.device)
@@ -120,9 +120,10 @@ class Trainer:
                 break
 
     def _train_step(self) -> None:
-        state, run, scaler = self.state, self.engine.run, self.precision.scaler
+        state, run = self.state, self.engine.run
+        scaler = state.precision.scaler
         run(Event.AFTER_DATALOADER, state)
-        with self.precision.autocast():
+        with state.precision.autocast():
             run(Event.BEFORE_FORWARD, state)
             state.outputs = state.model(state.inputs)
             run(Event.AFTER_FORWARD, state)
@@ -187,7 +188,7 @@ class Trainer:
         for images, targets in state.data.eval_batches():
             images = state.data.prepare(images.to(state.device, non_blocking=True))
             targets = targets.to(state.device, non_blocking=True)
-            with self.precision.autocast():
+            with state.precision.autocast():
                 logits = state.model(images)
             totals[0] += F.cross_entropy(logits.float(), targets, reduction="sum")
             totals[1] += len(targets)
@@ -236,7 +237,7 @@ class Trainer:
             "model": state.raw_model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler else None,
+            "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
             "algorithms": self.engine.state_dict(),
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
             "accounts": dict(state.accounts.seconds),
@@ -255,8 +256,8 @@ class Trainer:
         state.raw_model.load_state_dict(payload["model"])
         state.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        if self.precision.scaler and payload["scaler"]:
-            self.precision.scaler.load_state_dict(payload["scaler"])
+        if state.precision.scaler and payload["scaler"]:
+            state.precision.scaler.load_state_dict(payload["scaler"])
         self.engine.load_state_dict(payload["algorithms"])
         for key, value in payload["progress"].items():
             setattr(state, key, value)
