@@ -48,7 +48,13 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
     b = torch.load(two / "checkpoints" / "ep1-ba22.pt", weights_only=True)["model"]
     for key in a:
         assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
-    assert sorted(p.name for p in two.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in two.iterdir()) == [
+        "checkpoints",
+        "config.yaml",
+        "metrics.jsonl",
+        "steps.jsonl",
+        "summary.json",
+    ]
 
 
 @pytest.mark.slow

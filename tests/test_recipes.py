@@ -83,6 +83,7 @@ def test_recipe_carries_the_published_values(recipe):
         else:
             assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
     assert set(cfg.algorithms) == ALGORITHMS[recipe]
+    assert cfg.name == recipe  # the label reports group its runs by
 
 
 def test_baseline_is_the_plain_reference():

@@ -263,4 +263,18 @@ def _builtin_data_config(source: str, overrides: list[str]):
     return validate(compose(force_schema_keys([f"data={source}", *overrides]))).data
 
 
-SUBCOMMANDS = {"write": write_command}
+def sweep_command(argv: list[str]) -> int:
+    """``trainrun sweep [OVERRIDES] budgets=[...] [seeds=[...]] [out=DIR]``: a recipe over budgets."""
+    from trainrun.sweep import run_sweep
+
+    return run_sweep(argv)
+
+
+def report_command(argv: list[str]) -> int:
+    """``trainrun report DIR...``: trade-off curves, time/cost to accuracy, bottlenecks."""
+    from trainrun.report.build import report_command as build_report
+
+    return build_report(argv)
+
+
+SUBCOMMANDS = {"write": write_command, "sweep": sweep_command, "report": report_command}

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core import checkpoint
+from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.engine import Engine
 from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
@@ -22,12 +23,13 @@ from trainrun.data import build_data
 from trainrun.errors import TrainrunError
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.files import atomic_write_text
+from trainrun.loggers.steps import StepTimeLogger
 from trainrun.loggers.tta import TimeToAccuracyLogger
 from trainrun.loss import LOSSES
 from trainrun.models import build_model
 from trainrun.optim.schedules import build_scheduler
 from trainrun.optim.sgdw import build_optimizer
-from trainrun.schema import TrainConfig
+from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
 
 
 def seed_everything(seed: int) -> None:
@@ -84,8 +86,12 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
         return optimizer, build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
 
-    tta = TimeToAccuracyLogger(run_dir, config.accuracy_targets)
-    callbacks = [tta, ConsoleLogger(tta, live=config.progress, console=console)] if rank == 0 else []
+    stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
+    varying = [name for name in config.algorithms if name in VARYING_STEP_COST_ALGORITHMS]
+    tta = TimeToAccuracyLogger(run_dir, config.accuracy_targets, profile_prefix=stop_after, varying_cost=varying)
+    steps = StepTimeLogger(run_dir, config.log_interval)
+    console_logger = ConsoleLogger(tta, live=config.progress, console=console)
+    callbacks = [tta, steps, console_logger] if rank == 0 else []
     state = State(
         model=model,
         optimizer=None,
@@ -98,6 +104,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         data=data,
         num_classes=config.model.num_classes,
         train_resolution=config.data.resolution,
+        accounts=TimeAccounts(CudaEventClock() if device.type == "cuda" else None, record_steps=rank == 0),
     )
     checkpoint_dir = run_dir / "checkpoints"
     settings = TrainerSettings(
@@ -108,6 +115,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         checkpoint_keep=config.checkpoint.keep,
         checkpoint_final=config.checkpoint.save_final,
         compile=config.compile,
+        stop_after=stop_after,
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
     trainer = Trainer(state, optimization, engine, settings)
@@ -118,6 +126,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
         if rank == 0:
             tta.resume_from(state.batch)
+            steps.resume_from(state.batch)
         console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
     if rank == 0:
         atomic_write_text(run_dir / "config.yaml", config_yaml)

@@ -140,6 +140,15 @@ class LauncherConfig:
 
 
 @dataclass
+class HardwareConfig:
+    """What one node of the run costs, for cost-to-accuracy reports (conf/hardware/*.yaml)."""
+
+    name: str = "unpriced"
+    price_per_hour: float | None = field(default=None, metadata={"min": 0})  # one node, in dollars
+    description: str = ""
+
+
+@dataclass
 class TrainConfig:
     """The whole run. ``algorithms`` maps names to each algorithm's own config dataclass."""
 
@@ -150,6 +159,8 @@ class TrainConfig:
     algorithms: dict[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    name: str | None = None  # the run's label in reports (recipes set their own name)
     loss: str = _choice("soft_ce", "soft_ce", "bce")
     precision: str = _choice("fp32", "fp32", "amp", "bf16")
     compile: bool = False  # torch.compile the model (after model surgery, before DDP)
@@ -164,6 +175,7 @@ class TrainConfig:
     resume: str | None = None  # "auto" (newest checkpoint in the run dir) or a path
     log_interval: int = _positive(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
+    profile_prefix: str | None = _time(None)  # train only this much of the schedule; extrapolate the time
 
 
 ALGORITHM_CONFIGS: dict[str, type] = {}
@@ -367,6 +379,8 @@ INCOMPATIBLE_ALGORITHMS: dict[tuple[str, str], str] = {
     ("randaugment", "trivialaugment"): "both draw random per-image augmentations; choose one",
 }
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
+# Methods whose step cost changes along the schedule: a profiled prefix does not represent the rest.
+VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop")
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
@@ -435,6 +449,8 @@ def _check_run(config: TrainConfig) -> None:
     resizing = config.algorithms.get("progressive_resizing")
     if resizing is not None and resizing.delay + resizing.finetune > 1:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
+    if config.profile_prefix is not None and Time.parse(config.profile_prefix).value <= 0:
+        raise ConfigError(f"bad value for 'profile_prefix': '{config.profile_prefix}' (must be above 0)")
     for target in config.accuracy_targets:
         if not 0 < target <= 1:
             raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")

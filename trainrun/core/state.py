@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,47 +9,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainrun.core.accounts import TimeAccounts
 from trainrun.core.precision import Precision
 from trainrun.core.time import Time, Timeline
-
-BUCKETS = ("data", "to_device", "step", "algorithms", "eval", "checkpoint", "other")
-UNTIMED_BUCKETS = ("eval", "checkpoint")  # excluded from training time, as the field reports it
-
-
-class TimeAccounts:
-    """Charges every second of a run to exactly one bucket.
-
-    :meth:`switch` closes the running bucket and opens another, so buckets never overlap and
-    their sum is the wall time since :meth:`start`.
-    """
-
-    def __init__(self) -> None:
-        self.seconds = dict.fromkeys(BUCKETS, 0.0)
-        self.current = "other"
-        self._since = time.perf_counter()
-
-    def start(self, offset: dict[str, float] | None = None) -> None:
-        """Begin timing now, continuing from ``offset`` (a resumed run's accounts)."""
-        self.seconds = dict.fromkeys(BUCKETS, 0.0) | (offset or {})
-        self.current = "other"
-        self._since = time.perf_counter()
-
-    def switch(self, bucket: str) -> str:
-        """Charge the time since the last switch to the running bucket; return its name."""
-        now = time.perf_counter()
-        previous = self.current
-        self.seconds[previous] += now - self._since
-        self.current, self._since = bucket, now
-        return previous
-
-    def total(self) -> float:
-        """Wall seconds so far, including the running bucket."""
-        return sum(self.seconds.values()) + time.perf_counter() - self._since
-
-    def train_seconds(self) -> float:
-        """Wall seconds with evaluation and checkpointing excluded."""
-        running = time.perf_counter() - self._since if self.current not in UNTIMED_BUCKETS else 0.0
-        return sum(v for k, v in self.seconds.items() if k not in UNTIMED_BUCKETS) + running
 
 
 @dataclass

@@ -38,6 +38,7 @@ class TrainerSettings:
     checkpoint_keep: int = 2
     checkpoint_final: bool = True
     compile: bool = False  # torch.compile the model after the algorithms' surgery
+    stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
 
 
 class Trainer:
@@ -74,26 +75,35 @@ class Trainer:
             )
 
     # ----------------------------------------------------------------------------------------
-    def fit(self, accounts_offset: dict[str, float] | None = None) -> State:
+    def fit(self, accounts_offset: dict[str, Any] | None = None) -> State:
         """Train until ``max_duration``; evaluate and checkpoint at their intervals."""
-        state, timeline = self.state, self.state.timeline
+        state = self.state
         state.accounts.start(accounts_offset)
         state.model.train()
         self.engine.run(Event.FIT_START, state)
-        while state.batch < timeline.max_batches and state.stop_reason is None:
+        while state.batch < self.last_batch and state.stop_reason is None:
             if state.batch_in_epoch == 0:
                 self.engine.run(Event.EPOCH_START, state)
             self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
         self._flush_losses()
+        state.accounts.begin_step(state.batch + 1)  # closes the last step's row
         state.accounts.switch("other")
+        state.accounts.resolve_device()
         self.engine.run(Event.FIT_END, state)
         if self.settings.checkpoint_dir and self.settings.checkpoint_final:
             self.save_checkpoint()
         return state
 
+    @property
+    def last_batch(self) -> int:
+        """The step the run stops after: the end of the schedule, or of the profiled prefix."""
+        end = self.state.timeline.max_batches
+        return min(end, self.settings.stop_after) if self.settings.stop_after else end
+
     def _train_epoch(self, batches: Iterator) -> None:
         state, accounts = self.state, self.state.accounts
-        while state.batch < state.timeline.max_batches:
+        while state.batch < self.last_batch:
+            accounts.begin_step(state.batch + 1)
             accounts.switch("data")
             try:
                 images, targets = next(batches)
@@ -104,7 +114,6 @@ class Trainer:
             images = images.to(state.device, non_blocking=True)
             state.targets = targets.to(state.device, non_blocking=True)
             state.inputs = state.data.prepare(images)
-            accounts.switch("step")
             self._train_step()
             state.batch += 1
             state.batch_in_epoch += 1
@@ -120,8 +129,9 @@ class Trainer:
                 break
 
     def _train_step(self) -> None:
-        state, run = self.state, self.engine.run
+        state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler = state.precision.scaler
+        accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
         with state.precision.autocast():
             run(Event.BEFORE_FORWARD, state)
@@ -130,9 +140,11 @@ class Trainer:
             run(Event.BEFORE_LOSS, state)
             state.loss = state.loss_fn(state.outputs, state.targets)
             run(Event.AFTER_LOSS, state)
+        accounts.switch("backward")
         run(Event.BEFORE_BACKWARD, state)
         (scaler.scale(state.loss) if scaler else state.loss).backward()
         run(Event.AFTER_BACKWARD, state)
+        accounts.switch("optimizer")
         if scaler:
             scaler.unscale_(state.optimizer)
         run(Event.BEFORE_OPTIMIZER_STEP, state)
@@ -144,6 +156,7 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self._pending_losses.append(state.loss.detach())
+        accounts.switch("other")
 
     def _after_step(self) -> None:
         state, settings, timeline = self.state, self.settings, self.state.timeline
@@ -160,6 +173,7 @@ class Trainer:
         if not self._pending_losses:
             return
         values = torch.stack(self._pending_losses).float().cpu()
+        self.state.accounts.resolve_device()  # the GPU has just been synchronised anyway
         first_step = self.state.batch - len(values) + 1
         self._pending_losses.clear()
         finite = torch.isfinite(values)
@@ -240,7 +254,7 @@ class Trainer:
             "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
             "algorithms": self.engine.state_dict(),
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
-            "accounts": dict(state.accounts.seconds),
+            "accounts": state.accounts.state_dict(),
             "window": dict(self._window),
             "rng": {
                 "torch": torch.get_rng_state(),
@@ -250,7 +264,7 @@ class Trainer:
             },
         }
 
-    def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, float]:
+    def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Restore a payload from :meth:`_checkpoint_payload`; return the time accounts to continue."""
         state = self.state
         state.raw_model.load_state_dict(payload["model"])

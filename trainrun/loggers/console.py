@@ -36,6 +36,7 @@ class ConsoleLogger(Callback):
             if self.progress is not None:
                 self.progress.stop()
             self.console.print(self.closing_table(state))
+            self._print_profile()
 
     def _start_bar(self, state: State) -> None:
         self.progress = Progress(
@@ -80,6 +81,21 @@ class ConsoleLogger(Callback):
             highlight=False,
             soft_wrap=True,
         )
+
+    def _print_profile(self) -> None:
+        """The bottleneck line and, for a profiled prefix, the extrapolated full-run time."""
+        summary = self.tta.summary
+        if summary.get("bottleneck"):
+            self.console.print(summary["bottleneck"]["sentence"], highlight=False, soft_wrap=True)
+        if extrapolated := summary.get("extrapolated"):
+            measured, steps = extrapolated["measured_train_seconds"], extrapolated["from_batches"]
+            self.console.print(
+                f"extrapolated: {extrapolated['train_seconds']:.1f}s training for {extrapolated['to_batches']} steps "
+                f"(measured {measured:.1f}s for the first {steps}, then {extrapolated['seconds_per_step'] * 1000:.1f} "
+                "ms/step)" + (f"; caveat: {extrapolated['caveat']}" if extrapolated["caveat"] else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def closing_table(self, state: State) -> Table:
         """Time to each accuracy target, with final and best accuracy."""

@@ -1,7 +1,9 @@
 """Time-to-accuracy records: one ``metrics.jsonl`` line per evaluation and ``summary.json``.
 
 ``train_seconds`` excludes evaluation and checkpointing, as published time-to-accuracy results
-do; ``wall_seconds`` includes everything since training started.
+do; ``wall_seconds`` includes everything since training started. A run that trains only a
+profiled prefix of its schedule (``profile_prefix``) ends with status ``profiled`` and an
+``extrapolated`` block: the full run's training time estimated from the prefix, labelled so.
 """
 
 from __future__ import annotations
@@ -15,16 +17,27 @@ from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.loggers.files import atomic_write_json, atomic_write_text, read_jsonl
+from trainrun.report.profile import find_bottleneck
 
 
 class TimeToAccuracyLogger(Callback):
     """Appends a record per evaluation and keeps when each accuracy target was first reached."""
 
-    def __init__(self, run_dir: Path, targets: list[float]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        targets: list[float],
+        profile_prefix: int | None = None,
+        varying_cost: list[str] | None = None,
+    ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary_path = run_dir / "summary.json"
         self.targets = sorted(targets)
+        self.profile_prefix = profile_prefix
+        self.varying_cost = varying_cost or []  # algorithms whose step cost changes along the schedule
         self.records: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}  # the last summary written
+        self._halfway: tuple[int, float] | None = None  # (step, train seconds) halfway through the prefix
 
     def resume_from(self, batch: int) -> None:
         """Keep the records up to ``batch`` (a resumed checkpoint); drop any written after it."""
@@ -37,8 +50,11 @@ class TimeToAccuracyLogger(Callback):
             self.records.append(record)
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
+        elif event is Event.BATCH_END and self.profile_prefix and state.batch == self.profile_prefix // 2:
+            self._halfway = (state.batch, state.accounts.train_seconds())
         elif event is Event.FIT_END and state.is_main:
-            self.write_summary(state, "completed")
+            profiled = self.profile_prefix is not None and state.batch < state.timeline.max_batches
+            self.write_summary(state, "profiled" if profiled else "completed")
 
     @staticmethod
     def _record(state: State) -> dict[str, Any]:
@@ -82,9 +98,42 @@ class TimeToAccuracyLogger(Callback):
             "samples": state.samples if state else None,
             "train_seconds": state.accounts.train_seconds() if state else None,
             "wall_seconds": state.accounts.total() if state else None,
+            "batches_per_epoch": state.timeline.batches_per_epoch if state else None,
+            "max_batches": state.timeline.max_batches if state else None,
             "time_breakdown": dict(state.accounts.seconds) if state else None,
+            "device_time_breakdown": state.accounts.device_seconds if state else None,
+            "bottleneck": None,
+            "extrapolated": self.extrapolation(state) if status == "profiled" else None,
         }
+        if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
+            summary["bottleneck"] = bottleneck.as_dict()
         atomic_write_json(self.summary_path, summary)
+        self.summary = summary
+
+    def extrapolation(self, state: State) -> dict[str, Any]:
+        """The full run's training time from the prefix: its second half's rate for the steps left.
+
+        The prefix's first half (compilation, JIT, cache warm-up) is counted once, as it was
+        measured; only steady-state steps are multiplied out.
+        """
+        measured = state.accounts.train_seconds()
+        since_step, since_seconds = self._halfway or (0, 0.0)
+        per_step = (measured - since_seconds) / max(state.batch - since_step, 1)
+        remaining = state.timeline.max_batches - state.batch
+        return {
+            "label": "extrapolated",
+            "from_batches": state.batch,
+            "to_batches": state.timeline.max_batches,
+            "measured_train_seconds": measured,
+            "seconds_per_step": per_step,
+            "train_seconds": measured + remaining * per_step,
+            "caveat": (
+                f"the step cost varies along the schedule ({', '.join(self.varying_cost)}); the prefix's rate "
+                "stands for every remaining step"
+                if self.varying_cost
+                else None
+            ),
+        }
 
 
 def _finite_or_none(value: float) -> float | None:

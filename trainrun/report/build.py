@@ -1,0 +1,372 @@
+"""``trainrun report DIR...``: tables, a CSV and trade-off plots from finished runs and sweeps.
+
+The same tables are printed with rich and written to ``report.md``; ``report.csv`` has one row
+per (recipe, budget) point; ``tradeoff_time.png`` and, when runs are priced,
+``tradeoff_cost.png`` draw one curve per recipe with the Pareto frontier marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from trainrun.errors import ConfigError
+from trainrun.loggers.files import atomic_write_text
+from trainrun.report import curves
+from trainrun.report.curves import Point
+from trainrun.report.runs import EXTRAPOLATED, Pricing, Run, find_runs, load_run
+
+
+@dataclass
+class Section:
+    """A titled table, rendered both to the console and to markdown."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    caption: str = ""
+
+
+@dataclass
+class Report:
+    runs: list[Run]
+    points: list[Point]
+    baseline: str | None
+    targets: list[float]
+    notes: list[str]
+
+
+def report_command(argv: list[str]) -> int:
+    """Entry point of ``trainrun report``."""
+    args = _parser().parse_args(argv)
+    pricing = _pricing(args.hardware, args.price_per_hour)
+    runs, notes = [], []
+    for path in find_runs(args.dirs):
+        run, note = load_run(path, args.first_epoch_as_second, pricing)
+        runs.append(run)
+        notes += [note] if note else []
+    all_points = curves.points(r for r in runs if r.status == "completed")
+    labels = sorted({p.label for p in all_points})
+    baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in labels else None)
+    if baseline is not None and baseline not in labels:
+        raise ConfigError(f"bad value for '--baseline': '{baseline}' (labels: {', '.join(labels) or 'none'})")
+    targets = args.targets or sorted({t for r in runs for t in r.accuracy_targets})
+    report = Report(runs, all_points, baseline, targets, notes)
+    sections = build_sections(report)
+    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    for section in sections:
+        console.print(_rich_table(section))
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    written = write_report(report, sections, out)
+    console.print(f"wrote {', '.join(str(path) for path in written)}", highlight=False)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainrun report",
+        description="Trade-off curves, time- and cost-to-accuracy and bottlenecks of finished runs and sweeps.",
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, help="run, sweep or multirun directories")
+    parser.add_argument("--baseline", help="the label the speed-ups are measured against (default: 'baseline')")
+    parser.add_argument(
+        "--targets", type=_fractions, help="accuracies to time, e.g. 0.9,0.95 (default: the runs' accuracy_targets)"
+    )
+    parser.add_argument("--hardware", help="price every run as this conf/hardware option instead of its own")
+    parser.add_argument("--price-per-hour", type=float, help="price every run at this many dollars per node-hour")
+    parser.add_argument(
+        "--first-epoch-as-second",
+        action="store_true",
+        help="time the first epoch as the second, discounting one-off warm-up (as published baselines did)",
+    )
+    parser.add_argument("--out", type=Path, help="where to write (default: the one DIR given, else ./report)")
+    return parser
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of accuracies") from None
+    if not values or not all(0 < value <= 1 for value in values):
+        raise argparse.ArgumentTypeError(f"'{text}': accuracies are fractions in (0, 1]")
+    return sorted(values)
+
+
+def _pricing(hardware: str | None, price: float | None) -> Pricing | None:
+    if price is not None:
+        if price < 0:
+            raise ConfigError(f"bad value for '--price-per-hour': {price} (must be >= 0)")
+        return Pricing(hardware or "custom", price)
+    if hardware is None:
+        return None
+    from trainrun.cli import compose, group_options
+    from trainrun.schema import validate
+
+    options = group_options("hardware")
+    if hardware not in options:
+        raise ConfigError(f"unknown option '{hardware}' for 'hardware' (choose from: {', '.join(options)})")
+    chosen = validate(compose([f"hardware={hardware}"])).hardware
+    return Pricing(chosen.name, chosen.price_per_hour)
+
+
+# ----------------------------------------------------------------------------------------------
+def build_sections(report: Report) -> list[Section]:
+    """Every table of the report, in reading order."""
+    sections = [_points_section(report), _reach_section(report)]
+    if report.baseline is not None:
+        sections.append(_speedup_section(report))
+    sections += [_bottleneck_section(report), _runs_section(report)]
+    return sections
+
+
+def _points_section(report: Report) -> Section:
+    on_time = set(curves.pareto(report.points, curves.seconds))
+    on_cost = set(curves.pareto(report.points, curves.cost))
+    rows = []
+    for p in report.points:
+        low, high = p.top1_range
+        frontier = "/".join(axis for axis, members in (("time", on_time), ("cost", on_cost)) if p in members)
+        rows.append(
+            [
+                p.label,
+                f"{p.budget:g}",
+                str(p.seeds),
+                f"{p.top1:.2%} ± {p.top1_spread:.2%}" + (f" ({low:.2%}-{high:.2%})" if p.seeds > 1 else ""),
+                f"{p.seconds:.1f} ± {p.seconds_spread:.1f}",
+                _dollars(p.cost),
+                p.time_source,
+                frontier or "-",
+            ]
+        )
+    return Section(
+        "trade-off points",
+        ["recipe", "budget", "seeds", "top-1 (mean ± sd, range)", "train s (mean ± sd)", "cost", "time", "Pareto"],
+        rows,
+        "budget = scale_schedule_ratio; train time excludes evaluation and checkpoints",
+    )
+
+
+def _reach_section(report: Report) -> Section:
+    rows = []
+    for label, curve in curves.by_label(report.points).items():
+        row = [label]
+        for target in report.targets:
+            time_ = curves.reach(curve, target, curves.seconds)
+            money = curves.reach(curve, target, curves.cost)
+            row.append("not reached" if time_ is None else f"{_reach_text(time_, 's')} / {_reach_money(money)}")
+        rows.append(row)
+    return Section(
+        "time / cost to accuracy",
+        ["recipe", *(f"top-1 {t:.2%}" for t in report.targets)],
+        rows,
+        "read off each recipe's frontier, interpolating between measured budgets; '<=' = its cheapest point",
+    )
+
+
+def _speedup_section(report: Report) -> Section:
+    grouped = curves.by_label(report.points)
+    reference = grouped[report.baseline]
+    rows = []
+    for label, curve in grouped.items():
+        if label == report.baseline:
+            continue
+        for base in reference:
+            mine = curves.reach(curve, base.top1, curves.seconds)
+            theirs = curves.reach(reference, base.top1, curves.seconds)
+            row = [label, f"{base.budget:g}", f"{base.top1:.2%}", f"{theirs.value:.1f}"]
+            if mine is None:
+                rows.append([*row, "not reached", "-"])
+            else:
+                speedup = f"{'>=' if mine.at_most else ''}{theirs.value / mine.value:.2f}x"
+                rows.append([*row, f"{mine.value:.1f}", speedup])
+    return Section(
+        f"speed-up over '{report.baseline}' at equal accuracy",
+        ["recipe", "baseline budget", "baseline top-1", "baseline s", "recipe s", "speed-up"],
+        rows,
+        "time each recipe needs for the accuracy the baseline reached at each of its budgets",
+    )
+
+
+def _bottleneck_section(report: Report) -> Section:
+    rows = []
+    for run in report.runs:
+        b = run.summary.get("bottleneck")
+        if not b:
+            continue
+        share = {key: b[f"{key}_seconds"] / b["train_seconds"] for key in ("compute", "input", "host")}
+        rows.append(
+            [
+                run.label,
+                f"{run.budget:g}",
+                str(run.seed),
+                f"{share['compute']:.0%}",
+                f"{share['input']:.0%}",
+                f"{share['host']:.0%}",
+                b["bottleneck_name"],
+                _bound(b["speedup_if_rest_free"]),
+                _bound(b["speedup_if_bottleneck_free"]),
+                b["clock"],
+            ]
+        )
+    return Section(
+        "where training time goes",
+        ["recipe", "budget", "seed", "compute", "data", "host", "bottleneck", "rest free", "bottleneck free", "clock"],
+        rows,
+        "Amdahl bounds: the most training could speed up if everything but the bottleneck (rest free), "
+        "or the bottleneck itself, took no time",
+    )
+
+
+def _runs_section(report: Report) -> Section:
+    rows = []
+    for run in report.runs:
+        time_text = "-" if run.train_seconds is None else f"{run.train_seconds:.1f}"
+        if run.time_source == EXTRAPOLATED:
+            extrapolated = run.summary["extrapolated"]
+            time_text += f" (extrapolated from {extrapolated['from_batches']}/{extrapolated['to_batches']} steps"
+            time_text += "; step cost varies along the schedule)" if extrapolated.get("caveat") else ")"
+        top1 = "-" if run.top1 is None else f"{run.top1:.2%}"
+        row = [run.label, f"{run.budget:g}", str(run.seed), run.status, top1, time_text, _dollars(run.cost)]
+        rows.append([*row, run.pricing.hardware, str(run.path)])
+    return Section(
+        "runs",
+        ["recipe", "budget", "seed", "status", "final top-1", "train s", "cost", "hardware", "directory"],
+        rows,
+        "only completed runs make points; profiled runs give extrapolated times only",
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+def write_report(report: Report, sections: list[Section], out: Path) -> list[Path]:
+    """report.md, report.csv and the trade-off plots, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [_plot(report, curves.seconds, "training time (s, eval excluded)", out / "tradeoff_time.png")]
+    if report.points and all(p.cost is not None for p in report.points):
+        figures.append(_plot(report, curves.cost, "training cost ($)", out / "tradeoff_cost.png"))
+    figures = [figure for figure in figures if figure]
+    markdown = ["# trainrun report", ""]
+    markdown += [f"![{figure.stem}]({figure.name})" for figure in figures] + [""]
+    for section in sections:
+        markdown += [f"## {section.title}", "", *_markdown_table(section), ""]
+        markdown += [f"_{section.caption}_", ""] if section.caption else []
+    markdown += [f"- note: {note}" for note in report.notes]
+    atomic_write_text(out / "report.md", "\n".join(markdown).rstrip() + "\n")
+    atomic_write_text(out / "report.csv", _points_csv(report))
+    return [out / "report.md", out / "report.csv", *figures]
+
+
+def _points_csv(report: Report) -> str:
+    on_time = set(curves.pareto(report.points, curves.seconds))
+    on_cost = set(curves.pareto(report.points, curves.cost))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(
+        ["recipe", "budget", "seeds", "top1_mean", "top1_sd", "top1_min", "top1_max", "train_seconds_mean"]
+        + ["train_seconds_sd", "cost_mean", "hardware", "time_source", "pareto_time", "pareto_cost"]
+    )
+    for p in report.points:
+        low, high = p.top1_range
+        hardware = "; ".join(sorted({r.pricing.hardware for r in p.runs}))
+        writer.writerow(
+            [p.label, p.budget, p.seeds, f"{p.top1:.6f}", f"{p.top1_spread:.6f}", f"{low:.6f}", f"{high:.6f}"]
+            + [f"{p.seconds:.3f}", f"{p.seconds_spread:.3f}", "" if p.cost is None else f"{p.cost:.6f}", hardware]
+            + [p.time_source, int(p in on_time), int(p in on_cost)]
+        )
+    return buffer.getvalue()
+
+
+def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
+    """Accuracy against ``axis``: one curve per recipe with seed spread (sd), the frontier marked."""
+    if not report.points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for label, curve in curves.by_label(report.points).items():
+        ordered = sorted(curve, key=lambda p: p.budget)
+        ax.errorbar(
+            [axis(p) for p in ordered],
+            [p.top1 * 100 for p in ordered],
+            yerr=[p.top1_spread * 100 for p in ordered],
+            xerr=[p.seconds_spread for p in ordered] if axis is curves.seconds else None,
+            marker="o",
+            capsize=3,
+            label=label,
+        )
+        for p in ordered:
+            where = (axis(p), p.top1 * 100)
+            ax.annotate(f"{p.budget:g}", where, textcoords="offset points", xytext=(4, -10), fontsize=7)
+    frontier = curves.pareto(report.points, axis)
+    ax.plot(
+        [axis(p) for p in frontier],
+        [p.top1 * 100 for p in frontier],
+        linestyle="--",
+        color="black",
+        marker="s",
+        markerfacecolor="none",
+        markersize=10,
+        label="Pareto frontier",
+    )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final top-1 accuracy (%)")
+    ax.set_title("accuracy vs " + xlabel.split(" (")[0] + " (labels: budget)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    try:
+        figure.savefig(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        plt.close(figure)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+def _rich_table(section: Section) -> Table:
+    table = Table(title=section.title, title_justify="left", caption=section.caption, caption_justify="left")
+    for column in section.columns:
+        table.add_column(column)
+    for row in section.rows:
+        table.add_row(*row)
+    return table
+
+
+def _markdown_table(section: Section) -> list[str]:
+    if not section.rows:
+        return ["(none)"]
+    lines = ["| " + " | ".join(section.columns) + " |", "|" + "---|" * len(section.columns)]
+    return lines + ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in section.rows]
+
+
+def _dollars(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
+
+
+def _reach_text(reached: curves.Reach, unit: str) -> str:
+    return f"{'<=' if reached.at_most else ''}{reached.value:.1f} {unit}"
+
+
+def _reach_money(reached: curves.Reach | None) -> str:
+    return "-" if reached is None else ("<=" if reached.at_most else "") + _dollars(reached.value)
+
+
+def _bound(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.2f}x"

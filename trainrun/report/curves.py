@@ -1,0 +1,114 @@
+"""Trade-off curves: a recipe's quality against its time or cost over a range of budgets.
+
+A point is one (recipe, budget) averaged over its seeds. The Pareto frontier keeps the points
+no other point beats on both axes. The time a recipe needs to reach an accuracy is read off its
+own frontier by linear interpolation between measured points; it is never extrapolated beyond
+them, and a target at or below the cheapest point is reported as "at most" that point's time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from trainrun.report.runs import Run
+
+
+@dataclass(frozen=True)
+class Point:
+    """A recipe at one budget, over its seeds."""
+
+    label: str
+    budget: float
+    runs: tuple[Run, ...]
+
+    @property
+    def seeds(self) -> int:
+        return len(self.runs)
+
+    @property
+    def top1(self) -> float:
+        return statistics.fmean(r.top1 for r in self.runs)
+
+    @property
+    def top1_spread(self) -> float:
+        """Sample standard deviation over seeds (0 for one seed)."""
+        return statistics.stdev(r.top1 for r in self.runs) if self.seeds > 1 else 0.0
+
+    @property
+    def top1_range(self) -> tuple[float, float]:
+        return min(r.top1 for r in self.runs), max(r.top1 for r in self.runs)
+
+    @property
+    def seconds(self) -> float:
+        return statistics.fmean(r.train_seconds for r in self.runs)
+
+    @property
+    def seconds_spread(self) -> float:
+        return statistics.stdev(r.train_seconds for r in self.runs) if self.seeds > 1 else 0.0
+
+    @property
+    def cost(self) -> float | None:
+        costs = [r.cost for r in self.runs]
+        return None if None in costs else statistics.fmean(costs)
+
+    @property
+    def time_source(self) -> str:
+        return "; ".join(sorted({r.time_source for r in self.runs}))
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How much time (or money) a recipe needs for an accuracy, read off its curve."""
+
+    value: float
+    at_most: bool  # the cheapest measured point already reaches it
+
+
+def points(runs: Iterable[Run]) -> list[Point]:
+    """Runs with an accuracy grouped by (label, budget), ordered by label then budget."""
+    groups: dict[tuple[str, float], list[Run]] = {}
+    for run in runs:
+        if run.top1 is not None and run.train_seconds is not None:
+            groups.setdefault((run.label, run.budget), []).append(run)
+    return [Point(label, budget, tuple(group)) for (label, budget), group in sorted(groups.items())]
+
+
+def pareto(candidates: Iterable[Point], axis: Callable[[Point], float | None]) -> list[Point]:
+    """The points no other point beats (cheaper or equal on ``axis`` with higher accuracy), cheapest first."""
+    ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.top1))
+    frontier: list[Point] = []
+    for point in ordered:
+        if not frontier or point.top1 > frontier[-1].top1:
+            frontier.append(point)
+    return frontier
+
+
+def reach(curve: list[Point], target: float, axis: Callable[[Point], float | None]) -> Reach | None:
+    """The ``axis`` value at which ``curve`` (one recipe's points) first reaches ``target`` accuracy."""
+    frontier = pareto(curve, axis)
+    for index, point in enumerate(frontier):
+        if point.top1 >= target:
+            if index == 0:
+                return Reach(axis(point), at_most=True)
+            before = frontier[index - 1]
+            fraction = (target - before.top1) / (point.top1 - before.top1)
+            return Reach(axis(before) + fraction * (axis(point) - axis(before)), at_most=False)
+    return None
+
+
+def by_label(all_points: list[Point]) -> dict[str, list[Point]]:
+    """Points per recipe label, in label order."""
+    curves: dict[str, list[Point]] = {}
+    for point in all_points:
+        curves.setdefault(point.label, []).append(point)
+    return curves
+
+
+def seconds(point: Point) -> float:
+    return point.seconds
+
+
+def cost(point: Point) -> float | None:
+    return point.cost

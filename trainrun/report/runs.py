@@ -1,0 +1,116 @@
+"""Finished runs read back from disk, with the timing rules a report applies to them.
+
+A run is any directory with a ``summary.json`` (and the ``config.yaml`` beside it); sweeps,
+Hydra multiruns and single runs are all found by walking the directories given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainrun.errors import ConfigError
+from trainrun.loggers.files import read_jsonl
+
+UNTIMED = ("eval", "checkpoint")
+MEASURED, EXTRAPOLATED = "measured", "extrapolated"
+FIRST_EPOCH_AS_SECOND = "measured, epoch 1 timed as epoch 2"
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Dollars per node-hour and the name it goes by."""
+
+    hardware: str
+    price_per_hour: float | None
+
+
+@dataclass(eq=False)
+class Run:
+    """One run's outcome as a report needs it."""
+
+    path: Path
+    label: str
+    budget: float
+    seed: int
+    status: str
+    top1: float | None  # final top-1
+    train_seconds: float | None
+    time_source: str
+    nodes: int
+    pricing: Pricing
+    accuracy_targets: tuple[float, ...]
+    summary: dict[str, Any] = field(repr=False)
+
+    @property
+    def cost(self) -> float | None:
+        """Dollars for the training time on the run's hardware, or None without a price."""
+        if self.pricing.price_per_hour is None or self.train_seconds is None:
+            return None
+        return self.train_seconds / 3600 * self.pricing.price_per_hour * self.nodes
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Every run directory (one holding summary.json) at or under ``paths``, in order."""
+    found: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise ConfigError(f"'{path}' does not exist")
+        if not path.is_dir():
+            raise ConfigError(f"'{path}' is not a directory (give run or sweep directories)")
+        found += sorted(summary.parent for summary in path.rglob("summary.json"))
+    if not found:
+        raise ConfigError(f"no runs (summary.json) under {', '.join(str(p) for p in paths)}")
+    return list(dict.fromkeys(found))
+
+
+def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing | None = None) -> tuple[Run, str | None]:
+    """The run in ``path`` and, when a timing rule could not be applied, a note saying why."""
+    summary = json.loads((path / "summary.json").read_text())
+    config_path = path / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    hardware = config.get("hardware") or {}
+    seconds, source, note = summary.get("train_seconds"), MEASURED, None
+    if summary.get("status") == "profiled" and summary.get("extrapolated"):
+        seconds, source = summary["extrapolated"]["train_seconds"], EXTRAPOLATED
+    elif first_epoch_as_second and seconds is not None:
+        adjusted = _first_epoch_as_second(path, summary)
+        if adjusted is None:
+            note = f"{path}: epoch 1 kept as measured (needs steps.jsonl and two full epochs)"
+        else:
+            seconds, source = adjusted, FIRST_EPOCH_AS_SECOND
+    run = Run(
+        path=path,
+        label=config.get("name") or "unnamed",
+        budget=float(config.get("scale_schedule_ratio", 1.0)),
+        seed=config.get("seed", 0),
+        status=summary.get("status", "unknown"),
+        top1=summary.get("final_top1"),
+        train_seconds=seconds,
+        time_source=source,
+        nodes=int((config.get("launcher") or {}).get("nnodes", 1)),
+        pricing=pricing or Pricing(hardware.get("name", "unpriced"), hardware.get("price_per_hour")),
+        accuracy_targets=tuple(config.get("accuracy_targets", ())),
+        summary=summary,
+    )
+    return run, note
+
+
+def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
+    """Training seconds with the first epoch's time replaced by the second's (one-off warm-up)."""
+    per_epoch = summary.get("batches_per_epoch")
+    rows = read_jsonl(path / "steps.jsonl")
+    if not per_epoch or len(rows) < 2 * per_epoch or rows[0]["step"] != 1:
+        return None
+    epoch_seconds = [0.0, 0.0]
+    for row in rows[: 2 * per_epoch]:
+        epoch_seconds[(row["step"] - 1) // per_epoch] += sum(v for k, v in row.items() if _timed(k))
+    return summary["train_seconds"] - epoch_seconds[0] + epoch_seconds[1]
+
+
+def _timed(key: str) -> bool:
+    return key not in ("step", *UNTIMED) and not key.startswith("device_")

@@ -1,0 +1,170 @@
+"""``trainrun sweep``: one recipe trained at several budgets (and seeds) into one directory.
+
+A budget is a ``scale_schedule_ratio``: it stretches the run's length and every time in its
+schedule. Each (budget, seed) runs as its own ``trainrun`` process in
+``OUT/ssr<budget>-seed<seed>/``; a run whose ``summary.json`` says it completed, with the same
+config, is reused rather than repeated, and an interrupted one resumes from its newest
+checkpoint. Every job is composed and validated before the first one starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from trainrun.errors import ConfigError
+from trainrun.loggers.files import atomic_write_json
+
+SWEEP_KEYS = ("budgets", "seeds", "out")
+RUN_ONLY_KEYS = ("progress", "resume")  # may differ between a finished run and its rerun
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """One training run of a sweep."""
+
+    budget: float
+    seed: int | None
+    run_dir: Path
+    overrides: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"ssr={self.budget:g}" + (f" seed={self.seed}" if self.seed is not None else "")
+
+
+def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None], Path | None, list[str]]:
+    """(budgets, seeds, out, run overrides) from ``trainrun sweep`` arguments."""
+    from trainrun.cli import force_schema_keys, translate
+
+    hydra_args, overrides, _ = translate(argv)
+    if hydra_args:
+        raise ConfigError(f"'trainrun sweep' takes overrides only, not '{hydra_args[0]}'")
+    settings, run_overrides = {}, []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in SWEEP_KEYS:
+            settings[key] = value
+        else:
+            run_overrides.append(override)
+    if "budgets" not in settings:
+        raise ConfigError("'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0]")
+    budgets = [_number(text, "budgets", float) for text in _list(settings["budgets"])]
+    if not budgets or any(budget <= 0 for budget in budgets):
+        raise ConfigError(f"bad value for 'budgets': {settings['budgets']} (positive schedule ratios)")
+    seeds = [_number(text, "seeds", int) for text in _list(settings["seeds"])] if "seeds" in settings else [None]
+    out = Path(settings["out"]) if "out" in settings else None
+    if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
+        raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
+    return sorted(set(budgets)), seeds, out, force_schema_keys(run_overrides)
+
+
+def plan(budgets: list[float], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
+    """The jobs of a sweep, in budget order."""
+    jobs = []
+    for budget in budgets:
+        for seed in seeds:
+            name = f"ssr{budget:g}" + (f"-seed{seed}" if seed is not None else "")
+            extra = [f"scale_schedule_ratio={budget}"] + ([f"seed={seed}"] if seed is not None else [])
+            jobs.append(SweepJob(budget, seed, out / name, (*overrides, *extra)))
+    return jobs
+
+
+def finished(job: SweepJob, config_yaml: str) -> bool:
+    """Whether ``job`` already ran to its end with this config.
+
+    A run directory holding another config is an error, finished or not: resuming its
+    checkpoint or mixing its results into the sweep would both be wrong.
+    """
+    summary_path, saved_path = job.run_dir / "summary.json", job.run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return False
+    saved, wanted = _comparable(saved_path.read_text()), _comparable(config_yaml)
+    if saved != wanted:
+        key = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
+        raise ConfigError(
+            f"'{job.run_dir}' holds a run with another config ({key}: {saved.get(key)} there, "
+            f"{wanted.get(key)} now); choose another out= or remove it"
+        )
+    return summary_path.is_file() and json.loads(summary_path.read_text()).get("status") in ("completed", "profiled")
+
+
+def run_sweep(argv: list[str]) -> int:
+    """Entry point of ``trainrun sweep``; returns the exit code (1 if any run failed)."""
+    from trainrun.cli import compose
+    from trainrun.schema import validate
+
+    budgets, seeds, out, overrides = parse_sweep_arguments(argv)
+    out = out or Path("sweeps") / (validate(compose(overrides)).name or "sweep")
+    jobs = plan(budgets, seeds, out, overrides)
+    composed = {}
+    for job in jobs:
+        config = compose(list(job.overrides))
+        validate(config)
+        composed[job] = OmegaConf.to_yaml(config, resolve=True)
+    reused = {job for job in jobs if finished(job, composed[job])}
+    console = Console()
+    console.print(f"sweep into {out}: {len(jobs)} runs ({len(reused)} already done)", highlight=False)
+    statuses: dict[str, str] = {}
+    for index, job in enumerate(jobs, 1):
+        if job in reused:
+            statuses[job.run_dir.name] = "reused"
+            console.print(f"[{index}/{len(jobs)}] {job.label}: reused {job.run_dir}", highlight=False)
+            continue
+        console.print(f"[{index}/{len(jobs)}] {job.label}: training in {job.run_dir}", highlight=False)
+        code = _train(job)
+        statuses[job.run_dir.name] = "completed" if code == 0 else f"failed (exit {code})"
+        atomic_write_json(out / "sweep.json", _record(budgets, seeds, overrides, statuses))
+        if code == 130:
+            raise KeyboardInterrupt
+    atomic_write_json(out / "sweep.json", _record(budgets, seeds, overrides, statuses))
+    failed = [name for name, status in statuses.items() if status.startswith("failed")]
+    if failed:
+        console.print(f"[red]{len(failed)} run(s) failed:[/] {', '.join(failed)}", highlight=False)
+    from trainrun.report.build import report_command
+
+    report_command([str(out)])
+    return 1 if failed else 0
+
+
+def _train(job: SweepJob) -> int:
+    arguments = [*job.overrides, f"hydra.run.dir={job.run_dir}", "progress=false", "resume=auto"]
+    return subprocess.run([sys.executable, "-m", "trainrun", *arguments]).returncode
+
+
+def _record(budgets, seeds, overrides, statuses) -> dict:
+    return {"budgets": budgets, "seeds": seeds, "overrides": list(overrides), "runs": statuses}
+
+
+def _comparable(config_yaml: str) -> dict[str, object]:
+    """A config as flat dotted keys, without the keys a rerun may change."""
+    flat: dict[str, object] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(yaml.safe_load(config_yaml), "")
+    return {k: v for k, v in flat.items() if k not in RUN_ONLY_KEYS}
+
+
+def _list(text: str) -> list[str]:
+    return [item.strip() for item in text.strip().strip("[]").split(",") if item.strip()]
+
+
+def _number(text: str, key: str, kind: type) -> float | int:
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "number" if kind is float else "whole number"
+        raise ConfigError(f"bad value for '{key}': '{text}' is not a {expected}") from None
