@@ -157,6 +157,10 @@ def test_step_rows_add_up_to_the_run_totals(trained_run):
     assert [row["step"] for row in rows if row["eval"] > 0] == [22, 44]  # evaluation after steps 22 and 44
     assert summary["bottleneck"]["bottleneck"] in ("compute", "input", "host")
     assert summary["bottleneck"]["clock"] == "wall clock" and summary["device_time_breakdown"] is None
+    timed = ("data", "to_device", "forward", "backward", "optimizer", "algorithms", "other")
+    second_epoch = sum(row[bucket] for row in rows[22:] for bucket in timed)
+    steady = summary["bottleneck_after_first_epoch"]  # the second epoch alone
+    assert steady["train_seconds"] == pytest.approx(second_epoch, abs=0.01)
 
 
 def test_profiled_prefix_extrapolates_the_full_run(tmp_path):

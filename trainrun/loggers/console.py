@@ -87,6 +87,9 @@ class ConsoleLogger(Callback):
         summary = self.tta.summary
         if summary.get("bottleneck"):
             self.console.print(summary["bottleneck"]["sentence"], highlight=False, soft_wrap=True)
+        steady = summary.get("bottleneck_after_first_epoch")
+        if steady and steady["bottleneck"] != summary["bottleneck"]["bottleneck"]:
+            self.console.print(f"after the first epoch, {steady['sentence']}", highlight=False, soft_wrap=True)
         if extrapolated := summary.get("extrapolated"):
             measured, steps = extrapolated["measured_train_seconds"], extrapolated["from_batches"]
             self.console.print(

@@ -17,7 +17,7 @@ from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.loggers.files import atomic_write_json, atomic_write_text, read_jsonl
-from trainrun.report.profile import find_bottleneck
+from trainrun.report.profile import Bottleneck, find_bottleneck
 
 
 class TimeToAccuracyLogger(Callback):
@@ -38,6 +38,7 @@ class TimeToAccuracyLogger(Callback):
         self.records: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}  # the last summary written
         self._halfway: tuple[int, float] | None = None  # (step, train seconds) halfway through the prefix
+        self._first_epoch: dict[str, Any] | None = None  # the time accounts when the first epoch ended
 
     def resume_from(self, batch: int) -> None:
         """Keep the records up to ``batch`` (a resumed checkpoint); drop any written after it."""
@@ -50,6 +51,9 @@ class TimeToAccuracyLogger(Callback):
             self.records.append(record)
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
+        elif event is Event.EPOCH_END and state.epoch == 0:
+            state.accounts.resolve_device()
+            self._first_epoch = state.accounts.state_dict()
         elif event is Event.BATCH_END and self.profile_prefix and state.batch == self.profile_prefix // 2:
             self._halfway = (state.batch, state.accounts.train_seconds())
         elif event is Event.FIT_END and state.is_main:
@@ -103,12 +107,24 @@ class TimeToAccuracyLogger(Callback):
             "time_breakdown": dict(state.accounts.seconds) if state else None,
             "device_time_breakdown": state.accounts.device_seconds if state else None,
             "bottleneck": None,
+            "bottleneck_after_first_epoch": None,
             "extrapolated": self.extrapolation(state) if status == "profiled" else None,
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
             summary["bottleneck"] = bottleneck.as_dict()
+        if state and self._first_epoch and (steady := self._steady_bottleneck(state)):
+            summary["bottleneck_after_first_epoch"] = steady.as_dict()
         atomic_write_json(self.summary_path, summary)
         self.summary = summary
+
+    def _steady_bottleneck(self, state: State) -> Bottleneck | None:
+        """The bottleneck of the epochs after the first, which carries one-off compilation and warm-up."""
+        first = self._first_epoch
+        wall = {k: v - first["wall"].get(k, 0.0) for k, v in state.accounts.seconds.items()}
+        device = state.accounts.device_seconds
+        if device is not None:
+            device = {k: v - first["device"].get(k, 0.0) for k, v in device.items()}
+        return find_bottleneck(wall, device)
 
     def extrapolation(self, state: State) -> dict[str, Any]:
         """The full run's training time from the prefix: its second half's rate for the steps left.

@@ -216,15 +216,17 @@ def _bottleneck_section(report: Report) -> Section:
                 b["bottleneck_name"],
                 _bound(b["speedup_if_rest_free"]),
                 _bound(b["speedup_if_bottleneck_free"]),
+                _steady_text(run.summary.get("bottleneck_after_first_epoch")),
                 b["clock"],
             ]
         )
     return Section(
         "where training time goes",
-        ["recipe", "budget", "seed", "compute", "data", "host", "bottleneck", "rest free", "bottleneck free", "clock"],
+        ["recipe", "budget", "seed", "compute", "data", "host", "bottleneck", "rest free", "bottleneck free"]
+        + ["after epoch 1", "clock"],
         rows,
         "Amdahl bounds: the most training could speed up if everything but the bottleneck (rest free), "
-        "or the bottleneck itself, took no time",
+        "or the bottleneck itself, took no time; 'after epoch 1' leaves out one-off compilation and warm-up",
     )
 
 
@@ -366,6 +368,11 @@ def _reach_text(reached: curves.Reach, unit: str) -> str:
 
 def _reach_money(reached: curves.Reach | None) -> str:
     return "-" if reached is None else ("<=" if reached.at_most else "") + _dollars(reached.value)
+
+
+def _steady_text(steady: dict | None) -> str:
+    """The bottleneck once the first epoch's one-off work (compilation, cache warm-up) is over."""
+    return "-" if not steady else f"{steady['bottleneck_name']} {steady['share']:.0%}"
 
 
 def _bound(value: float | None) -> str:
