@@ -56,10 +56,12 @@ def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None
             run_overrides.append(override)
     if "budgets" not in settings:
         raise ConfigError("'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0]")
-    budgets = [_number(text, "budgets", float) for text in _list(settings["budgets"])]
+    budgets = [_number(value, "budgets", float) for value in _values("budgets", settings["budgets"])]
     if not budgets or any(budget <= 0 for budget in budgets):
         raise ConfigError(f"bad value for 'budgets': {settings['budgets']} (positive schedule ratios)")
-    seeds = [_number(text, "seeds", int) for text in _list(settings["seeds"])] if "seeds" in settings else [None]
+    seeds: list[int | None] = [None]
+    if "seeds" in settings:
+        seeds = [_number(value, "seeds", int) for value in _values("seeds", settings["seeds"])]
     out = Path(settings["out"]) if "out" in settings else None
     if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
         raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
@@ -158,13 +160,19 @@ def _comparable(config_yaml: str) -> dict[str, object]:
     return {k: v for k, v in flat.items() if k not in RUN_ONLY_KEYS}
 
 
-def _list(text: str) -> list[str]:
-    return [item.strip() for item in text.strip().strip("[]").split(",") if item.strip()]
+def _values(key: str, text: str) -> list[object]:
+    """A sweep setting's value(s), parsed by Hydra's override grammar: ``[0.25,0.5]`` or ``0.5``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-
-def _number(text: str, key: str, kind: type) -> float | int:
     try:
-        return kind(text)
-    except ValueError:
-        expected = "number" if kind is float else "whole number"
-        raise ConfigError(f"bad value for '{key}': '{text}' is not a {expected}") from None
+        value = OverridesParser.create().parse_overrides([f"{key}={text}"])[0].value()
+    except Exception:  # hydra raises several types; all mean a value it cannot read
+        raise ConfigError(f"cannot parse override '{key}={text}'") from None
+    return value if isinstance(value, list) else [value]
+
+
+def _number(value: object, key: str, kind: type) -> float | int:
+    expected = "number" if kind is float else "whole number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"bad value for '{key}': '{value}' is not a {expected}")
+    return kind(value)

@@ -10,6 +10,8 @@ Evaluation always runs at full resolution.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 
@@ -33,20 +35,20 @@ def size_at(progress: float, full: int, config: ProgressiveResizingConfig) -> in
     return min(max(size, config.size_increment), full)
 
 
-class TrainingResolution(Algorithm):
+class TrainingResolution(Algorithm, ABC):
     """Trains at :meth:`target_size`: decoded at that size by the loader when it can (asked at each
     EPOCH_START), otherwise each larger training batch is shrunk on the device at AFTER_DATALOADER."""
 
     events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
     decoding = False  # the loader decodes at the target size this epoch
 
+    @abstractmethod
     def target_size(self, state: State) -> int:
         """The side length to train at now."""
-        raise NotImplementedError
 
+    @abstractmethod
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         """A batch made ``size`` x ``size`` on the device."""
-        raise NotImplementedError
 
     def match(self, event: Event, state: State) -> bool:
         return event is Event.EPOCH_START or (event is Event.AFTER_DATALOADER and not self.decoding)

@@ -4,19 +4,22 @@ The wall clock always runs: :meth:`TimeAccounts.switch` closes the running bucke
 another, so buckets never overlap and add up to the run's wall time. On CUDA the host only
 queues kernels, so wall time lands in whichever bucket next waits for the GPU; there the device
 buckets are also timed with CUDA events, recorded at every switch and read in batches when the
-trainer synchronises anyway (every ``log_interval`` steps).
+trainer synchronises anyway (every ``log_interval`` steps). The module imports torch only when a
+CUDA clock is made, so that ``trainrun report`` shares its bucket names without loading torch.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 BUCKETS = ("data", "to_device", "forward", "backward", "optimizer", "algorithms", "eval", "checkpoint", "other")
 UNTIMED_BUCKETS = ("eval", "checkpoint")  # excluded from training time, as the field reports it
 COMPUTE_BUCKETS = ("forward", "backward", "optimizer", "algorithms")
+INPUT_BUCKETS = ("data", "to_device")
 DEVICE_BUCKETS = ("to_device", *COMPUTE_BUCKETS)
 
 
@@ -24,13 +27,16 @@ class CudaEventClock:
     """Device seconds of the device buckets, from CUDA events on the current stream."""
 
     def __init__(self) -> None:
+        import torch
+
+        self._new_event = torch.cuda.Event
         self.seconds = dict.fromkeys(DEVICE_BUCKETS, 0.0)
         self._last: torch.cuda.Event | None = None
         self._pending: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def mark(self, closing: str, step: int) -> None:
         """Record an event where bucket ``closing`` (of ``step``) ends and the next one begins."""
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._new_event(enable_timing=True)
         event.record()
         if self._last is not None and closing in DEVICE_BUCKETS:
             self._pending.append((step, closing, self._last, event))
@@ -84,9 +90,9 @@ class TimeAccounts:
         self.current, self._since = bucket, now
         return previous
 
-    def begin_step(self, step: int) -> None:
-        """Close the running step's row and charge what follows to ``step``."""
-        self.switch(self.current)
+    def begin_step(self, step: int, bucket: str) -> None:
+        """Close the running step's row and charge what follows to ``bucket`` of ``step``."""
+        self.switch(bucket)
         if self.record_steps and self.step > 0:
             row = {bucket: self.seconds[bucket] - self._row_start[bucket] for bucket in BUCKETS}
             self._rows.append({"step": self.step, **row})

@@ -60,6 +60,8 @@ class Trainer:
         classes = state.num_classes
         self.top1 = MulticlassAccuracy(classes, top_k=1, average="micro").to(state.device)
         self.top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro").to(state.device)
+        end = state.timeline.max_batches
+        self.last_batch = min(end, settings.stop_after) if settings.stop_after else end  # schedule or prefix end
         self._pending_losses: list[torch.Tensor] = []
         self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": 0.0}
         state.data.to(state.device)
@@ -86,25 +88,17 @@ class Trainer:
                 self.engine.run(Event.EPOCH_START, state)
             self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
         self._flush_losses()
-        state.accounts.begin_step(state.batch + 1)  # closes the last step's row
-        state.accounts.switch("other")
+        state.accounts.begin_step(state.batch + 1, "other")  # closes the last step's row
         state.accounts.resolve_device()
         self.engine.run(Event.FIT_END, state)
         if self.settings.checkpoint_dir and self.settings.checkpoint_final:
             self.save_checkpoint()
         return state
 
-    @property
-    def last_batch(self) -> int:
-        """The step the run stops after: the end of the schedule, or of the profiled prefix."""
-        end = self.state.timeline.max_batches
-        return min(end, self.settings.stop_after) if self.settings.stop_after else end
-
     def _train_epoch(self, batches: Iterator) -> None:
         state, accounts = self.state, self.state.accounts
         while state.batch < self.last_batch:
-            accounts.begin_step(state.batch + 1)
-            accounts.switch("data")
+            accounts.begin_step(state.batch + 1, "data")
             try:
                 images, targets = next(batches)
             except StopIteration:

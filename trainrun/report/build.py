@@ -13,6 +13,7 @@ import io
 import os
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from rich.console import Console
@@ -42,6 +43,14 @@ class Report:
     baseline: str | None
     targets: list[float]
     notes: list[str]
+
+    @cached_property
+    def on_time_frontier(self) -> set[Point]:
+        return set(curves.pareto(self.points, curves.seconds))
+
+    @cached_property
+    def on_cost_frontier(self) -> set[Point]:
+        return set(curves.pareto(self.points, curves.cost))
 
 
 def report_command(argv: list[str]) -> int:
@@ -131,8 +140,7 @@ def build_sections(report: Report) -> list[Section]:
 
 
 def _points_section(report: Report) -> Section:
-    on_time = set(curves.pareto(report.points, curves.seconds))
-    on_cost = set(curves.pareto(report.points, curves.cost))
+    on_time, on_cost = report.on_time_frontier, report.on_cost_frontier
     rows = []
     for p in report.points:
         low, high = p.top1_range
@@ -269,8 +277,7 @@ def write_report(report: Report, sections: list[Section], out: Path) -> list[Pat
 
 
 def _points_csv(report: Report) -> str:
-    on_time = set(curves.pareto(report.points, curves.seconds))
-    on_cost = set(curves.pareto(report.points, curves.cost))
+    on_time, on_cost = report.on_time_frontier, report.on_cost_frontier
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(

@@ -33,8 +33,7 @@ class Point:
 
     @property
     def top1_spread(self) -> float:
-        """Sample standard deviation over seeds (0 for one seed)."""
-        return statistics.stdev(r.top1 for r in self.runs) if self.seeds > 1 else 0.0
+        return _spread([r.top1 for r in self.runs])
 
     @property
     def top1_range(self) -> tuple[float, float]:
@@ -46,7 +45,7 @@ class Point:
 
     @property
     def seconds_spread(self) -> float:
-        return statistics.stdev(r.train_seconds for r in self.runs) if self.seeds > 1 else 0.0
+        return _spread([r.train_seconds for r in self.runs])
 
     @property
     def cost(self) -> float | None:
@@ -112,3 +111,8 @@ def seconds(point: Point) -> float:
 
 def cost(point: Point) -> float | None:
     return point.cost
+
+
+def _spread(values: list[float]) -> float:
+    """Sample standard deviation over seeds (0 for one seed)."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0

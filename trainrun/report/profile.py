@@ -20,9 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-COMPUTE = ("forward", "backward", "optimizer", "algorithms")
-INPUT = ("data", "to_device")
-UNTIMED = ("eval", "checkpoint")
+from trainrun.core.accounts import COMPUTE_BUCKETS, INPUT_BUCKETS, UNTIMED_BUCKETS
+
 PART_NAMES = {
     "compute": "device compute",
     "input": "data loading / CPU augmentation",
@@ -65,15 +64,15 @@ class Bottleneck:
 
 def find_bottleneck(wall: dict[str, float], device: dict[str, float] | None = None) -> Bottleneck | None:
     """The bottleneck of a run from its wall-clock buckets and, on CUDA, its device buckets."""
-    train = sum(seconds for bucket, seconds in wall.items() if bucket not in UNTIMED)
+    train = sum(seconds for bucket, seconds in wall.items() if bucket not in UNTIMED_BUCKETS)
     if train <= 0:
         return None
-    waited = sum(wall.get(bucket, 0.0) for bucket in INPUT)
+    waited = sum(wall.get(bucket, 0.0) for bucket in INPUT_BUCKETS)
     if device:
-        compute = min(sum(device.get(bucket, 0.0) for bucket in COMPUTE), train)
+        compute = min(sum(device.get(bucket, 0.0) for bucket in COMPUTE_BUCKETS), train)
         input_ = min(waited, train - compute)
     else:
-        compute = sum(wall.get(bucket, 0.0) for bucket in COMPUTE)
+        compute = sum(wall.get(bucket, 0.0) for bucket in COMPUTE_BUCKETS)
         input_ = waited
     host = max(train - compute - input_, 0.0)
     parts = {"compute": compute, "input": input_, "host": host}

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from trainrun.core.accounts import UNTIMED_BUCKETS
 from trainrun.errors import ConfigError
 from trainrun.loggers.files import read_jsonl
 
-UNTIMED = ("eval", "checkpoint")
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 FIRST_EPOCH_AS_SECOND = "measured, epoch 1 timed as epoch 2"
 
@@ -113,4 +113,4 @@ def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
 
 
 def _timed(key: str) -> bool:
-    return key not in ("step", *UNTIMED) and not key.startswith("device_")
+    return key not in ("step", *UNTIMED_BUCKETS) and not key.startswith("device_")
