@@ -1,21 +1,37 @@
 """Data loading: FFCV against torchvision's ImageFolder + DataLoader, same augmentations, same workers.
 
 Generates a JPEG ImageFolder of ImageNet-like sizes (sides 300-500 px, quality 90) and writes it
-to a .beton, by default with the published ImageNet settings (proportion mode, longest side 500,
-JPEG with probability 0.5, quality 90; ``--mode``, ``--max-resolution`` and
-``--compress-probability`` change them: the published ResNet-18 files are 400 px, 0.1). Both are
-read for ``--epochs`` epochs with a random-resized crop to 176 px and a horizontal flip, as uint8
-NCHW batches; the last epoch of each is timed, so worker start-up and FFCV's one-off compilation
-(shown in the first epoch) are not counted. Target: FFCV >= 3x torchvision on a 2-core machine.
+to .beton files, by default three ways: the published ImageNet settings of the ResNet-50 runs
+(proportion mode, longest side 500, JPEG with probability 0.5, quality 90), those of the
+ResNet-18 runs (400 px, JPEG with probability 0.1), and raw pixels at 500 px (``--storage``
+chooses others). The loaders read them with a random-resized crop to 176 px (scale 0.08-1, area
+filter) and a horizontal flip, as uint8 (N, 3, H, W) batches, with the same number of workers:
 
-    .venv/bin/python bench/loaders.py [--images 2000] [--workers 2] [--batch 128] [--dir DIR]
+- torchvision: ImageFolder + DataLoader, PIL decode, ``v2.RandomResizedCrop(antialias=True)``;
+- FFCV as published: FFCV's Loader and pipeline as the published ImageNet scripts build them
+  (their batches are channels-last views of FFCV's buffers);
+- trainrun: ``FFCVData`` as ``data=imagenet_ffcv`` builds it, which also hands out channels-last
+  views and changes the memory format on the device while normalising.
+
+Each loader runs one untimed epoch (worker start-up, FFCV's one-off compilation), then the
+rounds alternate the loaders epoch by epoch and each loader's median epoch counts. The files
+are kept in RAM (``/dev/shm``) unless ``--dir`` says otherwise: the dataset then sits in memory
+as in the published runs (``os_cache``), and the reads measure decoding, not this machine's disk.
+Target: trainrun >= 3x torchvision on a 2-core machine.
+
+    .venv/bin/python bench/loaders.py [--images 2000] [--workers 2] [--batch 128] [--rounds 5]
+        [--storage proportion:500:0.5 --storage raw:256 ...] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +44,8 @@ from torchvision.transforms import v2
 from trainrun.data.write import WriteSettings, write_beton
 
 CLASSES = 10
+RAM_DIRECTORY = Path("/dev/shm")
+TORCHVISION, PUBLISHED_FFCV, TRAINRUN = "torchvision ImageFolder + DataLoader", "FFCV as published", "trainrun FFCV"
 
 
 def make_jpeg_folder(root: Path, count: int, seed: int = 0) -> None:
@@ -44,15 +62,13 @@ def make_jpeg_folder(root: Path, count: int, seed: int = 0) -> None:
         Image.fromarray(pixels).save(folder / f"{index}.jpg", quality=90)
 
 
-def timed_epochs(loader, epochs: int) -> list[float]:
-    """Seconds per epoch, each batch's pixels touched so no loader can skip work."""
-    seconds = []
-    for _ in range(epochs):
-        started = time.perf_counter()
-        for images, _labels in loader:
-            images[:, :, 0, 0].sum()
-        seconds.append(time.perf_counter() - started)
-    return seconds
+def timed_epoch(batches: Iterable) -> tuple[float, int]:
+    """Seconds and images of one epoch, each batch's pixels touched so no loader can skip work."""
+    started, images = time.perf_counter(), 0
+    for batch, _labels in batches:
+        batch[:, :, 0, 0].sum()
+        images += len(batch)
+    return time.perf_counter() - started, images
 
 
 def torchvision_loader(root: Path, resolution: int, batch: int, workers: int) -> DataLoader:
@@ -69,7 +85,8 @@ def torchvision_loader(root: Path, resolution: int, batch: int, workers: int) ->
     )
 
 
-def ffcv_loader(beton: Path, resolution: int, batch: int, workers: int):
+def published_ffcv_loader(beton: Path, resolution: int, batch: int, workers: int):
+    """FFCV's Loader with the pipeline of the published ImageNet scripts (on the CPU)."""
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -80,7 +97,7 @@ def ffcv_loader(beton: Path, resolution: int, batch: int, workers: int):
             RandomResizedCropRGBImageDecoder((resolution, resolution)),
             RandomHorizontalFlip(),
             ToTensor(),
-            ToTorchImage(channels_last=False),
+            ToTorchImage(),
         ],
         "label": [IntDecoder(), ToTensor(), Squeeze()],
     }
@@ -95,54 +112,121 @@ def ffcv_loader(beton: Path, resolution: int, batch: int, workers: int):
     )
 
 
+def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int):
+    """trainrun's FFCV training loader, composed from ``data=imagenet_ffcv`` like a run's."""
+    from trainrun.cli import check
+    from trainrun.data.ffcv import FFCVData
+
+    overrides = [f"data.{key}={value}" for key, value in (("train", beton), ("val", beton), ("num_classes", CLASSES))]
+    overrides += [f"data.resolution={resolution}", f"data.num_workers={workers}"]
+    config = check(["data=imagenet_ffcv", *overrides])[0].data
+    data = FFCVData(config, batch, batch, seed=0, device=torch.device("cpu"), rank=0, world_size=1, channels_last=False)
+    return data.train
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How the .beton stores the images: ``mode:max_resolution[:compress_probability]``."""
+
+    mode: str
+    max_resolution: int
+    compress_probability: float = 0.5
+
+    @classmethod
+    def parse(cls, text: str) -> Storage:
+        mode, max_resolution, *probability = text.split(":")
+        return cls(mode, int(max_resolution), *(float(value) for value in probability))
+
+    def __str__(self) -> str:
+        jpeg = f", JPEG p={self.compress_probability:g}" if self.mode == "proportion" else ""
+        return f"{self.mode} {self.max_resolution} px{jpeg}{PUBLISHED.get(self, '')}"
+
+
+PUBLISHED = {
+    Storage("proportion", 500, 0.5): " (published ImageNet, ResNet-50)",
+    Storage("proportion", 400, 0.1): " (published ImageNet, ResNet-18)",
+}
+
+
+def prepare(work: Path, images: int, storages: list[Storage], workers: int) -> tuple[Path, dict[Storage, Path]]:
+    """The JPEG folder and a .beton per storage in ``work``, each generated or written once."""
+    folder = work / f"jpeg-{images}"
+    if not folder.is_dir():
+        started = time.perf_counter()
+        make_jpeg_folder(folder, images)
+        print(f"generated {images} JPEGs in {folder} in {time.perf_counter() - started:.1f}s")
+    betons = {}
+    for storage in storages:
+        beton = work / f"images-{images}-{storage.mode}-{storage.max_resolution}-{storage.compress_probability:g}.beton"
+        if not beton.is_file():
+            started = time.perf_counter()
+            write_beton(ImageFolder(str(folder)), beton, WriteSettings(**asdict(storage), num_workers=workers))
+            print(f"wrote {beton} ({beton.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.1f}s")
+        betons[storage] = beton
+    return folder, betons
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--resolution", type=int, default=176)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--mode", default="proportion", help=".beton write mode (published: proportion)")
-    parser.add_argument("--max-resolution", type=int, default=500, help=".beton longest side (published: 500)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed epochs per loader, alternating")
     parser.add_argument(
-        "--compress-probability", type=float, default=0.5, help="share stored as JPEG (published: 0.5; ResNet-18: 0.1)"
+        "--storage",
+        type=Storage.parse,
+        action="append",
+        help="mode:max_resolution[:compress_probability], repeatable (default: both published ones and raw:500)",
     )
     parser.add_argument("--dir", type=Path, default=None, help="keep the generated files here (reused)")
     args = parser.parse_args()
-    work = args.dir or Path(tempfile.mkdtemp(prefix="trainrun-bench-"))
-    written_as = f"{args.mode}-{args.max_resolution}-{args.compress_probability:g}"
-    folder, beton = work / "jpeg", work / f"images-{written_as}.beton"
-    if not folder.is_dir():
-        started = time.perf_counter()
-        make_jpeg_folder(folder, args.images)
-        print(f"generated {args.images} JPEGs in {time.perf_counter() - started:.1f}s")
-    if not beton.is_file():
-        started = time.perf_counter()
-        settings = WriteSettings(
-            mode=args.mode,
-            max_resolution=args.max_resolution,
-            compress_probability=args.compress_probability,
-            num_workers=args.workers,
-        )
-        write_beton(ImageFolder(str(folder)), beton, settings)
-        print(f"wrote {beton.stat().st_size / 2**20:.0f} MiB .beton in {time.perf_counter() - started:.1f}s")
+    args.storage = args.storage or [*PUBLISHED, Storage("raw", 500)]
+    if args.dir:
+        measure(args, args.dir)
+    else:  # removed afterwards: a RAM directory holds them
+        ram = RAM_DIRECTORY if RAM_DIRECTORY.is_dir() else None
+        with tempfile.TemporaryDirectory(prefix="trainrun-bench-", dir=ram) as work:
+            measure(args, Path(work))
 
+
+def measure(args: argparse.Namespace, work: Path) -> None:
+    """Alternating timed epochs of every loader; prints their rates and the ratios to torchvision."""
+    folder, betons = prepare(work, args.images, args.storage, args.workers)
     torch.set_num_threads(1)  # the main process only iterates; the workers decode
-    tv = timed_epochs(torchvision_loader(folder, args.resolution, args.batch, args.workers), args.epochs)
-    ff = timed_epochs(ffcv_loader(beton, args.resolution, args.batch, args.workers), args.epochs)
-    images = (args.images // args.batch) * args.batch
-    tv_rate, ff_rate = images / tv[-1], images / ff[-1]
+    shape = (args.resolution, args.batch, args.workers)
+    builders: dict[tuple[str, Storage | None], Callable] = {
+        (TORCHVISION, None): lambda: torchvision_loader(folder, *shape)
+    }
+    for storage, beton in betons.items():
+        builders[PUBLISHED_FFCV, storage] = partial(published_ffcv_loader, beton, *shape)
+        builders[TRAINRUN, storage] = partial(trainrun_loader, beton, *shape)
+    loaders, warm_up = {}, {}
+    for key, build in builders.items():  # torchvision's workers fork before FFCV starts threads
+        loaders[key] = build()
+        warm_up[key] = timed_epoch(loaders[key])[0]
+    epochs: dict[tuple[str, Storage | None], list[float]] = {key: [] for key in loaders}
+    for _ in range(args.rounds):
+        for key, loader in loaders.items():
+            seconds, images = timed_epoch(loader)  # the same images per epoch for all: drop_last, same batch
+            epochs[key].append(seconds)
+    rates = {key: images / statistics.median(seconds) for key, seconds in epochs.items()}
+
     print(
-        f"{args.images} images, {args.resolution}px random-resized crop + flip, batch {args.batch}, "
-        f"{args.workers} workers, .beton {args.mode} max {args.max_resolution}px JPEG p={args.compress_probability:g}, "
-        f"torch {torch.__version__}"
+        f"\n{args.images} JPEGs of 300-500 px, {args.resolution} px random-resized crop + flip, batch {args.batch}, "
+        f"{args.workers} workers, {args.rounds} alternating rounds, median epoch, files in {folder.parent}, "
+        f"torch {torch.__version__}\n"
     )
-    print(f"torchvision ImageFolder + DataLoader: {tv_rate:8.1f} img/s (epochs: {', '.join(f'{s:.1f}s' for s in tv)})")
-    print(
-        f"FFCV Loader                         : {ff_rate:8.1f} img/s (epochs: {', '.join(f'{s:.1f}s' for s in ff)}; "
-        f"the first includes compilation)"
-    )
-    print(f"ratio FFCV/torchvision: {ff_rate / tv_rate:.2f}x  (target >= 3x)")
+    print("| loader | .beton storage | img/s | range | x torchvision | first epoch |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for (name, storage), seconds in epochs.items():
+        ratio = rates[name, storage] / rates[TORCHVISION, None]
+        target = " (target >= 3x)" if name == TRAINRUN else ""
+        print(
+            f"| {name} | {storage or 'JPEG folder'} | {rates[name, storage]:.0f} | "
+            f"{images / max(seconds):.0f}-{images / min(seconds):.0f} | {ratio:.2f}x{target} | "
+            f"{warm_up[name, storage]:.1f} s |"
+        )
 
 
 if __name__ == "__main__":

@@ -42,3 +42,17 @@ def test_compile_trains_like_eager(tmp_path):
     (a,), (b,) = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled")
     assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
     assert b["top1"] == pytest.approx(a["top1"], abs=0.01)
+
+
+@pytest.mark.slow
+def test_loader_bench_compares_every_loader(tmp_path):
+    args = ["--images", "40", "--batch", "8", "--rounds", "1", "--storage", "proportion:64:0.5", "--dir", str(tmp_path)]
+    result = bench("loaders.py", *args)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "img/s" not in line]
+    assert [row.split(" | ")[0] for row in rows[1:]] == [
+        "| torchvision ImageFolder + DataLoader",
+        "| FFCV as published",
+        "| trainrun FFCV",
+    ]
+    assert (tmp_path / "images-40-proportion-64-0.5.beton").is_file()  # kept with --dir, reused next time

@@ -58,6 +58,10 @@ def test_digits_labels_round_trip_exactly(tmp_path):
         images.append(batch.clone())
     assert torch.equal(torch.cat(labels), train.labels)
     assert torch.equal(torch.cat(images), train.images)  # raw mode at native size: pixel-exact
+    assert images[0].is_contiguous(memory_format=torch.channels_last)  # views of FFCV's NHWC buffers
+    prepared = data.prepare(images[0])
+    assert prepared.is_contiguous()  # the model's NCHW, made while normalising
+    assert torch.allclose(prepared, (images[0].float() - data.mean) / data.std)
 
 
 def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
@@ -66,7 +70,7 @@ def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
     data = build_data(config, 16, 8, seed=0, channels_last=True)
     images, _ = next(data.train_batches(0))
     assert images.shape == (16, 3, 8, 8) and images.dtype == torch.uint8
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert data.prepare(images).is_contiguous(memory_format=torch.channels_last)
     images, _ = next(iter(data.eval_batches()))
     assert images.shape == (8, 3, 16, 16)
     assert data.set_train_resolution(12)

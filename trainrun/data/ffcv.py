@@ -1,10 +1,12 @@
 """FFCV loaders: decode, augment and move batches with FFCV's compiled pipelines.
 
 Training: random-resized-crop decoder at the configured resolution (its ``output_size`` can
-change between epochs), optional translate and flip, to tensor, to device (non-blocking), to a
-torch image (channels-last when the model is). Evaluation: center-crop decoder with ratio
-``eval_resolution / eval_resize``. Normalisation happens on the device in
-:meth:`DataSpec.prepare`. Built-in sets are written once to ``data.cache_dir`` and reused.
+change between epochs), optional translate and flip, to tensor, to the device (non-blocking; no step on
+the CPU), to a torch image. Evaluation: center-crop decoder with ratio ``eval_resolution / eval_resize``.
+Batches are (N, 3, H, W) views of FFCV's (N, H, W, 3) buffers, so channels-last in memory:
+no copy on the loader's thread. :meth:`FFCVData.prepare` converts them on the device to the
+model's memory format in the same pass that normalises them. Built-in sets are written once
+to ``data.cache_dir`` and reused.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class FFCVData(DataSpec):
         from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
 
         super().__init__(config)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if config.order == "quasi_random" and world_size > 1:
             raise ConfigError(
                 "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
@@ -109,13 +112,14 @@ class FFCVData(DataSpec):
         augment = [RandomTranslate(config.random_crop_padding)] if config.random_crop_padding else []
         augment += [RandomHorizontalFlip()] if config.hflip else []
 
-        def to_device() -> ToDevice:  # one instance per pipeline: FFCV operations are not shared
-            return ToDevice(device, non_blocking=True)
+        def to_device() -> list:  # one instance per pipeline: FFCV operations are not shared
+            # on the CPU the batch is where it must be already, and FFCV's ToDevice would copy it
+            return [] if device.type == "cpu" else [ToDevice(device, non_blocking=True)]
 
         def labels() -> list:
-            return [IntDecoder(), ToTensor(), Squeeze(), to_device()]
+            return [IntDecoder(), ToTensor(), Squeeze(), *to_device()]
 
-        train_pipeline = [self.decoder, *augment, ToTensor(), to_device(), ToTorchImage(channels_last=channels_last)]
+        train_pipeline = [self.decoder, *augment, ToTensor(), *to_device(), ToTorchImage()]
 
         workers = config.num_workers or -1  # FFCV: -1 uses every core
         orders = {
@@ -147,7 +151,7 @@ class FFCVData(DataSpec):
             indices=list(range(rank, val_count, world_size)),
             batches_ahead=config.batches_ahead,
             pipelines={
-                "image": [eval_decoder, ToTensor(), to_device(), ToTorchImage(channels_last=channels_last)],
+                "image": [eval_decoder, ToTensor(), *to_device(), ToTorchImage()],
                 "label": labels(),
             },
         )
@@ -156,6 +160,10 @@ class FFCVData(DataSpec):
             raise DataError(
                 f"train_batch_size {per_rank_batch * world_size} is larger than the training images in '{train_path}'"
             )
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """Channels-last uint8 views to normalised float32 in the model's memory format, one copy."""
+        return images.to(torch.float32, memory_format=self.memory_format).sub_(self.mean).div_(self.std)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""
