@@ -191,7 +191,7 @@ def loader_rate(path: str, resolution: int, batch_size: int, workers: int) -> fl
     from trainrun.data.ffcv import FFCVData
 
     config = DataConfig(name="beton", loader="ffcv", train=path, val=path, resolution=resolution, num_workers=workers)
-    data = FFCVData(config, batch_size, batch_size, 0, torch.device("cpu"), 0, 1, False)
+    data = FFCVData(config, batch_size, batch_size, 0, torch.device("cpu"), 0, 1)
     for _ in data.train_batches(0):  # compiles the pipeline
         pass
     started, count = time.perf_counter(), 0

@@ -120,7 +120,7 @@ def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int):
     overrides = [f"data.{key}={value}" for key, value in (("train", beton), ("val", beton), ("num_classes", CLASSES))]
     overrides += [f"data.resolution={resolution}", f"data.num_workers={workers}"]
     config = check(["data=imagenet_ffcv", *overrides])[0].data
-    data = FFCVData(config, batch, batch, seed=0, device=torch.device("cpu"), rank=0, world_size=1, channels_last=False)
+    data = FFCVData(config, batch, batch, seed=0, device=torch.device("cpu"), rank=0, world_size=1)
     return data.train
 
 

@@ -51,7 +51,7 @@ def test_digits_labels_round_trip_exactly(tmp_path):
     train, _ = datasets(DataConfig(name="digits"), augment=False)
     write_beton(train, tmp_path / "d.beton", RAW)
     config = beton_config(tmp_path / "d.beton", tmp_path / "d.beton", 10, resolution=8, eval_resolution=8)
-    data = FFCVData(config, 64, 100, seed=0, device=torch.device("cpu"), rank=0, world_size=1, channels_last=False)
+    data = FFCVData(config, 64, 100, seed=0, device=torch.device("cpu"), rank=0, world_size=1)
     labels, images = [], []
     for batch, targets in data.eval_batches():  # sequential order: the stored order
         labels.append(targets.clone())  # FFCV reuses its batch buffers
@@ -60,17 +60,16 @@ def test_digits_labels_round_trip_exactly(tmp_path):
     assert torch.equal(torch.cat(images), train.images)  # raw mode at native size: pixel-exact
     assert images[0].is_contiguous(memory_format=torch.channels_last)  # views of FFCV's NHWC buffers
     prepared = data.prepare(images[0])
-    assert prepared.is_contiguous()  # the model's NCHW, made while normalising
+    assert prepared.is_contiguous()  # NCHW, made while normalising
     assert torch.allclose(prepared, (images[0].float() - data.mean) / data.std)
 
 
 def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
     train, val = indexed_betons
     config = beton_config(train, val, 64, resolution=8, eval_resolution=16, eval_resize=20)
-    data = build_data(config, 16, 8, seed=0, channels_last=True)
+    data = build_data(config, 16, 8, seed=0)
     images, _ = next(data.train_batches(0))
     assert images.shape == (16, 3, 8, 8) and images.dtype == torch.uint8
-    assert data.prepare(images).is_contiguous(memory_format=torch.channels_last)
     images, _ = next(iter(data.eval_batches()))
     assert images.shape == (8, 3, 16, 16)
     assert data.set_train_resolution(12)
@@ -126,7 +125,6 @@ def test_quasi_random_with_ranks_is_a_clear_error(indexed_betons):
             torch.device("cpu"),
             rank=0,
             world_size=2,
-            channels_last=False,
         )
 
 

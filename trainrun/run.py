@@ -70,14 +70,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     model = build_model(config.model)
     seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
     data = build_data(
-        config.data,
-        config.train_batch_size,
-        config.eval_batch_size,
-        config.seed,
-        rank,
-        world_size,
-        device,
-        channels_last="channels_last" in config.algorithms,
+        config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size, device
     )
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)

@@ -105,7 +105,6 @@ def build_data(
     rank: int = 0,
     world_size: int = 1,
     device: torch.device | None = None,
-    channels_last: bool = False,
 ) -> DataSpec:
     """One rank's data; batch sizes are global and divided among ``world_size`` ranks."""
     for name, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
@@ -116,7 +115,7 @@ def build_data(
         from trainrun.data.ffcv import FFCVData
 
         device = device or torch.device("cpu")
-        return FFCVData(config, per_rank, eval_per_rank, seed, device, rank, world_size, channels_last)
+        return FFCVData(config, per_rank, eval_per_rank, seed, device, rank, world_size)
     train_set, val_set = datasets(config)
     if len(train_set) // world_size < per_rank:
         raise DataError(

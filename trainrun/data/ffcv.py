@@ -4,9 +4,9 @@ Training: random-resized-crop decoder at the configured resolution (its ``output
 change between epochs), optional translate and flip, to tensor, to the device (non-blocking; no step on
 the CPU), to a torch image. Evaluation: center-crop decoder with ratio ``eval_resolution / eval_resize``.
 Batches are (N, 3, H, W) views of FFCV's (N, H, W, 3) buffers, so channels-last in memory:
-no copy on the loader's thread. :meth:`FFCVData.prepare` converts them on the device to the
-model's memory format in the same pass that normalises them. Built-in sets are written once
-to ``data.cache_dir`` and reused.
+no copy on the loader's thread. :meth:`FFCVData.prepare` makes them contiguous on the device in
+the same pass that normalises them (the channels_last algorithm converts from there). Built-in
+sets are written once to ``data.cache_dir`` and reused.
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ class FFCVData(DataSpec):
         device: torch.device,
         rank: int,
         world_size: int,
-        channels_last: bool,
     ) -> None:
         from ffcv.fields.basics import IntDecoder
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
@@ -93,7 +92,6 @@ class FFCVData(DataSpec):
         from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
 
         super().__init__(config)
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if config.order == "quasi_random" and world_size > 1:
             raise ConfigError(
                 "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
@@ -162,8 +160,8 @@ class FFCVData(DataSpec):
             )
 
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """Channels-last uint8 views to normalised float32 in the model's memory format, one copy."""
-        return images.to(torch.float32, memory_format=self.memory_format).sub_(self.mean).div_(self.std)
+        """Channels-last uint8 views to contiguous normalised float32, in one copy."""
+        return images.to(torch.float32, memory_format=torch.contiguous_format).sub_(self.mean).div_(self.std)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""
