@@ -4,7 +4,7 @@ Model step: forward, backward and optimizer step on batches already on the devic
 loading), for every combination of resolution, batch size per device ("max" searches the
 largest that fits), precision, channels-last and torch.compile asked for. Full step: trainrun's
 Trainer with a recipe's algorithms on the same in-device batches (``--recipe mild``), as a ratio
-to the bare step at the same settings. Data rate: FFCV's loader alone reading ``--beton``, so the
+to the bare step at the same settings. Data rate: trainrun's FFCV loader alone reading ``--beton``, so the
 bottleneck is visible next to the model rate. MFU = achieved FLOP/s (forward + backward, counted
 by ``torch.utils.flop_counter`` on one step) / the device's peak for the precision.
 
@@ -20,6 +20,7 @@ import argparse
 import itertools
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -186,18 +187,14 @@ def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.devi
     return fits or 128
 
 
-def loader_rate(path: str, resolution: int, batch_size: int, workers: int) -> float:
-    """Images/s of FFCV's training pipeline alone (decode, crop, flip), second epoch."""
-    from trainrun.data.ffcv import FFCVData
+def loader_rate(path: str, resolution: int, batch_size: int, workers: int, num_classes: int) -> float:
+    """Images/s of trainrun's FFCV training loader alone (decode, crop, flip), second epoch."""
+    from loaders import timed_epoch, trainrun_loader  # bench/loaders.py, beside this script
 
-    config = DataConfig(name="beton", loader="ffcv", train=path, val=path, resolution=resolution, num_workers=workers)
-    data = FFCVData(config, batch_size, batch_size, 0, torch.device("cpu"), 0, 1)
-    for _ in data.train_batches(0):  # compiles the pipeline
-        pass
-    started, count = time.perf_counter(), 0
-    for images, _ in data.train_batches(1):
-        count += len(images)
-    return count / (time.perf_counter() - started)
+    loader = trainrun_loader(Path(path), resolution, batch_size, workers, num_classes)
+    timed_epoch(loader)  # compiles the pipeline
+    seconds, images = timed_epoch(loader)
+    return images / seconds
 
 
 def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
@@ -219,6 +216,7 @@ def main() -> None:
     parser.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
     parser.add_argument("--recipe", choices=sorted(RECIPE_ALGORITHMS), help="also time the recipe's full step")
     parser.add_argument("--beton", help="also time FFCV's loader reading this .beton")
+    parser.add_argument("--beton-classes", type=int, default=1000, help="the .beton's number of classes")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
@@ -237,7 +235,7 @@ def main() -> None:
     print(f"{name}, torch {torch.__version__}, {args.model}, {args.steps} timed steps after {args.warmup}")
     if args.beton:
         for resolution in args.resolutions:
-            rate = loader_rate(args.beton, resolution, 256, args.workers)
+            rate = loader_rate(args.beton, resolution, 256, args.workers, args.beton_classes)
             print(f"FFCV loader alone, {resolution}px, {args.workers} workers: {rate:,.0f} img/s")
     grid = itertools.product(args.resolutions, args.batch_sizes, args.precisions, args.channels_last, args.compile)
     for resolution, size, precision, nhwc, compiled in grid:

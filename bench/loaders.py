@@ -112,12 +112,12 @@ def published_ffcv_loader(beton: Path, resolution: int, batch: int, workers: int
     )
 
 
-def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int):
+def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int, num_classes: int = CLASSES):
     """trainrun's FFCV training loader, composed from ``data=imagenet_ffcv`` like a run's."""
     from trainrun.cli import check
     from trainrun.data.ffcv import FFCVData
 
-    overrides = [f"data.{key}={value}" for key, value in (("train", beton), ("val", beton), ("num_classes", CLASSES))]
+    overrides = [f"data.train={beton}", f"data.val={beton}", f"data.num_classes={num_classes}"]
     overrides += [f"data.resolution={resolution}", f"data.num_workers={workers}"]
     config = check(["data=imagenet_ffcv", *overrides])[0].data
     data = FFCVData(config, batch, batch, seed=0, device=torch.device("cpu"), rank=0, world_size=1)

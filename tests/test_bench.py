@@ -49,10 +49,15 @@ def test_loader_bench_compares_every_loader(tmp_path):
     args = ["--images", "40", "--batch", "8", "--rounds", "1", "--storage", "proportion:64:0.5", "--dir", str(tmp_path)]
     result = bench("loaders.py", *args)
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "img/s" not in line]
-    assert [row.split(" | ")[0] for row in rows[1:]] == [
-        "| torchvision ImageFolder + DataLoader",
-        "| FFCV as published",
-        "| trainrun FFCV",
-    ]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| ") and "img/s" not in line]
+    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines[1:]]
+    assert [row[0] for row in rows] == ["torchvision ImageFolder + DataLoader", "FFCV as published", "trainrun FFCV"]
+    torchvision = float(rows[0][2])
+    for name, _storage, rate, spread, ratio, _first in rows:
+        low, high = (float(value) for value in spread.split("-"))
+        assert 0 < low <= float(rate) <= high, name  # the median epoch lies within the measured range
+        shown = float(ratio.split("x")[0])
+        rounding = 0.005 + 0.5 * (1 + shown) / torchvision  # ratio to 2 decimals, rates to whole img/s
+        assert shown == pytest.approx(float(rate) / torchvision, abs=rounding), name
+    assert rows[0][4] == "1.00x" and rows[2][4].endswith("(target >= 3x)")
     assert (tmp_path / "images-40-proportion-64-0.5.beton").is_file()  # kept with --dir, reused next time

@@ -93,10 +93,12 @@ class TimeAccounts:
     def begin_step(self, step: int, bucket: str) -> None:
         """Close the running step's row and charge what follows to ``bucket`` of ``step``."""
         self.switch(bucket)
-        if self.record_steps and self.step > 0:
-            row = {bucket: self.seconds[bucket] - self._row_start[bucket] for bucket in BUCKETS}
-            self._rows.append({"step": self.step, **row})
-        self.step, self._row_start = step, dict(self.seconds)
+        if self.record_steps:
+            if self.step > 0:
+                row = {bucket: self.seconds[bucket] - self._row_start[bucket] for bucket in BUCKETS}
+                self._rows.append({"step": self.step, **row})
+            self._row_start = dict(self.seconds)
+        self.step = step
 
     def resolve_device(self) -> None:
         """Read the CUDA events recorded so far (synchronises with the GPU); a no-op on CPU."""

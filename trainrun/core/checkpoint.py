@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 
 from trainrun.errors import CheckpointError
+from trainrun.loggers.files import atomic_write
 
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 
@@ -28,16 +28,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
     """Write ``payload`` so that ``path`` is either absent, the old file, or the complete new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    atomic_write(path, lambda handle: torch.save(payload, handle))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -1,25 +1,30 @@
-"""Atomic text writes: a reader sees the old file or the whole new one, never half of it."""
+"""Atomic writes: a reader sees the old file or the whole new one, never half of it."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temporary file and a rename."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Replace ``path`` with what ``write`` puts into a binary handle: a temporary file, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with open(temporary, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import sys
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,9 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trainrun.errors import ConfigError
-from trainrun.loggers.files import atomic_write_text
+from trainrun.loggers.files import atomic_write, atomic_write_text
 from trainrun.report import curves
 from trainrun.report.curves import Point
+from trainrun.report.profile import bound_text
 from trainrun.report.runs import EXTRAPOLATED, Pricing, Run, find_runs, load_run
 
 
@@ -222,8 +222,8 @@ def _bottleneck_section(report: Report) -> Section:
                 f"{share['input']:.0%}",
                 f"{share['host']:.0%}",
                 b["bottleneck_name"],
-                _bound(b["speedup_if_rest_free"]),
-                _bound(b["speedup_if_bottleneck_free"]),
+                bound_text(b["speedup_if_rest_free"]),
+                bound_text(b["speedup_if_bottleneck_free"]),
                 _steady_text(run.summary.get("bottleneck_after_first_epoch")),
                 b["clock"],
             ]
@@ -336,12 +336,9 @@ def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     figure.tight_layout()
-    temporary = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
     try:
-        figure.savefig(temporary)
-        os.replace(temporary, path)
+        atomic_write(path, lambda handle: figure.savefig(handle, format="png"))
     finally:
-        temporary.unlink(missing_ok=True)
         plt.close(figure)
     return path
 
@@ -380,7 +377,3 @@ def _reach_money(reached: curves.Reach | None) -> str:
 def _steady_text(steady: dict | None) -> str:
     """The bottleneck once the first epoch's one-off work (compilation, cache warm-up) is over."""
     return "-" if not steady else f"{steady['bottleneck_name']} {steady['share']:.0%}"
-
-
-def _bound(value: float | None) -> str:
-    return "unbounded" if value is None else f"{value:.2f}x"

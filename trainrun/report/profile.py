@@ -50,8 +50,8 @@ class Bottleneck:
             f"{PART_NAMES[key]} {getattr(self, f'{key}_seconds') / self.train_seconds:.0%}"
             for key in ("compute", "input", "host")
         )
-        bound_rest = _times(self.speedup_if_rest_free)
-        bound_self = _times(self.speedup_if_bottleneck_free)
+        bound_rest = bound_text(self.speedup_if_rest_free)
+        bound_self = bound_text(self.speedup_if_bottleneck_free)
         return (
             f"bottleneck: {PART_NAMES[self.bottleneck]} ({parts} of {self.train_seconds:.1f}s training, "
             f"{self.clock}); speeding up everything else gains at most {bound_rest}, "
@@ -91,5 +91,6 @@ def find_bottleneck(wall: dict[str, float], device: dict[str, float] | None = No
     )
 
 
-def _times(value: float | None) -> str:
-    return "unbounded" if value is None else f"{value:.2f}x"
+def bound_text(speedup: float | None) -> str:
+    """An Amdahl bound as people read it: "1.83x", or "unbounded" when nothing would be left."""
+    return "unbounded" if speedup is None else f"{speedup:.2f}x"
