@@ -2,11 +2,21 @@
 
 Model step: forward, backward and optimizer step on batches already on the device (no data
 loading), for every combination of resolution, batch size per device ("max" searches the
-largest that fits), precision, channels-last and torch.compile asked for. Full step: trainrun's
-Trainer with a recipe's algorithms on the same in-device batches (``--recipe mild``), as a ratio
-to the bare step at the same settings. Data rate: trainrun's FFCV loader alone reading ``--beton``, so the
-bottleneck is visible next to the model rate. MFU = achieved FLOP/s (forward + backward, counted
-by ``torch.utils.flop_counter`` on one step) / the device's peak for the precision.
+largest that fits), precision, channels-last and torch.compile asked for. Every setting starts
+from empty torch.compile caches, so no setting runs eager for want of recompiles.
+
+Full step: trainrun's Trainer with a recipe's algorithms on the same in-device uint8 batches
+(``--recipe mild``), normalised on the device as a run does, as a ratio to the bare step at the
+same settings. It is timed in the steady state at a fixed point of the schedule: the last tenth
+of a run of ten epochs (90-100 %), where progressive resizing trains at full size; the row's
+memory format is the recipe's (channels_last in the recipe for NHWC rows, not for NCHW rows).
+The line says the resolution and memory format the timed steps saw.
+
+Data rate: trainrun's FFCV loader reading ``--beton`` as a run uses it: decoded, copied to the
+device and normalised into the model's memory format, second epoch, so the bottleneck is
+visible next to the model rate. MFU = achieved FLOP/s (forward + backward, counted by
+``torch.utils.flop_counter`` on one step) / the device's dense peak for the precision, looked
+up by the exact device name (H100 SXM, PCIe and NVL differ) and printed with each row.
 
     .venv/bin/python bench/gpu_throughput.py                      # full matrix on a GPU
     .venv/bin/python bench/gpu_throughput.py --tiny               # seconds on a CPU (self-test)
@@ -28,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core.engine import Callback, Engine
+from trainrun.core.events import Event
 from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
@@ -38,12 +49,21 @@ from trainrun.models import build_model
 from trainrun.optim.sgdw import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
 
-# Dense peak TFLOP/s by device name fragment and autocast dtype (fp32 means TF32 tensor cores).
+# Dense peak TFLOP/s (TF32 for fp32, fp16/bf16 tensor cores for amp/bf16) by the exact name
+# torch.cuda.get_device_name reports; NVIDIA's data sheets, sparsity figures halved.
 PEAK_TFLOPS = {
-    "H100": {"fp32": 494.7, "amp": 989.4, "bf16": 989.4},
-    "H200": {"fp32": 494.7, "amp": 989.4, "bf16": 989.4},
-    "A100": {"fp32": 156.0, "amp": 312.0, "bf16": 312.0},
+    "NVIDIA H100 80GB HBM3": (494.7, 989.4),  # SXM5
+    "NVIDIA H100 PCIe": (378.0, 756.5),
+    "NVIDIA H100 NVL": (417.5, 835.5),
+    "NVIDIA H200": (494.7, 989.4),  # SXM
+    "NVIDIA H200 NVL": (417.5, 835.5),
+    "NVIDIA GH200 480GB": (494.7, 989.4),
+    "NVIDIA A100-SXM4-80GB": (156.0, 312.0),
+    "NVIDIA A100-SXM4-40GB": (156.0, 312.0),
+    "NVIDIA A100 80GB PCIe": (156.0, 312.0),
+    "NVIDIA A100-PCIE-40GB": (156.0, 312.0),
 }
+SCHEDULE_EPOCHS = 10  # the full step is timed in the last of these: 90-100 % of the schedule
 RECIPE_ALGORITHMS = {
     "mild": ["blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing"],
     "medium": ["blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing", "mixup", "sam"],
@@ -87,6 +107,7 @@ def sync(device: torch.device) -> None:
 
 def model_step_rate(args: argparse.Namespace, setting: Setting, device: torch.device) -> tuple[float, float]:
     """(images/s, FLOPs per step) of the bare training step."""
+    torch.compiler.reset()  # each setting compiles from scratch, never past dynamo's recompile limit
     model = make_model(args, setting, device)
     optimizer = build_optimizer(model, OptimizerConfig(lr=0.1), setting.batch)
     precision, _ = resolve_precision(setting.precision, device)
@@ -120,12 +141,17 @@ def model_step_rate(args: argparse.Namespace, setting: Setting, device: torch.de
 
 
 class DeviceBatches(DataSpec):
-    """The same in-device uint8 batch every step: the trainer without any loading cost."""
+    """The same in-device uint8 batch every step: the trainer without any loading cost.
+
+    Resolution changes (progressive resizing) resize the batch on the device, as decoding at
+    that size would deliver it.
+    """
 
     def __init__(self, setting: Setting, classes: int, device: torch.device, steps: int) -> None:
         super().__init__(DataConfig(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]))
         shape = (setting.batch, 3, setting.resolution, setting.resolution)
-        self.images = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        self.full = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        self.images = self.full
         self.labels = torch.randint(0, classes, (setting.batch,), device=device)
         self.batches_per_epoch = steps
 
@@ -133,42 +159,76 @@ class DeviceBatches(DataSpec):
         return iter([(self.images, self.labels)] * (self.batches_per_epoch - skip))
 
     def eval_batches(self):
-        return [(self.images, self.labels)]
+        return [(self.full, self.labels)]
+
+    def set_train_resolution(self, size: int) -> bool:
+        self.images = F.interpolate(self.full.float(), size=size, mode="bilinear", antialias=True).to(torch.uint8)
+        return True
 
 
-def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.device) -> float:
-    """Images/s of trainrun's Trainer with the recipe's algorithms, timed after warm-up steps."""
-    model = make_model(args, setting, device)
+@dataclass(frozen=True)
+class FullStep:
+    """The recipe's full step as timed: images/s and what the timed steps' inputs were."""
+
+    rate: float
+    resolution: int
+    channels_last: bool
+
+    def __str__(self) -> str:
+        layout = "NHWC" if self.channels_last else "NCHW"
+        return f"{self.rate:>9,.0f} img/s at 90-100% of the schedule, {self.resolution}px {layout}"
+
+
+def recipe_algorithms(recipe: str, channels_last: bool) -> list[str]:
+    """The recipe's methods, with channels_last only where the row is NHWC."""
+    names = [name for name in RECIPE_ALGORITHMS[recipe] if name != "channels_last"]
+    return [*names, "channels_last"] if channels_last else names
+
+
+def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.device) -> FullStep:
+    """trainrun's Trainer with the recipe's algorithms, timed after warm-up steps in the schedule's last tenth."""
+    torch.compiler.reset()
+    model = make_model(args, replace(setting, channels_last=False), device)  # the recipe converts NHWC rows
     classes = model.fc.out_features
-    steps = args.warmup + args.steps
-    data = DeviceBatches(setting, classes, device, steps)
+    per_epoch = args.warmup + args.steps
+    data = DeviceBatches(setting, classes, device, per_epoch)
     data.to(device)
     precision, _ = resolve_precision(setting.precision, device)
-    timeline = Timeline(steps, setting.batch, steps)
+    timeline = Timeline(per_epoch, setting.batch, SCHEDULE_EPOCHS * per_epoch)
     state = State(
         model, None, timeline, device, precision, loss_fn=binary_cross_entropy, data=data, num_classes=classes,
         train_resolution=setting.resolution,
     )  # fmt: skip
-    names = RECIPE_ALGORITHMS[args.recipe]
+    names = recipe_algorithms(args.recipe, setting.channels_last)
     algorithms = build_algorithms({name: ALGORITHM_CONFIGS[name]() for name in names})
 
     def optimization(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, OptimizerConfig(lr=0.1), setting.batch)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
-    settings = TrainerSettings(f"{steps + 1}ba", steps, compile=setting.compile)
+    settings = TrainerSettings(f"{timeline.max_batches + 1}ba", per_epoch, compile=setting.compile)
     trainer = Trainer(state, optimization, Engine(algorithms), settings)
+    state.epoch = SCHEDULE_EPOCHS - 1  # start in the last epoch, as a resumed run would
+    state.batch = state.epoch * per_epoch
+    start, end = state.batch + args.warmup, state.batch + per_epoch
     marks: list[float] = []
+    seen: set[tuple[int, bool]] = set()
 
     class Clock(Callback):
         def run_event(self, event, state) -> None:
-            if event.value == "batch_end" and state.batch in (args.warmup, steps):
-                sync(device)
-                marks.append(time.perf_counter())
+            if event is Event.BATCH_END and start <= state.batch <= end:
+                if state.batch in (start, end):
+                    sync(device)
+                    marks.append(time.perf_counter())
+                if state.batch > start:
+                    seen.add((state.inputs.shape[-1], state.inputs.is_contiguous(memory_format=torch.channels_last)))
 
     trainer.engine.callbacks.append(Clock())
     trainer.fit()
-    return args.steps * setting.batch / (marks[1] - marks[0])
+    if len(seen) != 1:
+        raise RuntimeError(f"the timed steps changed their inputs {sorted(seen)}: no steady state to time")
+    ((resolution, nhwc),) = seen
+    return FullStep(args.steps * setting.batch / (marks[1] - marks[0]), resolution, nhwc)
 
 
 def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.device) -> int:
@@ -187,23 +247,40 @@ def largest_batch(args: argparse.Namespace, setting: Setting, device: torch.devi
     return fits or 128
 
 
-def loader_rate(path: str, resolution: int, batch_size: int, workers: int, num_classes: int) -> float:
-    """Images/s of trainrun's FFCV training loader alone (decode, crop, flip), second epoch."""
-    from loaders import timed_epoch, trainrun_loader  # bench/loaders.py, beside this script
+def loader_rate(
+    path: str, resolution: int, batch_size: int, workers: int, num_classes: int, device: torch.device
+) -> float:
+    """Images/s of trainrun's FFCV training loader as a run uses it, second epoch.
 
-    loader = trainrun_loader(Path(path), resolution, batch_size, workers, num_classes)
-    timed_epoch(loader)  # compiles the pipeline
-    seconds, images = timed_epoch(loader)
+    Decode, crop and flip, the copy to ``device`` and the normalisation into channels-last
+    float32 that a run's step begins with; synchronised before the clock stops.
+    """
+    from loaders import trainrun_data  # bench/loaders.py, beside this script
+
+    data = trainrun_data(Path(path), resolution, batch_size, workers, num_classes, device)
+    data.to(device)
+
+    def epoch(number: int) -> tuple[float, int]:
+        started, images = time.perf_counter(), 0
+        for batch, _labels in data.train_batches(number):
+            data.prepare(batch.to(device, non_blocking=True), torch.channels_last)
+            images += len(batch)
+        sync(device)
+        return time.perf_counter() - started, images
+
+    epoch(0)  # compiles the pipeline
+    seconds, images = epoch(1)
     return images / seconds
 
 
 def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
+    """The dense peak for ``precision`` on ``device``: ``override``, else the table by exact name."""
     if override:
         return override
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((table[precision] for key, table in PEAK_TFLOPS.items() if key in name), None)
+    tf32, half = PEAK_TFLOPS.get(torch.cuda.get_device_name(device), (None, None))
+    return tf32 if precision == "fp32" else half
 
 
 def main() -> None:
@@ -233,10 +310,14 @@ def main() -> None:
         resolve_precision(precision, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}, {args.model}, {args.steps} timed steps after {args.warmup}")
+    if device.type == "cuda" and not args.peak_tflops and name not in PEAK_TFLOPS:
+        print(f"no peak known for '{name}': pass --peak-tflops for MFU")
     if args.beton:
         for resolution in args.resolutions:
-            rate = loader_rate(args.beton, resolution, 256, args.workers, args.beton_classes)
-            print(f"FFCV loader alone, {resolution}px, {args.workers} workers: {rate:,.0f} img/s")
+            rate = loader_rate(args.beton, resolution, 256, args.workers, args.beton_classes, device)
+            print(
+                f"FFCV loader to {device.type}, normalised, {resolution}px, {args.workers} workers: {rate:,.0f} img/s"
+            )
     grid = itertools.product(args.resolutions, args.batch_sizes, args.precisions, args.channels_last, args.compile)
     for resolution, size, precision, nhwc, compiled in grid:
         setting = Setting(resolution, 0 if size == "max" else int(size), precision, nhwc == "on", compiled == "on")
@@ -246,10 +327,10 @@ def main() -> None:
         line = f"{setting!s:<40} model step {rate:>9,.0f} img/s"
         peak = peak_tflops(device, precision, args.peak_tflops)
         if peak:
-            line += f"  MFU {rate / setting.batch * flops / (peak * 1e12):6.1%}"
+            line += f"  MFU {rate / setting.batch * flops / (peak * 1e12):6.1%} of {peak:g} TFLOP/s"
         if args.recipe:
             full = full_step_rate(args, setting, device)
-            line += f"  {args.recipe} full step {full:>9,.0f} img/s ({full / rate:.2f} of the model step)"
+            line += f"  {args.recipe} full step {full} ({full.rate / rate:.2f} of the model step)"
         print(line, flush=True)
 
 

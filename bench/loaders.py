@@ -43,6 +43,7 @@ from torchvision.transforms import v2
 
 from trainrun.data.write import WriteSettings, write_beton
 
+CPU = torch.device("cpu")
 CLASSES = 10
 RAM_DIRECTORY = Path("/dev/shm")
 TORCHVISION, PUBLISHED_FFCV, TRAINRUN = "torchvision ImageFolder + DataLoader", "FFCV as published", "trainrun FFCV"
@@ -112,16 +113,22 @@ def published_ffcv_loader(beton: Path, resolution: int, batch: int, workers: int
     )
 
 
-def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int, num_classes: int = CLASSES):
-    """trainrun's FFCV training loader, composed from ``data=imagenet_ffcv`` like a run's."""
+def trainrun_data(
+    beton: Path, resolution: int, batch: int, workers: int, num_classes: int = CLASSES, device: torch.device = CPU
+):
+    """trainrun's FFCV data for ``device``, composed from ``data=imagenet_ffcv`` like a run's."""
     from trainrun.cli import check
     from trainrun.data.ffcv import FFCVData
 
     overrides = [f"data.train={beton}", f"data.val={beton}", f"data.num_classes={num_classes}"]
     overrides += [f"data.resolution={resolution}", f"data.num_workers={workers}"]
     config = check(["data=imagenet_ffcv", *overrides])[0].data
-    data = FFCVData(config, batch, batch, seed=0, device=torch.device("cpu"), rank=0, world_size=1)
-    return data.train
+    return FFCVData(config, batch, batch, seed=0, device=device)
+
+
+def trainrun_loader(beton: Path, resolution: int, batch: int, workers: int, num_classes: int = CLASSES):
+    """trainrun's FFCV training loader on the CPU."""
+    return trainrun_data(beton, resolution, batch, workers, num_classes).train
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
     images = torch.stack([source[i][0] for i in range(count)])
     labels = torch.tensor([source[i][1] for i in range(count)])
     dataset = TensorImageDataset(images, labels)
-    return TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0, rank=0, world_size=1)
+    return TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0)
 
 
 def components(steps: int, data: TorchData):

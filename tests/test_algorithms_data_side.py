@@ -155,7 +155,7 @@ def test_fixres_trains_below_the_evaluation_resolution_and_progressive_resizing_
 def test_per_image_augmentation_joins_the_torch_training_pipeline(config):
     data_config = DataConfig(name="digits")
     train_set, val_set = builtin_datasets(data_config, augment=False)
-    data = TorchData(data_config, train_set, val_set, 64, 64, seed=0, rank=0, world_size=1)
+    data = TorchData(data_config, train_set, val_set, 64, 64, seed=0)
     plain, _ = next(data.train_batches(0))
     (augment,) = build_algorithms({config.__class__.__name__.removesuffix("Config").lower(): config})
     state = make_state()

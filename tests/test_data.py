@@ -2,6 +2,7 @@ import pytest
 import torch
 from PIL import Image
 
+from trainrun.core.distributed import Placement
 from trainrun.data import build_data
 from trainrun.data.builtin import SyntheticImages, builtin_datasets, split_indices
 from trainrun.data.sampling import ResumableSampler, ShardSampler
@@ -66,7 +67,7 @@ def test_folder_loader_crops_to_the_configured_sizes(tmp_path):
     config = DataConfig(
         name="folder", path=str(tmp_path), num_classes=2, resolution=16, eval_resolution=12, eval_resize=14
     )
-    data = build_data(config, 4, 6, seed=0, rank=0, world_size=1)
+    data = build_data(config, 4, 6, seed=0)
     images, labels = next(iter(data.train))
     assert images.shape == (4, 3, 16, 16) and images.dtype == torch.uint8
     images, labels = next(iter(data.eval))
@@ -77,17 +78,17 @@ def test_folder_errors(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "val").mkdir()
     with pytest.raises(DataError, match="no images"):
-        build_data(DataConfig(name="folder", path=str(tmp_path), num_classes=2), 2, 2, 0, 0, 1)
+        build_data(DataConfig(name="folder", path=str(tmp_path), num_classes=2), 2, 2, 0)
     other = tmp_path / "x"
     _folder(other, ["a", "b", "c"], 1)
     with pytest.raises(DataError, match="has 3 classes"):
-        build_data(DataConfig(name="folder", path=str(other), num_classes=2), 2, 2, 0, 0, 1)
+        build_data(DataConfig(name="folder", path=str(other), num_classes=2), 2, 2, 0)
 
 
 def test_global_batch_is_divided_among_ranks():
     config = DataConfig(name="synthetic", num_samples=64, val_samples=10, resolution=8, eval_resolution=8)
-    data = build_data(config, train_batch_size=16, eval_batch_size=4, seed=0, rank=1, world_size=2)
+    data = build_data(config, train_batch_size=16, eval_batch_size=4, seed=0, placement=Placement(1, 2))
     assert data.train.batch_size == 8 and len(data.train) == 4
     assert len(data.eval.sampler) == 5
     with pytest.raises(DataError, match="larger than"):
-        build_data(config, train_batch_size=128, eval_batch_size=4, seed=0, rank=0, world_size=1)
+        build_data(config, train_batch_size=128, eval_batch_size=4, seed=0)

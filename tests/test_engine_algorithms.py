@@ -112,6 +112,7 @@ def test_channels_last_survives_every_model_surgery():
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
             assert module.weight.is_contiguous(memory_format=torch.channels_last)
+    assert state.memory_format == torch.channels_last  # the data side normalises batches into it
 
 
 def test_ema_equals_the_closed_form():

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from conftest import read_metrics, run_cli
 from PIL import Image
 
+from trainrun.core.distributed import Placement
 from trainrun.data import build_data, datasets
 from trainrun.data.ffcv import FFCVData, check_beton
 from trainrun.data.write import WriteSettings, write_beton
@@ -51,7 +52,7 @@ def test_digits_labels_round_trip_exactly(tmp_path):
     train, _ = datasets(DataConfig(name="digits"), augment=False)
     write_beton(train, tmp_path / "d.beton", RAW)
     config = beton_config(tmp_path / "d.beton", tmp_path / "d.beton", 10, resolution=8, eval_resolution=8)
-    data = FFCVData(config, 64, 100, seed=0, device=torch.device("cpu"), rank=0, world_size=1)
+    data = FFCVData(config, 64, 100, seed=0, device=torch.device("cpu"))
     labels, images = [], []
     for batch, targets in data.eval_batches():  # sequential order: the stored order
         labels.append(targets.clone())  # FFCV reuses its batch buffers
@@ -62,6 +63,8 @@ def test_digits_labels_round_trip_exactly(tmp_path):
     prepared = data.prepare(images[0])
     assert prepared.is_contiguous()  # NCHW, made while normalising
     assert torch.allclose(prepared, (images[0].float() - data.mean) / data.std)
+    nhwc = data.prepare(images[0], torch.channels_last)  # a channels-last run: the same values, NHWC
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and torch.equal(nhwc, prepared)
 
 
 def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
@@ -93,7 +96,7 @@ def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons):
 def _rank_labels(rank, world_size, train, val, port, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    data = build_data(beton_config(train, val, 64), 16, 8, seed=1, rank=rank, world_size=world_size)
+    data = build_data(beton_config(train, val, 64), 16, 8, seed=1, placement=Placement(rank, world_size))
     epochs = [sorted(torch.cat([y.clone() for _, y in data.train_batches(e)]).tolist()) for e in range(2)]
     evaluation = sorted(torch.cat([y.clone() for _, y in data.eval_batches()]).tolist())
     queue.put((rank, epochs, evaluation))
@@ -123,8 +126,7 @@ def test_quasi_random_with_ranks_is_a_clear_error(indexed_betons):
             8,
             0,
             torch.device("cpu"),
-            rank=0,
-            world_size=2,
+            Placement(0, 2),
         )
 
 

@@ -110,10 +110,11 @@ def test_slurm_node_lists_and_environment(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")  # recorded, so whatever adopt_slurm_environment sets is undone after
         monkeypatch.delenv(key)
-    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     monkeypatch.setenv("SLURM_PROCID", "0")
     assert not adopt_slurm_environment(LauncherConfig())  # one task: trainrun launches its own workers
-    env = {"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
+    env = {"SLURM_STEP_NUM_TASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]"}
     for key, value in {**env, "SLURM_JOB_ID": "4242"}.items():
         monkeypatch.setenv(key, value)
     assert adopt_slurm_environment(LauncherConfig())

@@ -54,16 +54,22 @@ def first_host(nodelist: str) -> str:
 
 
 def adopt_slurm_environment(settings: LauncherConfig) -> bool:
-    """Under a multi-task Slurm step, set torch.distributed's variables from Slurm's; True if so."""
-    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    """Inside a multi-task ``srun`` step, set torch.distributed's variables from Slurm's; True if so.
+
+    Only step-scoped variables count: an ``sbatch`` script's own (batch) step also has
+    ``SLURM_PROCID`` and the job's ``SLURM_NTASKS``, but it is one process, and trainrun run there
+    launches its workers itself.
+    """
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
     if "SLURM_PROCID" not in os.environ or tasks <= 1:
         return False
     port = settings.master_port or 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or settings.master_addr
     os.environ.update(
         RANK=os.environ["SLURM_PROCID"],
         WORLD_SIZE=str(tasks),
         LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
-        MASTER_ADDR=first_host(os.environ.get("SLURM_JOB_NODELIST", settings.master_addr)),
+        MASTER_ADDR=first_host(nodes),
         MASTER_PORT=str(port),
     )
     return True

@@ -25,9 +25,13 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def binary_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """One sigmoid per class (BCE-with-logits), summed over classes and divided by batch size."""
-    dense = dense_targets(targets, logits.shape[1], logits.dtype)
-    return F.binary_cross_entropy_with_logits(logits, dense, reduction="sum") / logits.shape[0]
+    """One sigmoid per class (BCE-with-logits), summed over classes and divided by batch size.
+
+    Computed in fp32 whatever the autocast dtype: bf16 would round smoothed targets
+    (0.92008 becomes 0.921875) and the per-class terms.
+    """
+    dense = dense_targets(targets, logits.shape[1], torch.float32)
+    return F.binary_cross_entropy_with_logits(logits.float(), dense, reduction="sum") / logits.shape[0]
 
 
 LOSSES: dict[str, LossFunction] = {"soft_ce": soft_cross_entropy, "bce": binary_cross_entropy}

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from rich.console import Console
 
 from trainrun.algorithms import build_algorithms
-from trainrun.core import checkpoint
+from trainrun.core import checkpoint, distributed
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.engine import Engine
 from trainrun.core.precision import resolve_precision
@@ -20,7 +18,6 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import build_data
-from trainrun.errors import TrainrunError
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.files import atomic_write_text
 from trainrun.loggers.steps import StepTimeLogger
@@ -39,29 +36,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _distributed() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the torch.distributed environment; joins the group."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return rank, world_size, local_rank
-
-
-def _device(name: str, local_rank: int) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise TrainrunError("device=cuda but no CUDA device is available")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
-    rank, world_size, local_rank = _distributed()
+    placement, device = distributed.join(config.device)
+    rank, world_size = placement.rank, placement.world_size
     console = Console(stderr=False, quiet=rank != 0)
-    device = _device(config.device, local_rank)
     precision, notes = resolve_precision(config.precision, device)
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
@@ -69,9 +48,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     seed_everything(config.seed)
     model = build_model(config.model)
     seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
-    data = build_data(
-        config.data, config.train_batch_size, config.eval_batch_size, config.seed, rank, world_size, device
-    )
+    data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
 
@@ -138,6 +115,5 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
             tta.write_summary(state, status, str(error) or type(error).__name__)
         raise
     finally:
-        if world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        distributed.leave()
     return state

@@ -10,6 +10,7 @@ module under ``trainrun/algorithms/`` of the same name builds the algorithm from
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +81,7 @@ class DataConfig:
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
     num_workers: int = _non_negative(0)
-    pin_memory: bool = False
+    pin_memory: bool | None = None  # torch loader: null = pinned when training on CUDA
     persistent_workers: bool = False
     prefetch_factor: int | None = None
     order: str = _choice("random", "random", "quasi_random", "sequential")  # ffcv: training order
@@ -483,6 +484,17 @@ def _check_run(config: TrainConfig) -> None:
         )
 
 
+def _is_this_machine(host: str) -> bool:
+    """Whether ``host`` names the local machine wherever it is read (loopback or unspecified)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
 def _check_launcher(launcher: LauncherConfig) -> None:
     if launcher.devices != "auto" and not (launcher.devices.isdigit() and int(launcher.devices) > 0):
         raise ConfigError(f"bad value for 'launcher.devices': '{launcher.devices}' (auto or a positive number)")
@@ -493,6 +505,11 @@ def _check_launcher(launcher: LauncherConfig) -> None:
     if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
         raise ConfigError(
             "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
+        )
+    if launcher.nnodes > 1 and not launcher.rdzv_endpoint and _is_this_machine(launcher.master_addr):
+        raise ConfigError(
+            f"bad value for 'launcher.master_addr': '{launcher.master_addr}' is this machine on every node; "
+            "a multi-node launch needs the address of the node_rank 0 machine that every node can reach"
         )
 
 

@@ -7,12 +7,19 @@ modules in definition order) stop training: ``requires_grad`` off and gradients 
 optimizer skips them and backward stops at the first unfrozen layer. Composer also removes
 them from the optimizer's groups; trainrun keeps the groups as they are, so checkpoints of
 frozen and unfrozen runs have the same optimizer layout and resume cleanly.
+
+Under ``compile=true`` each new freeze level changes what the compiled graph computes: the
+algorithm resets torch.compile's caches then, so the model is recompiled once per change
+(with a note on the console) instead of piling up graphs until dynamo's recompile limit
+silently sends the rest of the run to eager.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from trainrun.core.compiled import is_compiled
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
@@ -48,13 +55,18 @@ class LayerFreezing(Algorithm):
 
     def __init__(self, config: LayerFreezingConfig) -> None:
         self.config = config
+        self._frozen = 0
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.INIT:
             state.find_unused_parameters = True  # DDP must not wait for gradients of frozen layers
             return
         fraction = frozen_fraction(state.progress, self.config.freeze_start, self.config.freeze_level)
-        freeze_leading(state.raw_model, fraction)
+        frozen = freeze_leading(state.raw_model, fraction)
+        if frozen != self._frozen and is_compiled(state.model):
+            torch.compiler.reset()
+            state.notice(f"layer_freezing: {frozen} layers frozen; torch.compile recompiles the model once")
+        self._frozen = frozen
 
 
 def build(config: LayerFreezingConfig) -> LayerFreezing:

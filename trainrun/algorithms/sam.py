@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.core.engine import Algorithm
@@ -57,29 +56,31 @@ class SAM(Algorithm):
             self._loss_targets = None
 
     def _second_pass(self, state: State) -> None:
+        """Gradient at w + e, with no value read back to the host.
+
+        An fp16 overflow (non-finite g) is not checked here: e is then non-finite, so is the
+        second gradient, which DDP's all-reduce spreads to every rank, and every rank's scaler
+        skips the step. The weights return to w by copy, exact whatever e was.
+        """
         params = [p for p in state.raw_model.parameters() if p.grad is not None]
         scaler = state.precision.scaler
-        loss_scale = scaler.get_scale() if scaler is not None else 1.0  # fp16 gradients are still scaled here
         grads = [p.grad for p in params]
-        norm = torch.nn.utils.get_total_norm(grads) / loss_scale
-        finite = torch.isfinite(norm).float()
-        if state.world_size > 1:
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank skips the second pass, or none
-        if not finite:
-            # An fp16 overflow on some rank: every rank's scaler must see it and skip the step.
-            torch._foreach_fill_(grads, float("inf"))
-            return
+        norm = torch.nn.utils.get_total_norm(grads)  # of the scaled gradient under fp16
+        if scaler is not None:
+            loss_scale = scaler._get_scale_async()  # the scale tensor itself; get_scale() syncs
+            scale = self.rho / (norm / loss_scale + self.epsilon) / loss_scale
+        else:
+            scale = self.rho / (norm + self.epsilon)
         with torch.no_grad():
-            scale = self.rho / (norm + self.epsilon) / loss_scale
-            perturbation = torch._foreach_mul(grads, scale)
-            torch._foreach_add_(params, perturbation)
+            weights = torch._foreach_mul(params, 1.0)  # a copy of w
+            torch._foreach_add_(params, torch._foreach_mul(grads, scale))
         for param in params:
             param.grad = None
         with state.precision.autocast():
             loss = state.loss_fn(state.model(state.inputs), self._loss_targets)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         with torch.no_grad():
-            torch._foreach_sub_(params, perturbation)
+            torch._foreach_copy_(params, weights)
 
 
 def build(config: SAMConfig) -> SAM:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from trainrun.errors import CheckpointError
@@ -43,6 +45,42 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != "trainrun/1":
         raise CheckpointError(f"checkpoint '{path}' is not a trainrun checkpoint")
     return payload
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states (Python, NumPy, torch CPU and CUDA) in a ``weights_only`` form."""
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
+    }
+
+
+def restore_rng_state(saved: dict[str, Any]) -> None:
+    """Continue the random streams :func:`rng_state` recorded."""
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    random.setstate(_as_tuples(saved["python"]))
+    name, keys, *rest = saved["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+
+
+def rank_rng_state(saved: dict[str, Any] | list[dict[str, Any]], rank: int, world_size: int) -> dict[str, Any]:
+    """Rank ``rank``'s entry of a checkpoint's per-rank random states (one dict: a one-rank run's)."""
+    per_rank = saved if isinstance(saved, list) else [saved]
+    if len(per_rank) != world_size:
+        raise CheckpointError(
+            f"the checkpoint holds the random state of {len(per_rank)} rank(s) and this run has {world_size}: "
+            f"resume with {len(per_rank)} process(es)"
+        )
+    return per_rank[rank]
+
+
+def _as_tuples(value: Any) -> Any:
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:

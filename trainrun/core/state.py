@@ -38,6 +38,7 @@ class State:
     loss_fn: Any = None
     data: Any = None  # the run's DataSpec
     num_classes: int = 0
+    memory_format: torch.memory_format = torch.contiguous_format  # of the model and its input batches
     train_resolution: int | None = None  # full training resolution; algorithms may train lower
     find_unused_parameters: bool = False  # DDP option for algorithms that stop some gradients
     # results
@@ -45,6 +46,14 @@ class State:
     eval_metrics: dict[str, float] = field(default_factory=dict)
     accounts: TimeAccounts = field(default_factory=TimeAccounts)
     stop_reason: str | None = None
+    notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
+
+    def notice(self, text: str, level: str = "note") -> None:
+        """Record something about the run a person must see: a ``note`` or a ``warning``."""
+        self.notices.append({"step": self.batch, "level": level, "text": text})
+
+    def warn(self, text: str) -> None:
+        self.notice(text, "warning")
 
     @property
     def progress(self) -> float:

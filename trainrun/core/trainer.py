@@ -6,13 +6,11 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -20,7 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainrun.core import checkpoint
+from trainrun.core import checkpoint, distributed
+from trainrun.core.compiled import compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.core.state import State
@@ -69,7 +68,7 @@ class Trainer:
         state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)
         if settings.compile:
-            state.model = torch.compile(state.model)
+            state.model = compile_model(state.model, state.warn)
         if state.world_size > 1:
             device_ids = [state.device] if state.device.type == "cuda" else None
             state.model = DistributedDataParallel(
@@ -107,7 +106,7 @@ class Trainer:
             accounts.switch("to_device")
             images = images.to(state.device, non_blocking=True)
             state.targets = targets.to(state.device, non_blocking=True)
-            state.inputs = state.data.prepare(images)
+            state.inputs = state.data.prepare(images, state.memory_format)
             self._train_step()
             state.batch += 1
             state.batch_in_epoch += 1
@@ -194,7 +193,7 @@ class Trainer:
         self.top5.reset()
         totals = torch.zeros(2, dtype=torch.float64, device=state.device)  # loss sum, count
         for images, targets in state.data.eval_batches():
-            images = state.data.prepare(images.to(state.device, non_blocking=True))
+            images = state.data.prepare(images.to(state.device, non_blocking=True), state.memory_format)
             targets = targets.to(state.device, non_blocking=True)
             with state.precision.autocast():
                 logits = state.model(images)
@@ -202,7 +201,9 @@ class Trainer:
             totals[1] += len(targets)
             self.top1.update(logits, targets)
             self.top5.update(logits, targets)
-        window = torch.tensor([self._window["loss_sum"], self._window["loss_count"]], dtype=torch.float64)
+        window = torch.tensor(
+            [self._window["loss_sum"], self._window["loss_count"]], dtype=torch.float64, device=state.device
+        )
         if state.world_size > 1:
             dist.all_reduce(totals)
             dist.all_reduce(window)
@@ -229,17 +230,17 @@ class Trainer:
         """Rank 0 writes a checkpoint atomically and prunes old ones; all ranks wait for it."""
         state, directory = self.state, self.settings.checkpoint_dir
         previous = state.accounts.switch("checkpoint")
+        rng = distributed.gather_to_main(checkpoint.rng_state(), state.rank, state.world_size)
         if state.is_main:
             path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
-            checkpoint.atomic_torch_save(self._checkpoint_payload(), path)
+            checkpoint.atomic_torch_save(self._checkpoint_payload(rng), path)
             checkpoint.prune(directory, self.settings.checkpoint_keep)
         if state.world_size > 1:
             dist.barrier()
         state.accounts.switch(previous)
 
-    def _checkpoint_payload(self) -> dict[str, Any]:
+    def _checkpoint_payload(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
         state = self.state
-        numpy_state = np.random.get_state()
         return {
             "format": "trainrun/1",
             "model": state.raw_model.state_dict(),
@@ -250,12 +251,7 @@ class Trainer:
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
             "accounts": state.accounts.state_dict(),
             "window": dict(self._window),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "python": random.getstate(),
-                "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
-            },
+            "rng": rng,  # one entry per rank: each rank continues its own streams
         }
 
     def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -270,15 +266,5 @@ class Trainer:
         for key, value in payload["progress"].items():
             setattr(state, key, value)
         self._window = dict(payload["window"])
-        rng = payload["rng"]
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        random.setstate(_as_tuples(rng["python"]))
-        name, keys, *rest = rng["numpy"]
-        np.random.set_state((name, keys.numpy(), *rest))
+        checkpoint.restore_rng_state(checkpoint.rank_rng_state(payload["rng"], state.rank, state.world_size))
         return payload["accounts"]
-
-
-def _as_tuples(value: Any) -> Any:
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.sampling import ResumableSampler, ShardSampler
 from trainrun.data.spec import DataSpec
 from trainrun.errors import DataError
@@ -56,15 +57,19 @@ class TorchData(DataSpec):
         per_rank_batch: int,
         eval_batch: int,
         seed: int,
-        rank: int,
-        world_size: int,
+        placement: Placement = SINGLE_PROCESS,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__(config)
+        rank, world_size = placement.rank, placement.world_size
         self.train_set = AugmentedDataset(train_set)
         self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        # pinned host batches let the trainer's non-blocking copies overlap the previous step
+        on_cuda = device is not None and device.type == "cuda"
+        pin_memory = on_cuda if config.pin_memory is None else config.pin_memory
         workers = {
             "num_workers": config.num_workers,
-            "pin_memory": config.pin_memory,
+            "pin_memory": pin_memory,
             "persistent_workers": config.persistent_workers and config.num_workers > 0,
             "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
         }
@@ -102,11 +107,11 @@ def build_data(
     train_batch_size: int,
     eval_batch_size: int,
     seed: int,
-    rank: int = 0,
-    world_size: int = 1,
+    placement: Placement = SINGLE_PROCESS,
     device: torch.device | None = None,
 ) -> DataSpec:
-    """One rank's data; batch sizes are global and divided among ``world_size`` ranks."""
+    """One rank's data; batch sizes are global and divided among the run's ranks."""
+    world_size, device = placement.world_size, device or torch.device("cpu")
     for name, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
         if size % world_size:
             raise DataError(f"{name} {size} does not divide among {world_size} ranks")
@@ -114,12 +119,11 @@ def build_data(
     if config.loader == "ffcv":
         from trainrun.data.ffcv import FFCVData
 
-        device = device or torch.device("cpu")
-        return FFCVData(config, per_rank, eval_per_rank, seed, device, rank, world_size)
+        return FFCVData(config, per_rank, eval_per_rank, seed, device, placement)
     train_set, val_set = datasets(config)
     if len(train_set) // world_size < per_rank:
         raise DataError(
             f"train_batch_size {train_batch_size} is larger than the {len(train_set)} training images of "
             f"'{config.name}'"
         )
-    return TorchData(config, train_set, val_set, per_rank, eval_per_rank, seed, rank, world_size)
+    return TorchData(config, train_set, val_set, per_rank, eval_per_rank, seed, placement, device)

@@ -4,9 +4,9 @@ Training: random-resized-crop decoder at the configured resolution (its ``output
 change between epochs), optional translate and flip, to tensor, to the device (non-blocking; no step on
 the CPU), to a torch image. Evaluation: center-crop decoder with ratio ``eval_resolution / eval_resize``.
 Batches are (N, 3, H, W) views of FFCV's (N, H, W, 3) buffers, so channels-last in memory:
-no copy on the loader's thread. :meth:`FFCVData.prepare` makes them contiguous on the device in
-the same pass that normalises them (the channels_last algorithm converts from there). Built-in
-sets are written once to ``data.cache_dir`` and reused.
+no copy on the loader's thread. :meth:`DataSpec.prepare` converts them to the run's memory
+format on the device in the same pass that normalises them. Built-in sets are written once to
+``data.cache_dir`` and reused.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.spec import DataSpec
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError
@@ -52,8 +53,12 @@ def check_beton(path: Path, num_classes: int) -> int:
     return reader.num_samples
 
 
-def cached_betons(config: DataConfig, rank: int, world_size: int) -> tuple[Path, Path]:
-    """Paths of a built-in set written to ``cache_dir``; rank 0 writes them once, atomically."""
+def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]:
+    """Paths of a built-in set written to ``cache_dir``, once, atomically, by each node's local rank 0.
+
+    Every node writes its own copy when ``cache_dir`` is on the node's own disk; on a filesystem the
+    nodes share, the first complete write wins and identical later ones replace it atomically.
+    """
     keys = ("name", "num_classes", "val_fraction", "split_seed", "num_samples", "val_samples")
     identity = {k: getattr(config, k) for k in keys}
     if config.name == "synthetic":
@@ -61,14 +66,14 @@ def cached_betons(config: DataConfig, rank: int, world_size: int) -> tuple[Path,
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
     directory = Path(config.cache_dir).expanduser()
     paths = directory / f"{config.name}-{digest}-train.beton", directory / f"{config.name}-{digest}-val.beton"
-    if rank == 0 and not all(path.is_file() for path in paths):
+    if placement.local_rank == 0 and not all(path.is_file() for path in paths):
         from trainrun.data import datasets
 
         settings = WriteSettings(mode="raw", max_resolution=max(config.resolution, config.eval_resolution))
         for dataset, path in zip(datasets(config, augment=False), paths):
             if not path.is_file():
                 write_beton(dataset, path, settings)
-    if world_size > 1:
+    if placement.world_size > 1:
         dist.barrier()
     return paths
 
@@ -83,8 +88,7 @@ class FFCVData(DataSpec):
         eval_batch: int,
         seed: int,
         device: torch.device,
-        rank: int,
-        world_size: int,
+        placement: Placement = SINGLE_PROCESS,
     ) -> None:
         from ffcv.fields.basics import IntDecoder
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
@@ -92,6 +96,7 @@ class FFCVData(DataSpec):
         from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
 
         super().__init__(config)
+        rank, world_size = placement.rank, placement.world_size
         if config.order == "quasi_random" and world_size > 1:
             raise ConfigError(
                 "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
@@ -100,7 +105,7 @@ class FFCVData(DataSpec):
         if config.name == "beton":
             train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
         else:
-            train_path, val_path = cached_betons(config, rank, world_size)
+            train_path, val_path = cached_betons(config, placement)
         check_beton(train_path, config.num_classes)
         val_count = check_beton(val_path, config.num_classes)
 
@@ -158,10 +163,6 @@ class FFCVData(DataSpec):
             raise DataError(
                 f"train_batch_size {per_rank_batch * world_size} is larger than the training images in '{train_path}'"
             )
-
-    def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """Channels-last uint8 views to contiguous normalised float32, in one copy."""
-        return images.to(torch.float32, memory_format=torch.contiguous_format).sub_(self.mean).div_(self.std)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""

@@ -28,9 +28,11 @@ class DataSpec(ABC):
         """Keep the normalisation constants on ``device``."""
         self.mean, self.std = self.mean.to(device), self.std.to(device)
 
-    def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (already on the device) to normalised float32, memory format kept."""
-        return images.float().sub_(self.mean).div_(self.std)
+    def prepare(
+        self, images: torch.Tensor, memory_format: torch.memory_format = torch.contiguous_format
+    ) -> torch.Tensor:
+        """uint8 images (already on the device) to normalised float32 in ``memory_format``, in one copy."""
+        return images.to(torch.float32, memory_format=memory_format).sub_(self.mean).div_(self.std)
 
     @abstractmethod
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:

@@ -1,12 +1,13 @@
 """Write image datasets to FFCV ``.beton`` files: an RGB ``image`` field and an integer ``label``.
 
-Writing is atomic: FFCV writes to ``<out>.partial-<pid>`` beside the target, which is renamed
+Writing is atomic: FFCV writes to ``<out>.partial-<host>-<pid>`` beside the target, which is renamed
 to ``<out>`` only once complete; an interrupted write leaves no file under the target name.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def write_beton(dataset: Any, out: Path, settings: WriteSettings) -> Path:
         raise DataError(f"nothing to write to '{out}': the source is empty")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    partial = out.with_name(f"{out.name}.partial-{socket.gethostname()}-{os.getpid()}")  # nodes may share a disk
     errors = out.with_name(f"{out.name}.errors-{os.getpid()}")
     fields = {
         "image": RGBImageField(

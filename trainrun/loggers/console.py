@@ -22,10 +22,17 @@ class ConsoleLogger(Callback):
         self.progress: Progress | None = None
         self.task = None
         self._last = (0, 0.0)  # (samples, train seconds) at the last bar update
+        self._notices_shown = 0
 
     def run_event(self, event: Event, state: State) -> None:
         if not state.is_main:
             return
+        if len(state.notices) > self._notices_shown:
+            for notice in state.notices[self._notices_shown :]:
+                style = "bold red" if notice["level"] == "warning" else "yellow"
+                label = f"[{style}]{notice['level']}:[/] step {notice['step']}: "
+                self.console.print(label + notice["text"], highlight=False, soft_wrap=True)
+            self._notices_shown = len(state.notices)
         if event is Event.FIT_START and self.live:
             self._start_bar(state)
         elif event is Event.BATCH_END and self.progress is not None:

@@ -109,6 +109,7 @@ class TimeToAccuracyLogger(Callback):
             "bottleneck": None,
             "bottleneck_after_first_epoch": None,
             "extrapolated": self.extrapolation(state) if status == "profiled" else None,
+            "notices": list(state.notices) if state else [],
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
             summary["bottleneck"] = bottleneck.as_dict()

@@ -17,21 +17,28 @@ from trainrun.schema import OptimizerConfig
 
 
 class DecoupledSGDW(torch.optim.SGD):
-    """``torch.optim.SGD`` whose weight decay is decoupled from the gradient and the LR peak."""
+    """``torch.optim.SGD`` whose weight decay is decoupled from the gradient and the LR peak.
+
+    The update runs in torch's fused SGD kernel, which takes the gradient scaler's ``found_inf``
+    and ``grad_scale`` on the device: under fp16 ``GradScaler.step`` reads nothing back to the
+    host, and a step it skips leaves the weights (decay included) untouched.
+    """
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, **kwargs) -> None:
-        super().__init__(params, lr=lr, weight_decay=0.0, **kwargs)
+        super().__init__(params, lr=lr, weight_decay=0.0, fused=True, **kwargs)
         for group in self.param_groups:
             group["decoupled_weight_decay"] = group.pop("decoupled_weight_decay", weight_decay)
             group["peak_lr"] = group["lr"]
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - as torch.optim.SGD.step
+        found_inf = getattr(self, "found_inf", None)  # set by GradScaler.step for the fused kernel
         for group in self.param_groups:
             decay = group["decoupled_weight_decay"] * group["lr"] / group["peak_lr"]
             params = [p for p in group["params"] if p.grad is not None]
             if decay and params:
-                torch._foreach_mul_(params, 1.0 - decay)
+                # skipped steps (found_inf = 1) do not decay either, decided on the device
+                torch._foreach_mul_(params, 1.0 - decay if found_inf is None else 1.0 - decay * (1.0 - found_inf))
         return super().step(closure)
 
 
@@ -63,4 +70,6 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size
             dampening=config.dampening,
             nesterov=config.nesterov,
         )
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, fused=True
+    )

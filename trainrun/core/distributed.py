@@ -1,0 +1,105 @@
+"""One rank's place in the run: its device, its process group, and its share of per-rank state.
+
+The process group gets a backend for each device type the run moves tensors of: NCCL for CUDA
+tensors and gloo beside it for CPU ones (object collectives, CPU-side figures), so no collective
+fails with "No backend type associated with device type cpu". A CPU run uses gloo alone, even
+on a machine with GPUs. The device is chosen (``torch.cuda.set_device``) before the group starts,
+and the group is told it (``device_id``), so its first barrier uses this rank's GPU rather than
+guessing ``rank % GPUs``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process is: its global rank, how many ranks there are, its rank on this node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environment(cls) -> Placement:
+        """From torch.distributed's variables (set by the launcher, torchrun or Slurm adoption)."""
+        env = os.environ
+        return cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+
+
+SINGLE_PROCESS = Placement()
+
+
+def backend_for(device: torch.device) -> str:
+    """The process-group backend for a run on ``device``."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def cuda_index(local_rank: int) -> int:
+    """This local rank's GPU among the GPUs the process sees.
+
+    Its own index when the process sees every GPU of the node; 0 when it sees exactly one, as
+    under Slurm's ``--gpus-per-task=1`` or a per-rank ``CUDA_VISIBLE_DEVICES``.
+    """
+    visible = torch.cuda.device_count()
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    raise ConfigError(
+        f"local rank {local_rank} has no GPU: this process sees {visible} GPU(s) "
+        "(start at most one process per visible GPU, or give each process its own with --gpus-per-task=1)"
+    )
+
+
+def select_device(name: str, local_rank: int) -> torch.device:
+    """The device for ``device=name`` (auto, cpu, cuda), made current; cuDNN autotuning on for CUDA."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available")
+    device = torch.device("cuda", cuda_index(local_rank))
+    torch.cuda.set_device(device)
+    # Fixed shapes per step: cuDNN picks the fastest convolution algorithm once per shape.
+    torch.backends.cudnn.benchmark = True
+    return device
+
+
+def join(device_name: str) -> tuple[Placement, torch.device]:
+    """This process's placement and device; joins the process group when there are several ranks."""
+    placement = Placement.from_environment()
+    device = select_device(device_name, placement.local_rank)
+    if placement.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend_for(device), device_id=device if device.type == "cuda" else None)
+    return placement, device
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_to_main(value: Any, rank: int, world_size: int) -> list[Any] | None:
+    """Every rank's ``value`` (what ``torch.save`` writes) on rank 0, in rank order; None elsewhere.
+
+    Values travel as ``torch.save`` bytes, read back with ``weights_only``: tensors pickled
+    directly by ``gather_object`` do not unpickle on the receiving side.
+    """
+    if world_size == 1:
+        return [value]
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(buffer.getvalue(), gathered, dst=0)  # through gloo: objects live in CPU memory
+    if gathered is None:
+        return None
+    return [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]
