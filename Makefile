@@ -12,8 +12,8 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check trainrun tests bench
-	$(VENV)/bin/ruff format --check trainrun tests bench
+	$(VENV)/bin/ruff check trainrun tests bench scripts
+	$(VENV)/bin/ruff format --check trainrun tests bench scripts
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py

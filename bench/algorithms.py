@@ -31,8 +31,8 @@ from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import build_data
 from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
+from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.optim.sgdw import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

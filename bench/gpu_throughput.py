@@ -46,7 +46,7 @@ from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.spec import DataSpec
 from trainrun.loss import binary_cross_entropy
 from trainrun.models import build_model
-from trainrun.optim.sgdw import build_optimizer
+from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
 
 # Dense peak TFLOP/s (TF32 for fp32, fp16/bf16 tensor cores for amp/bf16) by the exact name

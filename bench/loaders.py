@@ -117,7 +117,7 @@ def trainrun_data(
     beton: Path, resolution: int, batch: int, workers: int, num_classes: int = CLASSES, device: torch.device = CPU
 ):
     """trainrun's FFCV data for ``device``, composed from ``data=imagenet_ffcv`` like a run's."""
-    from trainrun.cli import check
+    from trainrun.config import check
     from trainrun.data.ffcv import FFCVData
 
     overrides = [f"data.train={beton}", f"data.val={beton}", f"data.num_classes={num_classes}"]

@@ -24,8 +24,8 @@ from trainrun.data import TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
 from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
+from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.optim.sgdw import build_optimizer
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from conftest import TINY, read_metrics, run_cli
 
-from trainrun.cli import check, translate
+from trainrun.config import check, translate
 from trainrun.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ import torch
 from torchvision.models import resnet50
 from torchvision.ops import SqueezeExcitation
 
-from trainrun.algorithms import build_algorithms
+from trainrun.algorithms import build_algorithms, order_markdown
 from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
 from trainrun.algorithms.ema import smoothing
 from trainrun.algorithms.gradient_clipping import adaptive_clip
@@ -16,7 +16,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
-from trainrun.schema import ALGORITHM_CONFIGS, BlurPoolConfig, EMAConfig
+from trainrun.schema import ALGORITHM_CONFIGS, ALGORITHM_ORDER, BlurPoolConfig, EMAConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -35,20 +35,30 @@ def make_state(model=None, max_batches=100) -> State:
 class Recorder(Algorithm):
     events = frozenset(Event)
 
-    def __init__(self, name, order, log):
-        self.name, self.order, self.log = name, order, log
+    def __init__(self, name, log):
+        self.name, self.log = name, log
 
     def apply(self, event, state):
         self.log.append((event, self.name))
 
 
-def test_engine_orders_algorithms_and_reverses_after_events():
+def test_engine_follows_the_order_table_and_reverses_closing_events():
     log = []
-    engine = Engine([Recorder("late", 70, log), Recorder("early", 10, log)])
+    engine = Engine([Recorder("sam", log), Recorder("blurpool", log)])  # blurpool comes first in the table
     state = make_state()
-    for event in (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BATCH_END):
+    for event in (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BATCH_END):
         engine.run(event, state)
-    assert [name for _, name in log] == ["early", "late", "late", "early", "late", "early"]
+    assert [name for _, name in log] == ["blurpool", "sam"] * 2 + ["sam", "blurpool"] * 2
+
+
+def test_the_order_table_names_every_method_once_and_the_docs_show_it(capsys):
+    names = [name for name, _why in ALGORITHM_ORDER]
+    assert sorted(names) == sorted(ALGORITHM_CONFIGS) and len(set(names)) == len(names)
+    generated = order_markdown()
+    with capsys.disabled():
+        print("\nresolved order per event:\n" + generated.split("\n\n")[1])
+    docs = (CONF.parent / "docs" / "algorithms.md").read_text()
+    assert generated in docs, "docs/algorithms.md is stale: run scripts/algorithm_order.py --write"
 
 
 def test_callbacks_run_after_algorithms():
@@ -58,8 +68,8 @@ def test_callbacks_run_after_algorithms():
         def run_event(self, event, state):
             log.append((event, "callback"))
 
-    Engine([Recorder("a", 1, log)], [Listener()]).run(Event.INIT, make_state())
-    assert log == [(Event.INIT, "a"), (Event.INIT, "callback")]
+    Engine([Recorder("ema", log)], [Listener()]).run(Event.INIT, make_state())
+    assert log == [(Event.INIT, "ema"), (Event.INIT, "callback")]
 
 
 def test_trainer_never_names_an_algorithm():

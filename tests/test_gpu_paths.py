@@ -30,7 +30,7 @@ from trainrun.data import build_data
 from trainrun.errors import CheckpointError, ConfigError
 from trainrun.launch import adopt_slurm_environment
 from trainrun.loss import binary_cross_entropy
-from trainrun.optim.sgdw import build_optimizer
+from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, LauncherConfig, OptimizerConfig, SAMConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def recompile_watch():
 
 def _train_in_a_gpu_runs_group(rank: int, port: int, run_dir: str) -> None:
     """One rank of a tiny CPU run inside the process group a GPU run would make."""
-    from trainrun.cli import check
+    from trainrun.config import check
     from trainrun.run import train
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from trainrun.core.time import Time, Timeline
+from trainrun.optim.optimizers import DecoupledSGDW, build_optimizer
 from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function
-from trainrun.optim.sgdw import DecoupledSGDW, build_optimizer
 from trainrun.schema import OptimizerConfig, SchedulerConfig
 
 

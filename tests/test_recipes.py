@@ -4,7 +4,7 @@ import pytest
 from conftest import read_metrics, run_cli
 from omegaconf import OmegaConf
 
-from trainrun.cli import compose
+from trainrun.config import compose
 
 SHARED = {
     "model.name": "resnet50",

@@ -1,9 +1,8 @@
-"""``trainrun``: argv → Hydra overrides → validated config → a run.
+"""``trainrun``: dispatch argv to training (Hydra) or a subcommand (write, sweep, report).
 
-Composer-style flags (``--algorithms ema blurpool``, ``--optimizer.lr 0.4``) are translated to
-Hydra overrides. The config is composed and validated here, before any heavy import or process
-start, so a bad key, value or path fails at once with one line and exit code 2. Then Hydra's
-own entry point runs the job (``--cfg``, ``--help``, ``-m`` multirun all work as in Hydra).
+The config is composed and validated (:mod:`trainrun.config`) before any heavy import or process
+start; then Hydra's own entry point runs the job (``--cfg``, ``--help``, ``-m`` multirun all
+work as in Hydra).
 """
 
 from __future__ import annotations
@@ -13,146 +12,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainrun.errors import ConfigError, TrainrunError
-from trainrun.schema import TrainConfig, list_keys, validate, value_keys
-
-HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
-HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
-NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
-
-
-def config_dir() -> Path:
-    """``conf/`` inside the installed package, or beside the package in a source checkout."""
-    installed = Path(__file__).resolve().parent / "conf"
-    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "conf"
-
-
-def _is_value(token: str) -> bool:
-    if token.startswith("-"):
-        return token[1:2].isdigit() or token[1:2] == "."
-    return "=" not in token
-
-
-def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
-    """Split argv into (Hydra flags, overrides, debug), turning ``--key value...`` into overrides."""
-    hydra_args, overrides, debug = [], [], False
-    lists = list_keys()
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        index += 1
-        if token == "--debug":
-            debug = True
-        elif token in HYDRA_FLAGS or token.split("=")[0] in {"--shell-completion", "-sc"}:
-            hydra_args.append(token)
-        elif token in HYDRA_FLAGS_WITH_VALUE:
-            optional = token in {"--info", "-i"}
-            if index < len(argv) and (not optional or _is_value(argv[index])):
-                hydra_args += [token, argv[index]]
-                index += 1
-            elif optional:
-                hydra_args.append(token)
-            else:
-                raise ConfigError(f"flag '{token}' needs a value")
-        elif token.startswith("--"):
-            key, has_value, value = token[2:].partition("=")
-            values = [value] if has_value else []
-            while not has_value and index < len(argv) and _is_value(argv[index]):
-                values.append(argv[index])
-                index += 1
-            if not key:
-                raise ConfigError(f"cannot read flag '{token}'")
-            if key in lists or len(values) > 1:
-                overrides.append(f"{key}=[{','.join(values)}]")
-            else:
-                overrides.append(f"{key}={values[0] if values else 'true'}")
-        elif token.startswith("-"):
-            raise ConfigError(f"unknown flag '{token}' (Hydra flags: -m, --cfg job, --help; options: --KEY VALUE)")
-        else:
-            overrides.append(token)
-    return hydra_args, overrides, debug
-
-
-def force_schema_keys(overrides: list[str]) -> list[str]:
-    """Prefix overrides of schema keys with ``++``, so that keys a YAML option leaves out can be set.
-
-    Hydra refuses ``data.cache_dir=...`` when the selected ``data`` option does not list
-    ``cache_dir``; every key of the schema is settable, so those are forced. Other keys are left
-    alone and fail as unknown.
-    """
-    known = value_keys()
-    forced = []
-    for override in overrides:
-        key = override.split("=", 1)[0]
-        forced.append(f"++{override}" if "=" in override and key in known else override)
-    return forced
-
-
-def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The override lists of every job a (multi)run will launch."""
-    if not multirun:
-        return [overrides]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-def group_options(group: str) -> list[str]:
-    """The options of config group ``group`` (file names under conf/<group>/)."""
-    return sorted(path.stem for path in (config_dir() / group).glob("*.yaml"))
-
-
-def _composition_message(error: Exception) -> str:
-    from hydra.errors import MissingConfigException, OverrideParseException
-
-    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
-        group, _, option = error.missing_cfg_file.rpartition("/")
-        return f"unknown option '{option}' for '{group}' (choose from: {', '.join(group_options(group))})"
-    if isinstance(error, OverrideParseException):
-        detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
-        return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")
-    text = " ".join(str(error).split())
-    if "not in struct" in text or "To append to your config use" in text:
-        key = text.split("'")[1] if "'" in text else text
-        return f"unknown config key '{key}'"
-    return str(error).strip().splitlines()[0]
-
-
-def compose(overrides: list[str]) -> DictConfig:
-    """The config Hydra composes for ``overrides``; composition errors become :class:`ConfigError`."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides)
-    except Exception as error:  # hydra raises several types; all mean a bad override
-        raise ConfigError(_composition_message(error)) from error
-
-
-def check(overrides: list[str], multirun: bool = False) -> list[TrainConfig]:
-    """Compose and validate every job of a (multi)run; the first bad one raises."""
-    try:
-        jobs = _sweep_jobs(overrides, multirun)
-    except Exception as error:
-        raise ConfigError(" ".join(str(error).split())) from error
-    return [validate(compose(job)) for job in jobs]
-
-
-def report_error(error: BaseException, debug: bool, where: str = "") -> int:
-    """Print ``error`` as one line (``where`` names the rank, if any); return the exit code."""
-    if debug:
-        raise error
-    if isinstance(error, TrainrunError):
-        print(f"trainrun: error: {where}{error}", file=sys.stderr)
-        return error.exit_code
-    print(
-        f"trainrun: error: {where}{type(error).__name__}: {error} (rerun with --debug for the traceback)",
-        file=sys.stderr,
-    )
-    return 1
+from trainrun.config import NO_RUN_FLAGS, check, compose, config_dir, force_schema_keys, translate
+from trainrun.errors import ConfigError, report_error
+from trainrun.schema import validate
 
 
 def _job(cfg: DictConfig, debug: bool) -> None:

@@ -132,7 +132,7 @@ def run_workers(settings: LauncherConfig, processes: int, worker, *args: object)
 
 def train_worker(run_dir: str, config_yaml: str) -> None:
     """One rank of a launched run; errors print one line naming the rank and set the exit code."""
-    from trainrun.cli import report_error
+    from trainrun.errors import report_error
     from trainrun.run import train
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

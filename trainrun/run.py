@@ -18,14 +18,14 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import build_data
+from trainrun.files import atomic_write_text
 from trainrun.loggers.console import ConsoleLogger
-from trainrun.loggers.files import atomic_write_text
 from trainrun.loggers.steps import StepTimeLogger
-from trainrun.loggers.tta import TimeToAccuracyLogger
+from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
 from trainrun.loss import LOSSES
 from trainrun.models import build_model
+from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.optim.sgdw import build_optimizer
 from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
 
 
@@ -58,10 +58,12 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
 
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
     varying = [name for name in config.algorithms if name in VARYING_STEP_COST_ALGORITHMS]
-    tta = TimeToAccuracyLogger(run_dir, config.accuracy_targets, profile_prefix=stop_after, varying_cost=varying)
+    quality_log = TimeToAccuracyLogger(
+        run_dir, config.accuracy_targets, profile_prefix=stop_after, varying_cost=varying
+    )
     steps = StepTimeLogger(run_dir, config.log_interval)
-    console_logger = ConsoleLogger(tta, live=config.progress, console=console)
-    callbacks = [tta, steps, console_logger] if rank == 0 else []
+    console_logger = ConsoleLogger(quality_log, live=config.progress, console=console)
+    callbacks = [quality_log, steps, console_logger] if rank == 0 else []
     state = State(
         model=model,
         optimizer=None,
@@ -95,7 +97,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     if resume_path is not None:
         offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
         if rank == 0:
-            tta.resume_from(state.batch)
+            quality_log.resume_from(state.batch)
             steps.resume_from(state.batch)
         console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
     if rank == 0:
@@ -112,7 +114,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     except BaseException as error:
         if rank == 0:
             status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-            tta.write_summary(state, status, str(error) or type(error).__name__)
+            quality_log.write_summary(state, status, str(error) or type(error).__name__)
         raise
     finally:
         distributed.leave()

@@ -379,6 +379,36 @@ INCOMPATIBLE_ALGORITHMS: dict[tuple[str, str], str] = {
     ("cutmix", "mixup"): "both replace each batch with mixed images and targets; choose one",
     ("randaugment", "trivialaugment"): "both draw random per-image augmentations; choose one",
 }
+# The one order of algorithms. At each event the engine runs the algorithms acting there in this
+# order, and in reverse on events that close a bracket (AFTER_FORWARD/LOSS/BACKWARD, *_END), so
+# what one method sets up before a step is unwound after it in mirror order. docs/algorithms.md
+# shows the resolved order per event, generated from this table (scripts/algorithm_order.py --write).
+ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
+    ("stochastic_depth", "wraps whole residual blocks before any surgery inside them"),
+    ("blurpool", "replaces strided convolutions before squeeze-excite gates them"),
+    ("squeeze_excite", "after BlurPool, so a blurred strided convolution's inner conv gets the gate"),
+    ("ghost_batchnorm", "after the surgery that adds layers (BlurPool, squeeze-excite)"),
+    ("fixres", "sets the full training resolution before progressive resizing scales it"),
+    ("progressive_resizing", "sizes the batch before ColOut drops rows and columns of it"),
+    ("colout", "after the batch has its size for the step"),
+    ("selective_backprop", "scores and keeps examples of the batch as it will train: sized, before mixing"),
+    ("mixup", "mixes images and targets before label smoothing smooths the mixed targets"),
+    ("cutmix", "as mixup"),
+    ("randaugment", "per-image transforms in the data pipeline; no order with batch methods"),
+    ("trivialaugment", "as randaugment"),
+    ("bce_loss", "replaces the loss at INIT; no other method touches it"),
+    ("label_smoothing", "smooths the (mixed) targets before the loss and restores them after it"),
+    (
+        "sam",
+        "after label smoothing: at AFTER_LOSS (reversed) SAM records the smoothed targets before "
+        "label smoothing restores the originals",
+    ),
+    ("gradient_clipping", "clips at BEFORE_OPTIMIZER_STEP the gradient SAM's second pass left"),
+    ("layer_freezing", "freezes layers at EPOCH_END after EMA and SWA have averaged the step"),
+    ("ema", "at BATCH_END (reversed) averages after SWA: the step that loads SWA's average feeds it to EMA"),
+    ("swa", "at BATCH_END (reversed) loads its average into the model before EMA reads the weights"),
+    ("channels_last", "last model change at INIT: every layer that surgery added becomes NHWC"),
+)
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
 # Methods whose step cost changes along the schedule: a profiled prefix does not represent the rest.
 VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop")

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from trainrun.errors import ConfigError
-from trainrun.loggers.files import atomic_write_json
+from trainrun.files import atomic_write_json
 
 SWEEP_KEYS = ("budgets", "seeds", "out")
 RUN_ONLY_KEYS = ("progress", "resume")  # may differ between a finished run and its rerun
@@ -42,7 +42,7 @@ class SweepJob:
 
 def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None], Path | None, list[str]]:
     """(budgets, seeds, out, run overrides) from ``trainrun sweep`` arguments."""
-    from trainrun.cli import force_schema_keys, translate
+    from trainrun.config import force_schema_keys, translate
 
     hydra_args, overrides, _ = translate(argv)
     if hydra_args:
@@ -100,7 +100,7 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
 
 def run_sweep(argv: list[str]) -> int:
     """Entry point of ``trainrun sweep``; returns the exit code (1 if any run failed)."""
-    from trainrun.cli import compose
+    from trainrun.config import compose
     from trainrun.schema import validate
 
     budgets, seeds, out, overrides = parse_sweep_arguments(argv)

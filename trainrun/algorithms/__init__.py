@@ -7,29 +7,10 @@ the module of the same name here implements the method.
 from __future__ import annotations
 
 import importlib
-from typing import Any, ClassVar
+from typing import Any
 
 from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
 from trainrun.schema import ALGORITHM_CONFIGS
-
-
-class ModelSurgery(Algorithm):
-    """A method that changes the model once, at INIT, before the optimizer and DDP see it.
-
-    Subclasses set ``surgery = staticmethod(f)`` with ``f(model, config)``; ``order`` places them
-    among each other. The class itself is the module's ``build``.
-    """
-
-    events = frozenset({Event.INIT})
-    surgery: ClassVar[Any]
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-
-    def apply(self, event: Event, state: State) -> None:
-        self.surgery(state.raw_model, self.config)
 
 
 def build_algorithms(configs: dict[str, Any]) -> list[Algorithm]:
@@ -41,3 +22,23 @@ def build_algorithms(configs: dict[str, Any]) -> list[Algorithm]:
         module = importlib.import_module(f"trainrun.algorithms.{name}")
         algorithms.append(module.build(config))
     return algorithms
+
+
+def order_markdown() -> str:
+    """The order table and the order it resolves to at each event, as Markdown for the docs."""
+    from trainrun.core.engine import Engine
+    from trainrun.core.events import Event
+    from trainrun.schema import ALGORITHM_ORDER
+
+    engine = Engine(build_algorithms({name: config() for name, config in ALGORITHM_CONFIGS.items()}))
+    events = {algorithm.name: algorithm.events for algorithm in engine.algorithms}
+    lines = ["| # | method | acts on | why here |", "| --- | --- | --- | --- |"]
+    for position, (name, why) in enumerate(ALGORITHM_ORDER, start=1):
+        acts = ", ".join(event.name for event in Event if event in events[name])
+        lines.append(f"| {position} | `{name}` | {acts} | {why} |")
+    lines += ["", "| event | methods, in the order they run |", "| --- | --- |"]
+    for event in Event:
+        if order := engine.order_at(event):
+            reversed_note = " (reversed: closes a bracket)" if event.closes else ""
+            lines.append(f"| {event.name}{reversed_note} | {' → '.join(order)} |")
+    return "\n".join(lines) + "\n"

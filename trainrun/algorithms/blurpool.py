@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainrun.algorithms import ModelSurgery
+from trainrun.algorithms.base import ModelSurgery
 from trainrun.models.surgery import replace_children
 from trainrun.schema import BlurPoolConfig
 
@@ -77,8 +77,8 @@ def apply_blurpool(model: nn.Module, config: BlurPoolConfig) -> int:
 
 class BlurPool(ModelSurgery):
     name = "blurpool"
-    order = 10  # surgery before channels_last converts the new buffers
     surgery = staticmethod(apply_blurpool)
 
 
-build = BlurPool
+def build(config: BlurPoolConfig) -> BlurPool:
+    return BlurPool(config)

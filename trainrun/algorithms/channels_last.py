@@ -16,7 +16,6 @@ from trainrun.schema import ChannelsLastConfig
 class ChannelsLast(Algorithm):
     name = "channels_last"
     events = frozenset({Event.INIT})
-    order = 90  # after every model surgery
 
     def apply(self, event: Event, state: State) -> None:
         state.model.to(memory_format=torch.channels_last)

@@ -38,7 +38,6 @@ def colout(images: torch.Tensor, p_row: float, p_col: float, batch: bool) -> tor
 class ColOut(Algorithm):
     name = "colout"
     events = frozenset({Event.AFTER_DATALOADER})
-    order = 35  # after progressive resizing has set the batch's size
 
     def __init__(self, config: ColOutConfig) -> None:
         self.config = config

@@ -6,7 +6,7 @@ from each sample's partner (``roll(1)``); labels are mixed with λ adjusted to t
 
 from torchvision.transforms import v2
 
-from trainrun.algorithms.mixup import BatchMixing
+from trainrun.algorithms.base import BatchMixing
 from trainrun.schema import CutMixConfig
 
 

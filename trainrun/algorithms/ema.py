@@ -31,7 +31,6 @@ def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 class EMA(Algorithm):
     name = "ema"
     events = frozenset({Event.FIT_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END})
-    order = 80  # updates after every other method has changed the weights
 
     def __init__(self, half_life: str, update_interval: str) -> None:
         self.half_life, self.update_interval = half_life, update_interval

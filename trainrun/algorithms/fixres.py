@@ -13,7 +13,7 @@ test resolution is left out: the published recipes do not use it.
 import torch
 import torch.nn.functional as F
 
-from trainrun.algorithms.progressive_resizing import TrainingResolution
+from trainrun.algorithms.base import TrainingResolution
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.schema import FixResConfig
@@ -22,7 +22,6 @@ from trainrun.schema import FixResConfig
 class FixRes(TrainingResolution):
     name = "fixres"
     events = frozenset({Event.INIT, *TrainingResolution.events})
-    order = 25  # sets the full training resolution before progressive resizing reads it
 
     def __init__(self, train_resolution: int) -> None:
         self.train_resolution = train_resolution

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainrun.algorithms import ModelSurgery
+from trainrun.algorithms.base import ModelSurgery
 from trainrun.models.surgery import replace_children
 from trainrun.schema import GhostBatchNormConfig
 
@@ -55,8 +55,8 @@ def apply_ghost_batchnorm(model: nn.Module, config: GhostBatchNormConfig) -> int
 
 class GhostBatchNorm(ModelSurgery):
     name = "ghost_batchnorm"
-    order = 17  # after the surgery that adds layers (BlurPool, SE), before channels-last
     surgery = staticmethod(apply_ghost_batchnorm)
 
 
-build = GhostBatchNorm
+def build(config: GhostBatchNormConfig) -> GhostBatchNorm:
+    return GhostBatchNorm(config)

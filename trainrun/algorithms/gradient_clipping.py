@@ -34,7 +34,6 @@ def adaptive_clip(parameters: list[torch.nn.Parameter], threshold: float, eps: f
 class GradientClipping(Algorithm):
     name = "gradient_clipping"
     events = frozenset({Event.BEFORE_OPTIMIZER_STEP})
-    order = 20  # before methods that read gradients at the step (e.g. SAM)
 
     def __init__(self, type: str, threshold: float) -> None:
         self.type, self.threshold = type, threshold

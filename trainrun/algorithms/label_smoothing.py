@@ -17,7 +17,6 @@ def smooth(targets: torch.Tensor, num_classes: int, smoothing: float, dtype: tor
 class LabelSmoothing(Algorithm):
     name = "label_smoothing"
     events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
-    order = 60  # after mixing methods, which produce the dense targets it smooths
 
     def __init__(self, smoothing: float) -> None:
         self.smoothing = smoothing

@@ -10,13 +10,10 @@ Evaluation always runs at full resolution.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import torch
 import torch.nn.functional as F
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
+from trainrun.algorithms.base import TrainingResolution
 from trainrun.core.state import State
 from trainrun.schema import ProgressiveResizingConfig
 
@@ -35,35 +32,8 @@ def size_at(progress: float, full: int, config: ProgressiveResizingConfig) -> in
     return min(max(size, config.size_increment), full)
 
 
-class TrainingResolution(Algorithm, ABC):
-    """Trains at :meth:`target_size`: decoded at that size by the loader when it can (asked at each
-    EPOCH_START), otherwise each larger training batch is shrunk on the device at AFTER_DATALOADER."""
-
-    events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
-    decoding = False  # the loader decodes at the target size this epoch
-
-    @abstractmethod
-    def target_size(self, state: State) -> int:
-        """The side length to train at now."""
-
-    @abstractmethod
-    def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
-        """A batch made ``size`` x ``size`` on the device."""
-
-    def match(self, event: Event, state: State) -> bool:
-        return event is Event.EPOCH_START or (event is Event.AFTER_DATALOADER and not self.decoding)
-
-    def apply(self, event: Event, state: State) -> None:
-        size = self.target_size(state)
-        if event is Event.EPOCH_START:
-            self.decoding = state.data is not None and state.data.set_train_resolution(size)
-        elif size < state.inputs.shape[-1]:
-            state.inputs = self.shrink(state.inputs, size)
-
-
 class ProgressiveResizing(TrainingResolution):
     name = "progressive_resizing"
-    order = 30  # before ColOut-style methods that drop rows of the resized batch
 
     def __init__(self, config: ProgressiveResizingConfig) -> None:
         self.config = config

@@ -11,38 +11,17 @@ its pipeline and cannot run it; that is refused at start-up.
 
 from torchvision.transforms import v2
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
-from trainrun.errors import ConfigError
-from trainrun.schema import RandAugmentConfig, TrivialAugmentConfig
+from trainrun.algorithms.base import ImageAugmentation
+from trainrun.schema import RandAugmentConfig
 
 SEVERITY_LEVELS = 21
-
-
-class ImageAugmentation(Algorithm):
-    """Adds a per-image torchvision transform to the training data at FIT_START."""
-
-    events = frozenset({Event.FIT_START})
-
-    def __init__(self, transform: v2.Transform) -> None:
-        self.transform = transform
-
-    def apply(self, event: Event, state: State) -> None:
-        if not state.data.add_train_transform(self.transform):
-            raise ConfigError(f"algorithm '{self.name}' needs the torch DataLoader path (data.loader=torch)")
 
 
 class RandAugment(ImageAugmentation):
     name = "randaugment"
 
 
-def transform(config: RandAugmentConfig | TrivialAugmentConfig) -> v2.Transform:
-    """The torchvision transform for a RandAugment or TrivialAugment config."""
-    if isinstance(config, RandAugmentConfig):
-        return v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)
-    return v2.TrivialAugmentWide(num_magnitude_bins=config.num_magnitude_bins)
-
-
 def build(config: RandAugmentConfig) -> RandAugment:
-    return RandAugment(transform(config))
+    return RandAugment(
+        v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)
+    )

@@ -29,9 +29,6 @@ from trainrun.schema import SAMConfig
 class SAM(Algorithm):
     name = "sam"
     events = frozenset({Event.BEFORE_FORWARD, Event.AFTER_LOSS, Event.AFTER_BACKWARD})
-    # Above label smoothing (60): on AFTER_LOSS, which runs in reverse, SAM records the targets
-    # before label smoothing restores the unsmoothed ones.
-    order = 70
 
     def __init__(self, rho: float, epsilon: float, interval: int) -> None:
         self.rho, self.epsilon, self.interval = rho, epsilon, interval

@@ -36,7 +36,6 @@ def select(losses: torch.Tensor, keep: float) -> torch.Tensor:
 class SelectiveBackprop(Algorithm):
     name = "selective_backprop"
     events = frozenset({Event.AFTER_DATALOADER})
-    order = 0  # first: every later method sees only the selected examples
 
     def __init__(self, config: SelectiveBackpropConfig) -> None:
         self.config = config

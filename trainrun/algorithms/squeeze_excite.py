@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 from torchvision.ops import SqueezeExcitation
 
-from trainrun.algorithms import ModelSurgery
+from trainrun.algorithms.base import ModelSurgery
 from trainrun.models.surgery import replace_children
 from trainrun.schema import SqueezeExciteConfig
 
@@ -35,8 +35,8 @@ def apply_squeeze_excite(model: nn.Module, config: SqueezeExciteConfig) -> int:
 
 class SqueezeExcite(ModelSurgery):
     name = "squeeze_excite"
-    order = 15  # after BlurPool (10), so a blurred strided conv's inner conv gets the gate
     surgery = staticmethod(apply_squeeze_excite)
 
 
-build = SqueezeExcite
+def build(config: SqueezeExciteConfig) -> SqueezeExcite:
+    return SqueezeExcite(config)

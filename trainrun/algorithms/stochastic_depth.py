@@ -16,7 +16,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 from torchvision.ops import StochasticDepth as DropPath
 
-from trainrun.algorithms import ModelSurgery
+from trainrun.algorithms.base import ModelSurgery
 from trainrun.schema import StochasticDepthConfig
 
 
@@ -66,8 +66,8 @@ def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> l
 
 class StochasticDepth(ModelSurgery):
     name = "stochastic_depth"
-    order = 5  # wraps whole blocks before any surgery inside them
     surgery = staticmethod(apply_stochastic_depth)
 
 
-build = StochasticDepth
+def build(config: StochasticDepthConfig) -> StochasticDepth:
+    return StochasticDepth(config)

@@ -6,7 +6,7 @@ From ``swa_start`` to ``swa_end`` the training weights are averaged with equal w
 on from it so that batch-norm statistics match the averaged weights, as Composer does, and the
 run's own learning-rate schedule is kept (Composer's default, no SWALR).
 
-With EMA: SWA (order 85) runs before EMA (80) at BATCH_END, so the step that loads the SWA
+With EMA: SWA runs before EMA at BATCH_END (``ALGORITHM_ORDER``), so the step that loads the SWA
 average also feeds it to EMA; both average the training weights, never each other's.
 """
 
@@ -26,7 +26,6 @@ from trainrun.schema import SWAConfig
 class SWA(Algorithm):
     name = "swa"
     events = frozenset({Event.FIT_START, Event.BATCH_END})
-    order = 85
 
     def __init__(self, config: SWAConfig) -> None:
         self.config = config

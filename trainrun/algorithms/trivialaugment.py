@@ -5,7 +5,9 @@ beyond the number of magnitude levels. Added to the training images' pipeline at
 :mod:`trainrun.algorithms.randaugment`; torch DataLoader path only.
 """
 
-from trainrun.algorithms.randaugment import ImageAugmentation, transform
+from torchvision.transforms import v2
+
+from trainrun.algorithms.base import ImageAugmentation
 from trainrun.schema import TrivialAugmentConfig
 
 
@@ -14,4 +16,4 @@ class TrivialAugment(ImageAugmentation):
 
 
 def build(config: TrivialAugmentConfig) -> TrivialAugment:
-    return TrivialAugment(transform(config))
+    return TrivialAugment(v2.TrivialAugmentWide(num_magnitude_bins=config.num_magnitude_bins))

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from trainrun.errors import CheckpointError
-from trainrun.loggers.files import atomic_write
+from trainrun.files import atomic_write
 
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 

@@ -7,18 +7,20 @@ from typing import Any, ClassVar
 
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.schema import ALGORITHM_ORDER
+
+ORDER_POSITION = {name: position for position, (name, _why) in enumerate(ALGORITHM_ORDER)}
 
 
 class Algorithm:
     """A speed-up method: acts on ``events`` and changes the state there.
 
-    ``order`` places algorithms that touch the same thing: lower runs first on ordinary events,
-    last on ``AFTER_*`` / ``*_END`` events. ``state_dict`` is saved in checkpoints.
+    Its place among the others is its ``name``'s place in :data:`~trainrun.schema.ALGORITHM_ORDER`.
+    ``state_dict`` is saved in checkpoints.
     """
 
     name: ClassVar[str]
     events: ClassVar[frozenset[Event]] = frozenset()
-    order: ClassVar[int] = 50
 
     def match(self, event: Event, state: State) -> bool:
         """Whether to act now; by default on every event in ``events``."""
@@ -42,15 +44,20 @@ class Callback:
 
 
 class Engine:
-    """Fires events to algorithms (in ``order``) and then callbacks, timing the algorithms' work."""
+    """Fires events to algorithms (in the order of the table) and then callbacks, timing the algorithms' work."""
 
     def __init__(self, algorithms: Iterable[Algorithm], callbacks: Iterable[Callback] = ()) -> None:
-        self.algorithms = sorted(algorithms, key=lambda algorithm: algorithm.order)
+        self.algorithms = sorted(algorithms, key=lambda algorithm: ORDER_POSITION[algorithm.name])
         self.callbacks = list(callbacks)
+
+    def order_at(self, event: Event) -> list[str]:
+        """The names of the algorithms that act on ``event``, in the order they run there."""
+        acting = [algorithm.name for algorithm in self.algorithms if event in algorithm.events]
+        return acting[::-1] if event.closes else acting
 
     def run(self, event: Event, state: State) -> None:
         """Apply every matching algorithm, then every callback."""
-        algorithms = reversed(self.algorithms) if event.is_after else self.algorithms
+        algorithms = reversed(self.algorithms) if event.closes else self.algorithms
         for algorithm in algorithms:
             if algorithm.match(event, state):
                 previous = state.accounts.switch("algorithms")

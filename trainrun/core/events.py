@@ -31,6 +31,9 @@ class Event(str, Enum):
     FIT_END = "fit_end"
 
     @property
-    def is_after(self) -> bool:
-        """``AFTER_*`` and ``*_END`` events run their algorithms in reverse order, like a stack."""
-        return self.value.startswith("after_") or self.value.endswith("_end")
+    def closes(self) -> bool:
+        """Whether this event closes a bracket an earlier event opened (``AFTER_FORWARD`` closes
+        ``BEFORE_FORWARD``, ``BATCH_END`` closes ``BATCH_START``, ...). Such events run their
+        algorithms in reverse order, like a stack, so what was set up first is undone last.
+        ``AFTER_DATALOADER`` opens nothing and closes nothing: it runs in table order."""
+        return self is not Event.AFTER_DATALOADER and (self.value.startswith("after_") or self.value.endswith("_end"))

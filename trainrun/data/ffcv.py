@@ -67,7 +67,7 @@ def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]
     directory = Path(config.cache_dir).expanduser()
     paths = directory / f"{config.name}-{digest}-train.beton", directory / f"{config.name}-{digest}-val.beton"
     if placement.local_rank == 0 and not all(path.is_file() for path in paths):
-        from trainrun.data import datasets
+        from trainrun.data.sources import datasets
 
         settings = WriteSettings(mode="raw", max_resolution=max(config.resolution, config.eval_resolution))
         for dataset, path in zip(datasets(config, augment=False), paths):

@@ -103,7 +103,7 @@ def write_beton(dataset: Any, out: Path, settings: WriteSettings) -> Path:
 def source_dataset(source: str, split: str, builtin: Any) -> Any:
     """The dataset ``trainrun write`` reads: built-in set ``builtin`` or an ImageFolder at ``source``."""
     if builtin is not None:
-        from trainrun.data import datasets
+        from trainrun.data.sources import datasets
 
         train, val = datasets(builtin, augment=False)
         return train if split == "train" else val

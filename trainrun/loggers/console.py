@@ -9,14 +9,14 @@ from rich.table import Table
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.loggers.tta import TimeToAccuracyLogger
+from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
 
 
 class ConsoleLogger(Callback):
     """Rank 0's console. The live bar shows only on a terminal; logs get one line per evaluation."""
 
-    def __init__(self, tta: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
-        self.tta = tta
+    def __init__(self, quality_log: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
+        self.quality_log = quality_log
         self.console = console or Console()
         self.live = live and self.console.is_terminal
         self.progress: Progress | None = None
@@ -76,7 +76,7 @@ class ConsoleLogger(Callback):
         self.progress.update(self.task, completed=state.batch, **fields)
 
     def _print_eval(self, state: State) -> None:
-        record = self.tta.records[-1] if self.tta.records else None
+        record = self.quality_log.records[-1] if self.quality_log.records else None
         if record is None:
             return
         if self.progress is not None:
@@ -91,7 +91,7 @@ class ConsoleLogger(Callback):
 
     def _print_profile(self) -> None:
         """The bottleneck line and, for a profiled prefix, the extrapolated full-run time."""
-        summary = self.tta.summary
+        summary = self.quality_log.summary
         if summary.get("bottleneck"):
             self.console.print(summary["bottleneck"]["sentence"], highlight=False, soft_wrap=True)
         steady = summary.get("bottleneck_after_first_epoch")
@@ -112,7 +112,7 @@ class ConsoleLogger(Callback):
         table = Table(title="time to accuracy", title_justify="left")
         for column in ("target top-1", "train seconds", "wall seconds", "epoch", "batch"):
             table.add_column(column, justify="right")
-        for target, reached in self.tta.time_to_targets().items():
+        for target, reached in self.quality_log.time_to_targets().items():
             if reached is None:
                 table.add_row(f"{float(target):.1%}", "not reached", "-", "-", "-")
             else:
@@ -123,7 +123,7 @@ class ConsoleLogger(Callback):
                     f"{reached['epoch']:.2f}",
                     str(reached["batch"]),
                 )
-        best = max((r["top1"] for r in self.tta.records), default=float("nan"))
-        final = self.tta.records[-1]["top1"] if self.tta.records else float("nan")
+        best = max((r["top1"] for r in self.quality_log.records), default=float("nan"))
+        final = self.quality_log.records[-1]["top1"] if self.quality_log.records else float("nan")
         table.caption = f"final top-1 {final:.2%}, best {best:.2%}, train {state.accounts.train_seconds():.1f}s"
         return table

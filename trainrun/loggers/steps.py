@@ -14,7 +14,7 @@ from pathlib import Path
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.loggers.files import atomic_write_text, read_jsonl
+from trainrun.files import atomic_write_text, read_jsonl
 
 
 class StepTimeLogger(Callback):

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trainrun.errors import ConfigError
-from trainrun.loggers.files import atomic_write, atomic_write_text
+from trainrun.files import atomic_write, atomic_write_text
 from trainrun.report import curves
+from trainrun.report.bottleneck import bound_text
 from trainrun.report.curves import Point
-from trainrun.report.profile import bound_text
 from trainrun.report.runs import EXTRAPOLATED, Pricing, Run, find_runs, load_run
 
 
@@ -119,7 +119,7 @@ def _pricing(hardware: str | None, price: float | None) -> Pricing | None:
         return Pricing(hardware or "custom", price)
     if hardware is None:
         return None
-    from trainrun.cli import compose, group_options
+    from trainrun.config import compose, group_options
     from trainrun.schema import validate
 
     options = group_options("hardware")

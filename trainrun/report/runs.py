@@ -15,7 +15,7 @@ import yaml
 
 from trainrun.core.accounts import UNTIMED_BUCKETS
 from trainrun.errors import ConfigError
-from trainrun.loggers.files import read_jsonl
+from trainrun.files import read_jsonl
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 FIRST_EPOCH_AS_SECOND = "measured, epoch 1 timed as epoch 2"

@@ -16,8 +16,8 @@ from typing import Any
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.loggers.files import atomic_write_json, atomic_write_text, read_jsonl
-from trainrun.report.profile import Bottleneck, find_bottleneck
+from trainrun.files import atomic_write_json, atomic_write_text, read_jsonl
+from trainrun.report.bottleneck import Bottleneck, find_bottleneck
 
 
 class TimeToAccuracyLogger(Callback):

@@ -1,0 +1,85 @@
+"""Bases that several speed-up methods share: what they have in common, written once."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torchvision.transforms import v2
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.errors import ConfigError
+
+
+class ModelSurgery(Algorithm):
+    """A method that changes the model once, at INIT, before the optimizer and DDP see it.
+
+    Subclasses set ``surgery = staticmethod(f)`` with ``f(model, config)``.
+    """
+
+    events = frozenset({Event.INIT})
+    surgery: ClassVar[Any]
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def apply(self, event: Event, state: State) -> None:
+        self.surgery(state.raw_model, self.config)
+
+
+class TrainingResolution(Algorithm, ABC):
+    """Trains at :meth:`target_size`: decoded at that size by the loader when it can (asked at each
+    EPOCH_START), otherwise each larger training batch is shrunk on the device at AFTER_DATALOADER."""
+
+    events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
+    decoding = False  # the loader decodes at the target size this epoch
+
+    @abstractmethod
+    def target_size(self, state: State) -> int:
+        """The side length to train at now."""
+
+    @abstractmethod
+    def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
+        """A batch made ``size`` x ``size`` on the device."""
+
+    def match(self, event: Event, state: State) -> bool:
+        return event is Event.EPOCH_START or (event is Event.AFTER_DATALOADER and not self.decoding)
+
+    def apply(self, event: Event, state: State) -> None:
+        size = self.target_size(state)
+        if event is Event.EPOCH_START:
+            self.decoding = state.data is not None and state.data.set_train_resolution(size)
+        elif size < state.inputs.shape[-1]:
+            state.inputs = self.shrink(state.inputs, size)
+
+
+class BatchMixing(Algorithm):
+    """Applies a torchvision batch transform (MixUp, CutMix) to the training batch."""
+
+    events = frozenset({Event.BEFORE_FORWARD})
+    transform_class: type[v2.Transform]
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.transform = None
+
+    def apply(self, event: Event, state: State) -> None:
+        if self.transform is None:
+            self.transform = self.transform_class(alpha=self.alpha, num_classes=state.num_classes)
+        state.inputs, state.targets = self.transform(state.inputs, state.targets)
+
+
+class ImageAugmentation(Algorithm):
+    """Adds a per-image torchvision transform to the training data at FIT_START."""
+
+    events = frozenset({Event.FIT_START})
+
+    def __init__(self, transform: v2.Transform) -> None:
+        self.transform = transform
+
+    def apply(self, event: Event, state: State) -> None:
+        if not state.data.add_train_transform(self.transform):
+            raise ConfigError(f"algorithm '{self.name}' needs the torch DataLoader path (data.loader=torch)")
