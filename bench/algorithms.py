@@ -34,6 +34,7 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.tasks.image_classification import ImageClassification
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- bench/algorithms.py:start -->", "<!-- bench/algorithms.py:end -->"
@@ -72,7 +73,8 @@ def step_seconds(name: str | None, args: argparse.Namespace, device: torch.devic
 
     precision, _ = resolve_precision(args.precision, device)
     state = State(
-        model, None, timeline, device, precision, loss_fn=soft_cross_entropy, data=data, num_classes=10,
+        model, None, timeline, device, precision, loss_fn=soft_cross_entropy, task=ImageClassification(), data=data,
+        num_classes=10,
         train_resolution=args.resolution,
     )  # fmt: skip
     algorithms = build_algorithms({name: method_config(name, args.resolution)} if name else {})

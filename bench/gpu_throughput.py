@@ -48,6 +48,7 @@ from trainrun.loss import binary_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
+from trainrun.tasks.image_classification import ImageClassification
 
 # Dense peak TFLOP/s (TF32 for fp32, fp16/bf16 tensor cores for amp/bf16) by the exact name
 # torch.cuda.get_device_name reports; NVIDIA's data sheets, sparsity figures halved.
@@ -196,7 +197,8 @@ def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.dev
     precision, _ = resolve_precision(setting.precision, device)
     timeline = Timeline(per_epoch, setting.batch, SCHEDULE_EPOCHS * per_epoch)
     state = State(
-        model, None, timeline, device, precision, loss_fn=binary_cross_entropy, data=data, num_classes=classes,
+        model, None, timeline, device, precision, loss_fn=binary_cross_entropy, task=ImageClassification(), data=data,
+        num_classes=classes,
         train_resolution=setting.resolution,
     )  # fmt: skip
     names = recipe_algorithms(args.recipe, setting.channels_last)

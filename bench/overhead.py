@@ -27,6 +27,7 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.tasks.image_classification import ImageClassification
 
 
 def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
@@ -76,6 +77,7 @@ def trainer_loop(steps: int, data: TorchData) -> float:
         torch.device("cpu"),
         Precision("fp32", "cpu"),
         loss_fn=soft_cross_entropy,
+        task=ImageClassification(),
         data=data,
         num_classes=10,
     )

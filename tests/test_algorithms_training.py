@@ -35,6 +35,7 @@ from trainrun.schema import (
     SqueezeExciteConfig,
     SWAConfig,
 )
+from trainrun.tasks.image_classification import ImageClassification
 
 
 class FixedBatches(DataSpec):
@@ -76,6 +77,7 @@ def train(model, algorithms, steps, lr=0.1, callbacks=(), labels=None):
         device=torch.device("cpu"),
         precision=Precision("fp32", "cpu"),
         loss_fn=soft_cross_entropy,
+        task=ImageClassification(),
         data=FixedBatches(images, labels),
         num_classes=3,
     )
@@ -188,8 +190,8 @@ def test_swa_state_round_trips():
     state, *_ = train(tiny_model(), algorithms, steps=4)
     saved = algorithms[0].state_dict()
     (restored,) = build_algorithms({"swa": SWAConfig(swa_start="1ba", swa_end="10ba", update_interval="1ba")})
+    restored.apply(Event.FIT_START, state)  # builds the average; a resume restores it right after
     restored.load_state_dict(saved)
-    restored.apply(Event.FIT_START, state)
     assert int(restored.average.n_averaged) == 4
     for a, b in zip(restored.average.parameters(), algorithms[0].average.parameters()):
         assert torch.equal(a, b)

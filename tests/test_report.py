@@ -71,7 +71,9 @@ def _run(label: str, budget: float, top1: float, seconds: float, seed: int = 0, 
         budget=budget,
         seed=seed,
         status="completed",
-        top1=top1,
+        quality_metric="top1",
+        quality_label="top-1",
+        quality=top1,
         train_seconds=seconds,
         time_source="measured",
         nodes=1,
@@ -95,8 +97,8 @@ def test_pareto_frontier_and_time_to_accuracy_interpolate_between_budgets():
 
 def test_seeds_average_into_one_point_with_their_spread():
     (point,) = curves.points([_run("a", 1.0, 0.90, 10, seed=0), _run("a", 1.0, 0.94, 14, seed=1)])
-    assert point.seeds == 2 and point.top1 == pytest.approx(0.92) and point.seconds == 12
-    assert point.top1_spread == pytest.approx(0.02 * 2**0.5) and point.top1_range == (0.90, 0.94)
+    assert point.seeds == 2 and point.quality == pytest.approx(0.92) and point.seconds == 12
+    assert point.quality_spread == pytest.approx(0.02 * 2**0.5) and point.quality_range == (0.90, 0.94)
 
 
 def _write_run(directory: Path, label: str, budget: float, top1: float, seconds: float, **summary) -> Path:

@@ -1,6 +1,7 @@
 """The package's shape: imports point one way, with no circle, and the CLI only dispatches."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"
@@ -49,3 +50,20 @@ def test_core_imports_nothing_of_loggers_report_or_the_cli():
 def test_nothing_imports_the_cli():
     importers = [module for module, targets in module_imports().items() if "trainrun.cli" in targets]
     assert importers == ["trainrun.__main__"]
+
+
+TASK_WORDS = re.compile(r"\bimages?\b|\btop-?[15]\b|\bclasses\b|num_classes|\blabels\b|\bpixels?\b", re.IGNORECASE)
+TASK_AGNOSTIC = [
+    "core/trainer.py", "core/checkpoint.py", "core/engine.py", "core/accounts.py", "loggers/console.py",
+    "loggers/time_to_accuracy.py", "loggers/steps.py", "sweep.py", "report/bottleneck.py", "report/curves.py",
+    "report/build.py",
+]  # fmt: skip
+
+
+def test_the_loop_and_its_outputs_name_nothing_of_a_task():
+    """Images, top-1 and classes belong to the image task; the trainer, checkpoints, loggers, sweeps
+    and reports speak of the task's inputs, targets and quality metric."""
+    for relative in TASK_AGNOSTIC:
+        text = (PACKAGE / relative).read_text()
+        found = sorted({match.group(0) for match in TASK_WORDS.finditer(text)})
+        assert not found, f"{relative} names {found}"

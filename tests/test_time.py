@@ -39,5 +39,5 @@ def test_scaling_truncates_whole_units_like_the_published_recipes():
 
 def test_interval_boundaries_include_the_last_step():
     timeline = Timeline(batches_per_epoch=10, samples_per_batch=1, max_batches=25)
-    hits = [b for b in range(1, 26) if timeline.is_multiple(b, "1ep")]
+    hits = [b for b in range(1, 26) if timeline.ends_interval(b, timeline.to_batches("1ep"))]
     assert hits == [10, 20, 25]

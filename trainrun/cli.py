@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainrun.config import NO_RUN_FLAGS, check, compose, config_dir, force_schema_keys, translate
 from trainrun.errors import ConfigError, report_error
+from trainrun.provenance import record_command
 from trainrun.schema import validate
 
 
@@ -37,6 +38,7 @@ def _job(cfg: DictConfig, debug: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trainrun`` console script."""
     argv = sys.argv[1:] if argv is None else argv
+    record_command(argv)
     debug = "--debug" in argv
     if argv and argv[0] in SUBCOMMANDS:
         try:

@@ -22,11 +22,12 @@ from trainrun.files import atomic_write_text
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.steps import StepTimeLogger
 from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
-from trainrun.loss import LOSSES
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
+from trainrun.provenance import provenance
 from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
+from trainrun.tasks import build_task
 
 
 def seed_everything(seed: int) -> None:
@@ -58,8 +59,14 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
 
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
     varying = [name for name in config.algorithms if name in VARYING_STEP_COST_ALGORITHMS]
+    task = build_task(config.task.name)
     quality_log = TimeToAccuracyLogger(
-        run_dir, config.accuracy_targets, profile_prefix=stop_after, varying_cost=varying
+        run_dir,
+        task,
+        config.accuracy_targets,
+        profile_prefix=stop_after,
+        varying_cost=varying,
+        provenance=provenance(device, world_size, config.launcher.nnodes) if rank == 0 else None,
     )
     steps = StepTimeLogger(run_dir, config.log_interval)
     console_logger = ConsoleLogger(quality_log, live=config.progress, console=console)
@@ -72,7 +79,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         precision=precision,
         rank=rank,
         world_size=world_size,
-        loss_fn=LOSSES[config.loss],
+        loss_fn=task.loss(config.loss),
+        task=task,
         data=data,
         num_classes=config.model.num_classes,
         train_resolution=config.data.resolution,

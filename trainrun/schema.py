@@ -42,6 +42,14 @@ def _non_negative(default: Any) -> Any:
 MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
 DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton")
+TASK_NAMES = ("image_classification",)
+
+
+@dataclass
+class TaskConfig:
+    """The kind of problem (conf/task/, trainrun/tasks/): inputs, losses, metrics and the quality metric."""
+
+    name: str = _choice("image_classification", *TASK_NAMES)
 
 
 @dataclass
@@ -153,6 +161,7 @@ class HardwareConfig:
 class TrainConfig:
     """The whole run. ``algorithms`` maps names to each algorithm's own config dataclass."""
 
+    task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -172,7 +181,7 @@ class TrainConfig:
     train_batch_size: int = _positive(128)  # global: divided among ranks
     eval_batch_size: int = _positive(512)  # global
     scale_schedule_ratio: float = _positive(1.0)
-    accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95])  # of the task's quality metric
     resume: str | None = None  # "auto" (newest checkpoint in the run dir) or a path
     log_interval: int = _positive(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal

@@ -36,7 +36,6 @@ class EMA(Algorithm):
         self.half_life, self.update_interval = half_life, update_interval
         self.average: AveragedModel | None = None
         self.interval = 1
-        self._pending_state: dict[str, Any] | None = None
         self._stash: list[torch.Tensor] = []
 
     def match(self, event: Event, state: State) -> bool:
@@ -61,16 +60,14 @@ class EMA(Algorithm):
         self.interval = max(timeline.to_batches(self.update_interval), 1)
         decay = smoothing(self.interval, max(timeline.to_batches(self.half_life), 1))
         self.average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-        if self._pending_state is not None:
-            self.average.load_state_dict(self._pending_state)
-        else:
-            self.average.update_parameters(state.raw_model)  # start from the current weights
+        self.average.update_parameters(state.raw_model)  # start from the current weights
 
     def state_dict(self) -> dict[str, Any]:
         return {"average": self.average.state_dict()} if self.average is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending_state = state_dict.get("average")
+        if "average" in state_dict:  # called after FIT_START has built the average
+            self.average.load_state_dict(state_dict["average"])
 
 
 def build(config: EMAConfig) -> EMA:

@@ -1,7 +1,8 @@
 """Sharpness-aware minimisation (Foret et al., 2021), every ``interval``-th step.
 
 On a SAM step the trainer's forward and backward are the first pass: they give g at w, and
-under DDP they run inside ``no_sync`` (each rank's own ascent direction, no all-reduce). At
+under DDP they run with DDP's gradient synchronisation switched off (``require_backward_grad_sync``,
+the switch ``no_sync`` flips: each rank's own ascent direction, no all-reduce). At
 AFTER_BACKWARD the weights move to w + e, e = ρ·g / (‖g‖ + ε) with ‖·‖ the global norm, the
 same batch runs forward and backward again (gradients synchronised), and the weights return to
 w; the optimizer then steps with the gradient taken at w + e. Other steps are ordinary steps.
@@ -14,8 +15,6 @@ clips that gradient too. The loss of the second pass uses the targets the first 
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -32,7 +31,6 @@ class SAM(Algorithm):
 
     def __init__(self, rho: float, epsilon: float, interval: int) -> None:
         self.rho, self.epsilon, self.interval = rho, epsilon, interval
-        self._no_sync: contextlib.AbstractContextManager | None = None
         self._loss_targets = None
 
     def match(self, event: Event, state: State) -> bool:
@@ -40,15 +38,11 @@ class SAM(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.BEFORE_FORWARD:
-            if isinstance(state.model, DistributedDataParallel):
-                self._no_sync = state.model.no_sync()
-                self._no_sync.__enter__()
+            _synchronise_gradients(state, False)
         elif event is Event.AFTER_LOSS:
             self._loss_targets = state.targets
         else:
-            if self._no_sync is not None:
-                self._no_sync.__exit__(None, None, None)
-                self._no_sync = None
+            _synchronise_gradients(state, True)
             self._second_pass(state)
             self._loss_targets = None
 
@@ -78,6 +72,12 @@ class SAM(Algorithm):
         (scaler.scale(loss) if scaler is not None else loss).backward()
         with torch.no_grad():
             torch._foreach_copy_(params, weights)
+
+
+def _synchronise_gradients(state: State, on: bool) -> None:
+    """Switch DDP's all-reduce of gradients in the next backward pass on or off."""
+    if isinstance(state.model, DistributedDataParallel):
+        state.model.require_backward_grad_sync = on
 
 
 def build(config: SAMConfig) -> SAM:

@@ -31,7 +31,6 @@ class SWA(Algorithm):
         self.config = config
         self.average: AveragedModel | None = None
         self.loaded = False
-        self._pending_state: dict[str, Any] | None = None
         self.start = self.end = self.interval = 0
 
     def match(self, event: Event, state: State) -> bool:
@@ -57,9 +56,6 @@ class SWA(Algorithm):
         self.start, self.end = timeline.to_batches(self.config.swa_start), timeline.to_batches(self.config.swa_end)
         self.interval = max(timeline.to_batches(self.config.update_interval), 1)
         self.average = AveragedModel(state.raw_model)
-        if self._pending_state is not None:
-            self.average.load_state_dict(self._pending_state["average"])
-            self.loaded = self._pending_state["loaded"]
 
     def state_dict(self) -> dict[str, Any]:
         if self.average is None:
@@ -67,7 +63,9 @@ class SWA(Algorithm):
         return {"average": self.average.state_dict(), "loaded": self.loaded}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending_state = state_dict or None
+        if state_dict:  # called after FIT_START has built the average
+            self.average.load_state_dict(state_dict["average"])
+            self.loaded = state_dict["loaded"]
 
 
 def build(config: SWAConfig) -> SWA:

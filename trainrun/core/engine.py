@@ -33,7 +33,7 @@ class Algorithm:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned; called on resume right after FIT_START."""
 
 
 class Callback:

@@ -36,6 +36,7 @@ class State:
     outputs: Any = None
     loss: Any = None
     loss_fn: Any = None
+    task: Any = None  # the run's Task: batches to inputs and targets, evaluation, quality
     data: Any = None  # the run's DataSpec
     num_classes: int = 0
     memory_format: torch.memory_format = torch.contiguous_format  # of the model and its input batches
@@ -45,7 +46,6 @@ class State:
     train_loss: float | None = None  # last step's loss, updated every log_interval steps
     eval_metrics: dict[str, float] = field(default_factory=dict)
     accounts: TimeAccounts = field(default_factory=TimeAccounts)
-    stop_reason: str | None = None
     notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
 
     def notice(self, text: str, level: str = "note") -> None:

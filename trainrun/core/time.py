@@ -90,7 +90,6 @@ class Timeline:
             return math.ceil(int(time.value) / self.samples_per_batch)
         return int(round(time.value * self.max_batches))
 
-    def is_multiple(self, batch: int, interval: Time | str) -> bool:
-        """True when ``batch`` (steps done) falls on an ``interval`` boundary or is the last one."""
-        step = self.to_batches(interval)
-        return batch == self.max_batches or (step > 0 and batch % step == 0)
+    def ends_interval(self, batch: int, every: int) -> bool:
+        """True when ``batch`` (steps done) closes an interval of ``every`` steps or the run."""
+        return batch == self.max_batches or (every > 0 and batch % every == 0)

@@ -7,16 +7,14 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torchmetrics.classification import MulticlassAccuracy
 
 from trainrun.core import checkpoint, distributed
 from trainrun.core.compiled import compile_model
@@ -40,11 +38,23 @@ class TrainerSettings:
     stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
 
 
+@dataclass
+class Window:
+    """Training figures since the last evaluation, reported with it."""
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    samples: int = 0
+    started: float = 0.0  # training seconds when the window opened
+
+
 class Trainer:
     """Runs ``state`` to its ``max_duration``; algorithms and callbacks act through ``engine``.
 
-    ``optimization`` builds the optimizer and its per-step LR scheduler for the model once the
-    algorithms have changed it at INIT (new layers must be optimized too).
+    ``state.task`` turns batches into inputs and targets and evaluates. ``optimization`` builds
+    the optimizer and its per-step LR scheduler for the model once the algorithms have changed it
+    at INIT (new layers must be optimized too). Algorithms' saved state is restored right after
+    FIT_START, once each has built what it keeps (an average, a copy of the weights).
     """
 
     def __init__(
@@ -56,13 +66,14 @@ class Trainer:
     ) -> None:
         self.state = state
         self.engine, self.settings = engine, settings
-        classes = state.num_classes
-        self.top1 = MulticlassAccuracy(classes, top_k=1, average="micro").to(state.device)
-        self.top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro").to(state.device)
-        end = state.timeline.max_batches
+        timeline = state.timeline
+        end = timeline.max_batches
         self.last_batch = min(end, settings.stop_after) if settings.stop_after else end  # schedule or prefix end
+        self.eval_every = timeline.to_batches(settings.eval_interval)
+        self.checkpoint_every = timeline.to_batches(settings.checkpoint_interval) if settings.checkpoint_interval else 0
         self._pending_losses: list[torch.Tensor] = []
-        self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": 0.0}
+        self._window = Window()
+        self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         state.data.to(state.device)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
@@ -82,7 +93,10 @@ class Trainer:
         state.accounts.start(accounts_offset)
         state.model.train()
         self.engine.run(Event.FIT_START, state)
-        while state.batch < self.last_batch and state.stop_reason is None:
+        if self._algorithm_states is not None:
+            self.engine.load_state_dict(self._algorithm_states)
+            self._algorithm_states = None
+        while state.batch < self.last_batch:
             if state.batch_in_epoch == 0:
                 self.engine.run(Event.EPOCH_START, state)
             self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
@@ -99,26 +113,24 @@ class Trainer:
         while state.batch < self.last_batch:
             accounts.begin_step(state.batch + 1, "data")
             try:
-                images, targets = next(batches)
+                batch = next(batches)
             except StopIteration:
                 break
             self.engine.run(Event.BATCH_START, state)
             accounts.switch("to_device")
-            images = images.to(state.device, non_blocking=True)
-            state.targets = targets.to(state.device, non_blocking=True)
-            state.inputs = state.data.prepare(images, state.memory_format)
+            state.inputs, state.targets, samples = state.task.batch(batch, state)
             self._train_step()
             state.batch += 1
             state.batch_in_epoch += 1
-            state.samples += len(targets) * state.world_size
-            self._window["samples"] += len(targets) * state.world_size
+            state.samples += samples * state.world_size
+            self._window.samples += samples * state.world_size
             self.engine.run(Event.BATCH_END, state)
             if state.batch_in_epoch == state.timeline.batches_per_epoch:
                 self.engine.run(Event.EPOCH_END, state)
                 state.epoch += 1
                 state.batch_in_epoch = 0
             self._after_step()
-            if state.stop_reason is not None or state.batch_in_epoch == 0:
+            if state.batch_in_epoch == 0:
                 break
 
     def _train_step(self) -> None:
@@ -152,13 +164,14 @@ class Trainer:
         accounts.switch("other")
 
     def _after_step(self) -> None:
-        state, settings, timeline = self.state, self.settings, self.state.timeline
+        state, settings = self.state, self.settings
         if state.batch % settings.log_interval == 0:
             self._flush_losses()
-        if timeline.is_multiple(state.batch, settings.eval_interval):
+        ends = state.timeline.ends_interval
+        if ends(state.batch, self.eval_every):
             self.evaluate()
-        if settings.checkpoint_interval and timeline.is_multiple(state.batch, settings.checkpoint_interval):
-            if state.batch < timeline.max_batches or not settings.checkpoint_final:
+        if self.checkpoint_every and ends(state.batch, self.checkpoint_every):
+            if state.batch < state.timeline.max_batches or not settings.checkpoint_final:
                 self.save_checkpoint()
 
     def _flush_losses(self) -> None:
@@ -176,54 +189,44 @@ class Trainer:
                 f"loss is {values[bad].item()} at step {first_step + bad} (epoch {self.state.epoch}); "
                 "try a lower optimizer.lr, gradient clipping or precision=fp32"
             )
-        self._window["loss_sum"] += float(values.sum())
-        self._window["loss_count"] += len(values)
+        self._window.loss_sum += float(values.sum())
+        self._window.loss_count += len(values)
         self.state.train_loss = float(values[-1])
 
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Top-1 / top-5 accuracy and loss on the evaluation set, reduced over ranks."""
-        state = self.state
+        """The task's metrics on the evaluation set and the window's training figures, over all ranks."""
+        state, window = self.state, self._window
         self._flush_losses()
         previous = state.accounts.switch("eval")
         self.engine.run(Event.EVAL_START, state)
         state.model.eval()
-        self.top1.reset()
-        self.top5.reset()
-        totals = torch.zeros(2, dtype=torch.float64, device=state.device)  # loss sum, count
-        for images, targets in state.data.eval_batches():
-            images = state.data.prepare(images.to(state.device, non_blocking=True), state.memory_format)
-            targets = targets.to(state.device, non_blocking=True)
+        evaluator = state.task.evaluator(state)
+        for batch in state.data.eval_batches():
+            inputs, targets, _ = state.task.batch(batch, state)
             with state.precision.autocast():
-                logits = state.model(images)
-            totals[0] += F.cross_entropy(logits.float(), targets, reduction="sum")
-            totals[1] += len(targets)
-            self.top1.update(logits, targets)
-            self.top5.update(logits, targets)
-        window = torch.tensor(
-            [self._window["loss_sum"], self._window["loss_count"]], dtype=torch.float64, device=state.device
-        )
+                outputs = state.model(inputs)
+            evaluator.update(outputs, targets)
+        metrics = evaluator.compute()
+        losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64, device=state.device)
         if state.world_size > 1:
-            dist.all_reduce(totals)
-            dist.all_reduce(window)
+            dist.all_reduce(losses)
         state.eval_metrics = {
-            "top1": float(self.top1.compute()),
-            "top5": float(self.top5.compute()),
-            "eval_loss": float(totals[0] / totals[1]),
-            "train_loss": float(window[0] / window[1]) if window[1] else float("nan"),
+            **metrics,
+            "train_loss": float(losses[0] / losses[1]) if losses[1] else float("nan"),
             "throughput": self.window_throughput(),
         }
         state.model.train()
         self.engine.run(Event.EVAL_END, state)
-        self._window = {"loss_sum": 0.0, "loss_count": 0, "samples": 0, "seconds": state.accounts.train_seconds()}
+        self._window = Window(started=state.accounts.train_seconds())
         state.accounts.switch(previous)
         return state.eval_metrics
 
     def window_throughput(self) -> float:
-        """Training images per second since the last evaluation."""
-        seconds = self.state.accounts.train_seconds() - self._window["seconds"]
-        return self._window["samples"] / seconds if seconds > 0 else 0.0
+        """Training samples per second since the last evaluation."""
+        seconds = self.state.accounts.train_seconds() - self._window.started
+        return self._window.samples / seconds if seconds > 0 else 0.0
 
     # ----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -250,7 +253,7 @@ class Trainer:
             "algorithms": self.engine.state_dict(),
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
             "accounts": state.accounts.state_dict(),
-            "window": dict(self._window),
+            "window": asdict(self._window),
             "rng": rng,  # one entry per rank: each rank continues its own streams
         }
 
@@ -262,9 +265,10 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         if state.precision.scaler and payload["scaler"]:
             state.precision.scaler.load_state_dict(payload["scaler"])
-        self.engine.load_state_dict(payload["algorithms"])
+        self._algorithm_states = payload["algorithms"]
         for key, value in payload["progress"].items():
             setattr(state, key, value)
-        self._window = dict(payload["window"])
+        window = payload["window"]
+        self._window = Window(**{("started" if key == "seconds" else key): v for key, v in window.items()})
         checkpoint.restore_rng_state(checkpoint.rank_rng_state(payload["rng"], state.rank, state.world_size))
         return payload["accounts"]

@@ -17,6 +17,8 @@ class ConsoleLogger(Callback):
 
     def __init__(self, quality_log: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
         self.quality_log = quality_log
+        task = quality_log.task
+        self.quality, self.quality_label, self.unit = task.quality, task.metrics[task.quality], task.unit
         self.console = console or Console()
         self.live = live and self.console.is_terminal
         self.progress: Progress | None = None
@@ -50,7 +52,10 @@ class ConsoleLogger(Callback):
             TextColumn("[bold]ep {task.fields[epoch]}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  top-1 {task.fields[top1]}  {task.fields[speed]} img/s"),
+            TextColumn(
+                f"loss {{task.fields[loss]}}  {self.quality_label} {{task.fields[quality]}}  "
+                f"{{task.fields[speed]}} {self.unit}/s"
+            ),
             TimeRemainingColumn(),
             console=self.console,
             transient=True,
@@ -61,7 +66,7 @@ class ConsoleLogger(Callback):
             completed=state.batch,
             epoch=state.epoch,
             loss="-",
-            top1="-",
+            quality="-",
             speed="-",
         )
         self.progress.start()
@@ -80,10 +85,10 @@ class ConsoleLogger(Callback):
         if record is None:
             return
         if self.progress is not None:
-            self.progress.update(self.task, top1=f"{record['top1']:.2%}")
+            self.progress.update(self.task, quality=f"{record[self.quality]:.2%}")
+        metrics = "  ".join(f"{label} {record[name]:.2%}" for name, label in self.quality_log.task.metrics.items())
         self.console.print(
-            f"epoch {record['epoch']:.2f}  batch {record['batch']}  top-1 {record['top1']:.2%}  "
-            f"top-5 {record['top5']:.2%}  eval loss {record['eval_loss']:.4f}  "
+            f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  eval loss {record['eval_loss']:.4f}  "
             f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} img/s",
             highlight=False,
             soft_wrap=True,
@@ -110,7 +115,7 @@ class ConsoleLogger(Callback):
     def closing_table(self, state: State) -> Table:
         """Time to each accuracy target, with final and best accuracy."""
         table = Table(title="time to accuracy", title_justify="left")
-        for column in ("target top-1", "train seconds", "wall seconds", "epoch", "batch"):
+        for column in (f"target {self.quality_label}", "train seconds", "wall seconds", "epoch", "batch"):
             table.add_column(column, justify="right")
         for target, reached in self.quality_log.time_to_targets().items():
             if reached is None:
@@ -123,7 +128,8 @@ class ConsoleLogger(Callback):
                     f"{reached['epoch']:.2f}",
                     str(reached["batch"]),
                 )
-        best = max((r["top1"] for r in self.quality_log.records), default=float("nan"))
-        final = self.quality_log.records[-1]["top1"] if self.quality_log.records else float("nan")
-        table.caption = f"final top-1 {final:.2%}, best {best:.2%}, train {state.accounts.train_seconds():.1f}s"
+        records, label = self.quality_log.records, self.quality_label
+        best = max((r[self.quality] for r in records), default=float("nan"))
+        final = records[-1][self.quality] if records else float("nan")
+        table.caption = f"final {label} {final:.2%}, best {best:.2%}, train {state.accounts.train_seconds():.1f}s"
         return table

@@ -1,5 +1,8 @@
 """Time-to-accuracy records: one ``metrics.jsonl`` line per evaluation and ``summary.json``.
 
+Accuracy means the task's quality metric, named in every file: records carry each of the
+task's metrics under its own name, ``summary.json`` says which is the quality
+(``quality_metric``) and gives ``final_<metric>`` and ``best_<quality>``.
 ``train_seconds`` excludes evaluation and checkpointing, as published time-to-accuracy results
 do; ``wall_seconds`` includes everything since training started. A run that trains only a
 profiled prefix of its schedule (``profile_prefix``) ends with status ``profiled`` and an
@@ -18,23 +21,28 @@ from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.files import atomic_write_json, atomic_write_text, read_jsonl
 from trainrun.report.bottleneck import Bottleneck, find_bottleneck
+from trainrun.tasks import Task
 
 
 class TimeToAccuracyLogger(Callback):
-    """Appends a record per evaluation and keeps when each accuracy target was first reached."""
+    """Appends a record per evaluation and keeps when each quality target was first reached."""
 
     def __init__(
         self,
         run_dir: Path,
+        task: Task,
         targets: list[float],
         profile_prefix: int | None = None,
         varying_cost: list[str] | None = None,
+        provenance: dict[str, Any] | None = None,
     ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary_path = run_dir / "summary.json"
+        self.task, self.quality = task, task.quality
         self.targets = sorted(targets)
         self.profile_prefix = profile_prefix
         self.varying_cost = varying_cost or []  # algorithms whose step cost changes along the schedule
+        self.provenance = provenance or {}  # what made the run: versions, commit, device, command
         self.records: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}  # the last summary written
         self._halfway: tuple[int, float] | None = None  # (step, train seconds) halfway through the prefix
@@ -60,8 +68,7 @@ class TimeToAccuracyLogger(Callback):
             profiled = self.profile_prefix is not None and state.batch < state.timeline.max_batches
             self.write_summary(state, "profiled" if profiled else "completed")
 
-    @staticmethod
-    def _record(state: State) -> dict[str, Any]:
+    def _record(self, state: State) -> dict[str, Any]:
         metrics = state.eval_metrics
         return {
             "epoch": state.batch / state.timeline.batches_per_epoch,
@@ -73,15 +80,14 @@ class TimeToAccuracyLogger(Callback):
             "lr": state.optimizer.param_groups[0]["lr"],
             "train_loss": _finite_or_none(metrics["train_loss"]),
             "eval_loss": metrics["eval_loss"],
-            "top1": metrics["top1"],
-            "top5": metrics["top5"],
+            **{name: metrics[name] for name in self.task.metrics},
         }
 
     def time_to_targets(self) -> dict[str, dict[str, Any] | None]:
         """For each target, the first record that reached it (train seconds, epoch, batch) or None."""
         reached: dict[str, dict[str, Any] | None] = {}
         for target in self.targets:
-            first = next((r for r in self.records if r["top1"] >= target), None)
+            first = next((r for r in self.records if r[self.quality] >= target), None)
             reached[f"{target:g}"] = (
                 {k: first[k] for k in ("train_seconds", "wall_seconds", "epoch", "batch", "samples")} if first else None
             )
@@ -90,12 +96,15 @@ class TimeToAccuracyLogger(Callback):
     def write_summary(self, state: State | None, status: str, error: str | None = None) -> None:
         """Write ``summary.json`` atomically with the outcome of the run."""
         last = self.records[-1] if self.records else {}
+        quality = self.quality
         summary = {
             "status": status,
             "error": error,
-            "final_top1": last.get("top1"),
-            "final_top5": last.get("top5"),
-            "best_top1": max((r["top1"] for r in self.records), default=None),
+            "task": self.task.name,
+            "quality_metric": quality,
+            "quality_label": self.task.metrics[quality],
+            **{f"final_{name}": last.get(name) for name in self.task.metrics},
+            f"best_{quality}": max((r[quality] for r in self.records), default=None),
             "time_to_accuracy": self.time_to_targets(),
             "epochs": state.batch / state.timeline.batches_per_epoch if state else None,
             "batches": state.batch if state else None,
@@ -110,6 +119,7 @@ class TimeToAccuracyLogger(Callback):
             "bottleneck_after_first_epoch": None,
             "extrapolated": self.extrapolation(state) if status == "profiled" else None,
             "notices": list(state.notices) if state else [],
+            "provenance": self.provenance,
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
             summary["bottleneck"] = bottleneck.as_dict()

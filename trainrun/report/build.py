@@ -44,6 +44,14 @@ class Report:
     targets: list[float]
     notes: list[str]
 
+    @property
+    def quality_metric(self) -> str:
+        return self.runs[0].quality_metric
+
+    @property
+    def quality_label(self) -> str:
+        return self.runs[0].quality_label
+
     @cached_property
     def on_time_frontier(self) -> set[Point]:
         return set(curves.pareto(self.points, curves.seconds))
@@ -62,11 +70,14 @@ def report_command(argv: list[str]) -> int:
         run, note = load_run(path, args.first_epoch_as_second, pricing)
         runs.append(run)
         notes += [note] if note else []
+    metrics = sorted({run.quality_metric for run in runs})
+    if len(metrics) > 1:
+        raise ConfigError(f"the runs measure different quality metrics ({', '.join(metrics)}): report each task apart")
     all_points = curves.points(r for r in runs if r.status == "completed")
-    labels = sorted({p.label for p in all_points})
-    baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in labels else None)
-    if baseline is not None and baseline not in labels:
-        raise ConfigError(f"bad value for '--baseline': '{baseline}' (labels: {', '.join(labels) or 'none'})")
+    recipes = sorted({p.label for p in all_points})
+    baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in recipes else None)
+    if baseline is not None and baseline not in recipes:
+        raise ConfigError(f"bad value for '--baseline': '{baseline}' (recipes: {', '.join(recipes) or 'none'})")
     targets = args.targets or sorted({t for r in runs for t in r.accuracy_targets})
     report = Report(runs, all_points, baseline, targets, notes)
     sections = build_sections(report)
@@ -143,14 +154,14 @@ def _points_section(report: Report) -> Section:
     on_time, on_cost = report.on_time_frontier, report.on_cost_frontier
     rows = []
     for p in report.points:
-        low, high = p.top1_range
+        low, high = p.quality_range
         frontier = "/".join(axis for axis, members in (("time", on_time), ("cost", on_cost)) if p in members)
         rows.append(
             [
                 p.label,
                 f"{p.budget:g}",
                 str(p.seeds),
-                f"{p.top1:.2%} ± {p.top1_spread:.2%}" + (f" ({low:.2%}-{high:.2%})" if p.seeds > 1 else ""),
+                f"{p.quality:.2%} ± {p.quality_spread:.2%}" + (f" ({low:.2%}-{high:.2%})" if p.seeds > 1 else ""),
                 f"{p.seconds:.1f} ± {p.seconds_spread:.1f}",
                 _dollars(p.cost),
                 p.time_source,
@@ -159,7 +170,16 @@ def _points_section(report: Report) -> Section:
         )
     return Section(
         "trade-off points",
-        ["recipe", "budget", "seeds", "top-1 (mean ± sd, range)", "train s (mean ± sd)", "cost", "time", "Pareto"],
+        [
+            "recipe",
+            "budget",
+            "seeds",
+            f"{report.quality_label} (mean ± sd, range)",
+            "train s (mean ± sd)",
+            "cost",
+            "time",
+            "Pareto",
+        ],
         rows,
         "budget = scale_schedule_ratio; train time excludes evaluation and checkpoints",
     )
@@ -176,7 +196,7 @@ def _reach_section(report: Report) -> Section:
         rows.append(row)
     return Section(
         "time / cost to accuracy",
-        ["recipe", *(f"top-1 {t:.2%}" for t in report.targets)],
+        ["recipe", *(f"{report.quality_label} {t:.2%}" for t in report.targets)],
         rows,
         "read off each recipe's frontier, interpolating between measured budgets; '<=' = its cheapest point",
     )
@@ -190,9 +210,9 @@ def _speedup_section(report: Report) -> Section:
         if label == report.baseline:
             continue
         for base in reference:
-            mine = curves.reach(curve, base.top1, curves.seconds)
-            theirs = curves.reach(reference, base.top1, curves.seconds)
-            row = [label, f"{base.budget:g}", f"{base.top1:.2%}", f"{theirs.value:.1f}"]
+            mine = curves.reach(curve, base.quality, curves.seconds)
+            theirs = curves.reach(reference, base.quality, curves.seconds)
+            row = [label, f"{base.budget:g}", f"{base.quality:.2%}", f"{theirs.value:.1f}"]
             if mine is None:
                 rows.append([*row, "not reached", "-"])
             else:
@@ -200,7 +220,7 @@ def _speedup_section(report: Report) -> Section:
                 rows.append([*row, f"{mine.value:.1f}", speedup])
     return Section(
         f"speed-up over '{report.baseline}' at equal accuracy",
-        ["recipe", "baseline budget", "baseline top-1", "baseline s", "recipe s", "speed-up"],
+        ["recipe", "baseline budget", f"baseline {report.quality_label}", "baseline s", "recipe s", "speed-up"],
         rows,
         "time each recipe needs for the accuracy the baseline reached at each of its budgets",
     )
@@ -246,12 +266,22 @@ def _runs_section(report: Report) -> Section:
             extrapolated = run.summary["extrapolated"]
             time_text += f" (extrapolated from {extrapolated['from_batches']}/{extrapolated['to_batches']} steps"
             time_text += "; step cost varies along the schedule)" if extrapolated.get("caveat") else ")"
-        top1 = "-" if run.top1 is None else f"{run.top1:.2%}"
-        row = [run.label, f"{run.budget:g}", str(run.seed), run.status, top1, time_text, _dollars(run.cost)]
+        quality = "-" if run.quality is None else f"{run.quality:.2%}"
+        row = [run.label, f"{run.budget:g}", str(run.seed), run.status, quality, time_text, _dollars(run.cost)]
         rows.append([*row, run.pricing.hardware, str(run.path)])
     return Section(
         "runs",
-        ["recipe", "budget", "seed", "status", "final top-1", "train s", "cost", "hardware", "directory"],
+        [
+            "recipe",
+            "budget",
+            "seed",
+            "status",
+            f"final {report.quality_label}",
+            "train s",
+            "cost",
+            "hardware",
+            "directory",
+        ],
         rows,
         "only completed runs make points; profiled runs give extrapolated times only",
     )
@@ -281,14 +311,15 @@ def _points_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
-        ["recipe", "budget", "seeds", "top1_mean", "top1_sd", "top1_min", "top1_max", "train_seconds_mean"]
+        ["recipe", "budget", "seeds", *(f"{report.quality_metric}_{stat}" for stat in ("mean", "sd", "min", "max"))]
+        + ["train_seconds_mean"]
         + ["train_seconds_sd", "cost_mean", "hardware", "time_source", "pareto_time", "pareto_cost"]
     )
     for p in report.points:
-        low, high = p.top1_range
+        low, high = p.quality_range
         hardware = "; ".join(sorted({r.pricing.hardware for r in p.runs}))
         writer.writerow(
-            [p.label, p.budget, p.seeds, f"{p.top1:.6f}", f"{p.top1_spread:.6f}", f"{low:.6f}", f"{high:.6f}"]
+            [p.label, p.budget, p.seeds, f"{p.quality:.6f}", f"{p.quality_spread:.6f}", f"{low:.6f}", f"{high:.6f}"]
             + [f"{p.seconds:.3f}", f"{p.seconds_spread:.3f}", "" if p.cost is None else f"{p.cost:.6f}", hardware]
             + [p.time_source, int(p in on_time), int(p in on_cost)]
         )
@@ -309,20 +340,20 @@ def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
         ordered = sorted(curve, key=lambda p: p.budget)
         ax.errorbar(
             [axis(p) for p in ordered],
-            [p.top1 * 100 for p in ordered],
-            yerr=[p.top1_spread * 100 for p in ordered],
+            [p.quality * 100 for p in ordered],
+            yerr=[p.quality_spread * 100 for p in ordered],
             xerr=[p.seconds_spread for p in ordered] if axis is curves.seconds else None,
             marker="o",
             capsize=3,
             label=label,
         )
         for p in ordered:
-            where = (axis(p), p.top1 * 100)
+            where = (axis(p), p.quality * 100)
             ax.annotate(f"{p.budget:g}", where, textcoords="offset points", xytext=(4, -10), fontsize=7)
     frontier = curves.pareto(report.points, axis)
     ax.plot(
         [axis(p) for p in frontier],
-        [p.top1 * 100 for p in frontier],
+        [p.quality * 100 for p in frontier],
         linestyle="--",
         color="black",
         marker="s",
@@ -331,8 +362,8 @@ def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
         label="Pareto frontier",
     )
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("final top-1 accuracy (%)")
-    ax.set_title("accuracy vs " + xlabel.split(" (")[0] + " (labels: budget)")
+    ax.set_ylabel(f"final {report.quality_label} (%)")
+    ax.set_title("accuracy vs " + xlabel.split(" (")[0] + " (points named by budget)")
     ax.grid(alpha=0.3)
     ax.legend()
     figure.tight_layout()

@@ -28,16 +28,16 @@ class Point:
         return len(self.runs)
 
     @property
-    def top1(self) -> float:
-        return statistics.fmean(r.top1 for r in self.runs)
+    def quality(self) -> float:
+        return statistics.fmean(r.quality for r in self.runs)
 
     @property
-    def top1_spread(self) -> float:
-        return _spread([r.top1 for r in self.runs])
+    def quality_spread(self) -> float:
+        return _spread([r.quality for r in self.runs])
 
     @property
-    def top1_range(self) -> tuple[float, float]:
-        return min(r.top1 for r in self.runs), max(r.top1 for r in self.runs)
+    def quality_range(self) -> tuple[float, float]:
+        return min(r.quality for r in self.runs), max(r.quality for r in self.runs)
 
     @property
     def seconds(self) -> float:
@@ -69,17 +69,17 @@ def points(runs: Iterable[Run]) -> list[Point]:
     """Runs with an accuracy grouped by (label, budget), ordered by label then budget."""
     groups: dict[tuple[str, float], list[Run]] = {}
     for run in runs:
-        if run.top1 is not None and run.train_seconds is not None:
+        if run.quality is not None and run.train_seconds is not None:
             groups.setdefault((run.label, run.budget), []).append(run)
     return [Point(label, budget, tuple(group)) for (label, budget), group in sorted(groups.items())]
 
 
 def pareto(candidates: Iterable[Point], axis: Callable[[Point], float | None]) -> list[Point]:
     """The points no other point beats (cheaper or equal on ``axis`` with higher accuracy), cheapest first."""
-    ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.top1))
+    ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.quality))
     frontier: list[Point] = []
     for point in ordered:
-        if not frontier or point.top1 > frontier[-1].top1:
+        if not frontier or point.quality > frontier[-1].quality:
             frontier.append(point)
     return frontier
 
@@ -88,11 +88,11 @@ def reach(curve: list[Point], target: float, axis: Callable[[Point], float | Non
     """The ``axis`` value at which ``curve`` (one recipe's points) first reaches ``target`` accuracy."""
     frontier = pareto(curve, axis)
     for index, point in enumerate(frontier):
-        if point.top1 >= target:
+        if point.quality >= target:
             if index == 0:
                 return Reach(axis(point), at_most=True)
             before = frontier[index - 1]
-            fraction = (target - before.top1) / (point.top1 - before.top1)
+            fraction = (target - before.quality) / (point.quality - before.quality)
             return Reach(axis(before) + fraction * (axis(point) - axis(before)), at_most=False)
     return None
 

@@ -38,7 +38,9 @@ class Run:
     budget: float
     seed: int
     status: str
-    top1: float | None  # final top-1
+    quality_metric: str  # the task's quality metric, e.g. top1
+    quality_label: str  # the same for people, e.g. top-1
+    quality: float | None  # its final value
     train_seconds: float | None
     time_source: str
     nodes: int
@@ -75,6 +77,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     hardware = config.get("hardware") or {}
     seconds, source, note = summary.get("train_seconds"), MEASURED, None
+    metric = summary.get("quality_metric", "top1")  # runs written before tasks measured top-1
     if summary.get("status") == "profiled" and summary.get("extrapolated"):
         seconds, source = summary["extrapolated"]["train_seconds"], EXTRAPOLATED
     elif first_epoch_as_second and seconds is not None:
@@ -89,7 +92,9 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
         budget=float(config.get("scale_schedule_ratio", 1.0)),
         seed=config.get("seed", 0),
         status=summary.get("status", "unknown"),
-        top1=summary.get("final_top1"),
+        quality_metric=metric,
+        quality_label=summary.get("quality_label", "top-1" if metric == "top1" else metric),
+        quality=summary.get(f"final_{metric}"),
         train_seconds=seconds,
         time_source=source,
         nodes=int((config.get("launcher") or {}).get("nnodes", 1)),

@@ -1,0 +1,64 @@
+"""What produced a run, recorded in its ``summary.json`` as MLPerf results record it.
+
+trainrun's version and the git commit of its checkout (with a ``dirty`` flag when the working
+tree differs from it), the versions of torch, torchvision and ffcv and of CUDA, the device and
+how many train, and the command line as the user typed it (the CLI records it before any
+worker process starts, so every rank reports the same one).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import trainrun
+
+COMMAND_VARIABLE = "TRAINRUN_COMMAND"
+
+
+def record_command(argv: list[str]) -> None:
+    """Remember the command line for this process and the workers it starts."""
+    os.environ.setdefault(COMMAND_VARIABLE, shlex.join(["trainrun", *argv]))
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    source = Path(trainrun.__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def provenance(device: torch.device, world_size: int, nodes: int) -> dict[str, Any]:
+    """Everything needed to trace a figure back to what made it."""
+    commit = _git("rev-parse", "HEAD")
+    return {
+        "trainrun": trainrun.__version__,
+        "git_commit": commit,
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "ffcv": _version("ffcv"),
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "devices": world_size,
+        "nodes": nodes,
+        "command": os.environ.get(COMMAND_VARIABLE, shlex.join(sys.argv)),
+    }

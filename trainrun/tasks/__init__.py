@@ -1,0 +1,60 @@
+"""Tasks: what is specific to a kind of problem, so that nothing else is.
+
+A task turns a loader's batch into model inputs and targets on the device, names the losses a
+run can choose, evaluates (metrics reduced over ranks), and says which metric is the run's
+*quality*, the one time-to-quality is measured in. The trainer, checkpoints, loggers, reports,
+sweeps and bottleneck accounting speak only through it. ``conf/task/<name>.yaml`` selects
+``trainrun/tasks/<name>.py``; that module's ``build`` returns the task.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from trainrun.core.state import State
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Evaluator(ABC):
+    """Accumulates one evaluation pass; :meth:`compute` reduces over ranks."""
+
+    @abstractmethod
+    def update(self, outputs: Any, targets: Any) -> None:
+        """Add one evaluation batch."""
+
+    @abstractmethod
+    def compute(self) -> dict[str, float]:
+        """Every metric of the pass over all ranks' batches, ``eval_loss`` among them."""
+
+
+class Task(ABC):
+    """One kind of problem. ``metrics`` maps each evaluation metric (a fraction) to its label for
+    people; ``eval_loss`` comes with every evaluation besides them."""
+
+    name: ClassVar[str]
+    quality: ClassVar[str]  # the metric accuracy targets, stop-at-target and reports use
+    metrics: ClassVar[dict[str, str]]
+    unit: ClassVar[str]  # what one sample is called in throughputs ("img" for images/s)
+
+    @abstractmethod
+    def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:
+        """A loader's batch as (model inputs, targets), both on ``state.device``, and its sample count."""
+
+    @abstractmethod
+    def loss(self, name: str) -> LossFunction:
+        """The training loss called ``name`` in the config."""
+
+    @abstractmethod
+    def evaluator(self, state: State) -> Evaluator:
+        """A fresh accumulator for one evaluation pass of ``state``'s run."""
+
+
+def build_task(name: str) -> Task:
+    """The task of ``conf/task/<name>.yaml``, from ``trainrun.tasks.<name>.build``."""
+    return importlib.import_module(f"trainrun.tasks.{name}").build()

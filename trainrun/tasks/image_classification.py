@@ -1,0 +1,64 @@
+"""Image classification: uint8 images normalised on the device, class labels, top-1 as quality.
+
+Batches are ``(images, labels)`` with images uint8 (N, 3, H, W); the data side normalises them
+into the run's memory format. Evaluation: top-1 and top-5 accuracy (torchmetrics, synchronised
+over ranks) and the mean cross-entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from trainrun.core.state import State
+from trainrun.loss import LOSSES, LossFunction
+from trainrun.tasks import Evaluator, Task
+
+
+class ClassificationEvaluator(Evaluator):
+    def __init__(self, num_classes: int, device: torch.device, world_size: int) -> None:
+        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro").to(device)
+        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro").to(device)
+        self.loss = torch.zeros(2, dtype=torch.float64, device=device)  # sum, count
+        self.world_size = world_size
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.loss[0] += F.cross_entropy(outputs.float(), targets, reduction="sum")
+        self.loss[1] += len(targets)
+        self.top1.update(outputs, targets)
+        self.top5.update(outputs, targets)
+
+    def compute(self) -> dict[str, float]:
+        if self.world_size > 1:
+            dist.all_reduce(self.loss)
+        return {
+            "top1": float(self.top1.compute()),
+            "top5": float(self.top5.compute()),
+            "eval_loss": float(self.loss[0] / self.loss[1]),
+        }
+
+
+class ImageClassification(Task):
+    name = "image_classification"
+    quality = "top1"
+    metrics = {"top1": "top-1", "top5": "top-5"}
+    unit = "img"
+
+    def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
+        images, labels = batch
+        images = state.data.prepare(images.to(state.device, non_blocking=True), state.memory_format)
+        return images, labels.to(state.device, non_blocking=True), len(labels)
+
+    def loss(self, name: str) -> LossFunction:
+        return LOSSES[name]
+
+    def evaluator(self, state: State) -> ClassificationEvaluator:
+        return ClassificationEvaluator(state.num_classes, state.device, state.world_size)
+
+
+def build() -> ImageClassification:
+    return ImageClassification()
