@@ -1,8 +1,13 @@
 """The package's shape: imports point one way, with no circle, and the CLI only dispatches."""
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
+
+import yaml
+
+from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"
 
@@ -67,3 +72,50 @@ def test_the_loop_and_its_outputs_name_nothing_of_a_task():
         text = (PACKAGE / relative).read_text()
         found = sorted({match.group(0) for match in TASK_WORDS.finditer(text)})
         assert not found, f"{relative} names {found}"
+
+
+def schema_default(config: type, keys: tuple[str, ...]) -> object:
+    """The schema's default at ``keys`` under dataclass ``config`` (MISSING if it has none)."""
+    value: object = config
+    for key in keys:
+        spec = {f.name: f for f in dataclasses.fields(value)}.get(key)
+        if spec is None:
+            return dataclasses.MISSING
+        value = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        if key != keys[-1] and not dataclasses.is_dataclass(value):
+            return dataclasses.MISSING
+    return value
+
+
+def yaml_values(data: dict, prefix: tuple[str, ...] = ()):
+    for key, value in data.items():
+        if key == "defaults":
+            continue
+        if isinstance(value, dict) and value:
+            yield from yaml_values(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def test_every_default_is_written_once_in_the_schema():
+    """conf/ options state only how they differ from the schema; config.yaml states no value at all.
+
+    Recipes are exempt: each restates its published values so that it reads alone.
+    """
+    conf = PACKAGE.parent / "conf"
+    primary = yaml.safe_load((conf / "config.yaml").read_text())
+    assert set(primary) == {"defaults", "hydra"}, "conf/config.yaml sets values: they belong in the schema"
+    restated = []
+    for path in sorted(conf.rglob("*.yaml")):
+        relative = path.relative_to(conf)
+        if relative.parts[0] in ("recipe", "hydra") or len(relative.parts) == 1:
+            continue
+        group = relative.parts[0]
+        for keys, value in yaml_values(yaml.safe_load(path.read_text()) or {}):
+            if group == "algorithms":
+                default = schema_default(ALGORITHM_CONFIGS[keys[0]], keys[1:]) if len(keys) > 1 else None
+            else:
+                default = schema_default(TrainConfig, (group, *keys))
+            if value == default and not dataclasses.is_dataclass(default):
+                restated.append(f"{relative}: {'.'.join(keys)} = {value!r}")
+    assert not restated, "defaults written in conf/ as well as in the schema:\n" + "\n".join(restated)

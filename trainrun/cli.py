@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainrun.config import NO_RUN_FLAGS, check, compose, config_dir, force_schema_keys, translate
+from trainrun.config import NO_RUN_FLAGS, check, compose, config_dir, register_schema, translate
 from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
 from trainrun.schema import validate
@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
             return report_error(error, debug)
     try:
         hydra_args, overrides, debug = translate(argv)
-        overrides = force_schema_keys(overrides)
         if not NO_RUN_FLAGS & set(hydra_args):
             check(overrides, multirun=bool({"-m", "--multirun"} & set(hydra_args)))
     except Exception as error:
@@ -60,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_hydra(args: list[str], debug: bool) -> int:
     import hydra
+
+    register_schema()
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
     def entry(cfg: DictConfig) -> None:
@@ -124,7 +125,7 @@ def _builtin_data_config(source: str, overrides: list[str]):
 
     if source not in DATA_NAMES:
         return None
-    return validate(compose(force_schema_keys([f"data={source}", *overrides]))).data
+    return validate(compose([f"data={source}", *overrides])).data
 
 
 def sweep_command(argv: list[str]) -> int:

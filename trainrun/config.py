@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from trainrun.errors import ConfigError
-from trainrun.schema import TrainConfig, list_keys, validate, value_keys
+from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig, describe_omegaconf_error, list_keys, validate
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -70,19 +71,16 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
     return hydra_args, overrides, debug
 
 
-def force_schema_keys(overrides: list[str]) -> list[str]:
-    """Prefix overrides of schema keys with ``++``, so that keys a YAML option leaves out can be set.
+def register_schema() -> None:
+    """Register the schema with Hydra: ``trainrun_schema`` (the whole run, the base of
+    ``conf/config.yaml``) and ``schema/algorithms/<name>`` (each algorithm's values, the base of
+    ``conf/algorithms/<name>.yaml``). The schema is the one place every default is written."""
+    from hydra.core.config_store import ConfigStore
 
-    Hydra refuses ``data.cache_dir=...`` when the selected ``data`` option does not list
-    ``cache_dir``; every key of the schema is settable, so those are forced. Other keys are left
-    alone and fail as unknown.
-    """
-    known = value_keys()
-    forced = []
-    for override in overrides:
-        key = override.split("=", 1)[0]
-        forced.append(f"++{override}" if "=" in override and key in known else override)
-    return forced
+    store = ConfigStore.instance()
+    store.store(name="trainrun_schema", node=TrainConfig)
+    for name, config in ALGORITHM_CONFIGS.items():
+        store.store(group="schema/algorithms", name=name, node={name: config})
 
 
 def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -110,6 +108,11 @@ def _composition_message(error: Exception) -> str:
     if isinstance(error, OverrideParseException):
         detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
         return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")
+    cause = error.__cause__
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    if cause is not None:  # a key or value the schema refuses, found while composing
+        return describe_omegaconf_error(cause)
     text = " ".join(str(error).split())
     if "not in struct" in text or "To append to your config use" in text:
         key = text.split("'")[1] if "'" in text else text
@@ -122,6 +125,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    register_schema()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=overrides)

@@ -42,7 +42,7 @@ class SweepJob:
 
 def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None], Path | None, list[str]]:
     """(budgets, seeds, out, run overrides) from ``trainrun sweep`` arguments."""
-    from trainrun.config import force_schema_keys, translate
+    from trainrun.config import translate
 
     hydra_args, overrides, _ = translate(argv)
     if hydra_args:
@@ -65,7 +65,7 @@ def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None
     out = Path(settings["out"]) if "out" in settings else None
     if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
         raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
-    return sorted(set(budgets)), seeds, out, force_schema_keys(run_overrides)
+    return sorted(set(budgets)), seeds, out, run_overrides
 
 
 def plan(budgets: list[float], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
