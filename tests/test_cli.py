@@ -85,6 +85,20 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_printing_a_recipe_needs_none_of_its_data_files(tmp_path):
+    """``--cfg job recipe=mild`` prints the recipe; training it still checks its .beton files first."""
+    printed = run_cli("--cfg", "job", "recipe=mild", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert "name: mild" in printed.stdout and "half_life: 100ba" in printed.stdout
+    run = run_cli("recipe=mild", cwd=tmp_path)
+    assert run.returncode == 2
+    assert (
+        run.stderr.strip()
+        == "trainrun: error: data=beton needs 'data.train' (a .beton file written by 'trainrun write')"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def _snapshot(directory):
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()

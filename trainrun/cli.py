@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainrun.config import NO_RUN_FLAGS, check, compose, config_dir, register_schema, translate
+from trainrun.config import NO_RUN_FLAGS, PRINT_FLAGS, check, compose, config_dir, register_schema, translate
 from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
 from trainrun.schema import validate
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hydra_args, overrides, debug = translate(argv)
         if not NO_RUN_FLAGS & set(hydra_args):
-            check(overrides, multirun=bool({"-m", "--multirun"} & set(hydra_args)))
+            multirun = bool({"-m", "--multirun"} & set(hydra_args))
+            check(overrides, multirun, files=not PRINT_FLAGS & set(hydra_args))
     except Exception as error:
         return report_error(error, debug)
     return _run_hydra(hydra_args + overrides, debug)

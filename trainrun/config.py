@@ -16,6 +16,7 @@ from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig, describe_omegaconf_e
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
+PRINT_FLAGS = {"--cfg", "-c"}  # print the composed config, run nothing
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
 
 
@@ -133,10 +134,11 @@ def compose(overrides: list[str]) -> DictConfig:
         raise ConfigError(_composition_message(error)) from error
 
 
-def check(overrides: list[str], multirun: bool = False) -> list[TrainConfig]:
-    """Compose and validate every job of a (multi)run; the first bad one raises."""
+def check(overrides: list[str], multirun: bool = False, files: bool = True) -> list[TrainConfig]:
+    """Compose and validate every job of a (multi)run; the first bad one raises. ``files=False``
+    leaves out whether the data and checkpoint files exist (printing a config needs none)."""
     try:
         jobs = _sweep_jobs(overrides, multirun)
     except Exception as error:
         raise ConfigError(" ".join(str(error).split())) from error
-    return [validate(compose(job)) for job in jobs]
+    return [validate(compose(job), files) for job in jobs]

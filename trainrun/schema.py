@@ -423,8 +423,9 @@ TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transfo
 VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop")
 
 
-def validate(cfg: DictConfig) -> TrainConfig:
-    """Merge ``cfg`` into the schema and check every value; raise :class:`ConfigError` if bad."""
+def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
+    """Merge ``cfg`` into the schema and check every value (and, with ``files``, that the files a
+    run reads exist); raise :class:`ConfigError` if bad."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
         for name, params in (merged.algorithms or {}).items():
@@ -439,6 +440,8 @@ def validate(cfg: DictConfig) -> TrainConfig:
     for name, params in config.algorithms.items():
         _check_fields(params, f"algorithms.{name}.")
     _check_run(config)
+    if files:
+        check_files(config)
     return config
 
 
@@ -478,6 +481,24 @@ def _check_fields(obj: Any, prefix: str) -> None:
             raise ConfigError(f"bad value for '{key}': {value} (must be <= {meta['max']})")
 
 
+def check_files(config: TrainConfig) -> None:
+    """The files and folders a run reads exist: checked before a run, not to print a config."""
+    data = config.data
+    if data.name == "folder" and not data.path:
+        raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
+    if data.path and not Path(data.path).expanduser().is_dir():
+        raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
+    if data.name == "beton":
+        for key in ("train", "val"):
+            path = getattr(data, key)
+            if not path:
+                raise ConfigError(f"data=beton needs 'data.{key}' (a .beton file written by 'trainrun write')")
+            if not Path(path).expanduser().is_file():
+                raise ConfigError(f"bad value for 'data.{key}': '{path}' does not exist")
+    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
+        raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
+
+
 def _check_run(config: TrainConfig) -> None:
     """Checks that involve more than one field."""
     if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
@@ -495,26 +516,13 @@ def _check_run(config: TrainConfig) -> None:
     for target in config.accuracy_targets:
         if not 0 < target <= 1:
             raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")
-    if config.data.name == "folder" and not config.data.path:
-        raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
-    if config.data.path and not Path(config.data.path).expanduser().is_dir():
-        raise ConfigError(f"bad value for 'data.path': '{config.data.path}' is not a directory")
-    if config.data.name == "beton":
-        if config.data.loader != "ffcv":
-            raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
-        for key in ("train", "val"):
-            path = getattr(config.data, key)
-            if not path:
-                raise ConfigError(f"data=beton needs 'data.{key}' (a .beton file written by 'trainrun write')")
-            if not Path(path).expanduser().is_file():
-                raise ConfigError(f"bad value for 'data.{key}': '{path}' does not exist")
+    if config.data.name == "beton" and config.data.loader != "ffcv":
+        raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
     if config.data.name == "folder" and config.data.loader == "ffcv":
         raise ConfigError(
             "data=folder reads image files with the torch loader; for FFCV write them once with "
             "'trainrun write' and use data=beton"
         )
-    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
-        raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
     if len(config.data.mean) != 3 or len(config.data.std) != 3:
         raise ConfigError("bad value for 'data.mean'/'data.std': give three values (R, G, B)")
     if config.model.num_classes != config.data.num_classes:
