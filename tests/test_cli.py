@@ -147,6 +147,14 @@ BAD_INPUTS = [
     (["--algorithms", "mixup", "cutmix"], "algorithms 'cutmix' and 'mixup' cannot run together"),
     (["algorithms=[randaugment]", "data=digits_ffcv"], "algorithm 'randaugment' transforms images in the torch"),
     (["algorithms=[fixres]"], "bad value for 'algorithms.fixres.train_resolution': 176 (must be below"),
+    (["eval_interval=0ep"], "bad value for 'eval_interval': '0ep' is an interval of zero, which never fires"),
+    (["checkpoint.interval=0ba"], "bad value for 'checkpoint.interval': '0ba' is an interval of zero"),
+    (["algorithms=[ema]", "algorithms.ema.update_interval=0ba"], "'algorithms.ema.update_interval': '0ba' is an"),
+    (["algorithms=[ema,sam,ema]"], "bad value for 'algorithms': 'ema' is listed twice"),
+    (["--algorithms", "sam", "sam"], "bad value for 'algorithms': 'sam' is listed twice"),
+    (["launcher.devices=3"], "bad value for 'train_batch_size': 64 does not divide among 3 processes"),
+    (["launcher.devices=2", "eval_batch_size=511"], "bad value for 'eval_batch_size': 511 does not divide among 2"),
+    (["stop_at=1.5"], "bad value for 'stop_at': 1.5"),
 ]
 
 

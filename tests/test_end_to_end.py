@@ -270,3 +270,29 @@ def test_wheel_ships_conf_and_recipes_and_runs_from_anywhere(tmp_path):
         text=True,
     )
     assert probe.stdout.startswith(str(site))
+
+
+@pytest.mark.slow
+def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
+    """MLPerf's rule: the clock stops at the target; the final checkpoint is written; status says so."""
+    args = [*TINY, "max_duration=20ep", "eval_interval=5ba", "stop_at=0.5", f"hydra.run.dir={tmp_path}"]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    records = read_metrics(tmp_path)
+    assert records[-1]["top1"] >= 0.5 and all(r["top1"] < 0.5 for r in records[:-1])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "target_reached" and summary["batches"] == records[-1]["batch"] < 20 * 22
+    assert (tmp_path / "checkpoints" / f"ep{records[-1]['batch'] // 22}-ba{records[-1]['batch']}.pt").is_file()
+    assert "reached stop_at=0.5: training stops here" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_warmup_longer_than_the_run_is_a_warning_and_one_epoch_has_no_after_first_epoch_line(tmp_path):
+    result = run_cli(*TINY, "max_duration=1ep", "scheduler.t_warmup=3ep", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "warning: step 0: scheduler.t_warmup=3ep (66 steps) is longer than the whole run" in result.stdout
+    assert "(max_duration=1ep, 22 steps)" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["notices"][0]["level"] == "warning"
+    assert summary["bottleneck"] is not None and summary["bottleneck_after_first_epoch"] is None
+    assert "after the first epoch" not in result.stdout

@@ -141,4 +141,21 @@ def check(overrides: list[str], multirun: bool = False, files: bool = True) -> l
         jobs = _sweep_jobs(overrides, multirun)
     except Exception as error:
         raise ConfigError(" ".join(str(error).split())) from error
+    for job in jobs:
+        _refuse_repeated_algorithms(job)
     return [validate(compose(job), files) for job in jobs]
+
+
+def _refuse_repeated_algorithms(overrides: list[str]) -> None:
+    """``algorithms=[ema,ema]`` would compose to one EMA without a word: say so instead."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return  # composing reports it, naming the override as typed
+    for override in parsed:
+        names = override.value() if override.key_or_group == "algorithms" else None
+        if isinstance(names, list) and (repeated := sorted({name for name in names if names.count(name) > 1})):
+            raise ConfigError(f"bad value for 'algorithms': '{repeated[0]}' is listed twice")

@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.errors import ConfigError, TrainrunError
-from trainrun.schema import LauncherConfig, TrainConfig, validate
+from trainrun.schema import LauncherConfig, TrainConfig, check_batch_split, validate
 
 SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 
@@ -155,6 +155,8 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
     settings = config.launcher
     started_elsewhere = "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings)
     processes = device_count(settings.devices)
+    ranks = int(os.environ["WORLD_SIZE"]) if started_elsewhere else processes * settings.nnodes
+    check_batch_split(config, ranks)  # before any worker starts
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:

@@ -24,7 +24,7 @@ from trainrun.loggers.steps import StepTimeLogger
 from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.optim.schedules import build_scheduler
+from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
 from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
 from trainrun.tasks import build_task
@@ -86,6 +86,13 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         train_resolution=config.data.resolution,
         accounts=TimeAccounts(CudaEventClock() if device.type == "cuda" else None, record_steps=rank == 0),
     )
+    warmup = warmup_batches(config.scheduler, timeline, config.scale_schedule_ratio)
+    if warmup > timeline.max_batches:
+        state.warn(
+            f"scheduler.t_warmup={config.scheduler.t_warmup} ({warmup} steps) is longer than the whole run "
+            f"(max_duration={config.max_duration}, {timeline.max_batches} steps): the learning rate never reaches "
+            f"optimizer.lr"
+        )
     checkpoint_dir = run_dir / "checkpoints"
     settings = TrainerSettings(
         eval_interval=config.eval_interval,
@@ -96,6 +103,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         checkpoint_final=config.checkpoint.save_final,
         compile=config.compile,
         stop_after=stop_after,
+        stop_at=config.stop_at,
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
     trainer = Trainer(state, optimization, engine, settings)

@@ -27,6 +27,11 @@ def _time(default: str | None) -> Any:
     return field(default=default, metadata={"time": True})
 
 
+def _interval(default: str | None) -> Any:
+    """A time between recurring events: zero would never fire."""
+    return field(default=default, metadata={"time": True, "interval": True})
+
+
 def _choice(default: str, *choices: str) -> Any:
     return field(default=default, metadata={"choices": choices})
 
@@ -122,7 +127,7 @@ class SchedulerConfig:
     name: str = _choice("cosine", "cosine", "linear", "step", "constant")
     t_warmup: str = _time("1ep")
     alpha_f: float = _non_negative(0.0)  # final multiplier of cosine / linear decay
-    step_size: str = _time("30ep")  # step: decay every step_size
+    step_size: str = _interval("30ep")  # step: decay every step_size
     gamma: float = _positive(0.1)  # step: factor per step
     scale_warmup: bool = True  # false: scale_schedule_ratio leaves t_warmup as written
 
@@ -131,7 +136,7 @@ class SchedulerConfig:
 class CheckpointConfig:
     """When to save and how many checkpoints to keep."""
 
-    interval: str | None = _time(None)  # e.g. 1ep or 500ba; null = only at the end
+    interval: str | None = _interval(None)  # e.g. 1ep or 500ba; null = only at the end
     keep: int = _positive(2)  # newest checkpoints kept in <run>/checkpoints
     save_final: bool = True
 
@@ -177,7 +182,7 @@ class TrainConfig:
     device: str = _choice("auto", "auto", "cpu", "cuda")
     seed: int = 42
     max_duration: str = _time("12ep")
-    eval_interval: str = _time("1ep")
+    eval_interval: str = _interval("1ep")
     train_batch_size: int = _positive(64)  # global: divided among ranks
     eval_batch_size: int = _positive(512)  # global
     scale_schedule_ratio: float = _positive(1.0)
@@ -186,6 +191,7 @@ class TrainConfig:
     log_interval: int = _positive(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
     profile_prefix: str | None = _time(None)  # train only this much of the schedule; extrapolate the time
+    stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
 
 
 ALGORITHM_CONFIGS: dict[str, type] = {}
@@ -223,8 +229,8 @@ class BlurPoolConfig:
 class EMAConfig:
     """Exponential moving average of weights and buffers, evaluated in place of the weights."""
 
-    half_life: str = _time("100ba")
-    update_interval: str = _time("20ba")
+    half_life: str = _interval("100ba")
+    update_interval: str = _interval("20ba")
 
 
 @algorithm_config("label_smoothing")
@@ -368,7 +374,7 @@ class SWAConfig:
 
     swa_start: str = _time("0.7dur")
     swa_end: str = _time("0.97dur")
-    update_interval: str = _time("1ep")
+    update_interval: str = _interval("1ep")
 
 
 @algorithm_config("selective_backprop")
@@ -468,9 +474,11 @@ def _check_fields(obj: Any, prefix: str) -> None:
         meta = spec.metadata
         if meta.get("time"):
             try:
-                Time.parse(value)
+                parsed = Time.parse(value)
             except ValueError as error:
                 raise ConfigError(f"bad value for '{key}': {error}") from None
+            if meta.get("interval") and parsed.value <= 0:
+                raise ConfigError(f"bad value for '{key}': '{value}' is an interval of zero, which never fires")
         if "choices" in meta and value not in meta["choices"]:
             raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
         if "exclusive_min" in meta and not value > meta["exclusive_min"]:
@@ -508,11 +516,15 @@ def _check_run(config: TrainConfig) -> None:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
     _check_algorithms(config)
     _check_launcher(config.launcher)
+    if config.launcher.devices != "auto":
+        check_batch_split(config, int(config.launcher.devices) * config.launcher.nnodes)
     resizing = config.algorithms.get("progressive_resizing")
     if resizing is not None and resizing.delay + resizing.finetune > 1:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
     if config.profile_prefix is not None and Time.parse(config.profile_prefix).value <= 0:
         raise ConfigError(f"bad value for 'profile_prefix': '{config.profile_prefix}' (must be above 0)")
+    if config.stop_at is not None and not 0 < config.stop_at <= 1:
+        raise ConfigError(f"bad value for 'stop_at': {config.stop_at} (a fraction in (0, 1] of the quality metric)")
     for target in config.accuracy_targets:
         if not 0 < target <= 1:
             raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")
@@ -541,6 +553,17 @@ def _is_this_machine(host: str) -> bool:
     except ValueError:
         return False
     return address.is_loopback or address.is_unspecified
+
+
+def check_batch_split(config: TrainConfig, ranks: int) -> None:
+    """The global batch sizes divide evenly among ``ranks`` processes."""
+    for key in ("train_batch_size", "eval_batch_size"):
+        size = getattr(config, key)
+        if size % ranks:
+            raise ConfigError(
+                f"bad value for '{key}': {size} does not divide among {ranks} processes "
+                f"({size // ranks} or {size // ranks + 1} per process; choose a multiple of {ranks})"
+            )
 
 
 def _check_launcher(launcher: LauncherConfig) -> None:

@@ -46,6 +46,7 @@ class State:
     train_loss: float | None = None  # last step's loss, updated every log_interval steps
     eval_metrics: dict[str, float] = field(default_factory=dict)
     accounts: TimeAccounts = field(default_factory=TimeAccounts)
+    stop_reason: str | None = None  # why training ends before max_duration (e.g. target_reached)
     notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
 
     def notice(self, text: str, level: str = "note") -> None:

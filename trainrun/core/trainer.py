@@ -36,6 +36,7 @@ class TrainerSettings:
     checkpoint_final: bool = True
     compile: bool = False  # torch.compile the model after the algorithms' surgery
     stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
+    stop_at: float | None = None  # stop at the first evaluation whose quality metric reaches this
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Trainer:
         if self._algorithm_states is not None:
             self.engine.load_state_dict(self._algorithm_states)
             self._algorithm_states = None
-        while state.batch < self.last_batch:
+        while state.batch < self.last_batch and state.stop_reason is None:
             if state.batch_in_epoch == 0:
                 self.engine.run(Event.EPOCH_START, state)
             self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
@@ -130,7 +131,7 @@ class Trainer:
                 state.epoch += 1
                 state.batch_in_epoch = 0
             self._after_step()
-            if state.batch_in_epoch == 0:
+            if state.batch_in_epoch == 0 or state.stop_reason is not None:
                 break
 
     def _train_step(self) -> None:
@@ -170,9 +171,20 @@ class Trainer:
         ends = state.timeline.ends_interval
         if ends(state.batch, self.eval_every):
             self.evaluate()
+            self._stop_if_target_reached()
         if self.checkpoint_every and ends(state.batch, self.checkpoint_every):
             if state.batch < state.timeline.max_batches or not settings.checkpoint_final:
                 self.save_checkpoint()
+
+    def _stop_if_target_reached(self) -> None:
+        """MLPerf's clock: the run ends at the first evaluation that reaches ``stop_at``. Every rank
+        sees the same metrics (reduced over ranks), so every rank stops at the same step."""
+        state, target = self.state, self.settings.stop_at
+        quality = state.task.quality
+        if target is not None and state.eval_metrics[quality] >= target:
+            state.stop_reason = "target_reached"
+            label, value = state.task.metrics[quality], state.eval_metrics[quality]
+            state.notice(f"{label} {value:.2%} reached stop_at={target:g}: training stops here")
 
     def _flush_losses(self) -> None:
         """Check the losses of the steps since the last flush; stop with the step of a NaN/inf."""

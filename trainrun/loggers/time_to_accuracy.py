@@ -66,7 +66,7 @@ class TimeToAccuracyLogger(Callback):
             self._halfway = (state.batch, state.accounts.train_seconds())
         elif event is Event.FIT_END and state.is_main:
             profiled = self.profile_prefix is not None and state.batch < state.timeline.max_batches
-            self.write_summary(state, "profiled" if profiled else "completed")
+            self.write_summary(state, state.stop_reason or ("profiled" if profiled else "completed"))
 
     def _record(self, state: State) -> dict[str, Any]:
         metrics = state.eval_metrics
@@ -129,7 +129,10 @@ class TimeToAccuracyLogger(Callback):
         self.summary = summary
 
     def _steady_bottleneck(self, state: State) -> Bottleneck | None:
-        """The bottleneck of the epochs after the first, which carries one-off compilation and warm-up."""
+        """The bottleneck of the epochs after the first, which carries one-off compilation and warm-up;
+        None when the run trained no step after its first epoch."""
+        if state.batch <= state.timeline.batches_per_epoch:
+            return None
         first = self._first_epoch
         wall = {k: v - first["wall"].get(k, 0.0) for k, v in state.accounts.seconds.items()}
         device = state.accounts.device_seconds

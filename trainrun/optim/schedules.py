@@ -49,12 +49,17 @@ def stretched_batches(time: str, timeline: Timeline, ratio: float) -> int:
     return batches if parsed.unit is TimeUnit.DURATION else int(batches * ratio)
 
 
+def warmup_batches(config: SchedulerConfig, timeline: Timeline, ratio: float) -> int:
+    """Steps of linear warmup in this run."""
+    return stretched_batches(config.t_warmup, timeline, ratio if config.scale_warmup else 1.0)
+
+
 def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float) -> Callable[[int], float]:
     """The multiplier of ``config`` as a function of the step, for this run."""
     return partial(
         multiplier,
         shape=config.name,
-        warmup=stretched_batches(config.t_warmup, timeline, ratio if config.scale_warmup else 1.0),
+        warmup=warmup_batches(config, timeline, ratio),
         total=timeline.max_batches,
         alpha_f=config.alpha_f,
         step_size=stretched_batches(config.step_size, timeline, ratio),
