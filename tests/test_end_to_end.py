@@ -296,3 +296,21 @@ def test_a_warmup_longer_than_the_run_is_a_warning_and_one_epoch_has_no_after_fi
     assert summary["notices"][0]["level"] == "warning"
     assert summary["bottleneck"] is not None and summary["bottleneck_after_first_epoch"] is None
     assert "after the first epoch" not in result.stdout
+
+
+@pytest.mark.slow
+def test_tensorboard_logger_writes_the_runs_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = run_cli(*TINY, "--loggers", "tensorboard", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    scalars = EventAccumulator(str(events)).Reload()
+    tags = set(scalars.Tags()["scalars"])
+    assert {"eval/top1", "eval/top5", "eval/eval_loss", "train/loss", "train/throughput", "train/lr"} <= tags
+    assert {"time/forward", "time/data", "time/eval"} <= tags
+    records = read_metrics(tmp_path)
+    top1 = scalars.Scalars("eval/top1")
+    assert [event.step for event in top1] == [r["batch"] for r in records]
+    assert [event.value for event in top1] == pytest.approx([r["top1"] for r in records])
+    assert [event.step for event in scalars.Scalars("train/lr")] == list(range(10, 45, 10))

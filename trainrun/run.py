@@ -71,6 +71,10 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     steps = StepTimeLogger(run_dir, config.log_interval)
     console_logger = ConsoleLogger(quality_log, live=config.progress, console=console)
     callbacks = [quality_log, steps, console_logger] if rank == 0 else []
+    if rank == 0 and "tensorboard" in config.loggers:
+        from trainrun.loggers.tensorboard import TensorBoardLogger
+
+        callbacks.append(TensorBoardLogger(run_dir, config.log_interval))
     state = State(
         model=model,
         optimizer=None,

@@ -48,6 +48,7 @@ MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
 DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton")
 TASK_NAMES = ("image_classification",)
+LOGGER_NAMES = ("tensorboard",)  # beside metrics.jsonl, steps.jsonl and the console, which every run has
 
 
 @dataclass
@@ -191,6 +192,7 @@ class TrainConfig:
     log_interval: int = _positive(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
     profile_prefix: str | None = _time(None)  # train only this much of the schedule; extrapolate the time
+    loggers: list[str] = field(default_factory=list)  # extra loggers: tensorboard
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
 
 
@@ -523,6 +525,9 @@ def _check_run(config: TrainConfig) -> None:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
     if config.profile_prefix is not None and Time.parse(config.profile_prefix).value <= 0:
         raise ConfigError(f"bad value for 'profile_prefix': '{config.profile_prefix}' (must be above 0)")
+    for name in config.loggers:
+        if name not in LOGGER_NAMES:
+            raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(LOGGER_NAMES)})")
     if config.stop_at is not None and not 0 < config.stop_at <= 1:
         raise ConfigError(f"bad value for 'stop_at': {config.stop_at} (a fraction in (0, 1] of the quality metric)")
     for target in config.accuracy_targets:
