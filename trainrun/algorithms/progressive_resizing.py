@@ -1,7 +1,8 @@
 """Progressive resizing: train at a reduced resolution that grows linearly to full size.
 
 scale(t) = s0 + (1 − s0) · clip((t − delay) / (1 − finetune − delay), 0, 1), with t the fraction
-of training done; the side is ``scale · full`` rounded down to a multiple of ``size_increment``.
+of training done; the side is ``scale · full`` rounded to the nearest multiple of ``size_increment``
+(Python's ``round``, as Composer's implementation rounds it).
 When the loader can decode at a given size (FFCV), the size is set at each EPOCH_START and
 images are decoded at it; otherwise each training batch is resized on the device at
 AFTER_DATALOADER (``resize``: nearest-neighbour, as Composer; ``crop``: one random crop per batch).
@@ -28,7 +29,7 @@ def scale_at(progress: float, initial_scale: float, delay: float, finetune: floa
 def size_at(progress: float, full: int, config: ProgressiveResizingConfig) -> int:
     """Training side length after ``progress`` of the run."""
     scale = scale_at(progress, config.initial_scale, config.delay, config.finetune)
-    size = int(full * scale) // config.size_increment * config.size_increment
+    size = round(full * scale / config.size_increment) * config.size_increment  # nearest multiple, as Composer
     return min(max(size, config.size_increment), full)
 
 
