@@ -156,7 +156,7 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
     started_elsewhere = "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings)
     processes = device_count(settings.devices)
     ranks = int(os.environ["WORLD_SIZE"]) if started_elsewhere else processes * settings.nnodes
-    check_batch_split(config, ranks)  # before any worker starts
+    check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:

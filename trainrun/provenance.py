@@ -25,8 +25,9 @@ COMMAND_VARIABLE = "TRAINRUN_COMMAND"
 
 
 def record_command(argv: list[str]) -> None:
-    """Remember the command line for this process and the workers it starts."""
-    os.environ.setdefault(COMMAND_VARIABLE, shlex.join(["trainrun", *argv]))
+    """Remember the command line for this process and the workers it starts. Always replaced:
+    the runs of a sweep are ``trainrun`` processes that inherit the sweep's environment."""
+    os.environ[COMMAND_VARIABLE] = shlex.join(["trainrun", *argv])
 
 
 def _version(package: str) -> str | None:

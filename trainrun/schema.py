@@ -519,7 +519,8 @@ def _check_run(config: TrainConfig) -> None:
     _check_algorithms(config)
     _check_launcher(config.launcher)
     if config.launcher.devices != "auto":
-        check_batch_split(config, int(config.launcher.devices) * config.launcher.nnodes)
+        ranks = int(config.launcher.devices) * config.launcher.nnodes
+        check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)
     resizing = config.algorithms.get("progressive_resizing")
     if resizing is not None and resizing.delay + resizing.finetune > 1:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
@@ -560,10 +561,9 @@ def _is_this_machine(host: str) -> bool:
     return address.is_loopback or address.is_unspecified
 
 
-def check_batch_split(config: TrainConfig, ranks: int) -> None:
+def check_batch_split(train_batch_size: int, eval_batch_size: int, ranks: int) -> None:
     """The global batch sizes divide evenly among ``ranks`` processes."""
-    for key in ("train_batch_size", "eval_batch_size"):
-        size = getattr(config, key)
+    for key, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
         if size % ranks:
             raise ConfigError(
                 f"bad value for '{key}': {size} does not divide among {ranks} processes "

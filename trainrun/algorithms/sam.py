@@ -63,8 +63,9 @@ class SAM(Algorithm):
         else:
             scale = self.rho / (norm + self.epsilon)
         with torch.no_grad():
-            weights = torch._foreach_mul(params, 1.0)  # a copy of w
-            torch._foreach_add_(params, torch._foreach_mul(grads, scale))
+            weights = torch._foreach_mul(params, 1.0)  # a copy of w (one foreach kernel), restored after
+            torch._foreach_mul_(grads, scale)  # e, in the first-pass gradients' own memory
+            torch._foreach_add_(params, grads)
         for param in params:
             param.grad = None
         with state.precision.autocast():

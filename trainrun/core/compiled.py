@@ -32,9 +32,15 @@ class RecompileLimitWatch(logging.Handler):
 
 
 def watch_recompile_limit(report: Callable[[str], None]) -> logging.Handler:
-    """Call ``report(message)`` whenever a compiled function falls back to eager; returns the handler."""
+    """Call ``report(message)`` whenever a compiled function falls back to eager; returns the handler.
+
+    One watcher per process: a later run in the same process replaces the earlier run's.
+    """
+    logger = logging.getLogger(DYNAMO_LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, RecompileLimitWatch)]:
+        logger.removeHandler(old)
     handler = RecompileLimitWatch(report)
-    logging.getLogger(DYNAMO_LOGGER).addHandler(handler)
+    logger.addHandler(handler)
     return handler
 
 

@@ -9,7 +9,7 @@ from trainrun.data.sources import datasets
 from trainrun.data.spec import DataSpec
 from trainrun.data.torch_loader import TorchData
 from trainrun.errors import DataError
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, check_batch_split
 
 __all__ = ["DataSpec", "TorchData", "build_data", "datasets"]
 
@@ -24,9 +24,7 @@ def build_data(
 ) -> DataSpec:
     """One rank's data; batch sizes are global and divided among the run's ranks."""
     world_size, device = placement.world_size, device or torch.device("cpu")
-    for name, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
-        if size % world_size:
-            raise DataError(f"{name} {size} does not divide among {world_size} ranks")
+    check_batch_split(train_batch_size, eval_batch_size, world_size)
     per_rank, eval_per_rank = train_batch_size // world_size, eval_batch_size // world_size
     if config.loader == "ffcv":
         from trainrun.data.ffcv import FFCVData
