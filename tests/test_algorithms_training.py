@@ -65,22 +65,27 @@ class Snapshots(Callback):
             self.weights[state.batch] = [p.detach().clone() for p in state.raw_model.parameters()]
 
 
-def train(model, algorithms, steps, lr=0.1, callbacks=(), labels=None):
-    """``steps`` plain-SGD steps of ``model`` on one fixed random batch."""
-    torch.manual_seed(1)
-    images = torch.randint(0, 256, (8, 3, 2, 2), dtype=torch.uint8)
-    labels = torch.randint(0, 3, (8,)) if labels is None else labels
-    state = State(
+def fixed_batch_state(model, images, labels, steps, num_classes) -> State:
+    """A State that trains ``model`` for ``steps`` steps on the one batch (images, labels)."""
+    return State(
         model=model,
         optimizer=None,
-        timeline=Timeline(batches_per_epoch=1, samples_per_batch=8, max_batches=steps),
+        timeline=Timeline(batches_per_epoch=1, samples_per_batch=len(labels), max_batches=steps),
         device=torch.device("cpu"),
         precision=Precision("fp32", "cpu"),
         loss_fn=soft_cross_entropy,
         task=ImageClassification(),
         data=FixedBatches(images, labels),
-        num_classes=3,
+        num_classes=num_classes,
     )
+
+
+def train(model, algorithms, steps, lr=0.1, callbacks=(), labels=None):
+    """``steps`` plain-SGD steps of ``model`` on one fixed random batch."""
+    torch.manual_seed(1)
+    images = torch.randint(0, 256, (8, 3, 2, 2), dtype=torch.uint8)
+    labels = torch.randint(0, 3, (8,)) if labels is None else labels
+    state = fixed_batch_state(model, images, labels, steps, num_classes=3)
 
     def optimization(final_model):
         optimizer = torch.optim.SGD(final_model.parameters(), lr=lr)

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from conftest import TINY, read_metrics, run_cli
 
-from trainrun.config import check, translate
+from trainrun.config import check, locate, translate
 from trainrun.errors import ConfigError
 
 
@@ -99,6 +99,43 @@ def test_printing_a_recipe_needs_none_of_its_data_files(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+MY_RECIPE = """# @package _global_
+defaults:
+  - override /data: digits
+  - override /algorithms: [ema]
+name: quick
+max_duration: 1ep
+optimizer:
+  lr: 0.3
+"""
+
+
+def test_own_recipes_and_configs_from_a_folder_or_a_path(tmp_path):
+    """Hydra's --config-dir/-cd, --config-path/-cp, --config-name/-cn, and a recipe file by path."""
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "quick.yaml").write_text(MY_RECIPE)
+    no_header = MY_RECIPE.replace("# @package _global_\n", "").replace("quick", "loose")
+    (tmp_path / "loose.yaml").write_text(no_header)  # read as _global_, like the shipped recipes
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\nname: mine\nmax_duration: 3ep\n")
+    for argv in (["-cd", str(tmp_path), "recipe=quick"], [f"--config-dir={tmp_path}", "recipe=quick"]):
+        source, hydra_args, overrides = locate(*translate(argv)[:2])
+        (config,) = check(overrides, source=source)
+        assert hydra_args == [] and (config.name, config.max_duration, config.optimizer.lr) == ("quick", "1ep", 0.3)
+        assert config.data.name == "digits" and list(config.algorithms) == ["ema"]
+        assert config.optimizer.momentum == check([])[0].optimizer.momentum  # the rest is trainrun's defaults
+    source, _, overrides = locate([], [f"recipe={tmp_path / 'loose.yaml'}", "optimizer.lr=0.5"])
+    (config,) = check(overrides, source=source)
+    assert (config.name, config.optimizer.lr, list(config.algorithms)) == ("loose", 0.5, ["ema"])
+    for flags in (["-cd", str(tmp_path), "-cn", "mine"], ["-cp", str(tmp_path), "--config-name", "mine.yaml"]):
+        source, _, overrides = locate(flags, [])
+        assert check(overrides, source=source)[0].max_duration == "3ep"
+    with pytest.raises(ConfigError, match=r"unknown option 'nosuch' for 'recipe' \(choose from: .*mild, quick\)"):
+        source, _, overrides = locate(["-cd", str(tmp_path)], ["recipe=nosuch"])
+        check(overrides, source=source)
+    printed = run_cli("-cd", ".", "recipe=quick", "--info", "searchpath", cwd=tmp_path)
+    assert printed.returncode == 0 and f"file://{tmp_path}" in printed.stdout, printed.stderr
+
+
 def _snapshot(directory):
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -155,6 +192,10 @@ BAD_INPUTS = [
     (["launcher.devices=3"], "bad value for 'train_batch_size': 64 does not divide among 3 processes"),
     (["launcher.devices=2", "eval_batch_size=511"], "bad value for 'eval_batch_size': 511 does not divide among 2"),
     (["stop_at=1.5"], "bad value for 'stop_at': 1.5"),
+    (["--config-dir", "/no/such/conf"], "bad value for '--config-dir': directory '/no/such/conf' not found"),
+    (["-cp", "/no/such/conf"], "bad value for '--config-path': directory '/no/such/conf' not found"),
+    (["-cn", "nosuch"], "bad value for '--config-name': no config 'nosuch.yaml' in"),
+    (["recipe=/no/such/recipe.yaml"], "bad value for 'recipe': file '/no/such/recipe.yaml' not found"),
 ]
 
 

@@ -53,6 +53,32 @@ def test_resumable_sampler_skips_into_the_epoch():
     assert list(sampler) == full[8:] and len(sampler) == 12
 
 
+def _epoch_images(placement, epoch, batch):
+    """Epoch ``epoch``'s augmented training images of one rank of the digits set, by label position."""
+    config = DataConfig(name="digits", random_crop_padding=2, hflip=True, num_workers=0)
+    data = build_data(config, batch * placement.world_size, 64, seed=7, placement=placement)
+    sampler = data.sampler
+    sampler.set_epoch(epoch)
+    order = list(sampler)
+    images = torch.cat([x for x, _ in data.train_batches(epoch)])
+    return dict(zip(order, images))
+
+
+def test_torch_path_augmentation_is_keyed_to_seed_epoch_and_sample():
+    """A sample's random crop and flip are the same whichever rank reads it and whatever else the
+    process drew before; they change from epoch to epoch."""
+    one = _epoch_images(Placement(0, 1), 0, 64)
+    torch.rand(1000)  # draws in between must not matter
+    two = {**_epoch_images(Placement(0, 2), 0, 32), **_epoch_images(Placement(1, 2), 0, 32)}
+    assert len(two) > 1000 and set(two) <= set(one)
+    assert all(torch.equal(one[index], two[index]) for index in two)
+    later = _epoch_images(Placement(0, 1), 1, 64)
+    both = set(one) & set(later)  # each epoch drops a different last partial batch
+    assert sum(not torch.equal(one[index], later[index]) for index in both) > 0.5 * len(both)
+    unaugmented, _ = builtin_datasets(DataConfig(name="digits"), augment=False)
+    assert sum(not torch.equal(one[index], unaugmented[index][0]) for index in one) > 0.5 * len(one)
+
+
 def _folder(root, classes, per_class, size=(40, 30)):
     for split in ("train", "val"):
         for name in classes:

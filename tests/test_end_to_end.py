@@ -41,15 +41,33 @@ def test_shared_run_outputs(trained_run):
     assert payload["progress"]["batch"] == 44
 
 
+TIMING = ("train_seconds", "wall_seconds", "throughput")
+
+
+def _without_timing(run_dir):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
+
+
 @pytest.mark.slow
-def test_same_seed_gives_the_same_loss_curve(trained_run, tmp_path):
+def test_same_seed_gives_the_same_metrics_on_the_torch_path(trained_run, tmp_path):
+    """Random crops on; one run loads in the main process, the other in 2 worker processes."""
     again = tmp_path / "again"
-    result = run_cli(*TINY, f"hydra.run.dir={again}", "checkpoint.interval=1ep", "checkpoint.keep=5")
+    args = ["checkpoint.interval=1ep", "checkpoint.keep=5", "data.num_workers=2"]
+    result = run_cli(*TINY, f"hydra.run.dir={again}", *args)
     assert result.returncode == 0, result.stderr
-    keys = ("train_loss", "eval_loss", "top1", "top5", "lr")
-    assert [{k: r[k] for k in keys} for r in read_metrics(again)] == [
-        {k: r[k] for k in keys} for r in read_metrics(trained_run)
-    ]
+    assert _without_timing(again) == _without_timing(trained_run)
+
+
+@pytest.mark.slow
+def test_same_seed_gives_the_same_metrics_on_the_ffcv_path(tmp_path):
+    """FFCV's order is seeded and its crops, flips and shifts keyed to (seed, epoch, sample)."""
+    args = ["data=digits_ffcv", "data.hflip=true", "model.width=8", "max_duration=2ep", "progress=false"]
+    args.append(f"data.cache_dir={tmp_path}")
+    for run in ("1", "2"):
+        result = run_cli(*args, f"hydra.run.dir={tmp_path / run}")
+        assert result.returncode == 0, result.stderr
+    first = _without_timing(tmp_path / "1")
+    assert len(first) == 2 and first == _without_timing(tmp_path / "2")
 
 
 @pytest.mark.slow
@@ -192,7 +210,7 @@ def test_two_gloo_ranks_run_ema_sam_and_blurpool(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "2 rank(s)" in result.stdout
     records = read_metrics(tmp_path)
-    assert [r["batch"] for r in records] == [22, 44] and records[-1]["top1"] > 0.5
+    assert [r["batch"] for r in records] == [22, 44] and records[-1]["top1"] > 0.3  # learns: seeds give 0.42-0.79
     payload = torch.load(tmp_path / "checkpoints" / "ep2-ba44.pt", weights_only=True)
     assert set(payload["algorithms"]) == {"ema", "sam", "blurpool"} and payload["algorithms"]["ema"]
 

@@ -1,7 +1,9 @@
 """Real .beton files written and read through FFCV: labels, sizes, sharding, resolution, bad files."""
 
+import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import read_metrics, run_cli
 from PIL import Image
+from rich.console import Console
 
 from trainrun.core.distributed import Placement
 from trainrun.data import build_data, datasets
@@ -36,7 +39,12 @@ class Indexed:
 
 def beton_config(train, val, num_classes, **kwargs):
     return DataConfig(
-        name="beton", loader="ffcv", train=str(train), val=str(val), num_classes=num_classes, num_workers=1, **kwargs
+        name="beton",
+        loader="ffcv",
+        train=str(train),
+        val=str(val),
+        num_classes=num_classes,
+        **{"num_workers": 1, **kwargs},
     )
 
 
@@ -91,6 +99,65 @@ def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons):
     assert torch.equal(first, again)  # an epoch's order depends on the seed and epoch only
     resumed = torch.cat([labels.clone() for _, labels in data.train_batches(0, skip=2)])
     assert torch.equal(resumed, first[32:])
+
+
+class Patterned:
+    """8x8 images whose every pixel differs and none is 0 (value = 4 x (8 x row + column) + 3), label = index."""
+
+    def __init__(self, count):
+        self.count = count
+        self.image = (np.arange(64, dtype=np.uint8).reshape(8, 8) * 4 + 3)[:, :, None].repeat(3, axis=2)
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        return self.image, index
+
+
+def _augmented(data, epoch):
+    """Epoch ``epoch``'s training images (channel 0) by sample index."""
+    return {int(y): x[0].clone() for images, labels in data.train_batches(epoch) for x, y in zip(images, labels)}
+
+
+def test_ffcv_augmentation_is_keyed_to_seed_epoch_and_sample(tmp_path):
+    """Flip and translation draw from (seed, epoch, sample) alone: the same per sample whatever the
+    loader threads or batch size (so whatever the ranks), new each epoch, fair in distribution."""
+    write_beton(Patterned(128), tmp_path / "p.beton", RAW)
+    settings = dict(resolution=8, crop_scale=[1.0, 1.0], crop_ratio=[1.0, 1.0], random_crop_padding=2, hflip=True)
+    config = beton_config(tmp_path / "p.beton", tmp_path / "p.beton", 128, **settings)
+    one_thread = FFCVData(config, 16, 64, seed=5, device=torch.device("cpu"))
+    config2 = beton_config(tmp_path / "p.beton", tmp_path / "p.beton", 128, **{**settings, "num_workers": 2})
+    two_threads = FFCVData(config2, 32, 64, seed=5, device=torch.device("cpu"))
+    other_seed = FFCVData(config, 16, 64, seed=6, device=torch.device("cpu"))
+    first, again = _augmented(one_thread, 0), _augmented(two_threads, 0)
+    assert sorted(first) == list(range(128))
+    assert all(torch.equal(first[i], again[i]) for i in first)
+    second, elsewhere = _augmented(one_thread, 1), _augmented(other_seed, 0)
+    assert sum(not torch.equal(first[i], second[i]) for i in first) > 100  # new draws each epoch
+    assert sum(not torch.equal(first[i], elsewhere[i]) for i in first) > 100
+    assert all(torch.equal(a, b) for a, b in zip(_augmented(one_thread, 1).values(), second.values()))
+
+    pattern = torch.from_numpy(Patterned(1).image[:, :, 0]).int()
+    flips, shifts = 0, set()
+    for image in [*first.values(), *second.values()]:
+        image = image.int()
+        row = next(r for r in image if (r > 0).sum() >= 2)
+        kept = row[row > 0]
+        flipped = bool(kept[0] > kept[-1])  # the pattern grows left to right
+        flips += flipped
+        shifted = image.flip(-1) if flipped else image  # flip runs after translation
+        top, left = (shifted > 0).nonzero()[0].tolist()
+        value = (int(shifted[top, left]) - 3) // 4
+        dy, dx = top - value // 8, left - value % 8
+        shifts.add((dy, dx))
+        expected = torch.zeros_like(pattern)  # the pattern moved by (dy, dx), zeros where it left
+        expected[max(0, dy) : 8 + min(0, dy), max(0, dx) : 8 + min(0, dx)] = pattern[
+            max(0, -dy) : 8 - max(0, dy), max(0, -dx) : 8 - max(0, dx)
+        ]
+        assert torch.equal(shifted, expected)
+    assert 0.35 < flips / 256 < 0.65
+    assert shifts == {(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)}  # every offset of the 5x5 drawn
 
 
 def _rank_labels(rank, world_size, train, val, port, queue):
@@ -187,7 +254,13 @@ def test_write_command_and_training_on_betons(tmp_path):
             "write", str(tmp_path / split), str(tmp_path / f"{split}.beton"), "--max-resolution", "32", "--workers", "1"
         )
         assert result.returncode == 0, result.stderr
-        assert "wrote 12 images" in result.stdout
+        lines = result.stdout.splitlines()  # not a terminal: one line per stage, no progress bars
+        assert lines[:2] == [
+            f"reading image folder {tmp_path / split}",
+            f"writing 12 images to {tmp_path / split}.beton",
+        ]
+        assert len(lines) == 3 and lines[2].startswith(f"wrote 12 images to {tmp_path / split}.beton (")
+        assert result.stderr == ""
     again = run_cli("write", str(tmp_path / "train"), str(tmp_path / "train.beton"))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
     run_dir = tmp_path / "run"
@@ -222,6 +295,15 @@ def test_write_command_and_training_on_betons(tmp_path):
     )
     assert bad.returncode == 2 and "larger than the training images" in bad.stderr.strip().splitlines()[-1]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # untouched
+
+
+def test_writing_on_a_terminal_shows_a_rich_progress_bar(tmp_path, capsys):
+    screen = io.StringIO()
+    write_beton(Indexed(300), tmp_path / "t.beton", RAW, Console(file=screen, force_terminal=True, width=100))
+    shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\n", "")  # colours and cursor moves
+    assert f"writing 300 images to {tmp_path / 't.beton'}" in shown and "━" in shown  # rich's bar
+    assert "wrote 300 images" in shown
+    assert capsys.readouterr() == ("", "")  # nothing from FFCV's own tqdm bar
 
 
 def test_missing_beton_fails_before_any_work(tmp_path):

@@ -20,7 +20,7 @@ from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.core import checkpoint, distributed
 from trainrun.core.compiled import DYNAMO_LOGGER, RecompileLimitWatch, compile_model, watch_recompile_limit
-from trainrun.core.distributed import Placement, backend_for, cuda_index, join
+from trainrun.core.distributed import Placement, backend_for, cuda_index, join, select_device
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.core.precision import Precision
@@ -125,6 +125,21 @@ def test_each_rank_takes_the_gpu_it_sees_before_joining_the_group(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ConfigError, match="local rank 3 has no GPU: this process sees 2 GPU"):
         cuda_index(3)
+
+
+def test_deterministic_runs_use_deterministic_kernels_and_no_autotuning(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        assert select_device("cuda", 0, deterministic=True) == torch.device("cuda", 0)
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.backends.cudnn.benchmark  # autotuning picks algorithms by timing: not repeatable
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS's condition for repeatable sums
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_torch_loader_pins_memory_when_training_on_cuda():

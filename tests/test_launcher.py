@@ -17,7 +17,7 @@ from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, r
 from trainrun.schema import LauncherConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-EXACT = ["data=digits", "data.random_crop_padding=0", "model.width=8", "model.norm=group", "max_duration=1ep"]
+EXACT = ["data=digits", "data.hflip=true", "model.width=8", "model.norm=group", "max_duration=1ep"]
 EXACT += ["train_batch_size=64", "progress=false"]
 
 
@@ -31,10 +31,11 @@ def rank_one_fails() -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_processes_train_what_one_process_trains(tmp_path):
-    """Same global batch and seed on 1 and 2 gloo ranks: losses and weights agree to 1e-5.
+    """Same global batch and seed on 1 and 2 gloo ranks, random crops and flips on: losses and
+    weights agree to 1e-5.
 
-    Group norm (per-sample) and no random crop make the step independent of how the batch is
-    split; the rest is float summation order.
+    Each sample's augmentation is keyed to (seed, epoch, sample) and group norm is per sample, so
+    the step does not depend on how the batch is split; the rest is float summation order.
     """
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_cli(*EXACT, f"hydra.run.dir={one}").returncode == 0

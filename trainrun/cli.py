@@ -12,7 +12,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainrun.config import NO_RUN_FLAGS, PRINT_FLAGS, check, compose, config_dir, register_schema, translate
+from trainrun.config import (
+    NO_RUN_FLAGS,
+    PRINT_FLAGS,
+    ConfigSource,
+    check,
+    compose,
+    locate,
+    register_schema,
+    translate,
+)
 from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
 from trainrun.schema import validate
@@ -27,7 +36,7 @@ def _job(cfg: DictConfig, debug: bool) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         from trainrun.launch import launch
 
-        launch(config, run_dir, OmegaConf.to_yaml(cfg, resolve=True))
+        launch(config, run_dir, OmegaConf.to_yaml(cfg, resolve=True), debug)
     except KeyboardInterrupt:
         print("trainrun: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -50,20 +59,21 @@ def main(argv: list[str] | None = None) -> int:
             return report_error(error, debug)
     try:
         hydra_args, overrides, debug = translate(argv)
+        source, hydra_args, overrides = locate(hydra_args, overrides)
         if not NO_RUN_FLAGS & set(hydra_args):
             multirun = bool({"-m", "--multirun"} & set(hydra_args))
-            check(overrides, multirun, files=not PRINT_FLAGS & set(hydra_args))
+            check(overrides, multirun, files=not PRINT_FLAGS & set(hydra_args), source=source)
     except Exception as error:
         return report_error(error, debug)
-    return _run_hydra(hydra_args + overrides, debug)
+    return _run_hydra(hydra_args + source.overrides(overrides), debug, source)
 
 
-def _run_hydra(args: list[str], debug: bool) -> int:
+def _run_hydra(args: list[str], debug: bool, source: ConfigSource) -> int:
     import hydra
 
     register_schema()
 
-    @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+    @hydra.main(version_base="1.3", config_path=str(source.primary), config_name=source.name)
     def entry(cfg: DictConfig) -> None:
         _job(cfg, debug)
 
@@ -112,11 +122,14 @@ def write_command(argv: list[str]) -> int:
         compress_probability=args.compress_probability,
         num_workers=args.workers,
     )
+    from rich.console import Console
+
     from trainrun.data.write import source_dataset, write_beton
 
-    dataset = source_dataset(args.source, args.split, _builtin_data_config(args.source, args.overrides))
-    write_beton(dataset, args.out, settings)
-    print(f"wrote {len(dataset)} images to {args.out}")
+    console = Console(highlight=False)
+    builtin = _builtin_data_config(args.source, args.overrides)
+    console.print(f"reading {args.source} ({args.split} split)" if builtin else f"reading image folder {args.source}")
+    write_beton(source_dataset(args.source, args.split, builtin), args.out, settings, console)
     return 0
 
 

@@ -6,6 +6,10 @@ torch nor the trainer, so a bad key, value or path fails at once with one line a
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -16,6 +20,8 @@ from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig, describe_omegaconf_e
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
+LOCATION_FLAGS = {"--config-dir": "-cd", "--config-path": "-cp", "--config-name": "-cn"}  # long: short
+HYDRA_FLAGS_WITH_VALUE |= set(LOCATION_FLAGS) | set(LOCATION_FLAGS.values())
 PRINT_FLAGS = {"--cfg", "-c"}  # print the composed config, run nothing
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
 
@@ -44,6 +50,8 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
             debug = True
         elif token in HYDRA_FLAGS or token.split("=")[0] in {"--shell-completion", "-sc"}:
             hydra_args.append(token)
+        elif "=" in token and token.split("=")[0] in {*LOCATION_FLAGS, *LOCATION_FLAGS.values()}:
+            hydra_args += token.split("=", 1)
         elif token in HYDRA_FLAGS_WITH_VALUE:
             optional = token in {"--info", "-i"}
             if index < len(argv) and (not optional or _is_value(argv[index])):
@@ -72,6 +80,108 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
     return hydra_args, overrides, debug
 
 
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a run's config is composed from: the primary config's directory and name, then
+    further directories searched for group options (Hydra's ``--config-path``, ``--config-name``
+    and ``--config-dir``; the folder of a recipe given by path)."""
+
+    primary: Path = field(default_factory=lambda: config_dir())
+    name: str = "config"
+    extra: tuple[Path, ...] = ()
+
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        """Every directory searched, in Hydra's order: the primary one first."""
+        return (self.primary, *self.extra)
+
+    def overrides(self, overrides: list[str]) -> list[str]:
+        """``overrides`` with the extra directories added to ``hydra.searchpath``."""
+        if not self.extra:
+            return overrides
+        given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+        paths = _parsed_value(given[-1]) if given else []
+        paths = [*(paths if isinstance(paths, list) else [paths]), *(f"file://{d}" for d in self.extra)]
+        kept = [o for o in overrides if o not in given]
+        return [*kept, f"hydra.searchpath=[{','.join(dict.fromkeys(str(p) for p in paths))}]"]
+
+    def flags(self) -> list[str]:
+        """The command-line flags that make another trainrun process compose from here."""
+        return ["--config-path", str(self.primary), "--config-name", self.name]
+
+
+def locate(hydra_args: list[str], overrides: list[str]) -> tuple[ConfigSource, list[str], list[str]]:
+    """Read Hydra's config-location flags and recipes given by path.
+
+    Returns the :class:`ConfigSource`, the remaining Hydra flags and the overrides, where
+    ``recipe=PATH.yaml`` has become ``recipe=NAME`` found in a private copy of the file's folder.
+    Relative directories are taken from the working directory (Hydra's ``--config-path`` is
+    relative to the program's source, which means nothing for an installed command).
+    """
+    source, rest, index = ConfigSource(), [], 0
+    while index < len(hydra_args):
+        flag = hydra_args[index]
+        long = next((name for name, short in LOCATION_FLAGS.items() if flag in (name, short)), None)
+        if long is None:
+            rest.append(flag)
+            index += 1
+            continue
+        value = hydra_args[index + 1]
+        index += 2
+        if long == "--config-name":
+            source = replace(source, name=value.removesuffix(".yaml"))
+            continue
+        directory = Path(value).expanduser().resolve()
+        if not directory.is_dir():
+            raise ConfigError(f"bad value for '{long}': directory '{value}' not found")
+        if long == "--config-dir":
+            source = replace(source, extra=(*source.extra, directory))
+        else:
+            source = replace(source, primary=directory)
+    if source.primary != config_dir():
+        source = replace(source, extra=(*source.extra, config_dir()))
+    holding = [d for d in source.directories if (d / f"{source.name}.yaml").is_file()]
+    if holding and holding[0] != source.primary:  # Hydra looks for the primary config in one place
+        others = tuple(d for d in source.directories if d != holding[0])
+        source = replace(source, primary=holding[0], extra=others)
+    located = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "recipe" and value.endswith((".yaml", ".yml")):
+            copies = [_recipe_copy(Path(path)) for path in value.split(",")]
+            source = replace(source, extra=(*source.extra, *(folder for folder, _ in copies)))
+            override = "recipe=" + ",".join(name for _, name in copies)
+        located.append(override)
+    return source, rest, located
+
+
+def _recipe_copy(path: Path) -> tuple[Path, str]:
+    """A private config folder holding ``path`` as option ``recipe/<stem>``.
+
+    A recipe sets keys anywhere in the run's config, so a file without a ``# @package`` line is
+    read as ``_global_``, like the shipped recipes. The folder goes when the process ends.
+    """
+    if not path.is_file():
+        raise ConfigError(f"bad value for 'recipe': file '{path}' not found")
+    text = path.read_text()
+    if not any(line.startswith("# @package") for line in text.splitlines()[:5]):
+        text = "# @package _global_\n" + text
+    folder = Path(tempfile.mkdtemp(prefix="trainrun-recipe-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "recipe").mkdir()
+    (folder / "recipe" / path.name).with_suffix(".yaml").write_text(text)
+    return folder, path.stem
+
+
+def _parsed_value(override: str) -> object:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides([override])[0].value()
+    except Exception:  # hydra raises several types; all mean an override it cannot read
+        raise ConfigError(f"cannot parse override '{override}'") from None
+
+
 def register_schema() -> None:
     """Register the schema with Hydra: ``trainrun_schema`` (the whole run, the base of
     ``conf/config.yaml``) and ``schema/algorithms/<name>`` (each algorithm's values, the base of
@@ -95,17 +205,22 @@ def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def group_options(group: str) -> list[str]:
-    """The options of config group ``group`` (file names under conf/<group>/)."""
-    return sorted(path.stem for path in (config_dir() / group).glob("*.yaml"))
+def group_options(group: str, source: ConfigSource | None = None) -> list[str]:
+    """The options of config group ``group`` (file names under <dir>/<group>/ of every directory)."""
+    directories = (source or ConfigSource()).directories
+    return sorted({path.stem for directory in directories for path in (directory / group).glob("*.yaml")})
 
 
-def _composition_message(error: Exception) -> str:
+def _composition_message(error: Exception, source: ConfigSource) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
 
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
-        return f"unknown option '{option}' for '{group}' (choose from: {', '.join(group_options(group))})"
+        if not group:
+            searched = ", ".join(str(directory) for directory in source.directories)
+            return f"bad value for '--config-name': no config '{option}.yaml' in {searched}"
+        options = ", ".join(group_options(group, source))
+        return f"unknown option '{option}' for '{group}' (choose from: {options})"
     if isinstance(error, OverrideParseException):
         detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
         return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")
@@ -121,20 +236,23 @@ def _composition_message(error: Exception) -> str:
     return str(error).strip().splitlines()[0]
 
 
-def compose(overrides: list[str]) -> DictConfig:
+def compose(overrides: list[str], source: ConfigSource | None = None) -> DictConfig:
     """The config Hydra composes for ``overrides``; composition errors become :class:`ConfigError`."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    source = source or ConfigSource()
     register_schema()
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides)
+        with initialize_config_dir(config_dir=str(source.primary), version_base="1.3"):
+            return hydra_compose(config_name=source.name, overrides=source.overrides(overrides))
     except Exception as error:  # hydra raises several types; all mean a bad override
-        raise ConfigError(_composition_message(error)) from error
+        raise ConfigError(_composition_message(error, source)) from error
 
 
-def check(overrides: list[str], multirun: bool = False, files: bool = True) -> list[TrainConfig]:
+def check(
+    overrides: list[str], multirun: bool = False, files: bool = True, source: ConfigSource | None = None
+) -> list[TrainConfig]:
     """Compose and validate every job of a (multi)run; the first bad one raises. ``files=False``
     leaves out whether the data and checkpoint files exist (printing a config needs none)."""
     try:
@@ -143,7 +261,7 @@ def check(overrides: list[str], multirun: bool = False, files: bool = True) -> l
         raise ConfigError(" ".join(str(error).split())) from error
     for job in jobs:
         _refuse_repeated_algorithms(job)
-    return [validate(compose(job), files) for job in jobs]
+    return [validate(compose(job, source), files) for job in jobs]
 
 
 def _refuse_repeated_algorithms(overrides: list[str]) -> None:

@@ -27,15 +27,23 @@ class TrainingDiverged(TrainrunError):
     exit_code = 3
 
 
+class WriteError(TrainrunError):
+    """A file of the run could not be written (disk full, no permission); what was written before stays."""
+
+    exit_code = 1
+
+
+def describe_error(error: BaseException) -> tuple[str, int]:
+    """The one line (without the ``trainrun: error:`` prefix) and exit code for ``error``."""
+    if isinstance(error, TrainrunError):
+        return str(error), error.exit_code
+    return f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1
+
+
 def report_error(error: BaseException, debug: bool, where: str = "") -> int:
     """Print ``error`` as one line (``where`` names the rank, if any); return the exit code."""
     if debug:
         raise error
-    if isinstance(error, TrainrunError):
-        print(f"trainrun: error: {where}{error}", file=sys.stderr)
-        return error.exit_code
-    print(
-        f"trainrun: error: {where}{type(error).__name__}: {error} (rerun with --debug for the traceback)",
-        file=sys.stderr,
-    )
-    return 1
+    text, code = describe_error(error)
+    print(f"trainrun: error: {where}{text}", file=sys.stderr)
+    return code

@@ -11,22 +11,31 @@ and the failing rank's exit code comes back.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from trainrun.errors import ConfigError, TrainrunError
+from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig, check_batch_split, validate
 
 SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
+# A rank whose collective fails because a peer died waits this long before it exits, so that the
+# launcher, which polls every half second, reports the rank that failed first, not this one.
+PEER_LOSS_GRACE_SECONDS = 5
+ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")  # their failure logs: --debug only
+PEER_LOSS_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator")
 
 
 class LaunchFailed(TrainrunError):
@@ -118,21 +127,42 @@ def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
     )
 
 
-def run_workers(settings: LauncherConfig, processes: int, worker, *args: object) -> None:
-    """Run ``worker(*args)`` in ``processes`` ranks on this node; raise :class:`LaunchFailed` if one fails."""
+def run_workers(settings: LauncherConfig, processes: int, worker, *args: object, debug: bool = False) -> None:
+    """Run ``worker(*args)`` in ``processes`` ranks on this node; raise :class:`LaunchFailed` if one fails.
+
+    The error names the rank that failed first and says why: its own one-line message (recorded
+    by :func:`train_worker`), the signal that killed it, or its exit code. torch elastic's own
+    multi-line failure log is shown only with ``debug``.
+    """
+    quiet = (
+        [] if debug else [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    )
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     try:
         elastic_launch(launch_config(settings, processes), worker)(*args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
-        code = failure.exitcode if failure.exitcode > 0 else 1
-        raise LaunchFailed(f"rank {rank} failed (exit code {failure.exitcode}); every rank was stopped", code) from None
+        if failure.exitcode < 0:
+            raise LaunchFailed(
+                f"rank {rank} was killed by {failure.signal_name()}; every rank was stopped", 1
+            ) from None
+        if isinstance(failure.error_file_data.get("message"), str):  # a line recorded by train_worker
+            raise LaunchFailed(f"{failure.message}; every rank was stopped", failure.exitcode) from None
+        raise LaunchFailed(
+            f"rank {rank} failed (exit code {failure.exitcode}); every rank was stopped", failure.exitcode
+        ) from None
     except SignalException:
         raise KeyboardInterrupt from None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
 
 
-def train_worker(run_dir: str, config_yaml: str) -> None:
-    """One rank of a launched run; errors print one line naming the rank and set the exit code."""
-    from trainrun.errors import report_error
+def train_worker(run_dir: str, config_yaml: str, debug: bool = False) -> None:
+    """One rank of a launched run: an error becomes one line naming the rank, handed to the
+    launching process (which prints it, once), and the exit code."""
     from trainrun.run import train
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -145,10 +175,31 @@ def train_worker(run_dir: str, config_yaml: str) -> None:
         print(f"trainrun: rank {rank} interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as error:
-        sys.exit(report_error(error, debug=False, where=f"rank {rank}: "))
+        if debug:
+            raise
+        text, code = describe_error(error)
+        if lost_a_peer(error):  # a consequence: let the agent see the rank that failed first
+            time.sleep(PEER_LOSS_GRACE_SECONDS)
+        record_failure(f"rank {rank}: {text}")
+        sys.exit(code)
 
 
-def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank went away."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(sign in text for sign in PEER_LOSS_SIGNS)
+
+
+def record_failure(line: str) -> None:
+    """Hand a rank's one-line error to the launching process in torch elastic's error file."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path is None:
+        print(f"trainrun: error: {line}", file=sys.stderr)
+        return
+    Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
+
+
+def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = False) -> None:
     """Train ``config`` in ``run_dir`` on every device this launch asks for."""
     from trainrun.run import train
 
@@ -160,4 +211,4 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str) -> None:
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:
-        run_workers(settings, processes, train_worker, str(run_dir), config_yaml)
+        run_workers(settings, processes, train_worker, str(run_dir), config_yaml, debug, debug=debug)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from trainrun.algorithms import build_algorithms
 from trainrun.core import checkpoint, distributed
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.engine import Engine
+from trainrun.core.microbatches import Microbatching
 from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
@@ -26,7 +28,7 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
-from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
+from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig, check_microbatch_size
 from trainrun.tasks import build_task
 
 
@@ -39,7 +41,7 @@ def seed_everything(seed: int) -> None:
 
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
-    placement, device = distributed.join(config.device)
+    placement, device = distributed.join(config.device, config.deterministic)
     rank, world_size = placement.rank, placement.world_size
     console = Console(stderr=False, quiet=rank != 0)
     precision, notes = resolve_precision(config.precision, device)
@@ -48,8 +50,9 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
 
     seed_everything(config.seed)
     model = build_model(config.model)
-    seed_everything(config.seed + rank)  # different augmentation per rank, same initial weights
+    seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
+    check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, world_size)
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
 
@@ -108,6 +111,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         compile=config.compile,
         stop_after=stop_after,
         stop_at=config.stop_at,
+        microbatching=Microbatching.parse(config.device_train_microbatch_size, config.train_batch_size // world_size),
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
     trainer = Trainer(state, optimization, engine, settings)
@@ -134,7 +138,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     except BaseException as error:
         if rank == 0:
             status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-            quality_log.write_summary(state, status, str(error) or type(error).__name__)
+            with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
+                quality_log.write_summary(state, status, str(error) or type(error).__name__)
         raise
     finally:
         distributed.leave()

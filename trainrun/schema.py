@@ -182,9 +182,13 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (after model surgery, before DDP)
     device: str = _choice("auto", "auto", "cpu", "cuda")
     seed: int = 42
+    deterministic: bool = False  # torch's deterministic kernels, no cuDNN autotuning: bitwise-repeatable GPU runs
     max_duration: str = _time("12ep")
     eval_interval: str = _interval("1ep")
     train_batch_size: int = _positive(64)  # global: divided among ranks
+    # gradient accumulation: samples per forward/backward pass in each process; "auto" starts from
+    # the whole batch and halves on out-of-memory; None: the whole batch in one pass
+    device_train_microbatch_size: str | None = None
     eval_batch_size: int = _positive(512)  # global
     scale_schedule_ratio: float = _positive(1.0)
     accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95, 0.97])  # of the task's quality metric
@@ -521,6 +525,14 @@ def _check_run(config: TrainConfig) -> None:
     if config.launcher.devices != "auto":
         ranks = int(config.launcher.devices) * config.launcher.nnodes
         check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)
+        check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
+    else:
+        check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, None)
+    if config.device_train_microbatch_size is not None and "sam" in config.algorithms:
+        raise ConfigError(
+            "algorithm 'sam' cannot run with 'device_train_microbatch_size': its second pass needs the "
+            "whole batch's gradient before any micro-batch can run it"
+        )
     resizing = config.algorithms.get("progressive_resizing")
     if resizing is not None and resizing.delay + resizing.finetune > 1:
         raise ConfigError("bad value for 'algorithms.progressive_resizing': delay + finetune must be <= 1")
@@ -569,6 +581,20 @@ def check_batch_split(train_batch_size: int, eval_batch_size: int, ranks: int) -
                 f"bad value for '{key}': {size} does not divide among {ranks} processes "
                 f"({size // ranks} or {size // ranks + 1} per process; choose a multiple of {ranks})"
             )
+
+
+def check_microbatch_size(setting: str | None, train_batch_size: int, ranks: int | None) -> None:
+    """``device_train_microbatch_size`` is ``auto`` or a positive number no larger than each
+    process's share of the batch (checked when the number of processes is known)."""
+    if setting is None or setting == "auto":
+        return
+    if not setting.isdigit() or int(setting) == 0:
+        raise ConfigError(f"bad value for 'device_train_microbatch_size': '{setting}' (auto or a positive number)")
+    if ranks is not None and int(setting) > train_batch_size // ranks:
+        raise ConfigError(
+            f"bad value for 'device_train_microbatch_size': {setting} is more than each process's batch of "
+            f"{train_batch_size // ranks} (train_batch_size {train_batch_size} over {ranks} process(es))"
+        )
 
 
 def _check_launcher(launcher: LauncherConfig) -> None:

@@ -19,6 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from trainrun.config import ConfigSource
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json
 
@@ -40,11 +41,14 @@ class SweepJob:
         return f"ssr={self.budget:g}" + (f" seed={self.seed}" if self.seed is not None else "")
 
 
-def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None], Path | None, list[str]]:
-    """(budgets, seeds, out, run overrides) from ``trainrun sweep`` arguments."""
-    from trainrun.config import translate
+def parse_sweep_arguments(
+    argv: list[str],
+) -> tuple[list[float], list[int | None], Path | None, list[str], ConfigSource]:
+    """(budgets, seeds, out, run overrides, where configs come from) from ``trainrun sweep`` arguments."""
+    from trainrun.config import locate, translate
 
     hydra_args, overrides, _ = translate(argv)
+    source, hydra_args, overrides = locate(hydra_args, overrides)
     if hydra_args:
         raise ConfigError(f"'trainrun sweep' takes overrides only, not '{hydra_args[0]}'")
     settings, run_overrides = {}, []
@@ -65,7 +69,7 @@ def parse_sweep_arguments(argv: list[str]) -> tuple[list[float], list[int | None
     out = Path(settings["out"]) if "out" in settings else None
     if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
         raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
-    return sorted(set(budgets)), seeds, out, run_overrides
+    return sorted(set(budgets)), seeds, out, source.overrides(run_overrides), source
 
 
 def plan(budgets: list[float], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
@@ -103,12 +107,12 @@ def run_sweep(argv: list[str]) -> int:
     from trainrun.config import compose
     from trainrun.schema import validate
 
-    budgets, seeds, out, overrides = parse_sweep_arguments(argv)
-    out = out or Path("sweeps") / (validate(compose(overrides)).name or "sweep")
+    budgets, seeds, out, overrides, source = parse_sweep_arguments(argv)
+    out = out or Path("sweeps") / (validate(compose(overrides, source)).name or "sweep")
     jobs = plan(budgets, seeds, out, overrides)
     composed = {}
     for job in jobs:
-        config = compose(list(job.overrides))
+        config = compose(list(job.overrides), source)
         validate(config)
         composed[job] = OmegaConf.to_yaml(config, resolve=True)
     reused = {job for job in jobs if finished(job, composed[job])}
@@ -121,7 +125,7 @@ def run_sweep(argv: list[str]) -> int:
             console.print(f"[{index}/{len(jobs)}] {job.label}: reused {job.run_dir}", highlight=False)
             continue
         console.print(f"[{index}/{len(jobs)}] {job.label}: training in {job.run_dir}", highlight=False)
-        code = _train(job)
+        code = _train(job, source)
         statuses[job.run_dir.name] = "completed" if code == 0 else f"failed (exit {code})"
         atomic_write_json(out / "sweep.json", _record(budgets, seeds, overrides, statuses))
         if code == 130:
@@ -136,8 +140,8 @@ def run_sweep(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def _train(job: SweepJob) -> int:
-    arguments = [*job.overrides, f"hydra.run.dir={job.run_dir}", "progress=false", "resume=auto"]
+def _train(job: SweepJob, source: ConfigSource) -> int:
+    arguments = [*source.flags(), *job.overrides, f"hydra.run.dir={job.run_dir}", "progress=false", "resume=auto"]
     return subprocess.run([sys.executable, "-m", "trainrun", *arguments]).returncode
 
 

@@ -59,7 +59,7 @@ class TrainingResolution(Algorithm, ABC):
 class BatchMixing(Algorithm):
     """Applies a torchvision batch transform (MixUp, CutMix) to the training batch."""
 
-    events = frozenset({Event.BEFORE_FORWARD})
+    events = frozenset({Event.AFTER_DATALOADER})
     transform_class: type[v2.Transform]
 
     def __init__(self, alpha: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -29,8 +29,39 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def atomic_torch_save(payload: dict[str, Any], path: Path) -> None:
-    """Write ``payload`` so that ``path`` is either absent, the old file, or the complete new one."""
-    atomic_write(path, lambda handle: torch.save(payload, handle))
+    """Write ``payload`` so that ``path`` is either absent, the old file, or the complete new one.
+
+    A write the file system refuses (disk full, quota, file size limit) raises its ``OSError``:
+    torch's zip writer would report it as a RuntimeError about a file position.
+    """
+
+    def save(handle: BinaryIO) -> None:
+        writer = _FailureRecordingWriter(handle)
+        try:
+            torch.save(payload, writer)
+        except RuntimeError:
+            if writer.failure is not None:
+                raise writer.failure from None
+            raise
+
+    atomic_write(path, save)
+
+
+class _FailureRecordingWriter:
+    """A binary handle that remembers the ``OSError`` its last failed write raised."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle, self.failure = handle, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.failure = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

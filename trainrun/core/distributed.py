@@ -61,8 +61,12 @@ def cuda_index(local_rank: int) -> int:
     )
 
 
-def select_device(name: str, local_rank: int) -> torch.device:
-    """The device for ``device=name`` (auto, cpu, cuda), made current; cuDNN autotuning on for CUDA."""
+def select_device(name: str, local_rank: int, deterministic: bool = False) -> torch.device:
+    """The device for ``device=name`` (auto, cpu, cuda), made current; cuDNN autotuning on for CUDA
+    unless ``deterministic`` asks for torch's deterministic kernels (slower on a GPU)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True, warn_only=True)  # ops with no such kernel warn, by name
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -70,14 +74,14 @@ def select_device(name: str, local_rank: int) -> torch.device:
     device = torch.device("cuda", cuda_index(local_rank))
     torch.cuda.set_device(device)
     # Fixed shapes per step: cuDNN picks the fastest convolution algorithm once per shape.
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = not deterministic
     return device
 
 
-def join(device_name: str) -> tuple[Placement, torch.device]:
+def join(device_name: str, deterministic: bool = False) -> tuple[Placement, torch.device]:
     """This process's placement and device; joins the process group when there are several ranks."""
     placement = Placement.from_environment()
-    device = select_device(device_name, placement.local_rank)
+    device = select_device(device_name, placement.local_rank, deterministic)
     if placement.world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend_for(device), device_id=device if device.type == "cuda" else None)
     return placement, device

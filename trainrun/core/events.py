@@ -9,6 +9,8 @@ class Event(str, Enum):
     ``INIT`` fires once when the trainer is built, before the model is wrapped for distributed
     training; ``FIT_START`` once when training starts or resumes. Each optimizer step fires
     ``BATCH_START`` to ``BATCH_END``; ``BEFORE_OPTIMIZER_STEP`` sees gradients already unscaled.
+    With gradient accumulation (``device_train_microbatch_size``) ``AFTER_DATALOADER`` sees the
+    whole batch and ``BEFORE_FORWARD`` to ``AFTER_BACKWARD`` fire once per micro-batch.
     ``EVAL_START`` / ``EVAL_END`` bracket every evaluation.
     """
 

@@ -6,8 +6,9 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,16 @@ from trainrun.core import checkpoint, distributed
 from trainrun.core.compiled import compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
+from trainrun.core.microbatches import (
+    Microbatching,
+    any_rank,
+    average_gradients,
+    batch_size_of,
+    microbatch_slices,
+    take,
+)
 from trainrun.core.state import State
-from trainrun.errors import TrainingDiverged
+from trainrun.errors import TrainingDiverged, WriteError
 
 
 @dataclass
@@ -37,6 +46,7 @@ class TrainerSettings:
     compile: bool = False  # torch.compile the model after the algorithms' surgery
     stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
     stop_at: float | None = None  # stop at the first evaluation whose quality metric reaches this
+    microbatching: Microbatching = field(default_factory=Microbatching)  # gradient accumulation per process
 
 
 @dataclass
@@ -136,20 +146,26 @@ class Trainer:
 
     def _train_step(self) -> None:
         state, run, accounts = self.state, self.engine.run, self.state.accounts
-        scaler = state.precision.scaler
+        scaler, microbatching = state.precision.scaler, self.settings.microbatching
         accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
-        with state.precision.autocast():
-            run(Event.BEFORE_FORWARD, state)
-            state.outputs = state.model(state.inputs)
-            run(Event.AFTER_FORWARD, state)
-            run(Event.BEFORE_LOSS, state)
-            state.loss = state.loss_fn(state.outputs, state.targets)
-            run(Event.AFTER_LOSS, state)
-        accounts.switch("backward")
-        run(Event.BEFORE_BACKWARD, state)
-        (scaler.scale(state.loss) if scaler else state.loss).backward()
-        run(Event.AFTER_BACKWARD, state)
+        inputs, targets = state.inputs, state.targets
+        batch_size = batch_size_of(inputs)
+        by_hand = microbatching.auto and isinstance(state.model, DistributedDataParallel)
+        while True:
+            out_of_memory = False
+            try:
+                loss = self._accumulate_gradients(inputs, targets, batch_size, by_hand)
+            except torch.OutOfMemoryError:
+                if not microbatching.auto:
+                    raise
+                out_of_memory = True
+            if not microbatching.auto or not any_rank(out_of_memory, state.device, state.world_size):
+                break
+            self._shrink_microbatches(batch_size)
+        if by_hand:
+            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
+        state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
         if scaler:
             scaler.unscale_(state.optimizer)
@@ -163,6 +179,52 @@ class Trainer:
         self.scheduler.step()
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
+
+    def _accumulate_gradients(self, inputs: Any, targets: Any, batch_size: int, by_hand: bool) -> torch.Tensor:
+        """Forward and backward over the batch in micro-batches; return the batch's mean loss.
+
+        Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD and its loss counts by its share
+        of the batch. DDP synchronises gradients in the last micro-batch's backward pass only
+        (in none when ``by_hand``: the caller averages them after every rank finished).
+        """
+        state, run, accounts = self.state, self.engine.run, self.state.accounts
+        scaler = state.precision.scaler
+        parts = microbatch_slices(batch_size, self.settings.microbatching.size)
+        total = None
+        for index, part in enumerate(parts):
+            if len(parts) > 1:
+                state.inputs, state.targets = take(inputs, part, batch_size), take(targets, part, batch_size)
+            synchronise = index == len(parts) - 1 and not by_hand
+            with contextlib.nullcontext() if synchronise or state.world_size == 1 else state.model.no_sync():
+                accounts.switch("forward")
+                with state.precision.autocast():
+                    run(Event.BEFORE_FORWARD, state)
+                    state.outputs = state.model(state.inputs)
+                    run(Event.AFTER_FORWARD, state)
+                    run(Event.BEFORE_LOSS, state)
+                    state.loss = state.loss_fn(state.outputs, state.targets)
+                    run(Event.AFTER_LOSS, state)
+                accounts.switch("backward")
+                run(Event.BEFORE_BACKWARD, state)
+                loss = state.loss if len(parts) == 1 else state.loss * ((part.stop - part.start) / batch_size)
+                (scaler.scale(loss) if scaler else loss).backward()
+                run(Event.AFTER_BACKWARD, state)
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
+    def _shrink_microbatches(self, batch_size: int) -> None:
+        """After running out of memory on some rank: drop this attempt's gradients, halve, say so."""
+        state, microbatching = self.state, self.settings.microbatching
+        state.optimizer.zero_grad(set_to_none=True)
+        state.outputs = state.loss = None
+        if state.device.type == "cuda":
+            torch.cuda.empty_cache()
+        before = min(microbatching.size or batch_size, batch_size)
+        microbatching.shrink(batch_size)
+        state.notice(
+            f"device_train_microbatch_size=auto: out of memory at {before} samples per micro-batch, "
+            f"retrying the step with {microbatching.size}"
+        )
 
     def _after_step(self) -> None:
         state, settings = self.state, self.settings
@@ -248,7 +310,13 @@ class Trainer:
         rng = distributed.gather_to_main(checkpoint.rng_state(), state.rank, state.world_size)
         if state.is_main:
             path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
-            checkpoint.atomic_torch_save(self._checkpoint_payload(rng), path)
+            try:
+                checkpoint.atomic_torch_save(self._checkpoint_payload(rng), path)
+            except OSError as error:  # disk full, quota, permissions: the older checkpoints are untouched
+                raise WriteError(
+                    f"could not write checkpoint '{path}': {error.strerror or error}; the checkpoints written "
+                    f"before it are intact (resume=auto continues from the newest)"
+                ) from error
             checkpoint.prune(directory, self.settings.checkpoint_keep)
         if state.world_size > 1:
             dist.barrier()

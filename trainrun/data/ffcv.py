@@ -91,9 +91,11 @@ class FFCVData(DataSpec):
         placement: Placement = SINGLE_PROCESS,
     ) -> None:
         from ffcv.fields.basics import IntDecoder
-        from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
         from ffcv.loader import Loader, OrderOption
-        from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
+        from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
+
+        from trainrun.data.ffcv_keyed import KeyedHorizontalFlip, KeyedRandomResizedCrop, KeyedTranslate, SampleKeys
 
         super().__init__(config)
         rank, world_size = placement.rank, placement.world_size
@@ -109,11 +111,12 @@ class FFCVData(DataSpec):
         check_beton(train_path, config.num_classes)
         val_count = check_beton(val_path, config.num_classes)
 
-        self.decoder = RandomResizedCropRGBImageDecoder(
-            (config.resolution, config.resolution), scale=tuple(config.crop_scale), ratio=tuple(config.crop_ratio)
+        self.keys = SampleKeys(seed)  # augmentation keyed to (seed, epoch, sample): reproducible runs
+        self.decoder = KeyedRandomResizedCrop(
+            self.keys, (config.resolution, config.resolution), tuple(config.crop_scale), tuple(config.crop_ratio)
         )
-        augment = [RandomTranslate(config.random_crop_padding)] if config.random_crop_padding else []
-        augment += [RandomHorizontalFlip()] if config.hflip else []
+        augment = [KeyedTranslate(self.keys, config.random_crop_padding)] if config.random_crop_padding else []
+        augment += [KeyedHorizontalFlip(self.keys)] if config.hflip else []
 
         def to_device() -> list:  # one instance per pipeline: FFCV operations are not shared
             # on the CPU the batch is where it must be already, and FFCV's ToDevice would copy it
@@ -167,6 +170,7 @@ class FFCVData(DataSpec):
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""
         self.train.next_epoch = epoch
+        self.keys.set_epoch(epoch)
         batches = iter(self.train)
         for _ in range(skip):
             next(batches)

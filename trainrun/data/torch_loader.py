@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.sampling import ResumableSampler, ShardSampler
@@ -13,21 +14,54 @@ from trainrun.data.spec import DataSpec
 from trainrun.schema import DataConfig
 
 
-class AugmentedDataset(Dataset):
-    """A dataset whose images pass through extra per-image transforms that algorithms add."""
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation in one epoch (numpy's SeedSequence mixes the three)."""
+    return int(np.random.SeedSequence((seed % 2**64, epoch, index)).generate_state(1, np.uint64)[0])
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+
+class AugmentedDataset(Dataset):
+    """A training set whose random augmentation depends only on (seed, epoch, sample).
+
+    Items are asked for by ``(epoch, index)`` (:class:`EpochKeys`); torch's default generator,
+    which torchvision's transforms draw from, is seeded with :func:`sample_seed` for the item and
+    restored after it. A sample is then augmented alike whichever rank or loader worker reads it,
+    so the number of ranks does not change what is trained, and the model's own random draws
+    (dropout, stochastic depth, mixing) do not depend on how many images were loaded. Algorithms
+    add per-image transforms to ``transforms``.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
         self.transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.dataset[index]
-        for transform in self.transforms:
-            image = transform(image)
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key
+        generator = torch.default_generator
+        saved = generator.get_state()
+        generator.manual_seed(sample_seed(self.seed, epoch, index))
+        try:
+            image, label = self.dataset[index]
+            for transform in self.transforms:
+                image = transform(image)
+        finally:
+            generator.set_state(saved)
         return image, label
+
+
+class EpochKeys(Sampler[tuple[int, int]]):
+    """``(epoch, index)`` for each index ``sampler`` yields in its current epoch."""
+
+    def __init__(self, sampler: ResumableSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.sampler.epoch, index) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 class TorchData(DataSpec):
@@ -46,7 +80,7 @@ class TorchData(DataSpec):
     ) -> None:
         super().__init__(config)
         rank, world_size = placement.rank, placement.world_size
-        self.train_set = AugmentedDataset(train_set)
+        self.train_set = AugmentedDataset(train_set, seed)
         self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         # pinned host batches let the trainer's non-blocking copies overlap the previous step
         on_cuda = device is not None and device.type == "cuda"
@@ -57,13 +91,13 @@ class TorchData(DataSpec):
             "persistent_workers": config.persistent_workers and config.num_workers > 0,
             "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
         }
-        # Own generator: iterator creation must not draw from the global RNG that augmentation uses,
-        # or a run resumed mid-epoch would see different augmentations than the uninterrupted one.
+        # Own generator: iterator creation must not draw from the global RNG the model's own random
+        # draws use, or a run resumed mid-epoch would continue differently from the uninterrupted one.
         generator = torch.Generator().manual_seed(seed + rank)
         self.train = DataLoader(
             self.train_set,
             batch_size=per_rank_batch,
-            sampler=self.sampler,
+            sampler=EpochKeys(self.sampler),
             drop_last=True,
             generator=generator,
             **workers,

@@ -2,12 +2,17 @@
 
 Writing is atomic: FFCV writes to ``<out>.partial-<host>-<pid>`` beside the target, which is renamed
 to ``<out>`` only once complete; an interrupted write leaves no file under the target name.
+Progress is a rich bar on a terminal and a line when a write starts and ends anywhere else
+(a CI log), in place of FFCV's own tqdm bar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainrun.errors import DataError
 
@@ -64,8 +71,8 @@ class NumpyImages:
         return np.ascontiguousarray(array, dtype=np.uint8), int(label)
 
 
-def write_beton(dataset: Any, out: Path, settings: WriteSettings) -> Path:
-    """Write ``dataset`` to ``out`` atomically; return ``out``."""
+def write_beton(dataset: Any, out: Path, settings: WriteSettings, console: Console | None = None) -> Path:
+    """Write ``dataset`` to ``out`` atomically, showing progress on ``console`` (stdout by default); return ``out``."""
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
 
@@ -84,9 +91,12 @@ def write_beton(dataset: Any, out: Path, settings: WriteSettings) -> Path:
         ),
         "label": IntField(),
     }
+    console = console or Console(highlight=False)
+    started = time.monotonic()
     try:
         writer = DatasetWriter(str(partial), fields, num_workers=settings.num_workers)
-        writer.from_indexed_dataset(NumpyImages(dataset, errors), chunksize=settings.chunk_size)
+        with _progress_instead_of_tqdm(console, f"writing {len(dataset):,} images to {out}"):
+            writer.from_indexed_dataset(NumpyImages(dataset, errors), chunksize=settings.chunk_size)
         if errors.exists():
             failures = errors.read_text(encoding="utf-8").splitlines()
             raise DataError(
@@ -97,7 +107,40 @@ def write_beton(dataset: Any, out: Path, settings: WriteSettings) -> Path:
     finally:
         partial.unlink(missing_ok=True)
         errors.unlink(missing_ok=True)
+    megabytes = out.stat().st_size / 2**20
+    console.print(f"wrote {len(dataset):,} images to {out} ({megabytes:.1f} MiB, {time.monotonic() - started:.1f}s)")
     return out
+
+
+@contextlib.contextmanager
+def _progress_instead_of_tqdm(console: Console, label: str) -> Iterator[None]:
+    """Show the progress FFCV's writer reports to ``ffcv.writer.tqdm`` as a rich bar on a terminal,
+    or as one line elsewhere. FFCV has no option for its progress display: the name it calls is
+    replaced for the duration of the write."""
+    import ffcv.writer
+
+    class Bar:
+        def __init__(self, total: int) -> None:
+            self.task = progress.add_task(label, total=total) if progress else None
+
+        def update(self, count: int) -> None:
+            if progress:
+                progress.advance(self.task, count)
+
+        def close(self) -> None:
+            pass
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    progress = Progress(*columns, console=console, transient=True) if console.is_terminal else None
+    if progress is None:
+        console.print(label, highlight=False)
+    original = ffcv.writer.tqdm
+    ffcv.writer.tqdm = Bar
+    try:
+        with progress or contextlib.nullcontext():
+            yield
+    finally:
+        ffcv.writer.tqdm = original
 
 
 def source_dataset(source: str, split: str, builtin: Any) -> Any:

@@ -1,0 +1,113 @@
+"""Faults in real processes: a run killed outright and resumed, a rank killed, a checkpoint write that fails."""
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import TINY, read_metrics, run_cli
+
+from trainrun.core.checkpoint import load_checkpoint
+
+MNIST = ["data=mnist5k", "model.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
+TIMING = ("train_seconds", "wall_seconds", "throughput")
+
+
+def _start(*args):
+    command = [sys.executable, "-m", "trainrun", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, process, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert condition(), "the run never got there"
+
+
+def _learned(run_dir):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL (no handler runs) after the first mid-epoch checkpoint, then resume=auto."""
+    args = [*MNIST, "max_duration=2ep", "checkpoint.interval=10ba"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
+    process = _start(*args, f"hydra.run.dir={killed}")
+    checkpoints = killed / "checkpoints"
+    _wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
+    process.kill()
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL  # killed before the end
+    per_epoch = read_metrics(whole)[0]["batch"]
+    newest = max(int(p.stem.split("-ba")[1]) for p in checkpoints.glob("*.pt"))
+    assert newest % per_epoch and newest < 2 * per_epoch  # a mid-epoch checkpoint, not the end
+    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"batch {newest}" in resumed.stdout
+    assert _learned(killed) == _learned(whole)
+    final = f"ep2-ba{2 * per_epoch}.pt"
+    a = torch.load(whole / "checkpoints" / final, weights_only=True)["model"]
+    b = torch.load(checkpoints / final, weights_only=True)["model"]
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_rank_stops_the_job_with_one_line_naming_it(tmp_path):
+    process = _start(*MNIST, "max_duration=50ep", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
+    _wait_for(lambda: (tmp_path / "metrics.jsonl").is_file(), process)  # both ranks are training
+
+    def workers():
+        listing = subprocess.run(
+            ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(process.pid)], capture_output=True, text=True
+        )
+        return sorted(int(line.split()[0]) for line in listing.stdout.splitlines() if "spawn_main" in line)
+
+    ranks = workers()
+    assert len(ranks) == 2
+    killed_at = time.monotonic()
+    os.kill(ranks[1], signal.SIGKILL)  # started second: rank 1
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 30
+    assert process.returncode != 0 and not workers()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr  # torch elastic's own failure log stays out
+    assert re.fullmatch(r"trainrun: error: rank 1 was killed by SIGKILL; every rank was stopped", lines[0])
+
+
+def _file_size_limit(limit):
+    def apply():  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
+    first = run_cli(*TINY, "max_duration=1ep", f"hydra.run.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr
+    previous = tmp_path / "checkpoints" / "ep1-ba22.pt"
+    saved = previous.read_bytes()
+    assert len(saved) > 64_000  # the limit below stops checkpoints, not the small logs
+    command = [sys.executable, "-m", "trainrun", *TINY, "resume=auto", f"hydra.run.dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, preexec_fn=_file_size_limit(64_000))
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"trainrun: error: could not write checkpoint '{tmp_path / 'checkpoints' / 'ep2-ba44.pt'}': File too large; "
+        "the checkpoints written before it are intact (resume=auto continues from the newest)"
+    ]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ep1-ba22.pt"]  # no partial file
+    assert previous.read_bytes() == saved and load_checkpoint(previous)["progress"]["batch"] == 22
+    again = run_cli(*TINY, "resume=auto", f"hydra.run.dir={tmp_path}")  # space again: it continues
+    assert again.returncode == 0, again.stderr
+    assert read_metrics(tmp_path)[-1]["batch"] == 44

@@ -1,0 +1,93 @@
+"""Gradient accumulation: one optimizer step over a batch trained in micro-batches.
+
+Each micro-batch's loss is weighted by its share of the batch, so the accumulated gradient is the
+whole batch's mean-loss gradient whatever the split (exactly, for models without batch
+statistics). ``auto`` starts from the whole batch and halves the micro-batch whenever a step runs
+out of device memory, as Composer's automatic micro-batching does; the step is then retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def microbatch_slices(batch_size: int, size: int | None) -> list[slice]:
+    """Consecutive slices of at most ``size`` samples covering ``batch_size`` (one slice for None)."""
+    step = size or batch_size
+    return [slice(start, min(start + step, batch_size)) for start in range(0, batch_size, step)]
+
+
+def take(value: Any, part: slice, batch_size: int) -> Any:
+    """The micro-batch ``part`` of a batch value: tensors whose first dimension is the batch are
+    sliced, tuples, lists and dicts are sliced element by element, anything else is shared."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
+        return value[part]
+    if isinstance(value, (tuple, list)):
+        return type(value)(take(item, part, batch_size) for item in value)
+    if isinstance(value, dict):
+        return {key: take(item, part, batch_size) for key, item in value.items()}
+    return value
+
+
+def batch_size_of(inputs: Any) -> int:
+    """The number of samples in a batch's inputs (the first tensor's first dimension)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.shape[0]
+    items = inputs.values() if isinstance(inputs, dict) else inputs
+    return next(batch_size_of(item) for item in items if isinstance(item, (torch.Tensor, tuple, list, dict)))
+
+
+@dataclass
+class Microbatching:
+    """The micro-batch size of each process (None: the whole batch) and whether ``auto`` may shrink it."""
+
+    size: int | None = None
+    auto: bool = False
+
+    @classmethod
+    def parse(cls, setting: str | None, per_process_batch: int) -> Microbatching:
+        if setting is None:
+            return cls()
+        if setting == "auto":
+            return cls(per_process_batch, auto=True)
+        return cls(int(setting))
+
+    def shrink(self, batch_size: int) -> None:
+        """Halve the micro-batch after running out of memory at ``batch_size``; give up at one sample."""
+        current = min(self.size or batch_size, batch_size)
+        if current <= 1:
+            raise torch.OutOfMemoryError("out of memory with micro-batches of one sample")
+        self.size = current // 2
+
+
+def any_rank(flag: bool, device: torch.device, world_size: int) -> bool:
+    """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
+    if world_size == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def average_gradients(parameters: list[torch.nn.Parameter], world_size: int) -> None:
+    """All-reduce and average gradients by hand, one flat buffer per dtype.
+
+    Used after ``auto`` micro-batches ran without DDP's synchronisation: a rank that ran out of
+    memory in the middle of a backward pass would leave the others waiting in DDP's bucketed
+    all-reduce, so DDP's hooks are off and the ranks first agree whether anyone ran out.
+    """
+    for param in parameters:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in parameters:
+        by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    for grads in by_dtype.values():
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= world_size
+        torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat, grads))
