@@ -33,7 +33,14 @@ from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.schema import (
+    ALGORITHM_CONFIGS,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    algorithm_tasks,
+)
 from trainrun.tasks.image_classification import ImageClassification
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
@@ -89,7 +96,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, float], torch.device]:
     """Best seconds per step of every method and of no method, rounds alternating."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
-    names = [None, *sorted(ALGORITHM_CONFIGS)]
+    names = [None, *sorted(n for n in ALGORITHM_CONFIGS if "image_classification" in algorithm_tasks(n))]
     best: dict[str, float] = {}
     step_seconds(None, args, device)  # warm-up: allocator, kernels, page cache
     for _ in range(args.rounds):

@@ -20,4 +20,4 @@ if ! "$VENV/bin/python" -c "import torch, torchvision" >/dev/null 2>&1; then
   "${pip[@]}" torch torchvision
 fi
 "${pip[@]}" -e ".[ffcv,dev,slurm]"
-"$VENV/bin/python" -c "import ffcv, hydra, torchvision, trainrun" 
+"$VENV/bin/python" -c "import ffcv, hydra, tokenizers, torchvision, transformers, trainrun" 

@@ -71,9 +71,11 @@ def test_help_lists_groups_and_options(tmp_path):
     assert result.returncode == 0
     for line in (
         "algorithms: bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, ghost_batchnorm",
-        "model: resnet101, resnet18, resnet34, resnet50",
+        "model: bert_base, bert_large, bert_mini, bert_tiny, resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline, hot, medium, mild",
-        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, synthetic, synthetic_ffcv",
+        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, synthetic, "
+        "synthetic_ffcv, text",
+        "task: image_classification, masked_lm",
     ):
         assert line in result.stdout
 
@@ -179,7 +181,7 @@ BAD_INPUTS = [
     (["resume=/no/such/checkpoint.pt"], "checkpoint '/no/such/checkpoint.pt' does not exist"),
     (["optimizer.lr=["], "cannot parse override 'optimizer.lr=['"),
     (["-x"], "unknown flag '-x'"),
-    (["train_batch_size=5000"], "train_batch_size 5000 is larger than the 1438 training images"),
+    (["train_batch_size=5000"], "train_batch_size 5000 is larger than the 1438 training samples"),
     (["data=folder", "data.num_classes=2", "data.path={empty}"], "no images in data folder"),
     (["--algorithms", "mixup", "cutmix"], "algorithms 'cutmix' and 'mixup' cannot run together"),
     (["algorithms=[randaugment]", "data=digits_ffcv"], "algorithm 'randaugment' transforms images in the torch"),

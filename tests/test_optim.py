@@ -92,6 +92,10 @@ def test_norm_and_bias_can_be_exempt_from_decay():
     adamw = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3), 256)
     assert isinstance(adamw, torch.optim.AdamW)
     assert math.isclose(adamw.param_groups[0]["lr"], 1e-3)
+    tied = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5))
+    tied[1].weight = tied[0].weight  # a language model's output layer shares the embedding
+    decayed, exempt = build_optimizer(tied, OptimizerConfig(exclude_norm_and_bias=True), 256).param_groups
+    assert len(decayed["params"]) == 1 and len(exempt["params"]) == 1  # the shared weight once
 
 
 def test_linear_lr_scaling_follows_the_global_batch():

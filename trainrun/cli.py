@@ -7,6 +7,7 @@ work as in Hydra).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -133,6 +134,52 @@ def write_command(argv: list[str]) -> int:
     return 0
 
 
+def write_text_command(argv: list[str]) -> int:
+    """``trainrun write-text CORPUS STORE``: a text corpus to a token store for masked-LM training."""
+    import argparse
+
+    from trainrun.data.token_store import BUILTIN_CORPORA
+
+    parser = argparse.ArgumentParser(
+        prog="trainrun write-text",
+        description="Tokenize a corpus (a .txt file of blank-line-separated documents, a .jsonl file of "
+        f'{{"text": ...}} lines, a folder of such files, or {", ".join(BUILTIN_CORPORA)}) into a token store: '
+        "a WordPiece tokenizer trained on the training documents (or --tokenizer), token ids per split.",
+    )
+    parser.add_argument("corpus", help="a file, a folder, or " + " | ".join(BUILTIN_CORPORA))
+    parser.add_argument("out", type=Path, help="the token store (a folder) to write, atomically")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary to train")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for evaluation")
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    args = parser.parse_args(argv)
+    if args.out.exists() and not args.overwrite:
+        raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
+    if not 0 < args.val_fraction < 1:
+        raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
+    if args.vocab_size < 16:
+        raise ConfigError(f"bad value for '--vocab-size': {args.vocab_size} (at least 16)")
+    if args.tokenizer is not None and not args.tokenizer.is_file():
+        raise ConfigError(f"bad value for '--tokenizer': '{args.tokenizer}' does not exist")
+    from rich.console import Console
+
+    from trainrun.data.token_store import read_documents, split_documents, write_token_store
+
+    console = Console(highlight=False)
+    console.print(f"reading {args.corpus}")
+    documents = read_documents(args.corpus)
+    train, val = split_documents(documents, args.val_fraction, args.split_seed)
+    console.print(f"tokenizing {len(train):,} training and {len(val):,} validation documents")
+    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer)
+    meta = json.loads((args.out / "store.json").read_text())
+    console.print(
+        f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "
+        f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}"
+    )
+    return 0
+
+
 def _builtin_data_config(source: str, overrides: list[str]):
     """The data config of built-in set ``source`` (None for a folder), with ``data.*`` overrides."""
     from trainrun.schema import DATA_NAMES
@@ -156,4 +203,9 @@ def report_command(argv: list[str]) -> int:
     return build_report(argv)
 
 
-SUBCOMMANDS = {"write": write_command, "sweep": sweep_command, "report": report_command}
+SUBCOMMANDS = {
+    "write": write_command,
+    "write-text": write_text_command,
+    "sweep": sweep_command,
+    "report": report_command,
+}

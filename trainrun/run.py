@@ -48,10 +48,10 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
-    seed_everything(config.seed)
-    model = build_model(config.model)
-    seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
+    seed_everything(config.seed)
+    model = build_model(config.model, data.vocab_size)
+    seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, world_size)
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)

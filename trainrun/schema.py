@@ -44,10 +44,10 @@ def _non_negative(default: Any) -> Any:
     return field(default=default, metadata={"min": 0})
 
 
-MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101")
+MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101", "bert")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
-DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton")
-TASK_NAMES = ("image_classification",)
+DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton", "text")
+TASK_NAMES = ("image_classification", "masked_lm")
 LOGGER_NAMES = ("tensorboard",)  # beside metrics.jsonl, steps.jsonl and the console, which every run has
 
 
@@ -68,11 +68,19 @@ class ModelConfig:
     width: int = _positive(32)  # resnet_small only: channels of the first stage
     blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # resnet_small: blocks per stage
     norm: str = _choice("batch", "batch", "group")  # resnet_small: group norm is independent of the batch
+    # bert: Hugging Face's BertForMaskedLM built from these (no download); vocabulary from the token store
+    layers: int = _positive(2)
+    hidden_size: int = _positive(128)
+    heads: int = _positive(2)
+    intermediate_size: int = _positive(512)
+    max_position_embeddings: int = _positive(512)
+    hidden_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    attention_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
 
 
 @dataclass
 class DataConfig:
-    """Where images come from and how they are cut, augmented and batched."""
+    """Where images or text come from and how they are cut, augmented (or masked) and batched."""
 
     name: str = _choice("digits", *DATA_NAMES)
     loader: str = _choice("torch", "torch", "ffcv")
@@ -84,7 +92,7 @@ class DataConfig:
     resolution: int = _positive(8)  # training image side
     eval_resolution: int = _positive(8)  # evaluation image side (center crop)
     eval_resize: int | None = None  # folder: shorter side before the center crop
-    val_fraction: float = _positive(0.2)  # digits, mnist5k: held-out share, fixed by split_seed
+    val_fraction: float = _positive(0.2)  # digits, mnist5k, built-in corpora: held-out share, fixed by split_seed
     split_seed: int = 0
     num_samples: int = _positive(2048)  # synthetic: training images
     val_samples: int = _positive(512)  # synthetic: validation images
@@ -102,6 +110,13 @@ class DataConfig:
     os_cache: bool = True  # ffcv: read through the page cache (False: FFCV's own in-process cache)
     batches_ahead: int = _non_negative(3)  # ffcv
     drop_last: bool = True  # ffcv: training
+    # text (masked-language-model data): a token store at `path`, or a built-in corpus written once
+    corpus: str | None = None  # built-in corpus (stdlib_docs) stored in cache_dir when path is unset
+    vocab_size: int = _positive(8192)  # WordPiece vocabulary trained for a built-in corpus
+    max_seq_len: int = field(default=128, metadata={"min": 3})  # [CLS] + tokens + [SEP]
+    packing: str = _choice("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
+    mlm_probability: float = field(default=0.15, metadata={"exclusive_min": 0, "max": 1})  # tokens masked
+    eval_mlm_probability: float = field(default=0.15, metadata={"exclusive_min": 0, "max": 1})
 
 
 @dataclass
@@ -254,6 +269,12 @@ class GradientClippingConfig:
 
     type: str = _choice("norm", "norm", "value", "adaptive")
     threshold: float = _positive(1.0)
+
+
+@algorithm_config("masked_head")
+@dataclass
+class MaskedHeadConfig:
+    """Masked-language models: the output head runs on the masked positions only."""
 
 
 @algorithm_config("progressive_resizing")
@@ -413,6 +434,7 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("progressive_resizing", "sizes the batch before ColOut drops rows and columns of it"),
     ("colout", "after the batch has its size for the step"),
     ("selective_backprop", "scores and keeps examples of the batch as it will train: sized, before mixing"),
+    ("masked_head", "marks the positions to predict once the batch is final, before any micro-batching"),
     ("mixup", "mixes images and targets before label smoothing smooths the mixed targets"),
     ("cutmix", "as mixup"),
     ("randaugment", "per-image transforms in the data pipeline; no order with batch methods"),
@@ -431,6 +453,22 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("channels_last", "last model change at INIT: every layer that surgery added becomes NHWC"),
 )
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
+# The tasks each algorithm applies to; any not named here acts on images or ResNets only.
+EVERY_TASK = TASK_NAMES
+ALGORITHM_TASKS: dict[str, tuple[str, ...]] = {
+    "ema": EVERY_TASK,
+    "gradient_clipping": EVERY_TASK,
+    "sam": EVERY_TASK,
+    "swa": EVERY_TASK,
+    "masked_head": ("masked_lm",),
+}
+
+
+def algorithm_tasks(name: str) -> tuple[str, ...]:
+    """The tasks algorithm ``name`` applies to."""
+    return ALGORITHM_TASKS.get(name, ("image_classification",))
+
+
 # Methods whose step cost changes along the schedule: a profiled prefix does not represent the rest.
 VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop")
 
@@ -555,10 +593,42 @@ def _check_run(config: TrainConfig) -> None:
         )
     if len(config.data.mean) != 3 or len(config.data.std) != 3:
         raise ConfigError("bad value for 'data.mean'/'data.std': give three values (R, G, B)")
+    if config.task.name == "masked_lm" or config.data.name == "text" or config.model.name == "bert":
+        _check_masked_lm(config)
+        return
     if config.model.num_classes != config.data.num_classes:
         raise ConfigError(
             f"bad value for 'model.num_classes': {config.model.num_classes} but data "
             f"'{config.data.name}' has {config.data.num_classes} classes"
+        )
+
+
+def _check_masked_lm(config: TrainConfig) -> None:
+    """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
+    parts = {
+        "task": (config.task.name, "masked_lm"),
+        "data": (config.data.name, "text"),
+        "model": (config.model.name, "bert"),
+    }
+    for key, (chosen, needed) in parts.items():
+        if chosen != needed:
+            others = ", ".join(f"{k}={v}" for k, (c, v) in parts.items() if c == v)
+            raise ConfigError(f"bad value for '{key}.name': '{chosen}' (with {others} it must be {needed})")
+    if config.loss != "soft_ce":
+        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task masked_lm trains with cross-entropy, soft_ce)")
+    if config.data.loader != "torch":
+        raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
+    if not config.data.path and not config.data.corpus:
+        raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
+    if config.data.max_seq_len > config.model.max_position_embeddings:
+        raise ConfigError(
+            f"bad value for 'data.max_seq_len': {config.data.max_seq_len} is more than the model's "
+            f"{config.model.max_position_embeddings} positions (model.max_position_embeddings)"
+        )
+    if config.model.hidden_size % config.model.heads:
+        raise ConfigError(
+            f"bad value for 'model.heads': {config.model.heads} does not divide model.hidden_size "
+            f"{config.model.hidden_size}"
         )
 
 
@@ -616,8 +686,15 @@ def _check_launcher(launcher: LauncherConfig) -> None:
 
 
 def _check_algorithms(config: TrainConfig) -> None:
-    """Pairs of algorithms that cannot combine, and algorithms the data path cannot run."""
-    chosen = config.algorithms
+    """Algorithms of another task, pairs that cannot combine, and algorithms the data path cannot run."""
+    chosen, task = config.algorithms, config.task.name
+    for name in chosen:
+        if task not in algorithm_tasks(name):
+            allowed = ", ".join(sorted(n for n in ALGORITHM_CONFIGS if task in algorithm_tasks(n)))
+            raise ConfigError(
+                f"algorithm '{name}' does not apply to task {task} (it is for {', '.join(algorithm_tasks(name))}); "
+                f"choose from: {allowed}"
+            )
     for (first, second), why in INCOMPATIBLE_ALGORITHMS.items():
         if first in chosen and second in chosen:
             raise ConfigError(f"algorithms '{first}' and '{second}' cannot run together: {why}")

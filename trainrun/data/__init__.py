@@ -30,10 +30,15 @@ def build_data(
         from trainrun.data.ffcv import FFCVData
 
         return FFCVData(config, per_rank, eval_per_rank, seed, device, placement)
-    train_set, val_set = datasets(config)
+    if config.name == "text":
+        from trainrun.data.masked_text import text_datasets
+
+        train_set, val_set = text_datasets(config, placement)
+    else:
+        train_set, val_set = datasets(config)
     if len(train_set) // world_size < per_rank:
         raise DataError(
-            f"train_batch_size {train_batch_size} is larger than the {len(train_set)} training images of "
+            f"train_batch_size {train_batch_size} is larger than the {len(train_set)} training samples of "
             f"'{config.name}'"
         )
     return TorchData(config, train_set, val_set, per_rank, eval_per_rank, seed, placement, device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class AugmentedDataset(Dataset):
-    """A training set whose random augmentation depends only on (seed, epoch, sample).
+    """A training set whose random draws (augmentation, masking) depend only on (seed, epoch, sample).
 
     Items are asked for by ``(epoch, index)`` (:class:`EpochKeys`); torch's default generator,
     which torchvision's transforms draw from, is seeded with :func:`sample_seed` for the item and
@@ -37,18 +38,21 @@ class AugmentedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
         generator = torch.default_generator
         saved = generator.get_state()
         generator.manual_seed(sample_seed(self.seed, epoch, index))
         try:
-            image, label = self.dataset[index]
-            for transform in self.transforms:
-                image = transform(image)
+            item = self.dataset[index]
+            if self.transforms:
+                image, label = item
+                for transform in self.transforms:
+                    image = transform(image)
+                item = image, label
         finally:
             generator.set_state(saved)
-        return image, label
+        return item
 
 
 class EpochKeys(Sampler[tuple[int, int]]):
@@ -107,6 +111,7 @@ class TorchData(DataSpec):
         )
         self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)
+        self.vocab_size = getattr(train_set, "vocab_size", None)  # text: the token store's vocabulary
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         self.sampler.set_epoch(epoch, skip=skip * self.per_rank_batch)

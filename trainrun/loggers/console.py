@@ -89,7 +89,7 @@ class ConsoleLogger(Callback):
         metrics = "  ".join(f"{label} {record[name]:.2%}" for name, label in self.quality_log.task.metrics.items())
         self.console.print(
             f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  eval loss {record['eval_loss']:.4f}  "
-            f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} img/s",
+            f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} {self.unit}/s",
             highlight=False,
             soft_wrap=True,
         )

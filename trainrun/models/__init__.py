@@ -1,4 +1,4 @@
-"""Model builders: torchvision ResNets and a ResNet for 8-32 px images."""
+"""Model builders: torchvision ResNets, a ResNet for 8-32 px images and Hugging Face BERT."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ from trainrun.models.small import SmallResNet
 from trainrun.schema import ModelConfig
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The network named by ``config``, initialised with its ``initializers``."""
+def build_model(config: ModelConfig, vocab_size: int | None = None) -> nn.Module:
+    """The network named by ``config``, initialised with its ``initializers`` (ResNets); a BERT
+    takes the vocabulary of the run's token store."""
+    if config.name == "bert":
+        from trainrun.models.bert import build_bert
+
+        return build_bert(config, vocab_size)
     if config.name == "resnet_small":
         model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks, norm=config.norm)
     else:

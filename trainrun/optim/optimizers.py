@@ -45,11 +45,12 @@ class DecoupledSGDW(torch.optim.SGD):
 def _param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
     if not exclude_norm_and_bias:
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    decayed, exempt = [], []
+    decayed, exempt, seen = [], [], set()
     for module in model.modules():
         is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
         for name, param in module.named_parameters(recurse=False):
-            if param.requires_grad:
+            if param.requires_grad and id(param) not in seen:  # tied weights are registered in two modules
+                seen.add(id(param))
                 (exempt if is_norm or name == "bias" else decayed).append(param)
     return [{"params": decayed}, {"params": exempt, "decoupled_weight_decay": 0.0, "weight_decay": 0.0}]
 

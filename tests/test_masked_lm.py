@@ -1,0 +1,216 @@
+"""Masked-language-model pretraining: token stores, sequences, BERT masking, the task, whole runs."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import read_metrics, run_cli
+
+from trainrun.algorithms import build_algorithms
+from trainrun.config import check
+from trainrun.core.events import Event
+from trainrun.data.masked_text import IGNORED, MaskedSequences
+from trainrun.data.token_store import TokenStore, read_documents, split_documents, write_token_store
+from trainrun.data.torch_loader import AugmentedDataset
+from trainrun.errors import ConfigError, DataError
+from trainrun.models.bert import build_bert
+from trainrun.schema import MaskedHeadConfig, ModelConfig
+from trainrun.tasks.masked_lm import MaskedTokenEvaluator, masked_cross_entropy
+
+DOCUMENTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A token store keeps every document's token ids back to back.",
+    "Short one.",
+    "Masked language models predict the tokens that were hidden from them, one position at a time, "
+    "from the words on both sides.",
+] * 30
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "store"
+    train, val = split_documents(DOCUMENTS, 0.1, seed=0)
+    return write_token_store(train, val, path, vocab_size=200)
+
+
+def test_token_store_layout_and_round_trip(store):
+    meta = json.loads((store / "store.json").read_text())
+    assert meta["format"] == "trainrun-tokens/1" and meta["dtype"] == "uint16" and meta["vocab_size"] <= 200
+    assert meta["train"]["documents"] + meta["val"]["documents"] == len(DOCUMENTS)
+    train = TokenStore.open(store, "train")
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(store / "tokenizer.json"))
+    decoded = {tokenizer.decode(document.tolist()).replace(" ", "") for document in train.documents()}
+    assert decoded == {document.lower().replace(" ", "") for document in DOCUMENTS}  # lower-cased WordPiece
+    assert len(train.offsets) == meta["train"]["documents"] + 1 and train.offsets[-1] == len(train.tokens)
+    assert train.special("[PAD]") == 0 and train.special("[MASK]") == 4
+
+
+def test_a_store_with_another_tokenizer_is_refused(store, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    (copy / "tokenizer.json").write_text((copy / "tokenizer.json").read_text().replace("[MASK]", "[MASQ]"))
+    with pytest.raises(DataError, match="is not the tokenizer the store was written with"):
+        TokenStore.open(copy, "train")
+
+
+def test_padded_samples_cut_each_document_and_packed_ones_fill_every_slot(store):
+    train = TokenStore.open(store, "train")
+    lengths = np.diff(train.offsets)
+    padded = MaskedSequences(train, 12, "pad", 0.15)
+    assert len(padded) == sum(math.ceil(n / 10) for n in lengths)
+    bodies = [padded.tokens(i) for i in range(len(padded))]
+    assert np.array_equal(np.concatenate(bodies), np.asarray(train.tokens, dtype=np.int64))
+    packed = MaskedSequences(train, 12, "pack", 0.15)
+    sep = train.special("[SEP]")
+    stream = np.concatenate([np.append(np.asarray(d, dtype=np.int64), sep) for d in train.documents()])
+    assert len(packed) == math.ceil(len(stream) / 10)
+    assert np.array_equal(np.concatenate([packed.tokens(i) for i in range(len(packed))]), stream)
+    assert all(len(packed.tokens(i)) == 10 for i in range(len(packed) - 1))  # no padding but in the last
+    item = padded[0]
+    n = len(bodies[0]) + 2
+    assert item["attention_mask"].tolist() == [1] * n + [0] * (12 - n)
+    assert item["input_ids"][n:].eq(train.special("[PAD]")).all()
+
+
+def test_masking_chooses_ordinary_tokens_at_the_rate_and_replaces_80_10_10(store):
+    train = TokenStore.open(store, "train")
+    data = MaskedSequences(train, 64, "pack", 0.3)
+    torch.manual_seed(0)
+    chosen = ordinary = masked = kept = 0
+    for _ in range(40):
+        for index in range(len(data)):
+            item = data[index]
+            original = torch.cat([torch.tensor([2]), torch.from_numpy(data.tokens(index)), torch.tensor([3])])
+            n = len(original)
+            labels, inputs = item["labels"][:n], item["input_ids"][:n]
+            is_chosen = labels != IGNORED
+            assert torch.equal(labels[is_chosen], original[is_chosen])  # labels are the original tokens
+            assert not is_chosen[original < 5].any()  # [CLS], [SEP] and the other specials never
+            ordinary += int((original >= 5).sum())
+            chosen += int(is_chosen.sum())
+            masked += int((inputs[is_chosen] == 4).sum())
+            kept += int((inputs[is_chosen] == original[is_chosen]).sum())
+    assert chosen / ordinary == pytest.approx(0.3, abs=0.01)
+    assert masked / chosen == pytest.approx(0.8, abs=0.02)
+    assert kept / chosen == pytest.approx(0.1 + 0.1 / (train.vocab_size - 5), abs=0.02)  # a random draw may hit it
+
+
+def test_evaluation_masks_are_fixed_and_training_masks_keyed_to_seed_epoch_and_sample(store):
+    val = MaskedSequences(TokenStore.open(store, "val"), 32, "pad", 0.5, fixed_masks=True)
+    assert torch.equal(val[1]["labels"], val[1]["labels"]) and not torch.equal(val[0]["labels"], val[1]["labels"])
+    train = AugmentedDataset(MaskedSequences(TokenStore.open(store, "train"), 32, "pad", 0.5), seed=3)
+    first, again, later = train[(0, 5)], train[(0, 5)], train[(1, 5)]
+    assert torch.equal(first["labels"], again["labels"]) and not torch.equal(first["labels"], later["labels"])
+
+
+def test_the_loss_and_metrics_count_only_masked_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    labels = torch.full((2, 5), IGNORED)
+    labels[0, 1], labels[1, 3], labels[1, 4] = 3, logits[1, 3].argmax(), 6
+    picked = logits[labels != IGNORED]
+    expected = -torch.log_softmax(picked, -1)[torch.arange(3), labels[labels != IGNORED]].mean()
+    assert masked_cross_entropy(logits, labels).item() == pytest.approx(expected.item(), rel=1e-6)
+    evaluator = MaskedTokenEvaluator(torch.device("cpu"), 1)
+    evaluator.update(logits, labels)
+    metrics = evaluator.compute()
+    correct = int((picked.argmax(-1) == labels[labels != IGNORED]).sum())
+    assert metrics["masked_accuracy"] == pytest.approx(correct / 3)
+    assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["perplexity"] == pytest.approx(math.exp(expected.item()), rel=1e-6)
+
+
+def test_masked_head_gives_the_full_heads_loss_and_gradient_for_a_fraction_of_its_work(store):
+    """Same loss and gradients as the head over every position; the head's matrix products fall from
+    B·L rows to the masked rows: (B·L − N)·(2·H·H + 2·H·V) FLOPs fewer per forward."""
+    from torch.utils.data import default_collate
+    from torch.utils.flop_counter import FlopCounterMode
+
+    data = MaskedSequences(TokenStore.open(store, "train"), 32, "pack", 0.15)
+    torch.manual_seed(0)
+    batch = default_collate([data[i] for i in range(8)])
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    config = ModelConfig(name="bert", hidden_dropout=0.0, attention_dropout=0.0)
+    model = build_bert(config, data.vocab_size)
+    state = SimpleNamespace(inputs=inputs, targets=batch["labels"])
+    build_algorithms({"masked_head": MaskedHeadConfig()})[0].apply(Event.AFTER_DATALOADER, state)
+    results = []
+    for model_inputs in (inputs, state.inputs):
+        model.zero_grad()
+        with FlopCounterMode(display=False) as flops:
+            logits = model(model_inputs)
+        loss = masked_cross_entropy(logits, batch["labels"])
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()], flops.get_total_flops(), logits))
+    (full, full_grads, full_flops, full_logits), (masked, masked_grads, masked_flops, masked_logits) = results
+    rows = int((batch["labels"] != IGNORED).sum())
+    assert full_logits.shape == (8, 32, data.vocab_size) and masked_logits.shape == (rows, data.vocab_size)
+    assert torch.allclose(full, masked, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, masked_grads, strict=True))
+    hidden = config.hidden_size
+    assert full_flops - masked_flops == (8 * 32 - rows) * (2 * hidden * hidden + 2 * hidden * data.vocab_size)
+
+
+def test_corpora_files_folders_and_bad_text(tmp_path):
+    (tmp_path / "a.txt").write_text("first document\nstill first\n\nsecond document\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "third"}\n\n{"text": "fourth"}\n')
+    assert read_documents(str(tmp_path)) == ["first document\nstill first", "second document", "third", "fourth"]
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(DataError, match=r"corpus file '.*bad.txt' is not UTF-8 \(byte 3\)"):
+        read_documents(str(tmp_path / "bad.txt"))
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    with pytest.raises(DataError, match="has no text"):
+        read_documents(str(tmp_path / "empty.txt"))
+    assert len(read_documents("stdlib_docs")) > 1000
+
+
+LANGUAGE = ["task=masked_lm", "data=text", "model=bert_tiny"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["task=masked_lm"], "bad value for 'data.name': 'digits' (with task=masked_lm it must be text)"),
+        (
+            [*LANGUAGE, "data.corpus=stdlib_docs", "algorithms=[blurpool]"],
+            "'blurpool' does not apply to task masked_lm",
+        ),
+        (["algorithms=[masked_head]"], "algorithm 'masked_head' does not apply to task image_classification"),
+        ([*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=1024"], "'data.max_seq_len': 1024 is more than"),
+        (LANGUAGE, "data=text needs 'data.path'"),
+        ([*LANGUAGE, "data.corpus=stdlib_docs", "loss=bce"], "bad value for 'loss': 'bce'"),
+    ],
+)
+def test_bad_language_configs_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check(overrides)
+
+
+@pytest.mark.slow
+def test_write_text_and_train_a_tiny_bert(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(read_documents("stdlib_docs")[:400]))
+    written = run_cli("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "1000")
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.splitlines()[-1].startswith("wrote ") and "(vocabulary 1,000, uint16)" in written.stdout
+    again = run_cli("write-text", str(corpus), str(tmp_path / "store"))
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
+    run_dir = tmp_path / "run"
+    args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.max_seq_len=32", "data.packing=pack"]
+    args += ["optimizer=adamw", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=60ba", "eval_interval=30ba"]
+    args += ["algorithms=[masked_head]", "device_train_microbatch_size=16"]  # the head's rows split too
+    result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert "masked-token accuracy" in result.stdout and "seq/s" in result.stdout
+    first, last = read_metrics(run_dir)
+    assert last["eval_loss"] < first["eval_loss"] and last["masked_accuracy"] >= first["masked_accuracy"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["quality_metric"] == "masked_accuracy" and summary["task"] == "masked_lm"
+    assert summary["best_masked_accuracy"] == max(first["masked_accuracy"], last["masked_accuracy"])

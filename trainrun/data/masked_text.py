@@ -1,0 +1,117 @@
+"""Masked-language-model samples from a token store: sequences cut, padded and masked on the fly.
+
+A sample is ``[CLS] tokens [SEP]`` padded to ``max_seq_len``. ``packing="pad"`` cuts each document
+into pieces of at most ``max_seq_len - 2`` tokens (the pieces of short documents are mostly
+padding, as in the published BERT runs); ``"pack"`` lays the documents end to end with ``[SEP]``
+between them and cuts that stream into full pieces. Masking follows BERT: each ordinary token is
+chosen with probability ``mlm_probability``; a chosen token becomes ``[MASK]`` (80 %), a random
+ordinary token (10 %) or stays (10 %), and only chosen tokens have labels (-100 elsewhere).
+Training draws come from torch's default generator, which :class:`~trainrun.data.torch_loader.
+AugmentedDataset` seeds per (seed, epoch, sample); evaluation masks are fixed per sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents, write_token_store
+from trainrun.errors import DataError
+from trainrun.schema import DataConfig
+
+IGNORED = -100  # the label of tokens that are not predicted (torch's cross-entropy ignore_index)
+
+
+class MaskedSequences(Dataset):
+    """The samples of one split of ``store``; ``fixed_masks`` draws each sample's mask from its index."""
+
+    def __init__(
+        self, store: TokenStore, max_seq_len: int, packing: str, mlm_probability: float, fixed_masks: bool = False
+    ) -> None:
+        self.store, self.max_seq_len, self.packing = store, max_seq_len, packing
+        self.mlm_probability, self.fixed_masks = mlm_probability, fixed_masks
+        self.vocab_size = store.vocab_size
+        self.cls, self.sep, self.pad, self.mask = (store.special(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]"))
+        self.first_ordinary = len(SPECIAL_TOKENS)  # random replacements are drawn from the ordinary tokens
+        body, offsets = max_seq_len - 2, store.offsets
+        if packing == "pad":
+            pieces = [np.arange(start, end, body) for start, end in zip(offsets[:-1], offsets[1:])]
+            self.starts = np.concatenate(pieces or [np.zeros(0, np.int64)])
+            self.ends = np.minimum(self.starts + body, np.repeat(offsets[1:], [len(p) for p in pieces]))
+        else:  # positions in the stream of documents each followed by one [SEP]
+            self.stream_offsets = offsets + np.arange(len(offsets))
+            self.starts = np.arange(0, self.stream_offsets[-1], body)
+            self.ends = np.minimum(self.starts + body, self.stream_offsets[-1])
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def tokens(self, index: int) -> np.ndarray:
+        """Sample ``index``'s tokens between [CLS] and [SEP]."""
+        start, end = int(self.starts[index]), int(self.ends[index])
+        if self.packing == "pad":
+            return np.asarray(self.store.tokens[start:end], dtype=np.int64)
+        parts, document = [], int(np.searchsorted(self.stream_offsets, start, side="right")) - 1
+        while start < end:
+            document_end = int(self.stream_offsets[document + 1]) - 1  # where its [SEP] sits in the stream
+            take = min(end, document_end) - start
+            first = int(self.store.offsets[document]) + start - int(self.stream_offsets[document])
+            parts.append(np.asarray(self.store.tokens[first : first + take], dtype=np.int64))
+            start += take
+            if start < end:  # the document's [SEP]
+                parts.append(np.array([self.sep], dtype=np.int64))
+                start, document = start + 1, document + 1
+        return np.concatenate(parts)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        body = torch.from_numpy(self.tokens(index))
+        length = len(body) + 2
+        ids = torch.full((self.max_seq_len,), self.pad, dtype=torch.int64)
+        ids[0], ids[1 : length - 1], ids[length - 1] = self.cls, body, self.sep
+        generator = torch.Generator().manual_seed(index) if self.fixed_masks else None
+        draws = torch.rand(3, self.max_seq_len, generator=generator)
+        ordinary = ids >= self.first_ordinary
+        chosen = ordinary & (draws[0] < self.mlm_probability)
+        labels = torch.where(chosen, ids, IGNORED)
+        masked = chosen & (draws[1] < 0.8)
+        randomised = chosen & ~masked & (draws[1] < 0.9)
+        replacements = self.first_ordinary + (draws[2] * (self.vocab_size - self.first_ordinary)).long()
+        inputs = torch.where(masked, self.mask, torch.where(randomised, replacements, ids))
+        attention = torch.zeros(self.max_seq_len, dtype=torch.int64)
+        attention[:length] = 1
+        return {"input_ids": inputs, "attention_mask": attention, "labels": labels}
+
+
+def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> tuple[MaskedSequences, MaskedSequences]:
+    """Training and evaluation samples of the store at ``data.path`` or of a built-in corpus."""
+    path = Path(config.path).expanduser() if config.path else cached_store(config, placement)
+    train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
+    if len(train.tokens) == 0 or len(val.tokens) == 0:
+        raise DataError(f"token store '{path}' has no {'training' if len(train.tokens) == 0 else 'validation'} text")
+    return (
+        MaskedSequences(train, config.max_seq_len, config.packing, config.mlm_probability),
+        MaskedSequences(val, config.max_seq_len, config.packing, config.eval_mlm_probability, fixed_masks=True),
+    )
+
+
+def cached_store(config: DataConfig, placement: Placement) -> Path:
+    """A built-in corpus's store in ``cache_dir``, written once by each node's local rank 0."""
+    identity = {k: getattr(config, k) for k in ("corpus", "vocab_size", "val_fraction", "split_seed")}
+    identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+    path = Path(config.cache_dir).expanduser() / f"{config.corpus}-{digest}-tokens"
+    if placement.local_rank == 0 and not (path / "store.json").is_file():
+        documents = read_documents(config.corpus)
+        train, val = split_documents(documents, config.val_fraction, config.split_seed)
+        write_token_store(train, val, path, config.vocab_size)
+    if placement.world_size > 1:
+        dist.barrier()
+    return path

@@ -1,0 +1,191 @@
+"""Text corpora stored as token ids: one flat memory-mapped file per split and each document's start.
+
+The layout nanoGPT and Megatron use: ``<split>.bin`` holds every document's token ids back to back
+(uint16 when the vocabulary fits, else uint32), ``<split>.idx.npy`` the offset of each document
+(one more than there are documents). Beside them: ``tokenizer.json`` (a Hugging Face
+``tokenizers`` WordPiece tokenizer, trained on the training documents unless the user gives one)
+and ``store.json`` (format, dtype, sizes, special-token ids, the tokenizer's SHA-256). A store is
+written to a temporary folder beside its target and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainrun.errors import DataError
+
+FORMAT = "trainrun-tokens/1"
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BUILTIN_CORPORA = ("stdlib_docs",)
+
+
+def stdlib_docstrings(min_chars: int = 40) -> list[str]:
+    """The docstrings of this Python's standard library (modules, classes, functions), read with
+    ``ast`` from the installed sources, in a fixed order: about 1.5 MB of English prose."""
+    import ast
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skipped = {"site-packages", "test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo"}
+    documents = []
+    for path in sorted(root.rglob("*.py")):
+        if skipped & set(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = ast.get_docstring(node)
+                if text and len(text) >= min_chars:
+                    documents.append(text)
+    return documents
+
+
+def read_documents(source: str) -> list[str]:
+    """Documents of a built-in corpus or of the files at ``source``: a ``.txt`` file holds documents
+    separated by blank lines, a ``.jsonl`` file one ``{"text": ...}`` per line, a folder every such
+    file under it. Text must be UTF-8."""
+    if source == "stdlib_docs":
+        return stdlib_docstrings()
+    root = Path(source).expanduser()
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
+        if not files:
+            raise DataError(f"no .txt or .jsonl files in corpus folder '{root}'")
+    elif root.is_file():
+        files = [root]
+    else:
+        raise DataError(f"corpus '{source}' is neither a file, a folder nor one of: {', '.join(BUILTIN_CORPORA)}")
+    documents = []
+    for path in files:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"corpus file '{path}' is not UTF-8 (byte {error.start})") from None
+        if path.suffix == ".jsonl":
+            documents += [json.loads(line)["text"] for line in text.splitlines() if line.strip()]
+        else:
+            documents += [block.strip() for block in text.split("\n\n")]
+    documents = [document for document in documents if document.strip()]
+    if not documents:
+        raise DataError(f"corpus '{source}' has no text")
+    return documents
+
+
+def split_documents(documents: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """A fixed, seeded split into training and validation documents."""
+    order = np.random.default_rng(seed).permutation(len(documents))
+    count = max(1, round(len(documents) * val_fraction)) if len(documents) > 1 else 0
+    val = sorted(order[:count].tolist())
+    chosen = set(val)
+    return [d for i, d in enumerate(documents) if i not in chosen], [documents[i] for i in val]
+
+
+def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool = True):
+    """A BERT-style WordPiece tokenizer trained on ``documents`` with Hugging Face ``tokenizers``."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
+    tokenizer.train_from_iterator(
+        documents, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    return tokenizer._tokenizer  # the underlying tokenizers.Tokenizer, which saves to one JSON file
+
+
+def write_token_store(
+    train: list[str], val: list[str], out: Path, vocab_size: int = 8192, tokenizer_path: Path | None = None
+) -> Path:
+    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically); return ``out``."""
+    from tokenizers import Tokenizer
+
+    if tokenizer_path is not None:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        missing = [token for token in SPECIAL_TOKENS if tokenizer.token_to_id(token) is None]
+        if missing:
+            raise DataError(f"tokenizer '{tokenizer_path}' lacks the special token(s) {', '.join(missing)}")
+    else:
+        tokenizer = train_tokenizer(train, vocab_size)
+    vocab = tokenizer.get_vocab_size()
+    dtype = np.uint16 if vocab <= 2**16 else np.uint32
+    partial = out.with_name(f".{out.name}.partial-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        tokenizer.save(str(partial / "tokenizer.json"))
+        counts = {}
+        for split, documents in (("train", train), ("val", val)):
+            encoded = tokenizer.encode_batch(documents, add_special_tokens=False)
+            lengths = np.array([len(e.ids) for e in encoded], dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            tokens = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encoded] or [np.zeros(0, dtype)])
+            tokens.tofile(partial / f"{split}.bin")
+            np.save(partial / f"{split}.idx.npy", offsets)
+            counts[split] = {"documents": len(documents), "tokens": int(offsets[-1])}
+        meta = {
+            "format": FORMAT,
+            "dtype": np.dtype(dtype).name,
+            "vocab_size": vocab,
+            "special": {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS},
+            "tokenizer_sha256": _sha256(partial / "tokenizer.json"),
+            **counts,
+        }
+        (partial / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class TokenStore:
+    """An opened store: one split's tokens (memory-mapped) and document offsets, and its metadata."""
+
+    path: Path
+    tokens: np.ndarray
+    offsets: np.ndarray
+    meta: dict
+
+    @classmethod
+    def open(cls, path: Path, split: str) -> TokenStore:
+        path = Path(path).expanduser()
+        meta_path = path / "store.json"
+        if not meta_path.is_file():
+            raise DataError(f"'{path}' is not a token store (no store.json; write one with 'trainrun write-text')")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise DataError(f"'{path}' is a token store of another format ({meta.get('format')})")
+        if _sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
+            raise DataError(f"'{path / 'tokenizer.json'}' is not the tokenizer the store was written with")
+        offsets = np.load(path / f"{split}.idx.npy")
+        tokens = np.memmap(path / f"{split}.bin", dtype=meta["dtype"], mode="r") if offsets[-1] else np.zeros(0)
+        if len(tokens) != offsets[-1]:
+            raise DataError(f"'{path / f'{split}.bin'}' holds {len(tokens)} tokens, its index says {offsets[-1]}")
+        return cls(path, tokens, offsets, meta)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+    def special(self, token: str) -> int:
+        return self.meta["special"][token]
+
+    def documents(self) -> Iterator[np.ndarray]:
+        for start, end in zip(self.offsets[:-1], self.offsets[1:]):
+            yield self.tokens[start:end]

@@ -1,0 +1,50 @@
+"""BERT for masked-language-model pretraining: Hugging Face's ``BertForMaskedLM``, built from a config.
+
+No weights are downloaded. Attention runs through ``torch.nn.functional.scaled_dot_product_attention``
+(``attn_implementation="sdpa"``), which picks the fused Flash or memory-efficient kernel where the
+device has one. :class:`MaskedLanguageModel` gives the trainer the ``model(inputs) -> outputs``
+interface every task uses; ``.bert`` is the Hugging Face model itself, which
+``save_pretrained`` and ``transformers`` read as any other.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainrun.schema import ModelConfig
+
+
+class MaskedLanguageModel(nn.Module):
+    """A Hugging Face masked-language model taking the batch's ``input_ids`` and ``attention_mask``."""
+
+    def __init__(self, bert: nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the
+        inputs, only those positions' logits (positions, vocabulary), in row-major order."""
+        if "predict" not in inputs:
+            return self.bert(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+        hidden = self.bert.base_model(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+        ).last_hidden_state
+        return self.bert.cls(hidden[inputs["predict"]])
+
+
+def build_bert(config: ModelConfig, vocab_size: int) -> MaskedLanguageModel:
+    from transformers import BertConfig, BertForMaskedLM
+
+    settings = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        attn_implementation="sdpa",
+    )
+    return MaskedLanguageModel(BertForMaskedLM(settings))
