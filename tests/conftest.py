@@ -31,6 +31,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+TIMING = ("train_seconds", "wall_seconds", "throughput")
+
+
+def metrics_without_timing(run_dir: Path) -> list[dict]:
+    """What a run learned, evaluation by evaluation: its metrics without the seconds and rates."""
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     """One completed tiny run with a checkpoint every epoch, shared by read-only tests."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, read_metrics, run_cli
+from conftest import TINY, metrics_without_timing, read_metrics, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,13 +41,6 @@ def test_shared_run_outputs(trained_run):
     assert payload["progress"]["batch"] == 44
 
 
-TIMING = ("train_seconds", "wall_seconds", "throughput")
-
-
-def _without_timing(run_dir):
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
-
-
 @pytest.mark.slow
 def test_same_seed_gives_the_same_metrics_on_the_torch_path(trained_run, tmp_path):
     """Random crops on; one run loads in the main process, the other in 2 worker processes."""
@@ -55,7 +48,7 @@ def test_same_seed_gives_the_same_metrics_on_the_torch_path(trained_run, tmp_pat
     args = ["checkpoint.interval=1ep", "checkpoint.keep=5", "data.num_workers=2"]
     result = run_cli(*TINY, f"hydra.run.dir={again}", *args)
     assert result.returncode == 0, result.stderr
-    assert _without_timing(again) == _without_timing(trained_run)
+    assert metrics_without_timing(again) == metrics_without_timing(trained_run)
 
 
 @pytest.mark.slow
@@ -66,8 +59,8 @@ def test_same_seed_gives_the_same_metrics_on_the_ffcv_path(tmp_path):
     for run in ("1", "2"):
         result = run_cli(*args, f"hydra.run.dir={tmp_path / run}")
         assert result.returncode == 0, result.stderr
-    first = _without_timing(tmp_path / "1")
-    assert len(first) == 2 and first == _without_timing(tmp_path / "2")
+    first = metrics_without_timing(tmp_path / "1")
+    assert len(first) == 2 and first == metrics_without_timing(tmp_path / "2")
 
 
 @pytest.mark.slow

@@ -10,12 +10,11 @@ import time
 
 import pytest
 import torch
-from conftest import TINY, read_metrics, run_cli
+from conftest import TINY, metrics_without_timing, read_metrics, run_cli
 
 from trainrun.core.checkpoint import load_checkpoint
 
 MNIST = ["data=mnist5k", "model.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
-TIMING = ("train_seconds", "wall_seconds", "throughput")
 
 
 def _start(*args):
@@ -29,10 +28,6 @@ def _wait_for(condition, process, seconds=120):
     while not condition() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert condition(), "the run never got there"
-
-
-def _learned(run_dir):
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
 
 
 @pytest.mark.slow
@@ -53,7 +48,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path):
     resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"batch {newest}" in resumed.stdout
-    assert _learned(killed) == _learned(whole)
+    assert metrics_without_timing(killed) == metrics_without_timing(whole)
     final = f"ep2-ba{2 * per_epoch}.pt"
     a = torch.load(whole / "checkpoints" / final, weights_only=True)["model"]
     b = torch.load(checkpoints / final, weights_only=True)["model"]

@@ -102,6 +102,33 @@ def test_masking_chooses_ordinary_tokens_at_the_rate_and_replaces_80_10_10(store
     assert kept / chosen == pytest.approx(0.1 + 0.1 / (train.vocab_size - 5), abs=0.02)  # a random draw may hit it
 
 
+def test_a_given_tokenizer_may_put_its_special_tokens_anywhere(tmp_path):
+    """Special tokens at the end of the vocabulary (as a user's tokenizer may have them) are never
+    masked, and random replacements come from above them."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(lowercase=True)
+    tokenizer.train_from_iterator(DOCUMENTS, vocab_size=150, special_tokens=["[UNK]"], show_progress=False)
+    tokenizer.add_special_tokens(["[PAD]", "[CLS]", "[SEP]", "[MASK]"])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    path = write_token_store(
+        DOCUMENTS[:100], DOCUMENTS[100:], tmp_path / "store", tokenizer_path=tmp_path / "tokenizer.json"
+    )
+    train = TokenStore.open(path, "train")
+    specials = sorted(train.meta["special"].values())
+    assert specials[1:] == list(range(train.vocab_size - 4, train.vocab_size))  # all but [UNK] at the end
+    data = MaskedSequences(train, 40, "pad", 0.5)
+    torch.manual_seed(0)
+    for index in range(len(data)):
+        item = data[index]
+        chosen = item["labels"] != IGNORED
+        assert not torch.isin(item["labels"][chosen], torch.tensor(specials)).any()
+        assert chosen[0].item() is False and item["input_ids"][0] == train.special("[CLS]")
+        replaced = item["input_ids"][chosen]
+        assert (replaced < train.vocab_size).all()
+        assert not torch.isin(replaced[replaced != train.special("[MASK]")], torch.tensor(specials)).any()
+
+
 def test_evaluation_masks_are_fixed_and_training_masks_keyed_to_seed_epoch_and_sample(store):
     val = MaskedSequences(TokenStore.open(store, "val"), 32, "pad", 0.5, fixed_masks=True)
     assert torch.equal(val[1]["labels"], val[1]["labels"]) and not torch.equal(val[0]["labels"], val[1]["labels"])
@@ -223,7 +250,9 @@ def test_two_ranks_train_the_bert_one_rank_trains(tmp_path):
 
     Not bit for bit: each rank averages the loss over its own masked tokens and DDP averages the
     ranks, where one rank averages over all of them; the ranks' masked counts differ by a few
-    tokens, which moves the loss after 20 Adam steps by about 1e-4."""
+    tokens. Measured after 20 Adam steps: 1e-5 to 1.2e-3 in the losses, by store (the tokenizer's
+    training is not deterministic upstream, so each run of this test has another vocabulary);
+    another seed moves them by 3e-2 (training) and 9e-3 (evaluation)."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(read_documents("stdlib_docs")[:300]))
     assert run_cli("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "800").returncode == 0
@@ -234,6 +263,6 @@ def test_two_ranks_train_the_bert_one_rank_trains(tmp_path):
     two = run_cli(*args, "launcher.devices=2", f"hydra.run.dir={tmp_path / 'two'}")
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
     (first,), (second,) = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    assert second["train_loss"] == pytest.approx(first["train_loss"], abs=1e-3)
-    assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-3)
+    assert second["train_loss"] == pytest.approx(first["train_loss"], abs=3e-3)
+    assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=3e-3)
     assert second["masked_accuracy"] == pytest.approx(first["masked_accuracy"], abs=5e-3)

@@ -100,7 +100,7 @@ class ConfigSource:
         if not self.extra:
             return overrides
         given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
-        paths = _parsed_value(given[-1]) if given else []
+        paths = override_value(given[-1]) if given else []
         paths = [*(paths if isinstance(paths, list) else [paths]), *(f"file://{d}" for d in self.extra)]
         kept = [o for o in overrides if o not in given]
         return [*kept, f"hydra.searchpath=[{','.join(dict.fromkeys(str(p) for p in paths))}]"]
@@ -173,7 +173,8 @@ def _recipe_copy(path: Path) -> tuple[Path, str]:
     return folder, path.stem
 
 
-def _parsed_value(override: str) -> object:
+def override_value(override: str) -> object:
+    """The value of ``key=value`` as Hydra's override grammar reads it (``[a,b]`` is a list)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.errors import ConfigError, TrainrunError, describe_error
-from trainrun.schema import LauncherConfig, TrainConfig, check_batch_split, validate
+from trainrun.schema import LauncherConfig, TrainConfig, check_batch_split, check_microbatch_size, validate
 
 SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # A rank whose collective fails because a peer died waits this long before it exits, so that the
@@ -134,9 +134,7 @@ def run_workers(settings: LauncherConfig, processes: int, worker, *args: object,
     by :func:`train_worker`), the signal that killed it, or its exit code. torch elastic's own
     multi-line failure log is shown only with ``debug``.
     """
-    quiet = (
-        [] if debug else [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
-    )
+    quiet = [] if debug else [logging.getLogger(name) for name in ELASTIC_LOGGERS]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
@@ -208,6 +206,7 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     processes = device_count(settings.devices)
     ranks = int(os.environ["WORLD_SIZE"]) if started_elsewhere else processes * settings.nnodes
     check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
+    check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:

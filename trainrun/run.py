@@ -28,7 +28,7 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
-from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig, check_microbatch_size
+from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
 from trainrun.tasks import build_task
 
 
@@ -52,7 +52,6 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     seed_everything(config.seed)
     model = build_model(config.model, data.vocab_size)
     seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
-    check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, world_size)
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
     timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
 
@@ -111,7 +110,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         compile=config.compile,
         stop_after=stop_after,
         stop_at=config.stop_at,
-        microbatching=Microbatching.parse(config.device_train_microbatch_size, config.train_batch_size // world_size),
+        microbatching=Microbatching.parse(config.device_train_microbatch_size),
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
     trainer = Trainer(state, optimization, engine, settings)

@@ -454,12 +454,11 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
 )
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
 # The tasks each algorithm applies to; any not named here acts on images or ResNets only.
-EVERY_TASK = TASK_NAMES
 ALGORITHM_TASKS: dict[str, tuple[str, ...]] = {
-    "ema": EVERY_TASK,
-    "gradient_clipping": EVERY_TASK,
-    "sam": EVERY_TASK,
-    "swa": EVERY_TASK,
+    "ema": TASK_NAMES,
+    "gradient_clipping": TASK_NAMES,
+    "sam": TASK_NAMES,
+    "swa": TASK_NAMES,
     "masked_head": ("masked_lm",),
 }
 

@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from trainrun.config import ConfigSource
+from trainrun.config import ConfigSource, override_value
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json
 
@@ -69,7 +69,7 @@ def parse_sweep_arguments(
     out = Path(settings["out"]) if "out" in settings else None
     if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
         raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
-    return sorted(set(budgets)), seeds, out, source.overrides(run_overrides), source
+    return sorted(set(budgets)), seeds, out, run_overrides, source
 
 
 def plan(budgets: list[float], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
@@ -141,7 +141,8 @@ def run_sweep(argv: list[str]) -> int:
 
 
 def _train(job: SweepJob, source: ConfigSource) -> int:
-    arguments = [*source.flags(), *job.overrides, f"hydra.run.dir={job.run_dir}", "progress=false", "resume=auto"]
+    arguments = [*source.flags(), *source.overrides(list(job.overrides)), f"hydra.run.dir={job.run_dir}"]
+    arguments += ["progress=false", "resume=auto"]
     return subprocess.run([sys.executable, "-m", "trainrun", *arguments]).returncode
 
 
@@ -166,12 +167,7 @@ def _comparable(config_yaml: str) -> dict[str, object]:
 
 def _values(key: str, text: str) -> list[object]:
     """A sweep setting's value(s), parsed by Hydra's override grammar: ``[0.25,0.5]`` or ``0.5``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        value = OverridesParser.create().parse_overrides([f"{key}={text}"])[0].value()
-    except Exception:  # hydra raises several types; all mean a value it cannot read
-        raise ConfigError(f"cannot parse override '{key}={text}'") from None
+    value = override_value(f"{key}={text}")
     return value if isinstance(value, list) else [value]
 
 

@@ -49,26 +49,31 @@ class Microbatching:
     auto: bool = False
 
     @classmethod
-    def parse(cls, setting: str | None, per_process_batch: int) -> Microbatching:
-        if setting is None:
-            return cls()
-        if setting == "auto":
-            return cls(per_process_batch, auto=True)
+    def parse(cls, setting: str | None) -> Microbatching:
+        """``device_train_microbatch_size``: None, ``auto`` (from the whole batch) or a number."""
+        if setting is None or setting == "auto":
+            return cls(auto=setting == "auto")
         return cls(int(setting))
 
-    def shrink(self, batch_size: int) -> None:
-        """Halve the micro-batch after running out of memory at ``batch_size``; give up at one sample."""
+    def shrink(self, batch_size: int) -> int:
+        """Halve the micro-batch after running out of memory in a batch of ``batch_size``; return the
+        size that ran out. Gives up at one sample."""
         current = min(self.size or batch_size, batch_size)
         if current <= 1:
             raise torch.OutOfMemoryError("out of memory with micro-batches of one sample")
         self.size = current // 2
+        return current
 
 
-def any_rank(flag: bool, device: torch.device, world_size: int) -> bool:
-    """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
+def any_rank(flag: bool, world_size: int) -> bool:
+    """Whether ``flag`` is true on any rank (every rank gets the same answer).
+
+    The flag travels as a CPU tensor, through the process group's gloo side: reading a device
+    tensor back would wait for the device to finish the step, every step.
+    """
     if world_size == 1:
         return flag
-    value = torch.tensor([float(flag)], device=device)
+    value = torch.tensor([float(flag)])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 

@@ -85,6 +85,8 @@ class Trainer:
         self._pending_losses: list[torch.Tensor] = []
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
+        # auto micro-batches on several ranks: no backward synchronises, gradients are averaged by hand
+        self._average_by_hand = settings.microbatching.auto and state.world_size > 1
         state.data.to(state.device)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
@@ -151,19 +153,18 @@ class Trainer:
         run(Event.AFTER_DATALOADER, state)
         inputs, targets = state.inputs, state.targets
         batch_size = batch_size_of(inputs)
-        by_hand = microbatching.auto and isinstance(state.model, DistributedDataParallel)
         while True:
             out_of_memory = False
             try:
-                loss = self._accumulate_gradients(inputs, targets, batch_size, by_hand)
+                loss = self._accumulate_gradients(inputs, targets, batch_size)
             except torch.OutOfMemoryError:
                 if not microbatching.auto:
                     raise
                 out_of_memory = True
-            if not microbatching.auto or not any_rank(out_of_memory, state.device, state.world_size):
+            if not microbatching.auto or not any_rank(out_of_memory, state.world_size):
                 break
             self._shrink_microbatches(batch_size)
-        if by_hand:
+        if self._average_by_hand:
             average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
         state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
@@ -180,12 +181,12 @@ class Trainer:
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
 
-    def _accumulate_gradients(self, inputs: Any, targets: Any, batch_size: int, by_hand: bool) -> torch.Tensor:
+    def _accumulate_gradients(self, inputs: Any, targets: Any, batch_size: int) -> torch.Tensor:
         """Forward and backward over the batch in micro-batches; return the batch's mean loss.
 
         Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD and its loss counts by its share
         of the batch. DDP synchronises gradients in the last micro-batch's backward pass only
-        (in none when ``by_hand``: the caller averages them after every rank finished).
+        (in none when averaging by hand: the caller averages them after every rank finished).
         """
         state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler = state.precision.scaler
@@ -194,7 +195,7 @@ class Trainer:
         for index, part in enumerate(parts):
             if len(parts) > 1:
                 state.inputs, state.targets = take(inputs, part, batch_size), take(targets, part, batch_size)
-            synchronise = index == len(parts) - 1 and not by_hand
+            synchronise = index == len(parts) - 1 and not self._average_by_hand
             with contextlib.nullcontext() if synchronise or state.world_size == 1 else state.model.no_sync():
                 accounts.switch("forward")
                 with state.precision.autocast():
@@ -219,8 +220,7 @@ class Trainer:
         state.outputs = state.loss = None
         if state.device.type == "cuda":
             torch.cuda.empty_cache()
-        before = min(microbatching.size or batch_size, batch_size)
-        microbatching.shrink(batch_size)
+        before = microbatching.shrink(batch_size)
         state.notice(
             f"device_train_microbatch_size=auto: out of memory at {before} samples per micro-batch, "
             f"retrying the step with {microbatching.size}"

@@ -11,15 +11,13 @@ format on the device in the same pass that normalises them. Built-in sets are wr
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.cache import cache_prefix, write_once_per_node
 from trainrun.data.spec import DataSpec
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError
@@ -63,18 +61,18 @@ def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]
     identity = {k: getattr(config, k) for k in keys}
     if config.name == "synthetic":
         identity |= {"resolution": config.resolution, "eval_resolution": config.eval_resolution}
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
-    directory = Path(config.cache_dir).expanduser()
-    paths = directory / f"{config.name}-{digest}-train.beton", directory / f"{config.name}-{digest}-val.beton"
-    if placement.local_rank == 0 and not all(path.is_file() for path in paths):
+    prefix = cache_prefix(config.cache_dir, config.name, identity)
+    paths = prefix.with_name(f"{prefix.name}-train.beton"), prefix.with_name(f"{prefix.name}-val.beton")
+
+    def write() -> None:
         from trainrun.data.sources import datasets
 
         settings = WriteSettings(mode="raw", max_resolution=max(config.resolution, config.eval_resolution))
         for dataset, path in zip(datasets(config, augment=False), paths):
             if not path.is_file():
                 write_beton(dataset, path, settings)
-    if placement.world_size > 1:
-        dist.barrier()
+
+    write_once_per_node(lambda: all(path.is_file() for path in paths), write, placement)
     return paths
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 from ffcv.fields.rgb_image import IMAGE_MODES, RandomResizedCropRGBImageDecoder
@@ -55,8 +56,10 @@ class SampleKeys:
     def set_epoch(self, epoch: int) -> None:
         self.values[1] = epoch
 
+    @cached_property
     def seeder(self) -> Callable[[int, int], None]:
-        """A compiled ``seed(sample, stream)`` that seeds the calling thread's generator."""
+        """A compiled ``seed(sample, stream)`` that seeds the calling thread's generator (compiled
+        once, shared by every keyed operation)."""
         address = self.values.ctypes.data
         splitmix = Compiler.compile(_splitmix)
 
@@ -81,7 +84,7 @@ class KeyedRandomResizedCrop(RandomResizedCropRGBImageDecoder):
         jpg, read = IMAGE_MODES["jpg"], self.memory_read
         loop = Compiler.get_iterator()
         decode_jpeg, crop_and_resize = Compiler.compile(imdecode), Compiler.compile(resize_crop)
-        draw_crop, seed = Compiler.compile(self.get_crop_generator), self.keys.seeder()
+        draw_crop, seed = Compiler.compile(self.get_crop_generator), self.keys.seeder
         scale, ratio = np.array(self.scale), np.array(self.ratio)
 
         def decode(batch_indices, my_storage, metadata, storage_state):
@@ -114,7 +117,7 @@ class KeyedHorizontalFlip(Operation):
         self.keys = keys
 
     def generate_code(self) -> Callable:
-        loop, seed = Compiler.get_iterator(), self.keys.seeder()
+        loop, seed = Compiler.get_iterator(), self.keys.seeder
 
         def flip(images, dst, indices):
             for slot in loop(images.shape[0]):
@@ -141,7 +144,7 @@ class KeyedTranslate(Operation):
         self.keys, self.padding = keys, padding
 
     def generate_code(self) -> Callable:
-        loop, seed, pad = Compiler.get_iterator(), self.keys.seeder(), self.padding
+        loop, seed, pad = Compiler.get_iterator(), self.keys.seeder, self.padding
 
         def translate(images, padded, indices):
             count, height, width, _ = images.shape

@@ -12,17 +12,15 @@ AugmentedDataset` seeds per (seed, epoch, sample); evaluation masks are fixed pe
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.cache import cache_prefix, write_once_per_node
 from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents, write_token_store
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
@@ -40,7 +38,10 @@ class MaskedSequences(Dataset):
         self.mlm_probability, self.fixed_masks = mlm_probability, fixed_masks
         self.vocab_size = store.vocab_size
         self.cls, self.sep, self.pad, self.mask = (store.special(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]"))
-        self.first_ordinary = len(SPECIAL_TOKENS)  # random replacements are drawn from the ordinary tokens
+        self.specials = torch.tensor(sorted(store.special(token) for token in SPECIAL_TOKENS))
+        # random replacements are ordinary tokens (a given tokenizer may place its special ones anywhere)
+        vocabulary = torch.arange(store.vocab_size)
+        self.ordinary_ids = vocabulary[~torch.isin(vocabulary, self.specials)]
         body, offsets = max_seq_len - 2, store.offsets
         if packing == "pad":
             pieces = [np.arange(start, end, body) for start, end in zip(offsets[:-1], offsets[1:])]
@@ -78,12 +79,12 @@ class MaskedSequences(Dataset):
         ids[0], ids[1 : length - 1], ids[length - 1] = self.cls, body, self.sep
         generator = torch.Generator().manual_seed(index) if self.fixed_masks else None
         draws = torch.rand(3, self.max_seq_len, generator=generator)
-        ordinary = ids >= self.first_ordinary
+        ordinary = ~torch.isin(ids, self.specials)
         chosen = ordinary & (draws[0] < self.mlm_probability)
         labels = torch.where(chosen, ids, IGNORED)
         masked = chosen & (draws[1] < 0.8)
         randomised = chosen & ~masked & (draws[1] < 0.9)
-        replacements = self.first_ordinary + (draws[2] * (self.vocab_size - self.first_ordinary)).long()
+        replacements = self.ordinary_ids[(draws[2] * len(self.ordinary_ids)).long()]
         inputs = torch.where(masked, self.mask, torch.where(randomised, replacements, ids))
         attention = torch.zeros(self.max_seq_len, dtype=torch.int64)
         attention[:length] = 1
@@ -103,15 +104,15 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> 
 
 
 def cached_store(config: DataConfig, placement: Placement) -> Path:
-    """A built-in corpus's store in ``cache_dir``, written once by each node's local rank 0."""
+    """A built-in corpus's store in ``cache_dir``, written once per node."""
     identity = {k: getattr(config, k) for k in ("corpus", "vocab_size", "val_fraction", "split_seed")}
     identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
-    path = Path(config.cache_dir).expanduser() / f"{config.corpus}-{digest}-tokens"
-    if placement.local_rank == 0 and not (path / "store.json").is_file():
-        documents = read_documents(config.corpus)
-        train, val = split_documents(documents, config.val_fraction, config.split_seed)
+    prefix = cache_prefix(config.cache_dir, config.corpus, identity)
+    path = prefix.with_name(f"{prefix.name}-tokens")
+
+    def write() -> None:
+        train, val = split_documents(read_documents(config.corpus), config.val_fraction, config.split_seed)
         write_token_store(train, val, path, config.vocab_size)
-    if placement.world_size > 1:
-        dist.barrier()
+
+    write_once_per_node((path / "store.json").is_file, write, placement)
     return path
