@@ -5,7 +5,8 @@
 #   scripts/tradeoff_demo.sh [OUT_DIR]        (default: tradeoff_demo)
 # Finished runs are reused, so an interrupted demo continues where it stopped. The small-scale
 # changes to the published recipes: a 1-epoch warmup (the published 8 epochs would be the whole
-# run) and, for mild, an EMA half-life of 10 steps instead of 100.
+# run) and, for mild, an EMA half-life of 10 steps instead of 100: the recipe mild_mnist in
+# scripts/tradeoff_demo/recipe/, so that recipe=auto can train it from report.csv's label alone.
 set -euo pipefail
 out=${1:-tradeoff_demo}
 trainrun=${TRAINRUN:-trainrun}
@@ -14,6 +15,6 @@ small=(data=mnist5k model=resnet_small data.resolution=28 data.eval_resolution=2
 sweep=(budgets=[0.25,0.5,0.75,1.0] seeds=[0,1])
 
 "$trainrun" sweep recipe=baseline "${small[@]}" "${sweep[@]}" out="$out/baseline"
-"$trainrun" sweep recipe=mild "${small[@]}" algorithms.ema.half_life=10ba algorithms.ema.update_interval=2ba \
-  "${sweep[@]}" out="$out/mild"
-"$trainrun" report "$out/baseline" "$out/mild" --baseline baseline --out "$out/report"
+"$trainrun" sweep --config-dir "$(dirname "$0")/tradeoff_demo" recipe=mild_mnist "${small[@]}" "${sweep[@]}" \
+  out="$out/mild_mnist"
+"$trainrun" report "$out/baseline" "$out/mild_mnist" --baseline baseline --out "$out/report"

@@ -198,6 +198,11 @@ BAD_INPUTS = [
     (["-cp", "/no/such/conf"], "bad value for '--config-path': directory '/no/such/conf' not found"),
     (["-cn", "nosuch"], "bad value for '--config-name': no config 'nosuch.yaml' in"),
     (["recipe=/no/such/recipe.yaml"], "bad value for 'recipe': file '/no/such/recipe.yaml' not found"),
+    (["max_duration=-5min"], "bad value for 'max_duration': '-5min' is not a time"),
+    (["max_duration=0s"], "bad value for 'max_duration': '0s' (a budget must be above zero)"),
+    (["max_duration=2usd"], "max_duration=2usd needs a price: choose a priced hardware option"),
+    (["max_duration=1s", "profile_prefix=5ba"], "'profile_prefix' extrapolates a run of fixed length"),
+    (["eval_interval=5min"], "bad value for 'eval_interval': '5min' is a budget; only max_duration takes one"),
 ]
 
 

@@ -111,6 +111,30 @@ def _write_run(directory: Path, label: str, budget: float, top1: float, seconds:
     return directory
 
 
+def test_budgeted_runs_are_drawn_by_budget_and_auto_runs_judged_against_the_swept_frontier(tmp_path):
+    for budget, top1, seconds, seed in (("10s", 0.70, 10.2, 0), ("10s", 0.74, 9.9, 1), ("20s", 0.85, 20.1, 0)):
+        run = _write_run(tmp_path / "sweep" / f"budget{budget}-seed{seed}", "mild", 1.0, top1, seconds)
+        config = yaml.safe_load((run / "config.yaml").read_text()) | {"max_duration": budget, "seed": seed}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    auto = _write_run(tmp_path / "auto", "mild", 1.7, 0.72, 15.0)
+    config = yaml.safe_load((auto / "config.yaml").read_text()) | {"max_duration": "15s"}
+    (auto / "config.yaml").write_text(yaml.safe_dump(config))
+    decision = {"chosen": "mild", "predicted_quality": 0.78, "budget_seconds": 15.0}
+    (auto / "auto.json").write_text(json.dumps(decision))
+    out = tmp_path / "out"
+    assert report_command([str(tmp_path / "sweep"), str(auto), "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert [(r["recipe"], r["budget"], r["seeds"]) for r in rows] == [
+        ("auto", "15s", "1"),
+        ("mild", "10s", "2"),
+        ("mild", "20s", "1"),
+    ]
+    assert (out / "tradeoff_budget.png").read_bytes()[:4] == b"\x89PNG"
+    markdown = (out / "report.md").read_text()
+    # within 15 s the best swept point is mild at 10 s: 72.00% +- sd of (70%, 74%) = 2.83%
+    assert "| 15s | 0 | mild | 78.00% | 72.00% | 15.0 | mild 10s: 72.00% ± 2.83% in 10.1 s | yes |" in markdown
+
+
 def test_report_gives_speedups_at_the_baselines_accuracy_and_writes_every_file(tmp_path, capsys):
     for budget, top1, seconds in ((0.5, 0.80, 100), (1.0, 0.90, 200)):
         _write_run(tmp_path / "base" / f"ssr{budget}", "baseline", budget, top1, seconds)
@@ -127,9 +151,9 @@ def test_report_gives_speedups_at_the_baselines_accuracy_and_writes_every_file(t
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert [(r["recipe"], r["budget"], r["pareto_time"]) for r in rows] == [
         ("baseline", "0.5", "0"),
-        ("baseline", "1.0", "0"),
+        ("baseline", "1", "0"),
         ("fast", "0.5", "1"),
-        ("fast", "1.0", "1"),
+        ("fast", "1", "1"),
     ]
     assert float(rows[3]["cost_mean"]) == pytest.approx(120 / 3600 * 36.0)
     assert (out / "tradeoff_time.png").read_bytes()[:4] == b"\x89PNG" and (out / "tradeoff_cost.png").is_file()
@@ -208,6 +232,13 @@ BAD_SUBCOMMANDS = [
     (["sweep", "budgets=[1]", "seeds=[a]"], "bad value for 'seeds': 'a'"),
     (["sweep", "budgets=[1]", "seed=3"], "sets scale_schedule_ratio, seed and the run directory itself"),
     (["sweep", "budgets=[1]", "optimizer.lrr=1"], "unknown config key 'optimizer.lrr'"),
+    (["sweep", "budgets=[10s,0.5]"], "bad value for 'budgets': [10s,0.5] (give schedule ratios, wall-clock"),
+    (["sweep", "budgets=[10s]", "max_duration=5s"], "sets max_duration, seed and the run directory itself"),
+    (["recipe=auto", "max_duration=2ep"], "recipe=auto needs a budget: max_duration=2ep is an amount of training"),
+    (["recipe=auto", "max_duration=1min"], "recipe=auto needs a trade-off table for model=resnet_small with 10"),
+    (["recipe=auto", "max_duration=1min", "auto.table=/no/such.csv"], "'auto.table': '/no/such.csv' does not"),
+    (["recipe=auto", "max_duration=1min", "scale_schedule_ratio=2"], "recipe=auto sets scale_schedule_ratio"),
+    (["recipe=auto", "-m", "max_duration=1min"], "recipe=auto and -o1 decide one training run: they do not"),
     (["report", "/no/such/sweep"], "'/no/such/sweep' does not exist"),
     (["report", "{empty}"], "no runs (summary.json) under"),
     (["report", "{run}", "--baseline", "nope"], "bad value for '--baseline': 'nope'"),

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainrun.config import (
     NO_RUN_FLAGS,
+    OPTIMIZE_FLAG,
     PRINT_FLAGS,
     ConfigSource,
     check,
@@ -61,6 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hydra_args, overrides, debug = translate(argv)
         source, hydra_args, overrides = locate(hydra_args, overrides)
+        optimize = OPTIMIZE_FLAG in hydra_args
+        if optimize or "recipe=auto" in overrides:
+            hydra_args = [a for a in hydra_args if a != OPTIMIZE_FLAG]
+            if hydra_args:
+                raise ConfigError(
+                    f"recipe=auto and -o1 decide one training run: they do not combine with '{hydra_args[0]}'"
+                )
+            from rich.console import Console
+
+            from trainrun.choose import before_run
+
+            overrides = before_run(overrides, source, optimize, Console(highlight=False))
         if not NO_RUN_FLAGS & set(hydra_args):
             multirun = bool({"-m", "--multirun"} & set(hydra_args))
             check(overrides, multirun, files=not PRINT_FLAGS & set(hydra_args), source=source)

@@ -22,6 +22,7 @@ HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", 
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
 LOCATION_FLAGS = {"--config-dir": "-cd", "--config-path": "-cp", "--config-name": "-cn"}  # long: short
 HYDRA_FLAGS_WITH_VALUE |= set(LOCATION_FLAGS) | set(LOCATION_FLAGS.values())
+OPTIMIZE_FLAG = "-o1"  # trainrun's own: time the systems settings, train with the fastest (trainrun.choose)
 PRINT_FLAGS = {"--cfg", "-c"}  # print the composed config, run nothing
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
 
@@ -48,6 +49,8 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
         index += 1
         if token == "--debug":
             debug = True
+        elif token == OPTIMIZE_FLAG:
+            hydra_args.append(token)
         elif token in HYDRA_FLAGS or token.split("=")[0] in {"--shell-completion", "-sc"}:
             hydra_args.append(token)
         elif "=" in token and token.split("=")[0] in {*LOCATION_FLAGS, *LOCATION_FLAGS.values()}:

@@ -13,6 +13,7 @@ from rich.console import Console
 from trainrun.algorithms import build_algorithms
 from trainrun.core import checkpoint, distributed
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
+from trainrun.core.budget import WallClockBudget
 from trainrun.core.engine import Engine
 from trainrun.core.microbatches import Microbatching
 from trainrun.core.precision import resolve_precision
@@ -28,7 +29,7 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
-from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig
+from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig, budget_seconds
 from trainrun.tasks import build_task
 
 
@@ -53,7 +54,12 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     model = build_model(config.model, data.vocab_size)
     seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
     max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
-    timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
+    budget = None
+    if max_duration.unit.is_budget:
+        budget = WallClockBudget(budget_seconds(config), config.max_duration)
+        timeline = Timeline.for_budget(data.batches_per_epoch, config.train_batch_size)
+    else:
+        timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
 
     def optimization(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
@@ -69,6 +75,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         profile_prefix=stop_after,
         varying_cost=varying,
         provenance=provenance(device, world_size, config.launcher.nnodes) if rank == 0 else None,
+        budget_seconds=budget.seconds if budget else None,
     )
     steps = StepTimeLogger(run_dir, config.log_interval)
     console_logger = ConsoleLogger(quality_log, live=config.progress, console=console)
@@ -93,7 +100,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         accounts=TimeAccounts(CudaEventClock() if device.type == "cuda" else None, record_steps=rank == 0),
     )
     warmup = warmup_batches(config.scheduler, timeline, config.scale_schedule_ratio)
-    if warmup > timeline.max_batches:
+    if budget is None and warmup > timeline.max_batches:
         state.warn(
             f"scheduler.t_warmup={config.scheduler.t_warmup} ({warmup} steps) is longer than the whole run "
             f"(max_duration={config.max_duration}, {timeline.max_batches} steps): the learning rate never reaches "
@@ -111,6 +118,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         stop_after=stop_after,
         stop_at=config.stop_at,
         microbatching=Microbatching.parse(config.device_train_microbatch_size),
+        budget=budget,
     )
     engine = Engine(build_algorithms(config.algorithms), callbacks)
     trainer = Trainer(state, optimization, engine, settings)
@@ -128,7 +136,9 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     console.print(
         f"run dir {run_dir} | {config.model.name} on {config.data.name} ({config.data.loader}) | "
         f"{device} {config.precision} "
-        f"| {world_size} rank(s) | {timeline.max_batches} steps of {config.train_batch_size}",
+        f"| {world_size} rank(s) | "
+        + (f"{budget.seconds:.0f} s of training ({config.max_duration})" if budget else f"{timeline.max_batches} steps")
+        + f" of {config.train_batch_size}",
         highlight=False,
         soft_wrap=True,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,15 @@ class LauncherConfig:
 
 
 @dataclass
+class AutoConfig:
+    """Settings of the choices measured before a run: ``recipe=auto`` and ``-o1``."""
+
+    table: str | None = None  # recipe=auto: a 'trainrun report' CSV; default: the published table for model and data
+    candidates: list[str] = field(default_factory=list)  # recipe=auto: recipes to consider (default: the table's)
+    profile_steps: int = field(default=20, metadata={"min": 4})  # each candidate's schedule, compressed, timed
+
+
+@dataclass
 class HardwareConfig:
     """What one node of the run costs, for cost-to-accuracy reports (conf/hardware/*.yaml)."""
 
@@ -191,6 +201,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     name: str | None = None  # the run's label in reports (recipes set their own name)
     loss: str = _choice("soft_ce", "soft_ce", "bce")
     precision: str = _choice("fp32", "fp32", "amp", "bf16")
@@ -550,10 +561,56 @@ def check_files(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
 
 
+def budget_seconds(config: TrainConfig) -> float:
+    """Training seconds a budgeted ``max_duration`` allows: wall-clock, or money at the hardware's
+    price for every node of the run."""
+    budget = Time.parse(config.max_duration)
+    if budget.unit is not TimeUnit.DOLLAR:
+        return budget.wall_seconds
+    price = config.hardware.price_per_hour
+    return budget.value / (price * config.launcher.nnodes) * 3600
+
+
+def _check_budget(config: TrainConfig) -> None:
+    """A wall-clock or cost ``max_duration`` is positive, priced, and only ``max_duration``."""
+    budget = Time.parse(config.max_duration)
+    if budget.value <= 0:
+        raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (a budget must be above zero)")
+    if budget.unit is TimeUnit.DOLLAR and not config.hardware.price_per_hour:
+        raise ConfigError(
+            f"max_duration={config.max_duration} needs a price: choose a priced hardware option "
+            f"(hardware={config.hardware.name} has none), e.g. hardware=1xa100_aws"
+        )
+    if config.profile_prefix is not None:
+        raise ConfigError("'profile_prefix' extrapolates a run of fixed length: it needs max_duration in ep, ba or sp")
+
+
+def _budget_fields(obj: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(key, value) of the time fields, algorithms' included, that hold a budget."""
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
+        if dataclasses.is_dataclass(value):
+            yield from _budget_fields(value, prefix + spec.name + ".")
+        elif isinstance(value, dict):
+            for name, member in value.items():
+                if dataclasses.is_dataclass(member):
+                    yield from _budget_fields(member, f"{prefix}{spec.name}.{name}.")
+        elif spec.metadata.get("time") and value is not None and Time.parse(value).unit.is_budget:
+            yield prefix + spec.name, value
+
+
 def _check_run(config: TrainConfig) -> None:
     """Checks that involve more than one field."""
     if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
         raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
+    if Time.parse(config.max_duration).unit.is_budget:
+        _check_budget(config)
+    for key, value in _budget_fields(config, ""):
+        if key != "max_duration":
+            raise ConfigError(
+                f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
+                "(write times inside a run in ep, ba, sp or dur)"
+            )
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")

@@ -1,10 +1,11 @@
 """``trainrun sweep``: one recipe trained at several budgets (and seeds) into one directory.
 
-A budget is a ``scale_schedule_ratio``: it stretches the run's length and every time in its
-schedule. Each (budget, seed) runs as its own ``trainrun`` process in
-``OUT/ssr<budget>-seed<seed>/``; a run whose ``summary.json`` says it completed, with the same
-config, is reused rather than repeated, and an interrupted one resumes from its newest
-checkpoint. Every job is composed and validated before the first one starts.
+A budget is either a ``scale_schedule_ratio`` (a number: it stretches the run's length and every
+time in its schedule) or a wall-clock or cost budget (``30s``, ``5min``, ``2usd``: it becomes the
+run's ``max_duration``). Each (budget, seed) runs as its own ``trainrun`` process in
+``OUT/ssr<ratio>-seed<seed>/`` or ``OUT/budget<budget>-seed<seed>/``; a run whose
+``summary.json`` says it completed, with the same config, is reused rather than repeated, and an
+interrupted one resumes from its newest checkpoint. Every job is composed and validated before the first one starts.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from trainrun.config import ConfigSource, override_value
+from trainrun.core.time import Time, budget_size, is_budget
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json
+from trainrun.schema import TrainConfig
 
 SWEEP_KEYS = ("budgets", "seeds", "out")
 RUN_ONLY_KEYS = ("progress", "resume")  # may differ between a finished run and its rerun
@@ -31,19 +34,20 @@ RUN_ONLY_KEYS = ("progress", "resume")  # may differ between a finished run and 
 class SweepJob:
     """One training run of a sweep."""
 
-    budget: float
+    budget: str  # as written: a schedule ratio or a wall-clock / cost budget
     seed: int | None
     run_dir: Path
     overrides: tuple[str, ...]
 
     @property
     def label(self) -> str:
-        return f"ssr={self.budget:g}" + (f" seed={self.seed}" if self.seed is not None else "")
+        kind = "max_duration" if is_budget(self.budget) else "ssr"
+        return f"{kind}={self.budget}" + (f" seed={self.seed}" if self.seed is not None else "")
 
 
 def parse_sweep_arguments(
     argv: list[str],
-) -> tuple[list[float], list[int | None], Path | None, list[str], ConfigSource]:
+) -> tuple[list[str], list[int | None], Path | None, list[str], ConfigSource]:
     """(budgets, seeds, out, run overrides, where configs come from) from ``trainrun sweep`` arguments."""
     from trainrun.config import locate, translate
 
@@ -60,25 +64,43 @@ def parse_sweep_arguments(
             run_overrides.append(override)
     if "budgets" not in settings:
         raise ConfigError("'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0]")
-    budgets = [_number(value, "budgets", float) for value in _values("budgets", settings["budgets"])]
-    if not budgets or any(budget <= 0 for budget in budgets):
-        raise ConfigError(f"bad value for 'budgets': {settings['budgets']} (positive schedule ratios)")
+    budgets = _budgets(settings["budgets"])
     seeds: list[int | None] = [None]
     if "seeds" in settings:
         seeds = [_number(value, "seeds", int) for value in _values("seeds", settings["seeds"])]
     out = Path(settings["out"]) if "out" in settings else None
-    if any(o.split("=", 1)[0].lstrip("+") in ("scale_schedule_ratio", "seed", "hydra.run.dir") for o in run_overrides):
-        raise ConfigError("'trainrun sweep' sets scale_schedule_ratio, seed and the run directory itself")
-    return sorted(set(budgets)), seeds, out, run_overrides, source
+    swept = ("max_duration" if is_budget(budgets[0]) else "scale_schedule_ratio", "seed", "hydra.run.dir")
+    if any(o.split("=", 1)[0].lstrip("+") in swept for o in run_overrides):
+        raise ConfigError(f"'trainrun sweep' sets {swept[0]}, seed and the run directory itself")
+    return budgets, seeds, out, run_overrides, source
 
 
-def plan(budgets: list[float], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
+def _budgets(text: str) -> list[str]:
+    """The sweep's budgets, in increasing order: all schedule ratios, or all wall-clock / cost budgets."""
+    values = _values("budgets", text)
+    budgets = [str(value) for value in values if isinstance(value, str) and is_budget(value)]
+    if budgets:
+        if len(budgets) != len(values) or len({Time.parse(b).unit.value == "usd" for b in budgets}) > 1:
+            raise ConfigError(
+                f"bad value for 'budgets': {text} (give schedule ratios, wall-clock budgets or cost budgets, one kind)"
+            )
+        if any(Time.parse(b).value <= 0 for b in budgets):
+            raise ConfigError(f"bad value for 'budgets': {text} (budgets must be above zero)")
+        return sorted(set(budgets), key=budget_size)
+    ratios = [_number(value, "budgets", float) for value in values]
+    if not ratios or any(ratio <= 0 for ratio in ratios):
+        raise ConfigError(f"bad value for 'budgets': {text} (positive schedule ratios, or budgets such as 30s, 5min)")
+    return [f"{ratio:g}" for ratio in sorted(set(ratios))]
+
+
+def plan(budgets: list[str], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
     """The jobs of a sweep, in budget order."""
     jobs = []
     for budget in budgets:
         for seed in seeds:
-            name = f"ssr{budget:g}" + (f"-seed{seed}" if seed is not None else "")
-            extra = [f"scale_schedule_ratio={budget}"] + ([f"seed={seed}"] if seed is not None else [])
+            setting = f"max_duration={budget}" if is_budget(budget) else f"scale_schedule_ratio={budget}"
+            name = ("budget" if is_budget(budget) else "ssr") + budget + (f"-seed{seed}" if seed is not None else "")
+            extra = [setting] + ([f"seed={seed}"] if seed is not None else [])
             jobs.append(SweepJob(budget, seed, out / name, (*overrides, *extra)))
     return jobs
 
@@ -92,7 +114,9 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
     summary_path, saved_path = job.run_dir / "summary.json", job.run_dir / "config.yaml"
     if not saved_path.is_file():
         return False
-    saved, wanted = _comparable(saved_path.read_text()), _comparable(config_yaml)
+    # a key the saved run's version of trainrun did not have yet: that run had its default
+    defaults = _comparable(OmegaConf.to_yaml(OmegaConf.structured(TrainConfig)))
+    saved, wanted = defaults | _comparable(saved_path.read_text()), _comparable(config_yaml)
     if saved != wanted:
         key = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
         raise ConfigError(

@@ -31,19 +31,24 @@ class SWA(Algorithm):
         self.config = config
         self.average: AveragedModel | None = None
         self.loaded = False
-        self.start = self.end = self.interval = 0
+        self.interval = 0
+
+    def window(self, state: State) -> tuple[int, int]:
+        """The steps averaging starts and ends at, as the timeline stands now (a budgeted run's moves)."""
+        return state.timeline.to_batches(self.config.swa_start), state.timeline.to_batches(self.config.swa_end)
 
     def match(self, event: Event, state: State) -> bool:
         if event is not Event.BATCH_END:
             return event is Event.FIT_START
-        if self.loaded or state.batch < self.start:
+        start, end = self.window(state)
+        if self.loaded or state.batch < start:
             return False
-        return state.batch >= self.end or (state.batch - self.start) % self.interval == 0
+        return state.batch >= end or (state.batch - start) % self.interval == 0
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.FIT_START:
             self._start(state)
-        elif state.batch >= self.end:
+        elif state.batch >= self.window(state)[1]:
             with torch.no_grad():
                 for target, source in zip(state.raw_model.parameters(), self.average.module.parameters()):
                     target.copy_(source)
@@ -52,9 +57,7 @@ class SWA(Algorithm):
             self.average.update_parameters(state.raw_model)
 
     def _start(self, state: State) -> None:
-        timeline = state.timeline
-        self.start, self.end = timeline.to_batches(self.config.swa_start), timeline.to_batches(self.config.swa_end)
-        self.interval = max(timeline.to_batches(self.config.update_interval), 1)
+        self.interval = max(state.timeline.to_batches(self.config.update_interval), 1)
         self.average = AveragedModel(state.raw_model)
 
     def state_dict(self) -> dict[str, Any]:

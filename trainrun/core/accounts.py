@@ -23,6 +23,16 @@ INPUT_BUCKETS = ("data", "to_device")
 DEVICE_BUCKETS = ("to_device", *COMPUTE_BUCKETS)
 
 
+def train_seconds(seconds: dict[str, float]) -> float:
+    """Training time of per-bucket ``seconds``: evaluation and checkpointing excluded."""
+    return sum(value for bucket, value in seconds.items() if bucket not in UNTIMED_BUCKETS)
+
+
+def row_train_seconds(row: dict[str, float]) -> float:
+    """Training seconds of one ``steps.jsonl`` row (wall buckets; evaluation and checkpoint left out)."""
+    return sum(value for key, value in row.items() if key in BUCKETS and key not in UNTIMED_BUCKETS)
+
+
 class CudaEventClock:
     """Device seconds of the device buckets, from CUDA events on the current stream."""
 
@@ -134,4 +144,4 @@ class TimeAccounts:
     def train_seconds(self) -> float:
         """Wall seconds with evaluation and checkpointing excluded."""
         running = time.perf_counter() - self._since if self.current not in UNTIMED_BUCKETS else 0.0
-        return sum(v for k, v in self.seconds.items() if k not in UNTIMED_BUCKETS) + running
+        return train_seconds(self.seconds) + running

@@ -58,8 +58,8 @@ class State:
 
     @property
     def progress(self) -> float:
-        """Fraction of the run done, 0 to 1."""
-        return self.batch / self.timeline.max_batches
+        """Fraction of the run done, 0 to 1 (of the time spent, for a budgeted run)."""
+        return self.timeline.fraction(self.batch)
 
     def elapsed(self, time_: Time | str) -> bool:
         """Whether at least ``time_`` of training has passed."""

@@ -18,6 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.core import checkpoint, distributed
+from trainrun.core.accounts import train_seconds
+from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
@@ -47,6 +49,7 @@ class TrainerSettings:
     stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
     stop_at: float | None = None  # stop at the first evaluation whose quality metric reaches this
     microbatching: Microbatching = field(default_factory=Microbatching)  # gradient accumulation per process
+    budget: WallClockBudget | None = None  # train until this much training time is spent
 
 
 @dataclass
@@ -77,11 +80,6 @@ class Trainer:
     ) -> None:
         self.state = state
         self.engine, self.settings = engine, settings
-        timeline = state.timeline
-        end = timeline.max_batches
-        self.last_batch = min(end, settings.stop_after) if settings.stop_after else end  # schedule or prefix end
-        self.eval_every = timeline.to_batches(settings.eval_interval)
-        self.checkpoint_every = timeline.to_batches(settings.checkpoint_interval) if settings.checkpoint_interval else 0
         self._pending_losses: list[torch.Tensor] = []
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
@@ -98,6 +96,16 @@ class Trainer:
             state.model = DistributedDataParallel(
                 state.model, device_ids=device_ids, find_unused_parameters=state.find_unused_parameters
             )
+
+    @property
+    def last_batch(self) -> int:
+        """The step training ends after: the schedule's end (as planned now) or the profiled prefix's."""
+        end = self.state.timeline.max_batches
+        return min(end, self.settings.stop_after) if self.settings.stop_after else end
+
+    def _steps(self, interval: str | None) -> int:
+        """Steps in ``interval`` as the timeline stands now (0: never)."""
+        return self.state.timeline.to_batches(interval) if interval else 0
 
     # ----------------------------------------------------------------------------------------
     def fit(self, accounts_offset: dict[str, Any] | None = None) -> State:
@@ -177,6 +185,8 @@ class Trainer:
         else:
             state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
+        if self.settings.budget is not None:
+            self.settings.budget.after_step(state, state.batch + 1)
         self.scheduler.step()
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
@@ -231,10 +241,11 @@ class Trainer:
         if state.batch % settings.log_interval == 0:
             self._flush_losses()
         ends = state.timeline.ends_interval
-        if ends(state.batch, self.eval_every):
+        if ends(state.batch, self._steps(settings.eval_interval)):
             self.evaluate()
             self._stop_if_target_reached()
-        if self.checkpoint_every and ends(state.batch, self.checkpoint_every):
+        checkpoint_every = self._steps(settings.checkpoint_interval)
+        if checkpoint_every and ends(state.batch, checkpoint_every):
             if state.batch < state.timeline.max_batches or not settings.checkpoint_final:
                 self.save_checkpoint()
 
@@ -332,6 +343,7 @@ class Trainer:
             "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
             "algorithms": self.engine.state_dict(),
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
+            "timeline": state.timeline.state_dict() if self.settings.budget else None,  # a budgeted run's plan
             "accounts": state.accounts.state_dict(),
             "window": asdict(self._window),
             "rng": rng,  # one entry per rank: each rank continues its own streams
@@ -348,6 +360,9 @@ class Trainer:
         self._algorithm_states = payload["algorithms"]
         for key, value in payload["progress"].items():
             setattr(state, key, value)
+        if self.settings.budget and payload.get("timeline"):
+            state.timeline.load_state_dict(payload["timeline"])
+            self.settings.budget.resume(state, train_seconds(payload["accounts"]["wall"]))
         window = payload["window"]
         self._window = Window(**{("started" if key == "seconds" else key): v for key, v in window.items()})
         checkpoint.restore_rng_state(checkpoint.rank_rng_state(payload["rng"], state.rank, state.world_size))

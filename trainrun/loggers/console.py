@@ -78,7 +78,8 @@ class ConsoleLogger(Callback):
         if seconds - since >= 1.0:
             fields["speed"] = f"{(state.samples - samples) / (seconds - since):,.0f}"
             self._last = (state.samples, seconds)
-        self.progress.update(self.task, completed=state.batch, **fields)
+        # a budgeted run's end is re-planned as it goes
+        self.progress.update(self.task, completed=state.batch, total=state.timeline.max_batches, **fields)
 
     def _print_eval(self, state: State) -> None:
         record = self.quality_log.records[-1] if self.quality_log.records else None

@@ -35,6 +35,7 @@ class TimeToAccuracyLogger(Callback):
         profile_prefix: int | None = None,
         varying_cost: list[str] | None = None,
         provenance: dict[str, Any] | None = None,
+        budget_seconds: float | None = None,
     ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary_path = run_dir / "summary.json"
@@ -43,6 +44,7 @@ class TimeToAccuracyLogger(Callback):
         self.profile_prefix = profile_prefix
         self.varying_cost = varying_cost or []  # algorithms whose step cost changes along the schedule
         self.provenance = provenance or {}  # what made the run: versions, commit, device, command
+        self.budget_seconds = budget_seconds
         self.records: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}  # the last summary written
         self._halfway: tuple[int, float] | None = None  # (step, train seconds) halfway through the prefix
@@ -113,6 +115,7 @@ class TimeToAccuracyLogger(Callback):
             "wall_seconds": state.accounts.total() if state else None,
             "batches_per_epoch": state.timeline.batches_per_epoch if state else None,
             "max_batches": state.timeline.max_batches if state else None,
+            "budget_seconds": self.budget_seconds,  # a wall-clock or cost max_duration, in training seconds
             "time_breakdown": dict(state.accounts.seconds) if state else None,
             "device_time_breakdown": state.accounts.device_seconds if state else None,
             "bottleneck": None,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
 
@@ -26,15 +25,25 @@ def multiplier(
     alpha_f: float = 0.0,
     step_size: int = 1,
     gamma: float = 0.1,
+    fraction: Callable[[int], float] | None = None,
 ) -> float:
-    """LR multiplier after ``batch`` steps: linear warmup 0→1 over ``warmup``, then ``shape``."""
+    """LR multiplier after ``batch`` steps: linear warmup 0→1 over ``warmup``, then ``shape``.
+
+    The decay follows ``fraction(step)``, the share of the run done (``step / total`` unless
+    given: a budgeted run's comes from its re-planned timeline).
+    """
     if batch < warmup:
         return batch / warmup
     if shape == "constant":
         return 1.0
     if shape == "step":
         return gamma ** (batch // max(step_size, 1))
-    tau = min(max((batch - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    if fraction is None:
+        tau = (batch - warmup) / max(total - warmup, 1)
+    else:
+        start = fraction(warmup)
+        tau = (fraction(batch) - start) / (1.0 - start) if start < 1.0 else 1.0
+    tau = min(max(tau, 0.0), 1.0)
     if shape == "cosine":
         return alpha_f + (1 - alpha_f) * (1 + math.cos(math.pi * tau)) / 2
     if shape == "linear":
@@ -55,16 +64,24 @@ def warmup_batches(config: SchedulerConfig, timeline: Timeline, ratio: float) ->
 
 
 def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float) -> Callable[[int], float]:
-    """The multiplier of ``config`` as a function of the step, for this run."""
-    return partial(
-        multiplier,
-        shape=config.name,
-        warmup=warmup_batches(config, timeline, ratio),
-        total=timeline.max_batches,
-        alpha_f=config.alpha_f,
-        step_size=stretched_batches(config.step_size, timeline, ratio),
-        gamma=config.gamma,
-    )
+    """The multiplier of ``config`` as a function of the step, for this run.
+
+    Steps are converted when it is called, so a budgeted run's re-planned timeline applies.
+    """
+
+    def at(batch: int) -> float:
+        return multiplier(
+            batch,
+            shape=config.name,
+            warmup=warmup_batches(config, timeline, ratio),
+            total=timeline.max_batches,
+            alpha_f=config.alpha_f,
+            step_size=stretched_batches(config.step_size, timeline, ratio),
+            gamma=config.gamma,
+            fraction=timeline.fraction,
+        )
+
+    return at
 
 
 def build_scheduler(

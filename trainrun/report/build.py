@@ -23,7 +23,7 @@ from trainrun.files import atomic_write, atomic_write_text
 from trainrun.report import curves
 from trainrun.report.bottleneck import bound_text
 from trainrun.report.curves import Point
-from trainrun.report.runs import EXTRAPOLATED, Pricing, Run, find_runs, load_run
+from trainrun.report.runs import AUTO, EXTRAPOLATED, Pricing, Run, find_runs, load_run
 
 
 @dataclass
@@ -52,13 +52,18 @@ class Report:
     def quality_label(self) -> str:
         return self.runs[0].quality_label
 
+    @property
+    def swept_points(self) -> list[Point]:
+        """The points of recipes as trained; recipe=auto's runs are judged against them."""
+        return [p for p in self.points if p.label != AUTO]
+
     @cached_property
     def on_time_frontier(self) -> set[Point]:
-        return set(curves.pareto(self.points, curves.seconds))
+        return set(curves.pareto(self.swept_points, curves.seconds))
 
     @cached_property
     def on_cost_frontier(self) -> set[Point]:
-        return set(curves.pareto(self.points, curves.cost))
+        return set(curves.pareto(self.swept_points, curves.cost))
 
 
 def report_command(argv: list[str]) -> int:
@@ -146,6 +151,8 @@ def build_sections(report: Report) -> list[Section]:
     sections = [_points_section(report), _reach_section(report)]
     if report.baseline is not None:
         sections.append(_speedup_section(report))
+    if any(run.auto for run in report.runs):
+        sections.append(_auto_section(report))
     sections += [_bottleneck_section(report), _runs_section(report)]
     return sections
 
@@ -159,7 +166,7 @@ def _points_section(report: Report) -> Section:
         rows.append(
             [
                 p.label,
-                f"{p.budget:g}",
+                p.budget_text,
                 str(p.seeds),
                 f"{p.quality:.2%} ± {p.quality_spread:.2%}" + (f" ({low:.2%}-{high:.2%})" if p.seeds > 1 else ""),
                 f"{p.seconds:.1f} ± {p.seconds_spread:.1f}",
@@ -181,7 +188,8 @@ def _points_section(report: Report) -> Section:
             "Pareto",
         ],
         rows,
-        "budget = scale_schedule_ratio; train time excludes evaluation and checkpoints",
+        "budget = scale_schedule_ratio, or max_duration for runs trained to a time or cost budget; "
+        "train time excludes evaluation and checkpoints; Pareto frontiers leave out recipe=auto's runs",
     )
 
 
@@ -212,7 +220,7 @@ def _speedup_section(report: Report) -> Section:
         for base in reference:
             mine = curves.reach(curve, base.quality, curves.seconds)
             theirs = curves.reach(reference, base.quality, curves.seconds)
-            row = [label, f"{base.budget:g}", f"{base.quality:.2%}", f"{theirs.value:.1f}"]
+            row = [label, base.budget_text, f"{base.quality:.2%}", f"{theirs.value:.1f}"]
             if mine is None:
                 rows.append([*row, "not reached", "-"])
             else:
@@ -226,6 +234,36 @@ def _speedup_section(report: Report) -> Section:
     )
 
 
+def best_within(points: list[Point], seconds: float) -> Point | None:
+    """The most accurate point that trained in at most ``seconds`` (the frontier at that time)."""
+    affordable = [p for p in points if p.seconds <= seconds]
+    return max(affordable, key=lambda p: p.quality, default=None)
+
+
+def _auto_section(report: Report) -> Section:
+    rows = []
+    for run in report.runs:
+        if not run.auto or run.quality is None or run.train_seconds is None:
+            continue
+        best = best_within(report.swept_points, run.auto["budget_seconds"])
+        row = [run.budget_text, str(run.seed), run.auto["chosen"], f"{run.auto['predicted_quality']:.2%}"]
+        row += [f"{run.quality:.2%}", f"{run.train_seconds:.1f}"]
+        if best is None:
+            rows.append([*row, "no swept point within the budget", "-"])
+            continue
+        spread = max(best.quality_spread, 0.0)
+        verdict = "yes" if run.quality >= best.quality - spread else f"no ({run.quality - best.quality:+.2%})"
+        best_text = f"{best.label} {best.budget_text}: {best.quality:.2%} ± {spread:.2%} in {best.seconds:.1f} s"
+        rows.append([*row, best_text, verdict])
+    return Section(
+        "recipe=auto against the swept frontier",
+        ["budget", "seed", "chosen", "predicted", report.quality_label, "train s", "best swept point within budget"]
+        + ["within its seed spread"],
+        rows,
+        "the best swept point is the most accurate one whose training time fits the budget",
+    )
+
+
 def _bottleneck_section(report: Report) -> Section:
     rows = []
     for run in report.runs:
@@ -236,7 +274,7 @@ def _bottleneck_section(report: Report) -> Section:
         rows.append(
             [
                 run.label,
-                f"{run.budget:g}",
+                run.budget_text,
                 str(run.seed),
                 f"{share['compute']:.0%}",
                 f"{share['input']:.0%}",
@@ -267,7 +305,7 @@ def _runs_section(report: Report) -> Section:
             time_text += f" (extrapolated from {extrapolated['from_batches']}/{extrapolated['to_batches']} steps"
             time_text += "; step cost varies along the schedule)" if extrapolated.get("caveat") else ")"
         quality = "-" if run.quality is None else f"{run.quality:.2%}"
-        row = [run.label, f"{run.budget:g}", str(run.seed), run.status, quality, time_text, _dollars(run.cost)]
+        row = [run.label, run.budget_text, str(run.seed), run.status, quality, time_text, _dollars(run.cost)]
         rows.append([*row, run.pricing.hardware, str(run.path)])
     return Section(
         "runs",
@@ -294,6 +332,12 @@ def write_report(report: Report, sections: list[Section], out: Path) -> list[Pat
     figures = [_plot(report, curves.seconds, "training time (s, eval excluded)", out / "tradeoff_time.png")]
     if report.points and all(p.cost is not None for p in report.points):
         figures.append(_plot(report, curves.cost, "training cost ($)", out / "tradeoff_cost.png"))
+    budgeted = [p for p in report.points if p.budgeted]
+    if budgeted:
+        unit = "$" if budgeted[0].budget_text.endswith("usd") else "s"
+        figures.append(
+            _plot(report, curves.budget, f"budget ({unit}, max_duration)", out / "tradeoff_budget.png", budgeted)
+        )
     figures = [figure for figure in figures if figure]
     markdown = ["# trainrun report", ""]
     markdown += [f"![{figure.stem}]({figure.name})" for figure in figures] + [""]
@@ -311,7 +355,8 @@ def _points_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
-        ["recipe", "budget", "seeds", *(f"{report.quality_metric}_{stat}" for stat in ("mean", "sd", "min", "max"))]
+        ["recipe", "budget", "epochs_mean", "seeds"]
+        + [f"{report.quality_metric}_{stat}" for stat in ("mean", "sd", "min", "max")]
         + ["train_seconds_mean"]
         + ["train_seconds_sd", "cost_mean", "hardware", "time_source", "pareto_time", "pareto_cost"]
     )
@@ -319,16 +364,19 @@ def _points_csv(report: Report) -> str:
         low, high = p.quality_range
         hardware = "; ".join(sorted({r.pricing.hardware for r in p.runs}))
         writer.writerow(
-            [p.label, p.budget, p.seeds, f"{p.quality:.6f}", f"{p.quality_spread:.6f}", f"{low:.6f}", f"{high:.6f}"]
+            [p.label, p.budget_text, "" if p.epochs is None else f"{p.epochs:.4g}", p.seeds]
+            + [f"{p.quality:.6f}", f"{p.quality_spread:.6f}", f"{low:.6f}", f"{high:.6f}"]
             + [f"{p.seconds:.3f}", f"{p.seconds_spread:.3f}", "" if p.cost is None else f"{p.cost:.6f}", hardware]
             + [p.time_source, int(p in on_time), int(p in on_cost)]
         )
     return buffer.getvalue()
 
 
-def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
-    """Accuracy against ``axis``: one curve per recipe with seed spread (sd), the frontier marked."""
-    if not report.points:
+def _plot(report: Report, axis, xlabel: str, path: Path, points: list[Point] | None = None) -> Path | None:
+    """Accuracy against ``axis``: one curve per recipe with seed spread (sd), the frontier of the
+    swept points marked and recipe=auto's runs as stars; ``points`` (default: all) are drawn."""
+    points = report.points if points is None else points
+    if not points:
         return None
     import matplotlib
 
@@ -336,8 +384,29 @@ def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for label, curve in curves.by_label(report.points).items():
+    for label, curve in curves.by_label(points).items():
         ordered = sorted(curve, key=lambda p: p.budget)
+        if label == AUTO:  # where recipe=auto landed: stars named by the recipe chosen
+            ax.scatter(
+                [axis(p) for p in ordered],
+                [p.quality * 100 for p in ordered],
+                marker="*",
+                s=160,
+                zorder=5,
+                color="crimson",
+                label="recipe=auto",
+            )
+            for p in ordered:
+                chosen = "/".join(sorted({r.auto["chosen"] for r in p.runs}))
+                ax.annotate(
+                    f"auto: {chosen} ({p.budget_text})",
+                    (axis(p), p.quality * 100),
+                    textcoords="offset points",
+                    xytext=(6, 6),
+                    fontsize=7,
+                    color="crimson",
+                )
+            continue
         ax.errorbar(
             [axis(p) for p in ordered],
             [p.quality * 100 for p in ordered],
@@ -349,8 +418,8 @@ def _plot(report: Report, axis, xlabel: str, path: Path) -> Path | None:
         )
         for p in ordered:
             where = (axis(p), p.quality * 100)
-            ax.annotate(f"{p.budget:g}", where, textcoords="offset points", xytext=(4, -10), fontsize=7)
-    frontier = curves.pareto(report.points, axis)
+            ax.annotate(p.budget_text, where, textcoords="offset points", xytext=(4, -10), fontsize=7)
+    frontier = curves.pareto([p for p in points if p.label != AUTO], axis)
     ax.plot(
         [axis(p) for p in frontier],
         [p.quality * 100 for p in frontier],

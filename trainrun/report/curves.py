@@ -28,6 +28,20 @@ class Point:
         return len(self.runs)
 
     @property
+    def budget_text(self) -> str:
+        """The budget as written: a schedule ratio, or a wall-clock or cost ``max_duration``."""
+        return self.runs[0].budget_text
+
+    @property
+    def budgeted(self) -> bool:
+        return self.runs[0].budgeted
+
+    @property
+    def epochs(self) -> float | None:
+        epochs = [r.epochs for r in self.runs]
+        return None if None in epochs else statistics.fmean(epochs)
+
+    @property
     def quality(self) -> float:
         return statistics.fmean(r.quality for r in self.runs)
 
@@ -111,6 +125,11 @@ def seconds(point: Point) -> float:
 
 def cost(point: Point) -> float | None:
     return point.cost
+
+
+def budget(point: Point) -> float:
+    """A budgeted point's budget: training seconds, or dollars."""
+    return point.budget
 
 
 def _spread(values: list[float]) -> float:

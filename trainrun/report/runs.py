@@ -13,11 +13,13 @@ from typing import Any
 
 import yaml
 
-from trainrun.core.accounts import UNTIMED_BUCKETS
+from trainrun.core.accounts import row_train_seconds
+from trainrun.core.time import budget_size, is_budget
 from trainrun.errors import ConfigError
 from trainrun.files import read_jsonl
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
+AUTO = "auto"  # the label of runs whose recipe recipe=auto chose
 FIRST_EPOCH_AS_SECOND = "measured, epoch 1 timed as epoch 2"
 
 
@@ -35,7 +37,7 @@ class Run:
 
     path: Path
     label: str
-    budget: float
+    budget: float  # the scale-schedule ratio, or a budgeted run's training seconds (or dollars)
     seed: int
     status: str
     quality_metric: str  # the task's quality metric, e.g. top1
@@ -47,6 +49,10 @@ class Run:
     pricing: Pricing
     accuracy_targets: tuple[float, ...]
     summary: dict[str, Any] = field(repr=False)
+    budget_text: str = ""  # the budget as written: "0.5" (a ratio) or "30s" (max_duration)
+    budgeted: bool = False  # trained to a wall-clock or cost budget rather than a schedule ratio
+    epochs: float | None = None
+    auto: dict[str, Any] | None = field(default=None, repr=False)  # recipe=auto's decision (auto.json)
 
     @property
     def cost(self) -> float | None:
@@ -86,10 +92,15 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
             note = f"{path}: epoch 1 kept as measured (needs steps.jsonl and two full epochs)"
         else:
             seconds, source = adjusted, FIRST_EPOCH_AS_SECOND
+    ratio = float(config.get("scale_schedule_ratio", 1.0))
+    max_duration = str(config.get("max_duration", ""))
+    budgeted = is_budget(max_duration)
+    auto_path = path / "auto.json"
+    auto = json.loads(auto_path.read_text()) if auto_path.is_file() else None
     run = Run(
         path=path,
-        label=config.get("name") or "unnamed",
-        budget=float(config.get("scale_schedule_ratio", 1.0)),
+        label=AUTO if auto else (config.get("name") or "unnamed"),
+        budget=budget_size(max_duration) if budgeted else ratio,
         seed=config.get("seed", 0),
         status=summary.get("status", "unknown"),
         quality_metric=metric,
@@ -101,6 +112,10 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
         pricing=pricing or Pricing(hardware.get("name", "unpriced"), hardware.get("price_per_hour")),
         accuracy_targets=tuple(config.get("accuracy_targets", ())),
         summary=summary,
+        budget_text=max_duration if budgeted else f"{ratio:g}",
+        budgeted=budgeted,
+        epochs=summary.get("epochs"),
+        auto=auto,
     )
     return run, note
 
@@ -113,9 +128,5 @@ def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
         return None
     epoch_seconds = [0.0, 0.0]
     for row in rows[: 2 * per_epoch]:
-        epoch_seconds[(row["step"] - 1) // per_epoch] += sum(v for k, v in row.items() if _timed(k))
+        epoch_seconds[(row["step"] - 1) // per_epoch] += row_train_seconds(row)
     return summary["train_seconds"] - epoch_seconds[0] + epoch_seconds[1]
-
-
-def _timed(key: str) -> bool:
-    return key not in ("step", *UNTIMED_BUCKETS) and not key.startswith("device_")

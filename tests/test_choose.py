@@ -1,0 +1,196 @@
+"""recipe=auto and -o1: the choice rules by numbers on hand-made tables and timings, and one
+real recipe=auto run end to end."""
+
+import csv
+import json
+import time
+
+import pytest
+from conftest import TINY, run_cli
+
+from trainrun.choose import (
+    NOISE,
+    PUBLISHED_TABLES,
+    Candidate,
+    Profile,
+    ProfileFailed,
+    SystemsSearch,
+    TablePoint,
+    apply_settings,
+    best_candidate,
+    plan_candidate,
+    predict,
+    read_table,
+)
+from trainrun.errors import ConfigError
+
+HAND_MADE = [  # recipe, budget (ratio), epochs, top-1
+    ("slow", 0.5, 4, 0.80),
+    ("slow", 1.0, 8, 0.90),
+    ("fast", 0.5, 4, 0.70),
+    ("fast", 1.0, 8, 0.85),
+    ("fast", 2.0, 16, 0.89),
+]
+
+
+def write_table(path, rows=HAND_MADE):
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["recipe", "budget", "epochs_mean", "seeds", "top1_mean", "top1_sd"])
+        for recipe, ratio, epochs, quality in rows:
+            writer.writerow([recipe, ratio, epochs, 1, quality, 0.0])
+        writer.writerow(["slow", "30s", 5, 1, 0.5, 0.0])  # a wall-clock budget's row is not a table point
+    return path
+
+
+def test_table_rows_become_points_per_recipe_sorted_by_epochs(tmp_path):
+    table = read_table(write_table(tmp_path / "t.csv"), "top1")
+    assert table["slow"] == [TablePoint(4, 0.80, 0.5), TablePoint(8, 0.90, 1.0)]
+    assert [p.epochs for p in table["fast"]] == [4, 8, 16]
+
+
+def test_prediction_interpolates_between_points_and_marks_extrapolation():
+    points = [TablePoint(4, 0.70, 0.5), TablePoint(8, 0.85, 1.0), TablePoint(16, 0.89, 2.0)]
+    assert predict(points, 6).quality == pytest.approx(0.70 + 0.5 * 0.15) and not predict(points, 6).extrapolated
+    assert predict(points, 12).quality == pytest.approx(0.85 + 0.5 * 0.04)
+    assert predict(points, 8).quality == pytest.approx(0.85)
+    above = predict(points, 40)
+    assert above.quality == pytest.approx(0.89) and above.how == "extrapolated above the table"
+    below = predict(points, 2)  # along the two shortest points: 0.70 - (0.15 / 4) * 2
+    assert below.quality == pytest.approx(0.70 - 0.0375 * 2) and below.how == "extrapolated below the table"
+    assert predict(points, 0.01).quality >= 0.0
+    assert predict([TablePoint(4, 0.7, 1.0)], 2).quality == 0.7
+
+
+def plan(table, budget, seconds_per_epoch):
+    candidates = []
+    for recipe, per_epoch in seconds_per_epoch.items():
+        candidate = Candidate(recipe)
+        plan_candidate(candidate, table[recipe], Profile(per_epoch / 10, 10), budget)
+        candidates.append(candidate)
+    return candidates
+
+
+def test_the_choice_follows_the_budget(tmp_path):
+    table = read_table(write_table(tmp_path / "t.csv"), "top1")
+    speeds = {"slow": 10.0, "fast": 2.5}  # seconds per epoch here
+    # 60 s: slow affords 6 epochs (0.85), fast 24 (above its table: held at 0.89) -> fast
+    candidates = plan(table, 60.0, speeds)
+    slow, fast = candidates
+    assert slow.affordable_epochs == pytest.approx(6) and slow.predicted_quality == pytest.approx(0.85)
+    assert slow.scale_schedule_ratio == pytest.approx(0.75)  # 6 epochs of a recipe that is 8 at ratio 1
+    assert fast.affordable_epochs == pytest.approx(24) and fast.prediction == "extrapolated above the table"
+    assert best_candidate(candidates).recipe == "fast"
+    # 80 s: slow affords 8 epochs (0.90 measured) and beats fast's 0.89 -> slow
+    assert best_candidate(plan(table, 80.0, speeds)).recipe == "slow"
+    # 20 s: slow 2 epochs (extrapolated: 0.70), fast 8 epochs (0.85) -> fast
+    assert best_candidate(plan(table, 20.0, speeds)).recipe == "fast"
+
+
+def test_ties_prefer_an_interpolated_prediction_then_the_cheaper_epoch():
+    measured = Candidate("measured", 5.0, 8, 1.0, 0.9, "interpolated")
+    guessed = Candidate("guessed", 1.0, 40, 5.0, 0.9, "extrapolated above the table")
+    assert best_candidate([guessed, measured]).recipe == "measured"
+    cheap = Candidate("cheap", 1.0, 8, 1.0, 0.9, "interpolated")
+    assert best_candidate([measured, cheap]).recipe == "cheap"
+    failed = Candidate("failed", error="out of memory")
+    assert best_candidate([failed, measured]).recipe == "measured"
+    with pytest.raises(ConfigError, match="could not time any candidate here: failed: out of memory"):
+        best_candidate([failed])
+
+
+def test_the_published_table_reads_and_names_its_sources():
+    path = PUBLISHED_TABLES[("resnet50", 1000)]
+    table = read_table(path, "top1")
+    assert {"baseline", "mild", "medium", "hot"} <= set(table)
+    assert table["mild"][0] == TablePoint(28, 0.7619, 0.32)
+    rows = list(csv.DictReader(path.open()))
+    assert all(row["source"] for row in rows)
+    assert all(int(90 * float(row["budget"])) == float(row["epochs_mean"]) for row in rows)  # ratios of 90 epochs
+
+
+def busy(seconds):
+    """Real work for ``seconds`` of wall time (not a sleep: a timing that could be mis-measured)."""
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        total += sum(range(100))
+    return total
+
+
+def test_o1_keeps_the_fastest_setting_and_refuses_a_deliberately_slow_one():
+    costs = {"precision": {"fp32": 0.02, "bf16": 0.01}, "compile": {"false": 0.0, "true": 0.03}}
+
+    def measure(settings):
+        started = time.perf_counter()
+        busy(0.02 + sum(costs[key][value] for key, value in settings.items()) - 0.02)
+        return time.perf_counter() - started
+
+    search = SystemsSearch(
+        {"precision": "fp32", "compile": "false"}, {"precision": ["fp32", "bf16"], "compile": ["false", "true"]}
+    )
+    assert search.run(measure) == {"precision": "bf16"}  # compile=true is the deliberately slow option
+    assert [t.settings for t in search.trials] == [
+        {"precision": "fp32", "compile": "false"},
+        {"precision": "bf16", "compile": "false"},
+        {"precision": "bf16", "compile": "true"},
+    ]
+    assert [t.kept for t in search.trials] == [False, True, False]
+
+
+def test_o1_keeps_the_given_setting_within_noise_and_skips_failures():
+    times = {"fp32": 1.0, "bf16": 1.0 - NOISE / 2, "amp": None}
+
+    def measure(settings):
+        if times[settings["precision"]] is None:
+            raise ProfileFailed("no fp16 here")
+        return times[settings["precision"]]
+
+    search = SystemsSearch({"precision": "fp32"}, {"precision": ["fp32", "amp", "bf16"]})
+    assert search.run(measure) == {}  # bf16's gain is within noise: the config as given stays
+    assert search.trials[1].error == "no fp16 here" and search.trials[0].kept
+
+
+def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithms():
+    overrides = ["precision=fp32", "data=digits", "algorithms=[ema]"]
+    applied = apply_settings(overrides, {"precision": "bf16", "channels_last": "true"}, ["ema"])
+    assert applied == ["data=digits", "precision=bf16", "algorithms=[ema,channels_last]"]
+    assert apply_settings(["x=1"], {"channels_last": "false"}, ["channels_last", "ema"]) == ["x=1", "algorithms=[ema]"]
+
+
+@pytest.mark.slow
+def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_budget(tmp_path):
+    rows = [("baseline", 0.5, 1, 0.50), ("baseline", 1.0, 2, 0.60), ("fast", 0.5, 1, 0.40), ("fast", 1.0, 2, 0.95)]
+    table = write_table(tmp_path / "table.csv", rows)
+    recipes = tmp_path / "recipe"
+    recipes.mkdir()
+    for name in ("baseline", "fast"):
+        (recipes / f"{name}.yaml").write_text(f"# @package _global_\nname: {name}\n")
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY,
+        "--config-dir",
+        str(tmp_path),
+        "recipe=auto",
+        "max_duration=4s",
+        f"auto.table={table}",
+        "auto.profile_steps=6",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr
+    decision = json.loads((run_dir / "auto.json").read_text())
+    assert decision["chosen"] == "fast"  # the same speed here, and a better table
+    assert {c["recipe"] for c in decision["candidates"]} == {"baseline", "fast"}
+    assert all(c["seconds_per_epoch"] > 0 and c["prediction"] for c in decision["candidates"])
+    chosen = next(c for c in decision["candidates"] if c["recipe"] == "fast")
+    assert chosen["scale_schedule_ratio"] == pytest.approx(chosen["affordable_epochs"] / 2, rel=1e-3)
+    config = (run_dir / "config.yaml").read_text()
+    assert "name: fast" in config and "max_duration: 4s" in config
+    assert f"scale_schedule_ratio: {chosen['scale_schedule_ratio']}" in config
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["budget_seconds"] == 4.0
+    assert "recipe=auto" in result.stdout and "chosen" in result.stdout
+    assert not list(tmp_path.glob("trainrun-profile-*"))
+    report = run_cli("report", str(run_dir), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "recipe=auto against the swept frontier" in (run_dir / "report.md").read_text()
