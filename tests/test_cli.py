@@ -70,9 +70,10 @@ def test_help_lists_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in (
-        "algorithms: bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, ghost_batchnorm",
+        "algorithms: alibi, bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, gated_linear_units, "
+        "ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline, hot, medium, mild",
+        "recipe: baseline, bert_base, hot, medium, mild",
         "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, synthetic, "
         "synthetic_ffcv, text",
         "task: image_classification, masked_lm",

@@ -106,3 +106,48 @@ def test_each_recipe_runs_a_few_steps_on_tiny_synthetic_data(recipe, data, tmp_p
     result = run_cli(f"recipe={recipe}", f"data={data}", *TINY_DATA, f"hydra.run.dir={tmp_path}", "precision=fp32")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 3
+
+
+def test_bert_base_carries_mosaic_bert_bases_published_values():
+    cfg = compose(["recipe=bert_base", "data.path=/data/store"])
+    published = {
+        "task.name": "masked_lm",
+        "model.layers": 12,
+        "model.hidden_size": 768,
+        "model.heads": 12,
+        "model.intermediate_size": 3072,
+        "model.hidden_dropout": 0.1,
+        "model.attention_dropout": 0.0,
+        "data.max_seq_len": 128,
+        "data.mlm_probability": 0.3,
+        "data.eval_mlm_probability": 0.15,
+        "optimizer.name": "adamw",
+        "optimizer.lr": 5e-4,
+        "optimizer.betas": [0.9, 0.98],
+        "optimizer.eps": 1e-6,
+        "optimizer.weight_decay": 1e-5 / 5e-4,  # Composer's decoupled 1e-5 in torch AdamW's terms
+        "optimizer.exclude_norm_and_bias": False,
+        "scheduler.name": "linear",
+        "scheduler.t_warmup": "0.06dur",
+        "scheduler.alpha_f": 0.02,
+        "train_batch_size": 4096,
+        "device_train_microbatch_size": "128",
+        "max_duration": "286720000sp",  # 70,000 steps of 4096
+        "eval_interval": "2000ba",
+        "precision": "bf16",
+        "seed": 17,
+        "name": "bert_base",
+    }
+    for key, value in published.items():
+        got = _get(cfg, key)
+        assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+    assert set(cfg.algorithms) == {"alibi", "gated_linear_units", "low_precision_layernorm", "masked_head"}
+
+
+@pytest.mark.slow
+def test_bert_base_runs_a_few_steps_at_a_tiny_size(tmp_path):
+    args = ["recipe=bert_base", "data=stdlib_docs", "model=bert_tiny", "train_batch_size=16", "eval_batch_size=16"]
+    args += ["device_train_microbatch_size=8", "max_duration=4ba", "eval_interval=4ba", "data.max_seq_len=32"]
+    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path)[-1]["batch"] == 4

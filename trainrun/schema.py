@@ -122,9 +122,9 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Decoupled SGDW or AdamW."""
+    """Decoupled SGDW, AdamW, or LAMB (MLPerf BERT's closed-division optimizer)."""
 
-    name: str = _choice("sgdw", "sgdw", "adamw")
+    name: str = _choice("sgdw", "sgdw", "adamw", "lamb")
     lr: float = _positive(0.2)
     momentum: float = _non_negative(0.9)
     dampening: float = _non_negative(0.0)
@@ -135,6 +135,7 @@ class OptimizerConfig:
     exclude_norm_and_bias: bool = False  # no weight decay on normalisation layers and biases
     lr_scaling: str = _choice("none", "none", "linear")  # linear: lr x train_batch_size / reference_batch_size
     reference_batch_size: int = _positive(256)  # the global batch that ``lr`` was tuned for
+    max_grad_norm: float | None = field(default=None, metadata={"exclusive_min": 0})  # lamb: global-norm clip
 
 
 @dataclass
@@ -286,6 +287,40 @@ class GradientClippingConfig:
 @dataclass
 class MaskedHeadConfig:
     """Masked-language models: the output head runs on the masked positions only."""
+
+
+@algorithm_config("seq_length_warmup")
+@dataclass
+class SeqLengthWarmupConfig:
+    """Train on sequences cut short, growing linearly to full length (Li et al. 2021; Composer's schedule)."""
+
+    duration: float = field(default=0.3, metadata={"exclusive_min": 0, "max": 1})  # fraction of the run it grows over
+    min_seq_length: int = _positive(8)
+    max_seq_length: int = _positive(1024)  # capped at the batch's own length
+    step_size: int = _positive(8)  # lengths are min_seq_length plus multiples of this
+
+
+@algorithm_config("alibi")
+@dataclass
+class AlibiConfig:
+    """Attention biased by distance instead of learned position embeddings (Press et al. 2021)."""
+
+    max_sequence_length: int = _positive(1024)  # the longest sequence the model will accept
+
+
+@algorithm_config("gated_linear_units")
+@dataclass
+class GatedLinearUnitsConfig:
+    """Transformer feed-forward layers become gated linear units, act(W_g x) * (W_v x) (Shazeer 2020)."""
+
+    gated_layer_bias: bool = False  # the card found no biases best
+    non_gated_layer_bias: bool = False
+
+
+@algorithm_config("low_precision_layernorm")
+@dataclass
+class LowPrecisionLayerNormConfig:
+    """LayerNorm runs in the autocast dtype (fp16 / bf16) instead of fp32; no effect without autocast."""
 
 
 @algorithm_config("progressive_resizing")
@@ -445,6 +480,7 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("progressive_resizing", "sizes the batch before ColOut drops rows and columns of it"),
     ("colout", "after the batch has its size for the step"),
     ("selective_backprop", "scores and keeps examples of the batch as it will train: sized, before mixing"),
+    ("seq_length_warmup", "shortens the batch's sequences before anything reads their positions"),
     ("masked_head", "marks the positions to predict once the batch is final, before any micro-batching"),
     ("mixup", "mixes images and targets before label smoothing smooths the mixed targets"),
     ("cutmix", "as mixup"),
@@ -461,6 +497,9 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("layer_freezing", "freezes layers at EPOCH_END after EMA and SWA have averaged the step"),
     ("ema", "at BATCH_END (reversed) averages after SWA: the step that loads SWA's average feeds it to EMA"),
     ("swa", "at BATCH_END (reversed) loads its average into the model before EMA reads the weights"),
+    ("alibi", "replaces the position embeddings at INIT; attention reads its bias from the model"),
+    ("gated_linear_units", "rebuilds the feed-forward layers at INIT, before their norms are replaced"),
+    ("low_precision_layernorm", "replaces every LayerNorm at INIT, including any that surgery added"),
     ("channels_last", "last model change at INIT: every layer that surgery added becomes NHWC"),
 )
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
@@ -471,6 +510,10 @@ ALGORITHM_TASKS: dict[str, tuple[str, ...]] = {
     "sam": TASK_NAMES,
     "swa": TASK_NAMES,
     "masked_head": ("masked_lm",),
+    "seq_length_warmup": ("masked_lm",),
+    "alibi": ("masked_lm",),
+    "gated_linear_units": ("masked_lm",),
+    "low_precision_layernorm": ("masked_lm",),
 }
 
 
@@ -480,7 +523,7 @@ def algorithm_tasks(name: str) -> tuple[str, ...]:
 
 
 # Methods whose step cost changes along the schedule: a profiled prefix does not represent the rest.
-VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop")
+VARYING_STEP_COST_ALGORITHMS = ("progressive_resizing", "layer_freezing", "selective_backprop", "seq_length_warmup")
 
 
 def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
@@ -676,10 +719,16 @@ def _check_masked_lm(config: TrainConfig) -> None:
         raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
     if not config.data.path and not config.data.corpus:
         raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
-    if config.data.max_seq_len > config.model.max_position_embeddings:
+    alibi = config.algorithms.get("alibi")
+    positions, key = (
+        (alibi.max_sequence_length, "algorithms.alibi.max_sequence_length")
+        if alibi
+        else (config.model.max_position_embeddings, "model.max_position_embeddings")
+    )
+    if config.data.max_seq_len > positions:
         raise ConfigError(
             f"bad value for 'data.max_seq_len': {config.data.max_seq_len} is more than the model's "
-            f"{config.model.max_position_embeddings} positions (model.max_position_embeddings)"
+            f"{positions} positions ({key})"
         )
     if config.model.hidden_size % config.model.heads:
         raise ConfigError(

@@ -21,14 +21,30 @@ class MaskedLanguageModel(nn.Module):
     def __init__(self, bert: nn.Module) -> None:
         super().__init__()
         self.bert = bert
+        self.alibi_slopes: torch.Tensor | None = None  # set by the alibi algorithm: one slope per head
+
+    def attention_mask(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The batch's (batch, sequence) mask, or with ALiBi the additive (batch, heads, query,
+        key) mask: ``-slope * |i - j|`` plus the dtype's minimum at padding keys, in the dtype
+        attention computes in (``scaled_dot_product_attention`` wants the query's)."""
+        mask = inputs["attention_mask"]
+        if self.alibi_slopes is None:
+            return mask
+        device = mask.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        distance = (positions[:, None] - positions[None, :]).abs()
+        bias = -self.alibi_slopes.to(dtype)[:, None, None] * distance.to(dtype)
+        padding = torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
+        return bias[None] + padding
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the
         inputs, only those positions' logits (positions, vocabulary), in row-major order."""
         if "predict" not in inputs:
-            return self.bert(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+            return self.bert(input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)).logits
         hidden = self.bert.base_model(
-            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+            input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)
         ).last_hidden_state
         return self.bert.cls(hidden[inputs["predict"]])
 

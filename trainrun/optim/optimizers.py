@@ -1,4 +1,5 @@
-"""SGD with decoupled weight decay (Loshchilov & Hutter, 2019), and the optimizer factory.
+"""SGD with decoupled weight decay (Loshchilov & Hutter, 2019), and the optimizer factory
+(torch's AdamW; timm's LAMB, which behaves as NVIDIA's FusedLAMB that MLPerf BERT runs).
 
 torch's ``SGD`` adds ``weight_decay * w`` to the gradient, so the decay is scaled by the learning
 rate and by momentum. Here the decay is applied to the weights directly and follows the
@@ -56,7 +57,10 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: 
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size: int) -> torch.optim.Optimizer:
-    """Decoupled SGDW or torch's AdamW over the model's trainable parameters.
+    """Decoupled SGDW, torch's AdamW or timm's LAMB over the model's trainable parameters.
+
+    LAMB applies its trust ratio only where weight decay is on, so with ``exclude_norm_and_bias``
+    norm and bias parameters get neither, as the MLPerf reference has it.
 
     With ``lr_scaling=linear`` the learning rate is ``lr · global_batch_size / reference_batch_size``.
     """
@@ -70,6 +74,17 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size
             momentum=config.momentum,
             dampening=config.dampening,
             nesterov=config.nesterov,
+        )
+    if config.name == "lamb":
+        from timm.optim import Lamb
+
+        return Lamb(
+            groups,
+            lr=lr,
+            betas=tuple(config.betas),
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm,
         )
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, fused=True

@@ -1,0 +1,201 @@
+"""BERT's speed-up methods and LAMB, each checked by numbers against its formula."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import read_metrics, run_cli
+from torch import nn
+
+from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.alibi import alibi_slopes
+from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
+from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
+from trainrun.algorithms.seq_length_warmup import length_at
+from trainrun.core.events import Event
+from trainrun.models.bert import build_bert
+from trainrun.optim.optimizers import build_optimizer
+from trainrun.schema import AlibiConfig, GatedLinearUnitsConfig, ModelConfig, OptimizerConfig, SeqLengthWarmupConfig
+
+
+# ---------------------------------------------------------------------------------------- LAMB
+def lamb_reference(weight, bias, grads, lr, beta1, beta2, eps, decay, max_norm):
+    """MLPerf's reference LAMB, written out: global-norm clip, bias-corrected Adam direction plus
+    decay, per-tensor trust ratio |w| / |u| (none, and no decay, for the bias)."""
+    state = {"w": [torch.zeros_like(weight), torch.zeros_like(weight)], "b": [torch.zeros_like(bias)] * 2}
+    w, b = weight.clone(), bias.clone()
+    for step, (gw, gb) in enumerate(grads, start=1):
+        norm = torch.sqrt(gw.pow(2).sum() + gb.pow(2).sum())
+        scale = max(float(norm) / max_norm, 1.0)
+        gw, gb = gw / scale, gb / scale
+        for key, p, g, wd in (("w", w, gw, decay), ("b", b, gb, 0.0)):
+            m, v = state[key]
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g
+            state[key] = [m, v]
+            update = (m / (1 - beta1**step)) / ((v / (1 - beta2**step)).sqrt() + eps) + wd * p
+            ratio = (p.norm() / update.norm()).item() if wd else 1.0
+            p -= lr * ratio * update
+    return w, b
+
+
+def test_lamb_follows_the_mlperf_reference_step_by_step():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    weight, bias = model.weight.detach().clone(), model.bias.detach().clone()
+    config = OptimizerConfig(name="lamb", lr=0.01, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01)
+    config.exclude_norm_and_bias, config.max_grad_norm = True, 1.0
+    optimizer = build_optimizer(model, config, global_batch_size=256)
+    grads = [(torch.randn(3, 4) * 3, torch.randn(3) * 3), (torch.randn(3, 4) * 0.01, torch.randn(3) * 0.01)]
+    for gw, gb in grads:  # the first step's gradient norm is above 1 (clipped), the second's below
+        model.weight.grad, model.bias.grad = gw.clone(), gb.clone()
+        optimizer.step()
+    expected_w, expected_b = lamb_reference(weight, bias, grads, 0.01, 0.9, 0.999, 1e-6, 0.01, 1.0)
+    assert model.weight.shape == expected_w.shape and model.bias.shape == expected_b.shape
+    assert torch.allclose(model.weight, expected_w, atol=1e-6)
+    assert torch.allclose(model.bias, expected_b, atol=1e-6)
+
+
+def test_lamb_recipe_values_are_the_reference_ones():
+    from trainrun.config import compose
+    from trainrun.schema import validate
+
+    optimizer = validate(compose(["optimizer=lamb"]), files=False).optimizer
+    assert (optimizer.lr, optimizer.betas, optimizer.eps, optimizer.weight_decay) == (4.25e-4, [0.9, 0.999], 1e-6, 0.01)
+    assert optimizer.max_grad_norm == 1.0 and optimizer.exclude_norm_and_bias
+
+
+# --------------------------------------------------------------------------- sequence-length warmup
+@pytest.mark.parametrize(
+    ("progress", "expected"),
+    [
+        (0.0, 8),
+        (0.1, 8 + 8 * math.floor(0.1 / 0.3 * 15)),
+        (0.2, 8 + 8 * 10),
+        (0.29, 8 + 8 * 14),
+        (0.3, 128),
+        (1.0, 128),
+    ],
+)
+def test_sequence_length_grows_in_steps_to_full_length_over_its_duration(progress, expected):
+    config = SeqLengthWarmupConfig(duration=0.3, min_seq_length=8, max_seq_length=1024, step_size=8)
+    assert length_at(progress, 128, config) == expected  # (128 - 8) // 8 = 15 increments
+    assert length_at(progress, 64, config) <= 64
+
+
+def test_sequence_length_warmup_cuts_inputs_and_targets_alike():
+    (warmup,) = build_algorithms({"seq_length_warmup": SeqLengthWarmupConfig(duration=0.5, step_size=4)})
+    ids = torch.arange(2 * 32).reshape(2, 32)
+    state = SimpleNamespace(
+        inputs={"input_ids": ids, "attention_mask": torch.ones(2, 32)}, targets=ids + 100, progress=0.25
+    )
+    warmup.apply(Event.AFTER_DATALOADER, state)
+    length = 8 + 4 * math.floor(0.25 / 0.5 * ((32 - 8) // 4))  # 20
+    assert state.inputs["input_ids"].shape == (2, length) and state.targets.shape == (2, length)
+    assert torch.equal(state.inputs["input_ids"], ids[:, :length]) and torch.equal(state.targets, ids[:, :length] + 100)
+
+
+# ---------------------------------------------------------------------------------- gated linear units
+def tiny_bert(layers=2):
+    config = ModelConfig(name="bert", layers=layers, hidden_size=16, heads=2, intermediate_size=32)
+    config.hidden_dropout = config.attention_dropout = 0.0
+    return build_bert(config, vocab_size=50)
+
+
+def test_glu_makes_each_feed_forward_act_of_gate_times_value_and_adds_its_parameters():
+    torch.manual_seed(0)
+    model = tiny_bert()
+    before = sum(p.numel() for p in model.parameters())
+    assert apply_glu(model, GatedLinearUnitsConfig(), std=0.02) == 2
+    layer = model.bert.bert.encoder.layer[0]
+    assert isinstance(layer.intermediate, GatedIntermediate) and layer.intermediate.gated.bias is None
+    x = torch.randn(3, 5, 16)
+    gate, value = layer.intermediate.gated.weight, layer.intermediate.non_gated.weight
+    expected = F.gelu(x @ gate.T) * (x @ value.T)  # BERT's activation is exact (erf) GELU
+    assert layer.intermediate(x).shape == expected.shape and torch.allclose(layer.intermediate(x), expected, atol=1e-6)
+    # per layer: W_i (16x32) and its bias (32) become W_g and W_v (16x32 each, no bias)
+    assert sum(p.numel() for p in model.parameters()) - before == 2 * (16 * 32 - 32)
+    assert 0.015 < float(gate.detach().std()) < 0.025
+    logits = model({"input_ids": torch.randint(0, 50, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)})
+    assert logits.shape == (2, 7, 50)
+
+
+# ------------------------------------------------------------------------------ low-precision LayerNorm
+def test_low_precision_layernorm_computes_in_the_autocast_dtype_and_is_plain_layernorm_without():
+    torch.manual_seed(0)
+    model = tiny_bert(layers=1)
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert replace_layer_norms(model) == len(norms) == 4  # embeddings, attention, output, head
+    norm = next(m for m in model.modules() if isinstance(m, LowPrecisionLayerNorm))
+    nn.init.normal_(norm.weight)
+    x = torch.randn(4, 16) * 3 + 1
+    plain = F.layer_norm(x, (16,), norm.weight, norm.bias, norm.eps)
+    assert torch.equal(norm(x), plain)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = norm(x)
+        fp32 = nn.LayerNorm.forward(norm, x)  # what autocast does with a LayerNorm: fp32 out
+    expected = F.layer_norm(x.bfloat16(), (16,), norm.weight.bfloat16(), norm.bias.bfloat16(), norm.eps)
+    assert low.dtype == torch.bfloat16 and fp32.dtype == torch.float32
+    assert low.shape == expected.shape and torch.equal(low, expected)
+
+
+@pytest.mark.slow
+def test_a_tiny_bert_trains_with_every_language_method_and_lamb(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.max_seq_len=32", "data.packing=pack"]
+    args += ["optimizer=lamb", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=40ba", "eval_interval=20ba"]
+    args += ["precision=bf16", "scheduler.t_warmup=0.1dur", "data.num_samples=2048"]
+    args += ["algorithms=[seq_length_warmup,alibi,gated_linear_units,low_precision_layernorm,masked_head]"]
+    args += ["algorithms.seq_length_warmup.min_seq_length=16", "algorithms.seq_length_warmup.step_size=8"]
+    result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    first, last = read_metrics(run_dir)
+    assert last["eval_loss"] < first["eval_loss"]
+
+
+# ---------------------------------------------------------------------------------------------- ALiBi
+def test_alibi_slopes_follow_press_et_al_for_any_number_of_heads():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0**-k for k in range(1, 9)]))
+    assert torch.allclose(alibi_slopes(16), torch.tensor([2 ** (-0.5 * k) for k in range(1, 17)]))
+    twelve = [2.0**-k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(twelve))
+
+
+def test_alibi_biases_attention_by_distance_and_drops_learned_positions(monkeypatch):
+    torch.manual_seed(0)
+    model = tiny_bert(layers=1)
+    (alibi,) = build_algorithms({"alibi": AlibiConfig(max_sequence_length=64)})
+    alibi.apply(Event.INIT, SimpleNamespace(raw_model=model))
+    positions = model.bert.bert.embeddings.position_embeddings
+    assert positions.weight.shape == (64, 16) and not positions.weight.requires_grad and not positions.weight.any()
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    model({"input_ids": torch.randint(0, 50, (2, 5)), "attention_mask": attention})
+    slopes = torch.tensor([2.0**-4, 2.0**-8])  # two heads: 2^(-8k/2)
+    distance = (torch.arange(5)[:, None] - torch.arange(5)[None, :]).abs()
+    expected = -slopes[None, :, None, None] * distance  # (1, heads, query, key)
+    expected = expected + torch.where(attention[:, None, None, :] == 1, 0.0, torch.finfo(torch.float32).min)
+    assert masks and masks[0].shape == expected.shape == (2, 2, 5, 5)
+    assert torch.allclose(masks[0], expected)
+
+
+def test_alibi_runs_sequences_longer_than_the_learned_positions_allowed():
+    config = ModelConfig(name="bert", layers=1, hidden_size=16, heads=2, intermediate_size=32)
+    config.max_position_embeddings = 16
+    model = build_bert(config, vocab_size=50)
+    long = {"input_ids": torch.randint(0, 50, (1, 40)), "attention_mask": torch.ones(1, 40, dtype=torch.long)}
+    with pytest.raises((IndexError, RuntimeError)):
+        model(long)
+    build_algorithms({"alibi": AlibiConfig(max_sequence_length=64)})[0].apply(
+        Event.INIT, SimpleNamespace(raw_model=model)
+    )
+    assert model(long).shape == (1, 40, 50)

@@ -1,0 +1,72 @@
+"""ALiBi (Press et al., 2021): attention biased by distance instead of learned positions.
+
+Each head ``h`` adds ``-m_h * |i - j|`` to its attention scores between positions ``i`` and
+``j`` (the symmetric form bidirectional encoders use, as Mosaic BERT), with slopes
+``m_h = 2^(-8h/n)`` for ``n`` heads a power of two; otherwise the power-of-two set for the largest
+power below ``n`` and then the odd-indexed slopes of the set for twice it. At INIT the model's
+learned position embeddings become a frozen zero table of ``max_sequence_length`` rows (so no
+position is learned, and sequences longer than those trained on still run), and the model builds
+the bias into the additive attention mask it hands to ``scaled_dot_product_attention``, padding
+included. Works on trainrun's BERT (:class:`~trainrun.models.bert.MaskedLanguageModel`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.errors import ConfigError
+from trainrun.schema import AlibiConfig
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """The per-head slopes of Press et al. (their reference rule for any number of heads)."""
+    power = 2 ** math.floor(math.log2(heads))
+    slopes = [2 ** (-8 * k / power) for k in range(1, power + 1)]
+    if power < heads:
+        doubled = [2 ** (-8 * k / (2 * power)) for k in range(1, 2 * power + 1)]
+        slopes += doubled[0::2][: heads - power]
+    return torch.tensor(slopes)
+
+
+def remove_learned_positions(model: nn.Module, max_sequence_length: int) -> None:
+    """Replace the position embeddings of a Hugging Face BERT by a frozen zero table of
+    ``max_sequence_length`` rows, with position and default segment ids to match."""
+    embeddings = model.bert.bert.embeddings
+    hidden = embeddings.position_embeddings.embedding_dim
+    device = embeddings.position_embeddings.weight.device
+    zeros = nn.Embedding(max_sequence_length, hidden, device=device)
+    nn.init.zeros_(zeros.weight)
+    zeros.weight.requires_grad_(False)
+    embeddings.position_embeddings = zeros
+    positions = torch.arange(max_sequence_length, device=device).expand((1, -1))
+    embeddings.register_buffer("position_ids", positions, persistent=False)
+    if hasattr(embeddings, "token_type_ids"):  # one (zero) segment id per position, sized as the table
+        embeddings.register_buffer("token_type_ids", torch.zeros_like(positions), persistent=False)
+    model.bert.config.max_position_embeddings = max_sequence_length
+
+
+class Alibi(Algorithm):
+    name = "alibi"
+    events = frozenset({Event.INIT})
+
+    def __init__(self, config: AlibiConfig) -> None:
+        self.config = config
+
+    def apply(self, event: Event, state: State) -> None:
+        model = state.raw_model
+        if not hasattr(model, "alibi_slopes"):
+            raise ConfigError(f"algorithm 'alibi' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
+        remove_learned_positions(model, self.config.max_sequence_length)
+        model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads).to(
+            model.bert.bert.embeddings.word_embeddings.weight.device
+        )
+
+
+def build(config: AlibiConfig) -> Alibi:
+    return Alibi(config)

@@ -1,0 +1,84 @@
+"""Gated-linear-unit feed-forward layers (Shazeer, 2020): GeGLU for BERT, as Mosaic BERT has them.
+
+A transformer layer's feed-forward block is ``W_o · act(W_i x)``. At INIT every intermediate
+module of a Hugging Face encoder (one with a ``dense`` Linear and an ``intermediate_act_fn``:
+BERT's, RoBERTa's, ...) becomes ``act(W_g x) ⊙ (W_v x)``, two projections to the same width, one
+gated through the model's own activation; the output module (``W_o``, dropout, residual,
+LayerNorm) is kept. The width stays ``intermediate_size``, so the block gains a third of its
+parameters, as in Composer and Mosaic BERT. The new projections are initialised as the model
+initialises Linears (normal, std ``initializer_range``) and have no biases unless asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import GatedLinearUnitsConfig
+
+
+class GatedIntermediate(nn.Module):
+    """``act(gated(x)) * non_gated(x)``: the feed-forward block's first half as a GLU."""
+
+    def __init__(
+        self,
+        hidden: int,
+        width: int,
+        activation: Callable[[torch.Tensor], torch.Tensor],
+        config: GatedLinearUnitsConfig,
+    ) -> None:
+        super().__init__()
+        self.gated = nn.Linear(hidden, width, bias=config.gated_layer_bias)
+        self.non_gated = nn.Linear(hidden, width, bias=config.non_gated_layer_bias)
+        self.activation = activation
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.gated(hidden_states)) * self.non_gated(hidden_states)
+
+
+def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float = 0.02) -> int:
+    """Replace ``model``'s feed-forward intermediates by :class:`GatedIntermediate`; return how many."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            dense = getattr(child, "dense", None)
+            if isinstance(dense, nn.Linear) and hasattr(child, "intermediate_act_fn"):
+                glu = GatedIntermediate(dense.in_features, dense.out_features, child.intermediate_act_fn, config)
+                for linear in (glu.gated, glu.non_gated):
+                    nn.init.normal_(linear.weight, std=std)
+                    if linear.bias is not None:
+                        nn.init.zeros_(linear.bias)
+                setattr(parent, name, glu.to(dense.weight.device, dense.weight.dtype))
+                count += 1
+    return count
+
+
+class GatedLinearUnits(Algorithm):
+    name = "gated_linear_units"
+    events = frozenset({Event.INIT})
+
+    def __init__(self, config: GatedLinearUnitsConfig) -> None:
+        self.config = config
+
+    def apply(self, event: Event, state: State) -> None:
+        model = state.raw_model
+        if apply_glu(model, self.config, _initializer_range(model)) == 0:
+            state.warn("gated_linear_units: the model has no transformer feed-forward layers; nothing changed")
+
+
+def _initializer_range(model: nn.Module) -> float:
+    """The std a Hugging Face model initialises Linears with (its config's), else BERT's 0.02."""
+    for module in model.modules():
+        std = getattr(getattr(module, "config", None), "initializer_range", None)
+        if std:
+            return std
+    return 0.02
+
+
+def build(config: GatedLinearUnitsConfig) -> GatedLinearUnits:
+    return GatedLinearUnits(config)

@@ -1,0 +1,66 @@
+"""LayerNorm in the autocast dtype (Composer's LowPrecisionLayerNorm).
+
+Under autocast torch runs ``layer_norm`` in fp32 (it is on autocast's fp32 list), so every
+LayerNorm of a transformer reads and writes fp32 tensors between bf16/fp16 matmuls. At INIT every
+``nn.LayerNorm`` becomes a :class:`LowPrecisionLayerNorm` with the same weights, which, while
+autocast is on, casts its input, weight and bias to the autocast dtype and normalises there: half
+the memory traffic, an output already in the dtype the next matmul wants. Without autocast
+(``precision=fp32``) it is the ordinary LayerNorm. A hand-written subclass because torch has no
+switch for one op's autocast policy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import LowPrecisionLayerNormConfig
+
+
+class LowPrecisionLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` computed in the autocast dtype while autocast is on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not torch.is_autocast_enabled(device):
+            return super().forward(x)
+        dtype = torch.get_autocast_dtype(device)
+        weight = self.weight.to(dtype) if self.weight is not None else None
+        bias = self.bias.to(dtype) if self.bias is not None else None
+        with torch.autocast(device, enabled=False):
+            return F.layer_norm(x.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+
+def replace_layer_norms(model: nn.Module) -> int:
+    """Swap every ``nn.LayerNorm`` of ``model`` for a :class:`LowPrecisionLayerNorm` with its
+    weights; return how many."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.LayerNorm:
+                replacement = LowPrecisionLayerNorm(
+                    child.normalized_shape, child.eps, child.elementwise_affine, bias=child.bias is not None
+                )
+                replacement.load_state_dict(child.state_dict())
+                setattr(parent, name, replacement.to(next(child.parameters(), torch.empty(0)).device))
+                count += 1
+    return count
+
+
+class LowPrecisionLayerNormAlgorithm(Algorithm):
+    name = "low_precision_layernorm"
+    events = frozenset({Event.INIT})
+
+    def apply(self, event: Event, state: State) -> None:
+        if replace_layer_norms(state.raw_model) == 0:
+            state.warn("low_precision_layernorm: the model has no LayerNorm; nothing changed")
+        elif state.precision.name == "fp32":
+            state.notice("low_precision_layernorm has no effect at precision=fp32 (it acts under autocast)")
+
+
+def build(config: LowPrecisionLayerNormConfig) -> LowPrecisionLayerNormAlgorithm:
+    return LowPrecisionLayerNormAlgorithm()

@@ -1,0 +1,56 @@
+"""Sequence-length warmup (Li et al., 2021): train on the first tokens of each sequence only, a
+length that grows linearly to the full sequence over the first ``duration`` of the run.
+
+Composer's schedule, written in the fraction of the run done (so a budgeted run follows it too):
+with ``n = (max - min) // step_size`` increments, the length after ``p`` of the run is
+``min + step_size * floor(p / duration * n)``, held at ``max`` from ``duration`` on. ``max`` is
+capped at the batch's own length, so the ramp spans ``duration`` whatever the configured maximum.
+At AFTER_DATALOADER every (batch, sequence) tensor of the inputs and the targets is cut to that
+length (Composer's ``truncate``): early steps cost a fraction of a full one, and the positions
+cut off are not trained on in that step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainrun.core.engine import Algorithm
+from trainrun.core.events import Event
+from trainrun.core.state import State
+from trainrun.schema import SeqLengthWarmupConfig
+
+
+def length_at(progress: float, full: int, config: SeqLengthWarmupConfig) -> int:
+    """Tokens per sequence after ``progress`` of the run, for sequences of ``full`` tokens."""
+    longest = min(config.max_seq_length, full)
+    shortest = min(config.min_seq_length, longest)
+    if progress >= config.duration:
+        return longest
+    increments = (longest - shortest) // config.step_size
+    grown = shortest + config.step_size * math.floor(progress / config.duration * increments)
+    return min(max(grown, shortest), longest)
+
+
+class SeqLengthWarmup(Algorithm):
+    name = "seq_length_warmup"
+    events = frozenset({Event.AFTER_DATALOADER})
+
+    def __init__(self, config: SeqLengthWarmupConfig) -> None:
+        self.config = config
+
+    def apply(self, event: Event, state: State) -> None:
+        full = state.targets.shape[1]
+        length = length_at(state.progress, full, self.config)
+        if length < full:
+            state.inputs = {key: _cut(value, length) for key, value in state.inputs.items()}
+            state.targets = state.targets[:, :length]
+
+
+def _cut(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    return tensor[:, :length] if tensor.dim() >= 2 else tensor
+
+
+def build(config: SeqLengthWarmupConfig) -> SeqLengthWarmup:
+    return SeqLengthWarmup(config)
