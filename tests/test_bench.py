@@ -61,3 +61,12 @@ def test_loader_bench_compares_every_loader(tmp_path):
         assert shown == pytest.approx(float(rate) / torchvision, abs=rounding), name
     assert rows[0][4] == "1.00x" and rows[2][4].endswith("(target >= 3x)")
     assert (tmp_path / "images-40-proportion-64-0.5.beton").is_file()  # kept with --dir, reused next time
+
+
+@pytest.mark.slow
+def test_bert_bench_compares_padded_and_unpadded_steps():
+    result = bench("bert.py", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" | ")[0].strip("| ") for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[2:] == ["padded", "padded + masked head", "unpadded", "unpadded + masked head"]
+    assert "real tokens" in result.stdout.splitlines()[0]

@@ -147,7 +147,7 @@ def test_a_tiny_bert_trains_with_every_language_method_and_lamb(tmp_path):
     args = ["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.max_seq_len=32", "data.packing=pack"]
     args += ["optimizer=lamb", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=40ba", "eval_interval=20ba"]
     args += ["precision=bf16", "scheduler.t_warmup=0.1dur", "data.num_samples=2048"]
-    args += ["algorithms=[seq_length_warmup,alibi,gated_linear_units,low_precision_layernorm,masked_head]"]
+    args += ["algorithms=[seq_length_warmup,alibi,unpadding,gated_linear_units,low_precision_layernorm,masked_head]"]
     args += ["algorithms.seq_length_warmup.min_seq_length=16", "algorithms.seq_length_warmup.step_size=8"]
     result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
@@ -199,3 +199,46 @@ def test_alibi_runs_sequences_longer_than_the_learned_positions_allowed():
         Event.INIT, SimpleNamespace(raw_model=model)
     )
     assert model(long).shape == (1, 40, 50)
+
+
+# ------------------------------------------------------------------------------------------ unpadding
+def test_unpadding_gives_the_padded_outputs_and_gradients_for_the_real_tokens_work_only():
+    """Every per-token matrix product of the encoder runs on the real rows: (B·S − nnz) rows of
+    Q, K, V, attention-output (4·2·D²) and feed-forward (2·2·D·F) FLOPs fewer per layer."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = tiny_bert(layers=2)
+    lengths = torch.tensor([7, 3, 5, 1])
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).long()
+    inputs = {"input_ids": torch.randint(0, 50, (4, 7)), "attention_mask": mask}
+    results = []
+    for unpad in (False, True):
+        model.unpad = unpad
+        model.zero_grad()
+        with FlopCounterMode(display=False) as flops:
+            logits = model(inputs)
+        real = mask.bool()
+        logits[real].sum().backward()
+        results.append((logits[real].detach(), [p.grad.clone() for p in model.parameters()], flops.get_total_flops()))
+    (padded, padded_grads, padded_flops), (unpadded, unpadded_grads, unpadded_flops) = results
+    assert padded.shape == unpadded.shape == (16, 50)
+    assert torch.allclose(padded, unpadded, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(padded_grads, unpadded_grads, strict=True))
+    hidden, width, layers, pads = 16, 32, 2, 4 * 7 - 16
+    assert padded_flops - unpadded_flops == layers * pads * (4 * 2 * hidden * hidden + 2 * 2 * hidden * width)
+
+
+def test_unpadding_composes_with_the_masked_head_and_alibi():
+    torch.manual_seed(0)
+    model = tiny_bert(layers=1)
+    build_algorithms({"alibi": AlibiConfig(max_sequence_length=32)})[0].apply(
+        Event.INIT, SimpleNamespace(raw_model=model)
+    )
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    predict = torch.tensor([[0, 1, 0, 1, 0, 0], [1, 0, 0, 0, 0, 1]]).bool()
+    inputs = {"input_ids": torch.randint(0, 50, (2, 6)), "attention_mask": mask, "predict": predict}
+    padded = model(inputs)
+    model.unpad = True
+    assert padded.shape == model(inputs).shape == (4, 50)
+    assert torch.allclose(padded, model(inputs), atol=1e-5)

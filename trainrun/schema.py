@@ -300,6 +300,12 @@ class SeqLengthWarmupConfig:
     step_size: int = _positive(8)  # lengths are min_seq_length plus multiples of this
 
 
+@algorithm_config("unpadding")
+@dataclass
+class UnpaddingConfig:
+    """Masked-language models: no work on padding tokens outside attention."""
+
+
 @algorithm_config("alibi")
 @dataclass
 class AlibiConfig:
@@ -498,6 +504,7 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("ema", "at BATCH_END (reversed) averages after SWA: the step that loads SWA's average feeds it to EMA"),
     ("swa", "at BATCH_END (reversed) loads its average into the model before EMA reads the weights"),
     ("alibi", "replaces the position embeddings at INIT; attention reads its bias from the model"),
+    ("unpadding", "switches the model's forward at INIT; any layer surgery before or after applies within it"),
     ("gated_linear_units", "rebuilds the feed-forward layers at INIT, before their norms are replaced"),
     ("low_precision_layernorm", "replaces every LayerNorm at INIT, including any that surgery added"),
     ("channels_last", "last model change at INIT: every layer that surgery added becomes NHWC"),
@@ -512,6 +519,7 @@ ALGORITHM_TASKS: dict[str, tuple[str, ...]] = {
     "masked_head": ("masked_lm",),
     "seq_length_warmup": ("masked_lm",),
     "alibi": ("masked_lm",),
+    "unpadding": ("masked_lm",),
     "gated_linear_units": ("masked_lm",),
     "low_precision_layernorm": ("masked_lm",),
 }

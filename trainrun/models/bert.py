@@ -10,6 +10,7 @@ interface every task uses; ``.bert`` is the Hugging Face model itself, which
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainrun.schema import ModelConfig
@@ -22,6 +23,7 @@ class MaskedLanguageModel(nn.Module):
         super().__init__()
         self.bert = bert
         self.alibi_slopes: torch.Tensor | None = None  # set by the alibi algorithm: one slope per head
+        self.unpad = False  # set by the unpadding algorithm: no work on padding outside attention
 
     def attention_mask(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The batch's (batch, sequence) mask, or with ALiBi the additive (batch, heads, query,
@@ -41,12 +43,62 @@ class MaskedLanguageModel(nn.Module):
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the
         inputs, only those positions' logits (positions, vocabulary), in row-major order."""
+        if self.unpad:
+            return self._forward_unpadded(inputs)
         if "predict" not in inputs:
             return self.bert(input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)).logits
         hidden = self.bert.base_model(
             input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)
         ).last_hidden_state
         return self.bert.cls(hidden[inputs["predict"]])
+
+    def _forward_unpadded(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The same outputs, with every per-token layer (projections, feed-forward, LayerNorm,
+        dropout) run on the real tokens only: the embeddings run padded, then the encoder keeps the
+        rows of ``attention_mask``, re-padding only inside attention (SDPA takes dense tensors)."""
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        batch, length = ids.shape
+        tokens = mask.flatten().nonzero().squeeze(1)  # the real tokens' rows, row-major
+        encoder_model = self.bert.base_model
+        hidden = encoder_model.embeddings(input_ids=ids).flatten(0, 1)[tokens]
+        attention_mask = self.attention_mask(inputs)
+        if attention_mask.dim() == 2:
+            attention_mask = attention_mask.bool()[:, None, None, :]
+        for layer in encoder_model.encoder.layer:
+            hidden = _unpadded_layer(layer, hidden, tokens, (batch, length), attention_mask, self.training)
+        if "predict" in inputs:
+            return self.bert.cls(hidden[inputs["predict"].flatten()[tokens]])
+        padded = hidden.new_zeros(batch * length, hidden.shape[-1]).index_copy(0, tokens, hidden)
+        return self.bert.cls(padded.view(batch, length, -1))
+
+
+def _unpadded_layer(
+    layer: nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    shape: tuple[int, int],
+    attention_mask: torch.Tensor,
+    training: bool,
+) -> torch.Tensor:
+    """One Hugging Face BERT layer on ``hidden`` (real tokens, hidden size), attention re-padded."""
+    attention = layer.attention.self
+    heads, size = attention.num_attention_heads, attention.attention_head_size
+    batch, length = shape
+
+    def padded(projected: torch.Tensor) -> torch.Tensor:
+        dense = projected.new_zeros(batch * length, projected.shape[-1]).index_copy(0, tokens, projected)
+        return dense.view(batch, length, heads, size).transpose(1, 2)
+
+    context = F.scaled_dot_product_attention(
+        padded(attention.query(hidden)),
+        padded(attention.key(hidden)),
+        padded(attention.value(hidden)),
+        attn_mask=attention_mask,
+        dropout_p=attention.dropout.p if training else 0.0,
+    )
+    context = context.transpose(1, 2).reshape(batch * length, heads * size)[tokens]
+    attended = layer.attention.output(context, hidden)
+    return layer.output(layer.intermediate(attended), attended)
 
 
 def build_bert(config: ModelConfig, vocab_size: int) -> MaskedLanguageModel:
