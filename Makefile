@@ -19,6 +19,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py
 	$(VENV)/bin/python bench/loaders.py
 	$(VENV)/bin/python bench/algorithms.py
+	$(VENV)/bin/python bench/bert.py
 
 install: $(STAMP)
 
