@@ -67,6 +67,11 @@ def test_loader_bench_compares_every_loader(tmp_path):
 def test_bert_bench_compares_padded_and_unpadded_steps():
     result = bench("bert.py", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1")
     assert result.returncode == 0, result.stderr
-    rows = [line.split(" | ")[0].strip("| ") for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert rows[2:] == ["padded", "padded + masked head", "unpadded", "unpadded + masked head"]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]
+    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines]
+    assert [row[0] for row in rows] == ["padded", "padded + masked head", "unpadded", "unpadded + masked head"]
     assert "real tokens" in result.stdout.splitlines()[0]
+    padded = float(rows[0][1])
+    for _name, best, rounds, ratio in rows:  # the best round is the highest, the ratio is best / padded
+        assert float(best) == max(float(value) for value in rounds.split(", ")) > 0
+        assert float(ratio.rstrip("x")) == pytest.approx(float(best) / padded, abs=0.006)

@@ -170,6 +170,7 @@ def test_alibi_biases_attention_by_distance_and_drops_learned_positions(monkeypa
     alibi.apply(Event.INIT, SimpleNamespace(raw_model=model))
     positions = model.bert.bert.embeddings.position_embeddings
     assert positions.weight.shape == (64, 16) and not positions.weight.requires_grad and not positions.weight.any()
+    assert "alibi_slopes" in dict(model.named_buffers())  # moved to the device with the model, not saved
     masks = []
     sdpa = F.scaled_dot_product_attention
 

@@ -8,7 +8,7 @@ import torch
 from conftest import TINY, read_metrics, run_cli
 
 from trainrun.algorithms.progressive_resizing import size_at
-from trainrun.core.accounts import row_train_seconds
+from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
@@ -116,7 +116,7 @@ def test_a_budget_shorter_than_the_first_step_is_refused():
 def longest_step(run_dir):
     """The longest training step of a run, from its steps.jsonl (evaluation and checkpoints excluded)."""
     rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    return max(row_train_seconds(row) for row in rows)
+    return max(train_seconds(row) for row in rows)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -34,11 +35,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
-from trainrun.config import ConfigSource, compose, group_options
-from trainrun.core.accounts import row_train_seconds
+from trainrun.config import AUTO_RECIPE, ConfigSource, compose, config_dir, group_options, override_key
+from trainrun.core.accounts import train_seconds
 from trainrun.core.time import Time
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json, read_jsonl
@@ -46,7 +48,6 @@ from trainrun.schema import TrainConfig, budget_seconds, validate
 
 PUBLISHED_TABLES = {("resnet50", 1000): Path(__file__).parent / "report" / "published" / "resnet50_imagenet.csv"}
 NOISE = 0.03  # a setting must be this much faster to replace the one kept
-RUN_DIR_PATTERN = "runs/%Y-%m-%d/%H-%M-%S"  # as conf/config.yaml's hydra.run.dir
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,8 +89,9 @@ class Profiler:
         """The seconds per step of ``overrides``; a failed profile raises naming its error."""
         self.count += 1
         run_dir = self.folder / str(self.count)
-        kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in self.SETS]
-        kept = [o for o in kept if not o.split("=", 1)[0].lstrip("+").startswith("checkpoint.")]
+        kept = [
+            o for o in overrides if override_key(o) not in self.SETS and not override_key(o).startswith("checkpoint.")
+        ]
         settings = [f"max_duration={self.steps}ba", f"profile_prefix={self.steps - 1}ba", "scale_schedule_ratio=1"]
         settings += ["eval_interval=1000000000ba", "progress=false", "checkpoint.save_final=false"]
         settings += ["checkpoint.interval=null", f"hydra.run.dir={run_dir}"]
@@ -100,7 +102,7 @@ class Profiler:
             lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no output"]
             raise ProfileFailed(lines[-1].removeprefix("trainrun: error: "))
         summary = json.loads(summary_path.read_text())
-        first_step = row_train_seconds(read_jsonl(run_dir / "steps.jsonl")[0])
+        first_step = train_seconds(read_jsonl(run_dir / "steps.jsonl")[0])
         per_step = (summary["train_seconds"] - first_step) / max(summary["batches"] - 1, 1)
         return Profile(per_step, summary["batches_per_epoch"])
 
@@ -237,7 +239,6 @@ class SystemsSearch:
         best_time = self._time(best, measure)
         if best_time is None:
             raise ConfigError(f"-o1 could not time the config as given: {self.trials[-1].error}")
-        self.trials[-1].kept = True
         for key, values in self.options.items():
             for value in values:
                 if value == best[key]:
@@ -246,9 +247,7 @@ class SystemsSearch:
                 seconds = self._time(trial_settings, measure)
                 if seconds is not None and seconds < best_time * (1 - NOISE):
                     best, best_time = trial_settings, seconds
-                    for trial in self.trials:
-                        trial.kept = False
-                    self.trials[-1].kept = True
+        next(trial for trial in self.trials if trial.settings == best).kept = True
         return {key: value for key, value in best.items() if value != self.start[key]}
 
     def _time(self, settings: dict[str, str], measure: Callable[[dict[str, str]], float]) -> float | None:
@@ -292,7 +291,7 @@ def apply_settings(overrides: list[str], settings: dict[str, str], algorithms: l
     """``overrides`` with ``settings`` applied, each replacing the user's own override of its key
     (channels-last is an algorithm: the run's list with it added or removed)."""
     keys = {"algorithms" if key == "channels_last" else key for key in settings}
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in keys]
+    kept = [o for o in overrides if override_key(o) not in keys]
     kept += [f"{key}={value}" for key, value in settings.items() if key != "channels_last"]
     if "channels_last" in settings:
         names = [name for name in algorithms if name != "channels_last"]
@@ -302,16 +301,12 @@ def apply_settings(overrides: list[str], settings: dict[str, str], algorithms: l
 
 
 # ----------------------------------------------------------------------------------------------
-def is_auto(overrides: list[str]) -> bool:
-    return "recipe=auto" in overrides
-
-
 def before_run(overrides: list[str], source: ConfigSource, optimize: bool, console: Console) -> list[str]:
     """Run ``recipe=auto`` and/or ``-o1``; return the run's overrides with their choices applied."""
     run_dir = _run_dir(overrides)
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
     decisions: dict[str, dict] = {}
-    if is_auto(overrides):
+    if AUTO_RECIPE in overrides:
         overrides, decisions["auto.json"] = _choose_recipe(overrides, source, console)
     if optimize:
         overrides, decisions["o1.json"] = _choose_systems(overrides, source, console)
@@ -324,12 +319,17 @@ def before_run(overrides: list[str], source: ConfigSource, optimize: bool, conso
 
 def _run_dir(overrides: list[str]) -> Path:
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
-    return Path(given[-1] if given else datetime.now().strftime(RUN_DIR_PATTERN))
+    if given:
+        return Path(given[-1])
+    # Hydra's default, conf/config.yaml's hydra.run.dir (runs/${now:%Y-%m-%d}/...), resolved now
+    pattern = yaml.safe_load((config_dir() / "config.yaml").read_text())["hydra"]["run"]["dir"]
+    now = datetime.now()
+    return Path(re.sub(r"\$\{now:([^}]*)\}", lambda match: now.strftime(match.group(1)), pattern))
 
 
 def _choose_recipe(overrides: list[str], source: ConfigSource, console: Console) -> tuple[list[str], dict]:
-    rest = [o for o in overrides if o != "recipe=auto"]
-    if any(o.split("=", 1)[0].lstrip("+") == "scale_schedule_ratio" for o in rest):
+    rest = [o for o in overrides if o != AUTO_RECIPE]
+    if any(override_key(o) == "scale_schedule_ratio" for o in rest):
         raise ConfigError("recipe=auto sets scale_schedule_ratio itself (from the budget); leave it out")
     config = validate(compose(rest, source))
     budget = Time.parse(config.max_duration)
@@ -339,7 +339,8 @@ def _choose_recipe(overrides: list[str], source: ConfigSource, console: Console)
             "give wall-clock time or money, e.g. max_duration=30min or max_duration=50usd"
         )
     table_path, table_name = _table(config)
-    table = read_table(table_path, _quality_metric(config))
+    metric = _quality_metric(config)
+    table = read_table(table_path, metric)
     recipes = group_options("recipe", source)
     wanted = config.auto.candidates or sorted(table)
     unknown = [name for name in wanted if name not in table or name not in recipes]
@@ -350,7 +351,7 @@ def _choose_recipe(overrides: list[str], source: ConfigSource, console: Console)
         )
     seconds = budget_seconds(config)
     candidates = [Candidate(name) for name in wanted]
-    without_budget = [o for o in rest if o.split("=", 1)[0].lstrip("+") != "max_duration"]
+    without_budget = [o for o in rest if override_key(o) != "max_duration"]
     console.print(
         f"recipe=auto: timing {len(candidates)} recipe(s) for {config.max_duration} "
         f"({seconds:.0f} s of training), each over its schedule compressed into {config.auto.profile_steps} steps",
@@ -377,9 +378,9 @@ def _choose_recipe(overrides: list[str], source: ConfigSource, console: Console)
         "chosen": chosen.recipe,
         "scale_schedule_ratio": chosen.scale_schedule_ratio,
         "predicted_quality": chosen.predicted_quality,
-        "quality_metric": _quality_metric(config),
+        "quality_metric": metric,
     }
-    console.print(_recipe_table(candidates, chosen, _quality_metric(config)))
+    console.print(_recipe_table(candidates, chosen, metric))
     if chosen.prediction != "interpolated":
         console.print(f"[yellow]note:[/] {chosen.recipe}'s quality is {chosen.prediction}", highlight=False)
     run = [o for o in rest if not o.startswith("recipe=")]

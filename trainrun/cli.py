@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from trainrun.config import (
+    AUTO_RECIPE,
     NO_RUN_FLAGS,
     OPTIMIZE_FLAG,
     PRINT_FLAGS,
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         hydra_args, overrides, debug = translate(argv)
         source, hydra_args, overrides = locate(hydra_args, overrides)
         optimize = OPTIMIZE_FLAG in hydra_args
-        if optimize or "recipe=auto" in overrides:
+        if optimize or AUTO_RECIPE in overrides:
             hydra_args = [a for a in hydra_args if a != OPTIMIZE_FLAG]
             if hydra_args:
                 raise ConfigError(

@@ -23,6 +23,7 @@ HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--e
 LOCATION_FLAGS = {"--config-dir": "-cd", "--config-path": "-cp", "--config-name": "-cn"}  # long: short
 HYDRA_FLAGS_WITH_VALUE |= set(LOCATION_FLAGS) | set(LOCATION_FLAGS.values())
 OPTIMIZE_FLAG = "-o1"  # trainrun's own: time the systems settings, train with the fastest (trainrun.choose)
+AUTO_RECIPE = "recipe=auto"  # trainrun's own: choose the recipe for a budget (trainrun.choose)
 PRINT_FLAGS = {"--cfg", "-c"}  # print the composed config, run nothing
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
 
@@ -102,7 +103,7 @@ class ConfigSource:
         """``overrides`` with the extra directories added to ``hydra.searchpath``."""
         if not self.extra:
             return overrides
-        given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+        given = [o for o in overrides if override_key(o) == "hydra.searchpath"]
         paths = override_value(given[-1]) if given else []
         paths = [*(paths if isinstance(paths, list) else [paths]), *(f"file://{d}" for d in self.extra)]
         kept = [o for o in overrides if o not in given]
@@ -174,6 +175,11 @@ def _recipe_copy(path: Path) -> tuple[Path, str]:
     (folder / "recipe").mkdir()
     (folder / "recipe" / path.name).with_suffix(".yaml").write_text(text)
     return folder, path.stem
+
+
+def override_key(override: str) -> str:
+    """The key of ``key=value``, without Hydra's ``+``/``++`` (add, force-add) prefixes."""
+    return override.split("=", 1)[0].lstrip("+")
 
 
 def override_value(override: str) -> object:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,7 +209,7 @@ class TrainConfig:
     device: str = _choice("auto", "auto", "cpu", "cuda")
     seed: int = 42
     deterministic: bool = False  # torch's deterministic kernels, no cuDNN autotuning: bitwise-repeatable GPU runs
-    max_duration: str = _time("12ep")
+    max_duration: str = field(default="12ep", metadata={"time": True, "budget": True})  # or 30min, 50usd
     eval_interval: str = _interval("1ep")
     train_batch_size: int = _positive(64)  # global: divided among ranks
     # gradient accumulation: samples per forward/backward pass in each process; "auto" starts from
@@ -584,6 +583,11 @@ def _check_fields(obj: Any, prefix: str) -> None:
                 raise ConfigError(f"bad value for '{key}': {error}") from None
             if meta.get("interval") and parsed.value <= 0:
                 raise ConfigError(f"bad value for '{key}': '{value}' is an interval of zero, which never fires")
+            if parsed.unit.is_budget and not meta.get("budget"):
+                raise ConfigError(
+                    f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
+                    "(write times inside a run in ep, ba, sp or dur)"
+                )
         if "choices" in meta and value not in meta["choices"]:
             raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
         if "exclusive_min" in meta and not value > meta["exclusive_min"]:
@@ -636,32 +640,12 @@ def _check_budget(config: TrainConfig) -> None:
         raise ConfigError("'profile_prefix' extrapolates a run of fixed length: it needs max_duration in ep, ba or sp")
 
 
-def _budget_fields(obj: Any, prefix: str) -> Iterator[tuple[str, str]]:
-    """(key, value) of the time fields, algorithms' included, that hold a budget."""
-    for spec in dataclasses.fields(obj):
-        value = getattr(obj, spec.name)
-        if dataclasses.is_dataclass(value):
-            yield from _budget_fields(value, prefix + spec.name + ".")
-        elif isinstance(value, dict):
-            for name, member in value.items():
-                if dataclasses.is_dataclass(member):
-                    yield from _budget_fields(member, f"{prefix}{spec.name}.{name}.")
-        elif spec.metadata.get("time") and value is not None and Time.parse(value).unit.is_budget:
-            yield prefix + spec.name, value
-
-
 def _check_run(config: TrainConfig) -> None:
     """Checks that involve more than one field."""
     if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
         raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
     if Time.parse(config.max_duration).unit.is_budget:
         _check_budget(config)
-    for key, value in _budget_fields(config, ""):
-        if key != "max_duration":
-            raise ConfigError(
-                f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
-                "(write times inside a run in ep, ba, sp or dur)"
-            )
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")

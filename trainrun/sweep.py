@@ -10,6 +10,7 @@ interrupted one resumes from its newest checkpoint. Every job is composed and va
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -20,8 +21,8 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from trainrun.config import ConfigSource, override_value
-from trainrun.core.time import Time, budget_size, is_budget
+from trainrun.config import ConfigSource, override_key, override_value
+from trainrun.core.time import Time, TimeUnit, budget_size, is_budget
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json
 from trainrun.schema import TrainConfig
@@ -70,7 +71,7 @@ def parse_sweep_arguments(
         seeds = [_number(value, "seeds", int) for value in _values("seeds", settings["seeds"])]
     out = Path(settings["out"]) if "out" in settings else None
     swept = ("max_duration" if is_budget(budgets[0]) else "scale_schedule_ratio", "seed", "hydra.run.dir")
-    if any(o.split("=", 1)[0].lstrip("+") in swept for o in run_overrides):
+    if any(override_key(o) in swept for o in run_overrides):
         raise ConfigError(f"'trainrun sweep' sets {swept[0]}, seed and the run directory itself")
     return budgets, seeds, out, run_overrides, source
 
@@ -80,7 +81,7 @@ def _budgets(text: str) -> list[str]:
     values = _values("budgets", text)
     budgets = [str(value) for value in values if isinstance(value, str) and is_budget(value)]
     if budgets:
-        if len(budgets) != len(values) or len({Time.parse(b).unit.value == "usd" for b in budgets}) > 1:
+        if len(budgets) != len(values) or len({Time.parse(b).unit is TimeUnit.DOLLAR for b in budgets}) > 1:
             raise ConfigError(
                 f"bad value for 'budgets': {text} (give schedule ratios, wall-clock budgets or cost budgets, one kind)"
             )
@@ -115,8 +116,7 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
     if not saved_path.is_file():
         return False
     # a key the saved run's version of trainrun did not have yet: that run had its default
-    defaults = _comparable(OmegaConf.to_yaml(OmegaConf.structured(TrainConfig)))
-    saved, wanted = defaults | _comparable(saved_path.read_text()), _comparable(config_yaml)
+    saved, wanted = _schema_defaults() | _comparable(saved_path.read_text()), _comparable(config_yaml)
     if saved != wanted:
         key = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
         raise ConfigError(
@@ -172,6 +172,12 @@ def _train(job: SweepJob, source: ConfigSource) -> int:
 
 def _record(budgets, seeds, overrides, statuses) -> dict:
     return {"budgets": budgets, "seeds": seeds, "overrides": list(overrides), "runs": statuses}
+
+
+@functools.cache
+def _schema_defaults() -> dict[str, object]:
+    """Every schema default as flat dotted keys, once per process."""
+    return _comparable(OmegaConf.to_yaml(OmegaConf.structured(TrainConfig)))
 
 
 def _comparable(config_yaml: str) -> dict[str, object]:

@@ -63,9 +63,7 @@ class Alibi(Algorithm):
         if not hasattr(model, "alibi_slopes"):
             raise ConfigError(f"algorithm 'alibi' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
         remove_learned_positions(model, self.config.max_sequence_length)
-        model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads).to(
-            model.bert.bert.embeddings.word_embeddings.weight.device
-        )
+        model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads)  # a buffer: moves with the model
 
 
 def build(config: AlibiConfig) -> Alibi:

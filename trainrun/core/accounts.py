@@ -24,13 +24,9 @@ DEVICE_BUCKETS = ("to_device", *COMPUTE_BUCKETS)
 
 
 def train_seconds(seconds: dict[str, float]) -> float:
-    """Training time of per-bucket ``seconds``: evaluation and checkpointing excluded."""
-    return sum(value for bucket, value in seconds.items() if bucket not in UNTIMED_BUCKETS)
-
-
-def row_train_seconds(row: dict[str, float]) -> float:
-    """Training seconds of one ``steps.jsonl`` row (wall buckets; evaluation and checkpoint left out)."""
-    return sum(value for key, value in row.items() if key in BUCKETS and key not in UNTIMED_BUCKETS)
+    """Training time of per-bucket wall ``seconds`` (the accounts' own, or a ``steps.jsonl`` row):
+    evaluation and checkpointing excluded, other keys (``step``, ``device_*``) ignored."""
+    return sum(value for bucket, value in seconds.items() if bucket in BUCKETS and bucket not in UNTIMED_BUCKETS)
 
 
 class CudaEventClock:

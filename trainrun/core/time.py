@@ -79,7 +79,7 @@ class Time:
 @functools.lru_cache(maxsize=1024)
 def _parse(text: str) -> Time:
     """Parse one time string (cached: the trainer converts its intervals every step)."""
-    match = _TIME_PATTERN.match(str(text))
+    match = _TIME_PATTERN.match(text)
     if match is None:
         raise ValueError(
             f"'{text}' is not a time: write a positive number and a unit, e.g. 90ep, 100ba, 3000sp or 0.5dur "
@@ -122,6 +122,7 @@ class Timeline:
         self.batches_per_epoch = batches_per_epoch
         self.samples_per_batch = samples_per_batch
         self.knots: list[tuple[int, float]] = [(0, 0.0), (max_batches, 1.0)]
+        self._steps: dict[Time | str, int] = {}  # conversions for the current knots (read every step)
 
     @classmethod
     def for_run(cls, max_duration: Time, batches_per_epoch: int, samples_per_batch: int) -> Timeline:
@@ -157,10 +158,17 @@ class Timeline:
         are left: the steps before keep the fractions they were trained at)."""
         kept = [knot for knot in self.knots if knot[0] < batch]
         self.knots = [*kept, (batch, self.fraction(batch)), (batch + max(steps_left, 0), 1.0)]
+        self._steps.clear()
 
     def to_batches(self, time: Time | str) -> int:
-        """Number of optimizer steps that ``time`` spans in this run."""
-        time = Time.parse(time)
+        """Number of optimizer steps that ``time`` spans in this run (remembered until a re-plan:
+        the trainer, the LR schedule and algorithms convert their times every step)."""
+        steps = self._steps.get(time)
+        if steps is None:
+            steps = self._steps[time] = self._convert(Time.parse(time))
+        return steps
+
+    def _convert(self, time: Time) -> int:
         if time.unit is TimeUnit.EPOCH:
             return int(time.value) * self.batches_per_epoch
         if time.unit is TimeUnit.BATCH:
@@ -188,3 +196,4 @@ class Timeline:
 
     def load_state_dict(self, state_dict: dict[str, list[list[float]]]) -> None:
         self.knots = [(int(batch), float(done)) for batch, done in state_dict["knots"]]
+        self._steps.clear()

@@ -22,7 +22,9 @@ class MaskedLanguageModel(nn.Module):
     def __init__(self, bert: nn.Module) -> None:
         super().__init__()
         self.bert = bert
-        self.alibi_slopes: torch.Tensor | None = None  # set by the alibi algorithm: one slope per head
+        # set by the alibi algorithm: one slope per head (a buffer, so it moves with the model)
+        self.register_buffer("alibi_slopes", None, persistent=False)
+        self._alibi_biases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self.unpad = False  # set by the unpadding algorithm: no work on padding outside attention
 
     def attention_mask(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -34,11 +36,17 @@ class MaskedLanguageModel(nn.Module):
             return mask
         device = mask.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-        positions = torch.arange(mask.shape[1], device=mask.device)
-        distance = (positions[:, None] - positions[None, :]).abs()
-        bias = -self.alibi_slopes.to(dtype)[:, None, None] * distance.to(dtype)
         padding = torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
-        return bias[None] + padding
+        return self._alibi_bias(mask.shape[1], dtype, mask.device)[None] + padding
+
+    def _alibi_bias(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """(heads, length, length) ``-slope * |i - j|``, built once per length, dtype and device."""
+        key = (length, dtype, device)
+        if key not in self._alibi_biases:
+            positions = torch.arange(length, device=device)
+            distance = (positions[:, None] - positions[None, :]).abs().to(dtype)
+            self._alibi_biases[key] = -self.alibi_slopes.to(device, dtype)[:, None, None] * distance
+        return self._alibi_biases[key]
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from trainrun.core.accounts import row_train_seconds
+from trainrun.core.accounts import train_seconds
 from trainrun.core.time import budget_size, is_budget
 from trainrun.errors import ConfigError
 from trainrun.files import read_jsonl
@@ -128,5 +128,5 @@ def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
         return None
     epoch_seconds = [0.0, 0.0]
     for row in rows[: 2 * per_epoch]:
-        epoch_seconds[(row["step"] - 1) // per_epoch] += row_train_seconds(row)
+        epoch_seconds[(row["step"] - 1) // per_epoch] += train_seconds(row)
     return summary["train_seconds"] - epoch_seconds[0] + epoch_seconds[1]
