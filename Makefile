@@ -17,9 +17,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py
+	$(VENV)/bin/python bench/overhead.py --task masked_lm
 	$(VENV)/bin/python bench/loaders.py
 	$(VENV)/bin/python bench/algorithms.py
 	$(VENV)/bin/python bench/bert.py
+	$(VENV)/bin/python bench/text_loader.py
 
 install: $(STAMP)
 

@@ -1,11 +1,13 @@
-"""BERT training step: padded, unpadded, and each with the MLM head on masked positions only.
+"""BERT training step: padded, unpadded, with the MLM head on masked positions only, and fused layers.
 
 One optimizer step (forward, masked-LM loss, backward, AdamW) of trainrun's BERT on batches of
 sequences padded to ``--seq`` tokens, whose lengths are drawn uniformly so that real tokens fill
 about ``--fill`` of the batch (documents padded to a fixed length, as Mosaic BERT and MLPerf feed
-them), with 15 % of the real tokens masked. The four variants run in alternating rounds on the
-same batches, so drift in machine speed hits all of them; the best round of each is compared.
-The ratios printed are against the padded model with the full head.
+them), with 15 % of the real tokens masked. "fused layers" is the algorithm ``fused_layers`` (each
+layer's dropout-add-LayerNorm and dense-GeLU blocks compiled) on a copy of the same model; its
+compilation happens in the warm-up. The variants run in alternating rounds on the same batches,
+so drift in machine speed hits all of them; the best round of each is compared. The ratios
+printed are against the padded model with the full head.
 
     .venv/bin/python bench/bert.py [--model bert_base] [--device cuda] [--precision bf16]
         [--batch 64] [--seq 128] [--fill 0.5] [--steps 20] [--rounds 3]
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.config import compose
 from trainrun.core.precision import resolve_precision
 from trainrun.data.masked_text import IGNORED
@@ -25,11 +28,13 @@ from trainrun.models.bert import build_bert
 from trainrun.schema import validate
 from trainrun.tasks.masked_lm import masked_cross_entropy
 
-VARIANTS = {  # name: (unpadding, masked head)
-    "padded": (False, False),
-    "padded + masked head": (False, True),
-    "unpadded": (True, False),
-    "unpadded + masked head": (True, True),
+VARIANTS = {  # name: (unpadding, masked head, fused layers)
+    "padded": (False, False, False),
+    "padded + masked head": (False, True, False),
+    "unpadded": (True, False, False),
+    "unpadded + masked head": (True, True, False),
+    "padded + fused layers": (False, False, True),
+    "unpadded + masked head + fused layers": (True, True, True),
 }
 VOCAB = 8192
 
@@ -49,9 +54,11 @@ def batches(count: int, batch: int, seq: int, fill: float, device: torch.device)
     return [{key: value.to(device) for key, value in item.items()} for item in made]
 
 
-def step_rate(model, optimizer, data, precision, variant: str, steps: int, device: torch.device) -> float:
-    """Sequences per second over ``steps`` optimizer steps of ``variant``."""
-    unpad, masked_head = VARIANTS[variant]
+def step_rate(models, data, precision, variant: str, steps: int, device: torch.device) -> float:
+    """Sequences per second over ``steps`` optimizer steps of ``variant``; ``models`` maps
+    fused or not to (model, optimizer)."""
+    unpad, masked_head, fused = VARIANTS[variant]
+    model, optimizer = models[fused]
     model.unpad = unpad
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -84,18 +91,22 @@ def main() -> None:
     device = torch.device(args.device)
     overrides = ["task=masked_lm", "data=stdlib_docs", f"model={args.model}", "model.hidden_dropout=0"]
     config = validate(compose([*overrides, "model.attention_dropout=0"]), files=False)
-    torch.manual_seed(0)
-    model = build_bert(config.model, VOCAB).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    models = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = build_bert(config.model, VOCAB).to(device)
+        if fused:
+            fuse_layers(model)
+        models[fused] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     precision, _ = resolve_precision(args.precision, device)
     data = batches(4, args.batch, args.seq, args.fill, device)
     real = sum(int(b["attention_mask"].sum()) for b in data) / sum(b["attention_mask"].numel() for b in data)
     for variant in VARIANTS:  # warm-up: allocator, kernels, autotuning
-        step_rate(model, optimizer, data, precision, variant, 2, device)
+        step_rate(models, data, precision, variant, 2, device)
     rates: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            rates[variant].append(step_rate(model, optimizer, data, precision, variant, args.steps, device))
+            rates[variant].append(step_rate(models, data, precision, variant, args.steps, device))
     print(
         f"{args.model} on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
         f"{args.precision}, torch {torch.__version__}, batch {args.batch} x {args.seq} tokens, "

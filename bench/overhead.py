@@ -1,19 +1,25 @@
 """Trainer overhead: trainrun's Trainer against a plain hand-written PyTorch loop.
 
-Same model, same in-memory data, same batch and optimizer, one process. Rounds alternate
+Same model, same data through the same DataLoader, same batch, optimizer and schedule, one
+process, for either task: a small ResNet on in-memory images (``--task image_classification``) or
+BERT-Tiny on the built-in text corpus, masked on the fly (``--task masked_lm``). Rounds alternate
 (plain, trainer, plain, trainer, ...) so that drift in machine speed hits both, and the best
 round of each is compared: noise from other work on the machine only ever slows a round down.
 Target: trainer / plain >= 0.98.
 
-    .venv/bin/python bench/overhead.py [--steps 30] [--rounds 5] [--batch 128] [--resolution 32]
+    .venv/bin/python bench/overhead.py [--task masked_lm] [--steps 30] [--rounds 5] [--batch N]
+        [--resolution 32] [--seq 128]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from trainrun.core.engine import Engine
 from trainrun.core.precision import Precision
@@ -22,40 +28,95 @@ from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
+from trainrun.data.masked_text import text_datasets
 from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.tasks import Task
 from trainrun.tasks.image_classification import ImageClassification
+from trainrun.tasks.masked_lm import MaskedLanguageModeling, masked_cross_entropy
 
 
-def in_memory_data(count: int, resolution: int, batch: int) -> TorchData:
-    """Synthetic images materialised once as tensors, read through a plain DataLoader."""
+@dataclass
+class Workload:
+    """What both loops train: data, a model factory, the optimizer's config, and the task."""
+
+    data: TorchData
+    model: Callable[[], nn.Module]
+    optimizer: OptimizerConfig
+    task: Task
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    step: Callable[[nn.Module, object], torch.Tensor]  # the hand-written loop's forward and loss
+    unit: str
+
+
+def image_workload(batch: int, resolution: int) -> Workload:
+    """Synthetic images materialised once as tensors, a small ResNet, SGD."""
+    count = batch * 8
     source = SyntheticImages(count, resolution, num_classes=10, seed=0)
     images = torch.stack([source[i][0] for i in range(count)])
     labels = torch.tensor([source[i][1] for i in range(count)])
     dataset = TensorImageDataset(images, labels)
-    return TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0)
+    data = TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0)
+
+    def step(model: nn.Module, loaded) -> torch.Tensor:
+        images, targets = loaded
+        return soft_cross_entropy(model(data.prepare(images)), targets)
+
+    config = ModelConfig(name="resnet_small", num_classes=10, width=32, blocks=[1, 1, 1])
+    return Workload(
+        data,
+        lambda: build_model(config),
+        OptimizerConfig(lr=0.1),
+        ImageClassification(),
+        soft_cross_entropy,
+        step,
+        "img",
+    )
 
 
-def components(steps: int, data: TorchData):
+def text_workload(batch: int, seq: int) -> Workload:
+    """The built-in corpus's token store (written once into the cache), BERT-Tiny, AdamW."""
+    config = DataConfig(name="text", corpus="stdlib_docs", max_seq_len=seq)
+    train, val = text_datasets(config)
+    data = TorchData(config, train, val, batch, batch, seed=0)
+
+    def step(model: nn.Module, loaded) -> torch.Tensor:
+        inputs = {"input_ids": loaded["input_ids"], "attention_mask": loaded["attention_mask"]}
+        return masked_cross_entropy(model(inputs), loaded["labels"])
+
+    model = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)
+    optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.01)
+    return Workload(
+        data,
+        lambda: build_model(model, train.vocab_size),
+        optimizer,
+        MaskedLanguageModeling(),
+        masked_cross_entropy,
+        step,
+        "seq",
+    )
+
+
+def components(steps: int, work: Workload):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=32, blocks=[1, 1, 1]))
-    optimizer = build_optimizer(model, OptimizerConfig(lr=0.1), data.train.batch_size)
-    timeline = Timeline(len(data.train), data.train.batch_size, steps)
+    model = work.model()
+    optimizer = build_optimizer(model, work.optimizer, work.data.train.batch_size)
+    timeline = Timeline(len(work.data.train), work.data.train.batch_size, steps)
     scheduler = build_scheduler(optimizer, SchedulerConfig(t_warmup="0.1dur"), timeline, 1.0)
     return model, optimizer, scheduler, timeline
 
 
-def plain_loop(steps: int, data: TorchData) -> float:
-    """Images/s of the loop a user would write by hand."""
-    model, optimizer, scheduler, _ = components(steps, data)
+def plain_loop(steps: int, work: Workload) -> float:
+    """Samples/s of the loop a user would write by hand."""
+    model, optimizer, scheduler, _ = components(steps, work)
     model.train()
     done, started = 0, time.perf_counter()
     while done < steps:
-        for images, targets in data.train:
-            loss = soft_cross_entropy(model(data.prepare(images)), targets)
+        for loaded in work.data.train:
+            loss = work.step(model, loaded)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -64,21 +125,21 @@ def plain_loop(steps: int, data: TorchData) -> float:
             if done == steps:
                 break
     loss.item()
-    return steps * data.train.batch_size / (time.perf_counter() - started)
+    return steps * work.data.train.batch_size / (time.perf_counter() - started)
 
 
-def trainer_loop(steps: int, data: TorchData) -> float:
-    """Images/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
-    model, optimizer, scheduler, timeline = components(steps, data)
+def trainer_loop(steps: int, work: Workload) -> float:
+    """Samples/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
+    model, optimizer, scheduler, timeline = components(steps, work)
     state = State(
         model,
         optimizer,
         timeline,
         torch.device("cpu"),
         Precision("fp32", "cpu"),
-        loss_fn=soft_cross_entropy,
-        task=ImageClassification(),
-        data=data,
+        loss_fn=work.loss,
+        task=work.task,
+        data=work.data,
         num_classes=10,
     )
     settings = TrainerSettings(eval_interval=f"{steps + 1}ba", log_interval=10)
@@ -86,29 +147,36 @@ def trainer_loop(steps: int, data: TorchData) -> float:
     started = time.perf_counter()
     trainer.fit()
     seconds = time.perf_counter() - started - state.accounts.seconds["eval"]  # timed from outside
-    return steps * data.train.batch_size / seconds
+    return steps * work.data.train.batch_size / seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=["image_classification", "masked_lm"], default="image_classification")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--resolution", type=int, default=32)
+    parser.add_argument("--batch", type=int, help="default: 128 images or 32 sequences")
+    parser.add_argument("--resolution", type=int, default=32, help="image_classification: pixels")
+    parser.add_argument("--seq", type=int, default=128, help="masked_lm: tokens per sequence")
     args = parser.parse_args()
-    data = in_memory_data(args.batch * 8, args.resolution, args.batch)
-    plain_loop(5, data)  # warm-up: allocator, kernels
+    if args.task == "masked_lm":
+        args.batch = args.batch or 32
+        work, shape = text_workload(args.batch, args.seq), f"BERT-Tiny, {args.seq} tokens"
+    else:
+        args.batch = args.batch or 128
+        work, shape = image_workload(args.batch, args.resolution), f"{args.resolution}px"
+    plain_loop(5, work)  # warm-up: allocator, kernels
     plain, trainer = [], []
     for _ in range(args.rounds):
-        plain.append(plain_loop(args.steps, data))
-        trainer.append(trainer_loop(args.steps, data))
+        plain.append(plain_loop(args.steps, work))
+        trainer.append(trainer_loop(args.steps, work))
     ratio = max(trainer) / max(plain)
     print(
-        f"device cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
-        f"{args.resolution}px, {args.steps} steps x {args.rounds} rounds"
+        f"{args.task}: device cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
+        f"{shape}, {args.steps} steps x {args.rounds} rounds"
     )
     for name, rounds in (("plain loop", plain), ("trainer", trainer)):
-        print(f"{name:<11}: {max(rounds):8.1f} img/s best  (rounds: {', '.join(f'{v:.1f}' for v in rounds)})")
+        print(f"{name:<11}: {max(rounds):8.1f} {work.unit}/s best  (rounds: {', '.join(f'{v:.1f}' for v in rounds)})")
     print(f"ratio trainer/plain: {ratio:.3f}  (target >= 0.98)")
 
 

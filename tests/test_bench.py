@@ -69,9 +69,57 @@ def test_bert_bench_compares_padded_and_unpadded_steps():
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]
     rows = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines]
-    assert [row[0] for row in rows] == ["padded", "padded + masked head", "unpadded", "unpadded + masked head"]
+    assert [row[0] for row in rows] == [
+        "padded",
+        "padded + masked head",
+        "unpadded",
+        "unpadded + masked head",
+        "padded + fused layers",
+        "unpadded + masked head + fused layers",
+    ]
     assert "real tokens" in result.stdout.splitlines()[0]
     padded = float(rows[0][1])
     for _name, best, rounds, ratio in rows:  # the best round is the highest, the ratio is best / padded
         assert float(best) == max(float(value) for value in rounds.split(", ")) > 0
         assert float(ratio.rstrip("x")) == pytest.approx(float(best) / padded, abs=0.006)
+
+
+def _best_rates(stdout: str, unit: str) -> dict[str, float]:
+    """``name: 1,234.5 <unit> ...`` lines as {name: rate}."""
+    rates = {}
+    for line in stdout.splitlines():
+        if unit in line:
+            name, rest = line.split(":", 1)
+            rates[name.strip()] = float(rest.split()[0].replace(",", ""))
+    return rates
+
+
+SIDE_BY_SIDE = {  # script: (tiny arguments, rate unit, (numerator, denominator), the ratio's label)
+    "overhead.py": (
+        ["--task", "masked_lm", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1"],
+        "seq/s best",
+        ("trainer", "plain loop"),
+        "ratio trainer/plain: ",
+    ),
+    "text_loader.py": (
+        ["--seq", "32", "--batch", "8", "--batches", "3", "--rounds", "1", "--steps", "1"],
+        "tokens/s best",
+        ("token store", "tokenized on the fly"),
+        "ratio store / on the fly: ",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SIDE_BY_SIDE)
+def test_bert_side_by_side_benches_print_both_rates_and_their_ratio(script):
+    """The trainer against a hand loop on BERT; the token store against tokenizing on the fly."""
+    args, unit, (numerator, denominator), label = SIDE_BY_SIDE[script]
+    result = bench(script, *args)
+    assert result.returncode == 0, result.stderr
+    rates = _best_rates(result.stdout, unit)
+    assert set(rates) == {numerator, denominator} and min(rates.values()) > 0
+    shown = float(result.stdout.split(label)[1].split()[0])
+    assert shown == pytest.approx(rates[numerator] / rates[denominator], abs=0.01)
+    if script == "text_loader.py":
+        assert sum("training:" in line and "% of a step" in line for line in result.stdout.splitlines()) == 2

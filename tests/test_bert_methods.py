@@ -1,5 +1,6 @@
 """BERT's speed-up methods and LAMB, each checked by numbers against its formula."""
 
+import copy
 import math
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.alibi import alibi_slopes
+from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
 from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
 from trainrun.algorithms.seq_length_warmup import length_at
@@ -147,7 +149,8 @@ def test_a_tiny_bert_trains_with_every_language_method_and_lamb(tmp_path):
     args = ["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.max_seq_len=32", "data.packing=pack"]
     args += ["optimizer=lamb", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=40ba", "eval_interval=20ba"]
     args += ["precision=bf16", "scheduler.t_warmup=0.1dur", "data.num_samples=2048"]
-    args += ["algorithms=[seq_length_warmup,alibi,unpadding,gated_linear_units,low_precision_layernorm,masked_head]"]
+    language = "seq_length_warmup,alibi,unpadding,gated_linear_units,low_precision_layernorm,masked_head,fused_layers"
+    args += [f"algorithms=[{language}]"]
     args += ["algorithms.seq_length_warmup.min_seq_length=16", "algorithms.seq_length_warmup.step_size=8"]
     result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
@@ -243,3 +246,59 @@ def test_unpadding_composes_with_the_masked_head_and_alibi():
     model.unpad = True
     assert padded.shape == model(inputs).shape == (4, 50)
     assert torch.allclose(padded, model(inputs), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------- fused layers
+@pytest.mark.slow
+def test_fused_layers_compile_each_layers_blocks_once_for_any_token_count_with_the_eager_numbers():
+    """Three blocks a layer; the layers share their compiled code; unpadded batches of other token
+    counts run without recompiling; outputs and gradients are eager's up to float rounding."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager = tiny_bert(layers=2)
+    fused = copy.deepcopy(eager)
+    apply_glu(fused, GatedLinearUnitsConfig())  # what fused_layers compiles is the block as surgery left it
+    apply_glu(eager, GatedLinearUnitsConfig())
+    fused.load_state_dict(eager.state_dict())
+    assert fuse_layers(fused) == 3 * 2
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for lengths in ([3, 12, 7], [5, 9, 2], [12, 12, 1, 4]):
+        mask = (torch.arange(12)[None] < torch.tensor(lengths)[:, None]).long()
+        inputs = {"input_ids": torch.randint(5, 50, (len(lengths), 12)) * mask, "attention_mask": mask}
+        results = []
+        for model in (eager, fused):
+            model.unpad = True
+            model.zero_grad()
+            logits = model(inputs)
+            logits.square().mean().backward()
+            results.append((logits, [p.grad for p in model.parameters()]))
+        (expected, expected_grads), (got, got_grads) = results
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for a, b in zip(got_grads, expected_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [3, 3, 3]  # attention output, GLU, output: once, for both layers and all lengths
+    assert fused.state_dict().keys() == eager.state_dict().keys()
+
+
+# ------------------------------------------------------------------------------------ attention kernel
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_attention_kernel_reported_is_one_that_runs_the_models_attention(dropout):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = tiny_bert(layers=1)
+    model.bert.base_model.encoder.layer[0].attention.self.dropout.p = dropout
+    report = model.attention_kernels(12, torch.float32, torch.device("cpu"), alibi=False)
+    cases = [part.rstrip(")").split(" (") for part in report.split(", ")]
+    assert [case for _, case in cases] == ["unpadded batches", "padded batches"]
+    mask = (torch.arange(12)[None] < torch.tensor([12, 5])[:, None]).long()
+    inputs = {"input_ids": torch.randint(5, 50, (2, 12)) * mask, "attention_mask": mask}
+    for kernel in {kernel for kernel, _ in cases}:
+        name = "MATH" if kernel == "math" else f"{kernel.upper()}_ATTENTION"
+        with sdpa_kernel([SDPBackend.__members__[name]]):  # SDPA raises if the kernel cannot run these inputs
+            model.train()(inputs).sum().backward()
+    assert ("math" in report) == (dropout > 0)  # torch's CPU Flash kernel has no dropout

@@ -21,8 +21,11 @@ from trainrun.choose import (
     plan_candidate,
     predict,
     read_table,
+    systems_options,
 )
+from trainrun.config import compose
 from trainrun.errors import ConfigError
+from trainrun.schema import validate
 
 HAND_MADE = [  # recipe, budget (ratio), epochs, top-1
     ("slow", 0.5, 4, 0.80),
@@ -151,11 +154,22 @@ def test_o1_keeps_the_given_setting_within_noise_and_skips_failures():
     assert search.trials[1].error == "no fp16 here" and search.trials[0].kept
 
 
+def test_o1_tries_the_systems_algorithms_of_the_runs_task():
+    image = validate(compose(["data=digits"]), files=False)
+    text = validate(compose(["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "algorithms=[fused_layers]"]))
+    (image_start, image_options), (text_start, text_options) = (systems_options(c, 4) for c in (image, text))
+    assert image_start["channels_last"] == "false" and "fused_layers" not in image_options
+    assert text_start["fused_layers"] == "true" and "channels_last" not in text_options
+    assert text_options["fused_layers"] == ["false", "true"] and text_options["data.num_workers"] == ["0", "2", "4"]
+
+
 def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithms():
     overrides = ["precision=fp32", "data=digits", "algorithms=[ema]"]
     applied = apply_settings(overrides, {"precision": "bf16", "channels_last": "true"}, ["ema"])
     assert applied == ["data=digits", "precision=bf16", "algorithms=[ema,channels_last]"]
     assert apply_settings(["x=1"], {"channels_last": "false"}, ["channels_last", "ema"]) == ["x=1", "algorithms=[ema]"]
+    both = apply_settings(["x=1"], {"fused_layers": "true", "compile": "false"}, ["unpadding"])
+    assert both == ["x=1", "compile=false", "algorithms=[unpadding,fused_layers]"]
 
 
 @pytest.mark.slow

@@ -70,10 +70,12 @@ def test_help_lists_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in (
-        "algorithms: alibi, bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, gated_linear_units, "
-        "ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, low_precision_layernorm, masked_head",
+        "algorithms: alibi, bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, fused_layers, "
+        "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
+        "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline, bert_base, hot, medium, mild",
+        "recipe: baseline, bert_base, bert_large, bert_large_lamb, hot, medium, mild",
+        "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step",
         "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, synthetic, "
         "synthetic_ffcv, text",
         "task: image_classification, masked_lm",
@@ -204,6 +206,8 @@ BAD_INPUTS = [
     (["max_duration=2usd"], "max_duration=2usd needs a price: choose a priced hardware option"),
     (["max_duration=1s", "profile_prefix=5ba"], "'profile_prefix' extrapolates a run of fixed length"),
     (["eval_interval=5min"], "bad value for 'eval_interval': '5min' is a budget; only max_duration takes one"),
+    (["scheduler=multistep", "scheduler.milestones=[2ba,soon]"], "bad value for 'scheduler.milestones': "),
+    (["model.weights=/no/such/weights"], "bad value for 'model.weights': '/no/such/weights' does not exist"),
 ]
 
 

@@ -1,23 +1,37 @@
 """Masked-language-model pretraining: token stores, sequences, BERT masking, the task, whole runs."""
 
+import csv
+import dataclasses
 import json
 import math
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, run_cli
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import metrics_without_timing, read_metrics, run_cli
 
 from trainrun.algorithms import build_algorithms
 from trainrun.config import check
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.core.events import Event
-from trainrun.data.masked_text import IGNORED, MaskedSequences
-from trainrun.data.token_store import TokenStore, read_documents, split_documents, write_token_store
+from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store
+from trainrun.data.token_store import (
+    TokenStore,
+    check_token_dtype,
+    read_documents,
+    split_documents,
+    write_token_store,
+)
 from trainrun.data.torch_loader import AugmentedDataset
 from trainrun.errors import ConfigError, DataError
+from trainrun.models import build_model
 from trainrun.models.bert import build_bert
-from trainrun.schema import MaskedHeadConfig, ModelConfig
+from trainrun.schema import DataConfig, MaskedHeadConfig, ModelConfig
 from trainrun.tasks.masked_lm import MaskedTokenEvaluator, masked_cross_entropy
 
 DOCUMENTS = [
@@ -48,6 +62,20 @@ def test_token_store_layout_and_round_trip(store):
     assert decoded == {document.lower().replace(" ", "") for document in DOCUMENTS}  # lower-cased WordPiece
     assert len(train.offsets) == meta["train"]["documents"] + 1 and train.offsets[-1] == len(train.tokens)
     assert train.special("[PAD]") == 0 and train.special("[MASK]") == 4
+
+
+def test_token_ids_are_stored_in_a_type_that_holds_the_vocabulary(store, tmp_path):
+    assert TokenStore.open(store, "train").tokens.dtype == np.uint16
+    wide = write_token_store(DOCUMENTS[:20], DOCUMENTS[20:24], tmp_path / "wide", vocab_size=120, dtype="uint32")
+    assert TokenStore.open(wide, "train").tokens.dtype == np.uint32
+    with pytest.raises(ConfigError, match="'--dtype': uint16 holds 65,536 token ids; the vocabulary has 70,000"):
+        check_token_dtype(70_000, "uint16")
+    result = run_cli("write-text", "stdlib_docs", str(tmp_path / "never"), "--vocab-size", "70000", "--dtype", "uint16")
+    assert result.returncode == 2 and "the vocabulary has 70,000" in result.stderr and not (tmp_path / "never").exists()
+    meta = json.loads((wide / "store.json").read_text())
+    (wide / "store.json").write_text(json.dumps({**meta, "vocab_size": 70_000, "dtype": "uint16"}))
+    with pytest.raises(DataError, match="a vocabulary of 70,000 does not fit uint16 ids"):
+        TokenStore.open(wide, "train")
 
 
 def test_a_store_with_another_tokenizer_is_refused(store, tmp_path):
@@ -243,6 +271,34 @@ def test_write_text_and_train_a_tiny_bert(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["quality_metric"] == "masked_accuracy" and summary["task"] == "masked_lm"
     assert summary["best_masked_accuracy"] == max(first["masked_accuracy"], last["masked_accuracy"])
+    _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_dir, tmp_path / "store")
+
+
+def _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_dir, store_path):
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    trained = torch.load(sorted((run_dir / "checkpoints").glob("*.pt"))[-1], weights_only=True)["model"]
+    exported = BertForMaskedLM.from_pretrained(run_dir / "hf_model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf_model")
+    encoded = tokenizer(["Return the number of items in a container."], return_tensors="pt")
+    assert tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])[0] == "[CLS]"
+    config = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)
+    ours = build_bert(config, tokenizer.vocab_size).eval()
+    ours.load_state_dict(trained)
+    with torch.no_grad():
+        expected = ours({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+        assert torch.equal(exported(**encoded).logits, expected)
+    started = build_model(dataclasses.replace(config, weights=str(run_dir / "hf_model")), tokenizer.vocab_size)
+    assert all(torch.equal(value, trained[key]) for key, value in started.state_dict().items())
+    assert build_model(
+        dataclasses.replace(config, weights=str(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])),
+        tokenizer.vocab_size,
+    )
+    wider = dataclasses.replace(config, hidden_size=64, heads=2, weights=str(run_dir / "hf_model"))
+    with pytest.raises(ConfigError, match="'model.weights': '.*hf_model' has another shape for the model's weight"):
+        build_model(wider, tokenizer.vocab_size)
+    with pytest.raises(ConfigError, match="'model.weights': '.*' is a Hugging Face folder; only model=bert"):
+        build_model(ModelConfig(weights=str(run_dir / "hf_model")))
 
 
 @pytest.mark.slow
@@ -268,3 +324,71 @@ def test_two_ranks_train_the_bert_one_rank_trains(tmp_path):
     assert second["train_loss"] == pytest.approx(first["train_loss"], abs=3e-3)
     assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=3e-3)
     assert second["masked_accuracy"] == pytest.approx(first["masked_accuracy"], abs=5e-3)
+
+
+@pytest.mark.slow
+def test_a_bert_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_path):
+    """Dropout on, masks drawn per (seed, epoch, sample): resuming at step 6 of a 700-step epoch
+    gives the uninterrupted run's weights bit for bit, and its metrics."""
+    args = [*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=32", "data.packing=pack", "optimizer=adamw"]
+    args += ["optimizer.lr=2e-3", "train_batch_size=16", "max_duration=10ba", "eval_interval=5ba"]
+    args += ["checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    for run_dir in (whole, resumed):
+        assert run_cli(*args, f"hydra.run.dir={run_dir}").returncode == 0
+    final = sorted((resumed / "checkpoints").glob("*.pt"))
+    assert [path.name for path in final] == ["ep0-ba10.pt", "ep0-ba6.pt"]
+    final[0].unlink()  # as if stopped after step 6
+    result = run_cli(*args, f"hydra.run.dir={resumed}", "resume=auto")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout
+    expected = torch.load(whole / "checkpoints" / "ep0-ba10.pt", weights_only=True)["model"]
+    got = torch.load(resumed / "checkpoints" / "ep0-ba10.pt", weights_only=True)["model"]
+    assert all(torch.equal(expected[key], got[key]) for key in expected)
+    assert metrics_without_timing(resumed) == metrics_without_timing(whole)
+
+
+@pytest.mark.slow
+def test_sweep_and_report_draw_the_trade_off_curve_of_masked_accuracy(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=32", "data.packing=pack", "optimizer=adamw"]
+    args += ["optimizer.lr=2e-3", "scheduler.t_warmup=1ba", "train_batch_size=16", "max_duration=12ba"]
+    result = run_cli("sweep", *args, "budgets=[0.5,1.0]", "seeds=[0]", f"out={sweep}")
+    assert result.returncode == 0, result.stderr
+    report = run_cli("report", str(sweep), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "masked-token accuracy" in text
+    rows = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
+    assert [float(row["budget"]) for row in rows] == [0.5, 1.0]
+    assert all(0 < float(row["masked_accuracy_mean"]) < 1 for row in rows)
+    assert (tmp_path / "report" / "tradeoff_time.png").is_file()
+
+
+def _node_store(rank, cache_dirs, port, queue):
+    """One rank of a 2-node run (each its node's local rank 0, each node its own cache)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=300, cache_dir=cache_dirs[rank])
+    path = cached_store(config, Placement(rank=rank, world_size=2, local_rank=0))
+    queue.put((rank, str(path), (path / "tokenizer.json").read_text()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_node_writes_the_built_in_corpus_with_rank_0s_tokenizer(tmp_path):
+    """A node whose cache holds the corpus under another vocabulary rewrites it with rank 0's."""
+    cache_dirs = [str(tmp_path / "node0"), str(tmp_path / "node1")]
+    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=300, cache_dir=cache_dirs[1])
+    stale = cached_store(config, SINGLE_PROCESS)
+    train, val = split_documents(DOCUMENTS, 0.1, seed=0)
+    write_token_store(train, val, stale, vocab_size=300)  # the same place, another vocabulary
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_node_store, args=(cache_dirs, 29547, queue), nprocs=2, start_method="spawn")
+    results = dict((rank, (path, tokenizer)) for rank, path, tokenizer in (queue.get(), queue.get()))
+    assert results[0][0] != results[1][0] and results[1][0] == str(stale)
+    assert results[0][1] == results[1][1]
+    stores = [TokenStore.open(Path(results[rank][0]), "train") for rank in (0, 1)]
+    assert np.array_equal(stores[0].tokens, stores[1].tokens)

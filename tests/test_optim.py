@@ -33,6 +33,17 @@ def test_step_schedule():
     assert multiplier(60, shape="step", warmup=0, total=100, step_size=30, gamma=0.1) == pytest.approx(0.01)
 
 
+def test_multistep_schedule_multiplies_by_gamma_at_each_milestone_reached_after_warmup():
+    config = SchedulerConfig(name="multistep", t_warmup="4ba", gamma=0.9, milestones=["10ba", "12ba", "2ep"])
+    timeline = Timeline.for_run(Time.parse("3ep"), 10, 8)  # 10 batches an epoch
+    lrs = _lrs(config, 1.0, 30, timeline)
+    assert lrs[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert lrs[9:13] == pytest.approx([1.0, 0.9, 0.9, 0.81])
+    assert lrs[19:21] == pytest.approx([0.81, 0.729])
+    stretched = Timeline.for_run(Time.parse("3ep").scaled(2.0), 10, 8)
+    assert _lrs(config, 2.0, 60, stretched)[19:22] == pytest.approx([1.0, 0.9, 0.9])  # milestones stretched too
+
+
 def _lrs(config: SchedulerConfig, ratio: float, steps: int, timeline: Timeline) -> list[float]:
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=1.0)

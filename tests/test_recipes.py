@@ -1,4 +1,4 @@
-"""The published ResNet-50 recipes: composed values match the sources, and each one runs."""
+"""The published recipes (ResNet-50, BERT): composed values match the sources, and each one runs."""
 
 import pytest
 from conftest import read_metrics, run_cli
@@ -72,6 +72,12 @@ def _get(cfg, key):
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
+def _assert_values(cfg, expected: dict) -> None:
+    for key, value in expected.items():
+        got = _get(cfg, key)
+        assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+
+
 @pytest.mark.parametrize("recipe", ["mild", "medium", "hot"])
 def test_recipe_carries_the_published_values(recipe):
     cfg = compose([f"recipe={recipe}"])
@@ -138,9 +144,7 @@ def test_bert_base_carries_mosaic_bert_bases_published_values():
         "seed": 17,
         "name": "bert_base",
     }
-    for key, value in published.items():
-        got = _get(cfg, key)
-        assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+    _assert_values(cfg, published)
     algorithms = {"alibi", "gated_linear_units", "low_precision_layernorm", "masked_head", "unpadding"}
     assert set(cfg.algorithms) == algorithms
 
@@ -152,3 +156,76 @@ def test_bert_base_runs_a_few_steps_at_a_tiny_size(tmp_path):
     result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 4
+
+
+MOSAIC_MILESTONES = [400, 600, 650, 800, 850, 900, 950, 1000, 1100, 1150, 1200, 1225, 1250, 1275, 1300, 1325, 1350]
+MOSAIC_MILESTONES += [1375, 1400, 1600]
+
+
+def test_bert_large_carries_mosaics_mlperf_values_and_lamb_the_references():
+    cfg = compose(["recipe=bert_large", "data.path=/data/store"])
+    published = {
+        "task.name": "masked_lm",
+        "model.layers": 24,
+        "model.hidden_size": 1024,
+        "model.heads": 16,
+        "model.intermediate_size": 4096,
+        "model.hidden_dropout": 0.0,
+        "model.attention_dropout": 0.0,
+        "data.max_seq_len": 512,
+        "data.mlm_probability": 0.2,
+        "data.eval_mlm_probability": 0.15,
+        "optimizer.name": "adamw",
+        "optimizer.lr": 1e-4,
+        "optimizer.betas": [0.9, 0.98],
+        "optimizer.eps": 1e-6,
+        "optimizer.weight_decay": 1e-5 / 1e-4,  # Composer's decoupled 1e-5 in torch AdamW's terms
+        "optimizer.max_grad_norm": None,
+        "scheduler.name": "multistep",
+        "scheduler.t_warmup": "80ba",
+        "scheduler.gamma": 0.9,
+        "scheduler.milestones": [f"{step}ba" for step in MOSAIC_MILESTONES],
+        "train_batch_size": 448,
+        "eval_interval": "55ba",
+        "stop_at": 0.72,
+        "precision": "amp",
+        "name": "bert_large",
+    }
+    _assert_values(cfg, published)
+    assert set(cfg.algorithms) == {"unpadding", "masked_head", "low_precision_layernorm", "fused_layers"}
+    lamb = compose(["recipe=bert_large_lamb", "data.path=/data/store"])
+    reference = {  # batch 448's v2.1 reference convergence point
+        "optimizer.name": "lamb",
+        "optimizer.lr": 4.25e-4,
+        "optimizer.betas": [0.9, 0.999],
+        "optimizer.weight_decay": 0.01,
+        "optimizer.eps": 1e-6,
+        "optimizer.max_grad_norm": 1.0,
+        "scheduler.name": "linear",
+        "scheduler.t_warmup": "0ba",
+        "scheduler.alpha_f": 0.0,
+        "max_duration": "6700ba",
+        "data.max_seq_len": 512,
+        "train_batch_size": 448,
+        "stop_at": 0.72,
+        "name": "bert_large_lamb",
+    }
+    _assert_values(lamb, reference)
+    assert _get(compose(["recipe=bert_large", "optimizer=lamb"]), "optimizer.lr") == pytest.approx(4.25e-4)
+
+
+@pytest.mark.slow
+def test_bert_large_runs_at_a_tiny_size_from_a_finished_runs_weights(tmp_path):
+    args = ["data=stdlib_docs", "model=bert_tiny", "train_batch_size=16", "eval_batch_size=16", "data.max_seq_len=32"]
+    first = run_cli("task=masked_lm", *args, "optimizer=adamw", "max_duration=2ba", f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr
+    assert "wrote " in first.stdout and (tmp_path / "a" / "hf_model" / "model.safetensors").is_file()
+    args += [
+        "scheduler.t_warmup=1ba",
+        "max_duration=4ba",
+        "eval_interval=2ba",
+        f"model.weights={tmp_path / 'a' / 'hf_model'}",
+    ]
+    result = run_cli("recipe=bert_large", *args, "progress=false", f"hydra.run.dir={tmp_path / 'b'}")
+    assert result.returncode == 0, result.stderr
+    assert [row["batch"] for row in read_metrics(tmp_path / "b")] == [2, 4]

@@ -13,8 +13,8 @@ linear interpolation between measured points (beyond them it is extrapolated and
 recipe with the best predicted quality trains, to the budget, with the scale-schedule ratio of
 those epochs.
 
-``-o1``: the systems settings that change only numerics (precision, channels-last,
-``torch.compile``, loader workers and batches ahead), tried one at a time from the user's config
+``-o1``: the systems settings that change only numerics (precision, channels-last or BERT's
+fused layers, ``torch.compile``, loader workers and batches ahead), tried one at a time from the user's config
 (coordinate descent: each setting's fastest value is kept before the next is tried); a value is
 kept only when its step is faster by more than :data:`NOISE` of the best so far.
 """
@@ -44,10 +44,12 @@ from trainrun.core.accounts import train_seconds
 from trainrun.core.time import Time
 from trainrun.errors import ConfigError
 from trainrun.files import atomic_write_json, read_jsonl
-from trainrun.schema import TrainConfig, budget_seconds, validate
+from trainrun.schema import TrainConfig, algorithm_tasks, budget_seconds, validate
 
 PUBLISHED_TABLES = {("resnet50", 1000): Path(__file__).parent / "report" / "published" / "resnet50_imagenet.csv"}
 NOISE = 0.03  # a setting must be this much faster to replace the one kept
+# algorithms that change how a step runs, not what it computes: -o1 turns each on or off where its task has it
+SYSTEMS_ALGORITHMS = ("channels_last", "fused_layers")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,9 +269,10 @@ def systems_options(config: TrainConfig, cpu_count: int) -> tuple[dict[str, str]
     on_gpu = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     start = {"precision": config.precision, "compile": str(config.compile).lower()}
     options = {"precision": ["fp32", "amp", "bf16"] if on_gpu else ["fp32", "bf16"], "compile": ["false", "true"]}
-    if config.task.name == "image_classification":
-        start["channels_last"] = str("channels_last" in config.algorithms).lower()
-        options["channels_last"] = ["false", "true"]
+    for name in SYSTEMS_ALGORITHMS:
+        if config.task.name in algorithm_tasks(name):
+            start[name] = str(name in config.algorithms).lower()
+            options[name] = ["false", "true"]
     workers = sorted({0, 2, max(cpu_count // _ranks_per_node(config, on_gpu), 1), config.data.num_workers})
     start["data.num_workers"] = str(config.data.num_workers)
     options["data.num_workers"] = [str(w) for w in workers]
@@ -289,13 +292,14 @@ def _ranks_per_node(config: TrainConfig, on_gpu: bool) -> int:
 
 def apply_settings(overrides: list[str], settings: dict[str, str], algorithms: list[str]) -> list[str]:
     """``overrides`` with ``settings`` applied, each replacing the user's own override of its key
-    (channels-last is an algorithm: the run's list with it added or removed)."""
-    keys = {"algorithms" if key == "channels_last" else key for key in settings}
+    (a systems algorithm is toggled in the run's list of algorithms)."""
+    toggled = {key: value == "true" for key, value in settings.items() if key in SYSTEMS_ALGORITHMS}
+    keys = {"algorithms" if key in toggled else key for key in settings}
     kept = [o for o in overrides if override_key(o) not in keys]
-    kept += [f"{key}={value}" for key, value in settings.items() if key != "channels_last"]
-    if "channels_last" in settings:
-        names = [name for name in algorithms if name != "channels_last"]
-        names += ["channels_last"] if settings["channels_last"] == "true" else []
+    kept += [f"{key}={value}" for key, value in settings.items() if key not in toggled]
+    if toggled:
+        names = [name for name in algorithms if name not in toggled]
+        names += [name for name, on in toggled.items() if on]
         kept.append(f"algorithms=[{','.join(names)}]")
     return kept
 

@@ -152,7 +152,7 @@ def write_text_command(argv: list[str]) -> int:
     """``trainrun write-text CORPUS STORE``: a text corpus to a token store for masked-LM training."""
     import argparse
 
-    from trainrun.data.token_store import BUILTIN_CORPORA
+    from trainrun.data.token_store import BUILTIN_CORPORA, TOKEN_DTYPES, check_token_dtype
 
     parser = argparse.ArgumentParser(
         prog="trainrun write-text",
@@ -166,10 +166,15 @@ def write_text_command(argv: list[str]) -> int:
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for evaluation")
     parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", choices=["auto", *TOKEN_DTYPES], default="auto", help="token id type (auto: the smallest that fits)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = parser.parse_args(argv)
     if args.out.exists() and not args.overwrite:
         raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
+    if args.dtype != "auto" and args.tokenizer is None:
+        check_token_dtype(args.vocab_size, args.dtype)
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
     if args.vocab_size < 16:
@@ -185,7 +190,7 @@ def write_text_command(argv: list[str]) -> int:
     documents = read_documents(args.corpus)
     train, val = split_documents(documents, args.val_fraction, args.split_seed)
     console.print(f"tokenizing {len(train):,} training and {len(val):,} validation documents")
-    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer)
+    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype)
     meta = json.loads((args.out / "store.json").read_text())
     console.print(
         f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "

@@ -142,8 +142,15 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         highlight=False,
         soft_wrap=True,
     )
+    if hasattr(model, "attention_kernels"):  # which fused attention kernel the device gives this run
+        dtype = precision.dtype or torch.float32
+        kernels = model.attention_kernels(config.data.max_seq_len, dtype, device, "alibi" in config.algorithms)
+        console.print(f"attention: scaled_dot_product_attention runs {kernels}", highlight=False, soft_wrap=True)
     try:
         trainer.fit(offset)
+        if rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
+            for line in task.export(state, run_dir):
+                console.print(line, highlight=False, soft_wrap=True)
     except BaseException as error:
         if rank == 0:
             status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"

@@ -76,6 +76,9 @@ class ModelConfig:
     max_position_embeddings: int = _positive(512)
     hidden_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
     attention_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert),
+    # a torch.save'd state dict, or a trainrun checkpoint
+    weights: str | None = None
 
 
 @dataclass
@@ -141,11 +144,12 @@ class OptimizerConfig:
 class SchedulerConfig:
     """Linear warmup, then one decay shape; every time in any unit, applied every step."""
 
-    name: str = _choice("cosine", "cosine", "linear", "step", "constant")
+    name: str = _choice("cosine", "cosine", "linear", "step", "multistep", "constant")
     t_warmup: str = _time("1ep")
     alpha_f: float = _non_negative(0.0)  # final multiplier of cosine / linear decay
     step_size: str = _interval("30ep")  # step: decay every step_size
-    gamma: float = _positive(0.1)  # step: factor per step
+    gamma: float = _positive(0.1)  # step, multistep: factor per step / per milestone
+    milestones: list[str] = field(default_factory=list, metadata={"time": True})  # multistep: times of x gamma
     scale_warmup: bool = True  # false: scale_schedule_ratio leaves t_warmup as written
 
 
@@ -328,6 +332,12 @@ class LowPrecisionLayerNormConfig:
     """LayerNorm runs in the autocast dtype (fp16 / bf16) instead of fp32; no effect without autocast."""
 
 
+@algorithm_config("fused_layers")
+@dataclass
+class FusedLayersConfig:
+    """Transformer layers: dropout-add-LayerNorm and dense-GeLU blocks compiled into fused kernels."""
+
+
 @algorithm_config("progressive_resizing")
 @dataclass
 class ProgressiveResizingConfig:
@@ -506,6 +516,7 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("unpadding", "switches the model's forward at INIT; any layer surgery before or after applies within it"),
     ("gated_linear_units", "rebuilds the feed-forward layers at INIT, before their norms are replaced"),
     ("low_precision_layernorm", "replaces every LayerNorm at INIT, including any that surgery added"),
+    ("fused_layers", "compiles each layer's blocks at INIT once every surgery inside them is done"),
     ("channels_last", "last model change at INIT: every layer that surgery added becomes NHWC"),
 )
 TORCH_LOADER_ALGORITHMS = ("randaugment", "trivialaugment")  # per-image transforms FFCV cannot run
@@ -521,6 +532,7 @@ ALGORITHM_TASKS: dict[str, tuple[str, ...]] = {
     "unpadding": ("masked_lm",),
     "gated_linear_units": ("masked_lm",),
     "low_precision_layernorm": ("masked_lm",),
+    "fused_layers": ("masked_lm",),
 }
 
 
@@ -577,17 +589,8 @@ def _check_fields(obj: Any, prefix: str) -> None:
             continue
         meta = spec.metadata
         if meta.get("time"):
-            try:
-                parsed = Time.parse(value)
-            except ValueError as error:
-                raise ConfigError(f"bad value for '{key}': {error}") from None
-            if meta.get("interval") and parsed.value <= 0:
-                raise ConfigError(f"bad value for '{key}': '{value}' is an interval of zero, which never fires")
-            if parsed.unit.is_budget and not meta.get("budget"):
-                raise ConfigError(
-                    f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
-                    "(write times inside a run in ep, ba, sp or dur)"
-                )
+            for time in value if isinstance(value, list) else [value]:
+                _check_time(key, time, meta)
         if "choices" in meta and value not in meta["choices"]:
             raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
         if "exclusive_min" in meta and not value > meta["exclusive_min"]:
@@ -598,11 +601,28 @@ def _check_fields(obj: Any, prefix: str) -> None:
             raise ConfigError(f"bad value for '{key}': {value} (must be <= {meta['max']})")
 
 
+def _check_time(key: str, value: str, meta: dict) -> None:
+    try:
+        parsed = Time.parse(value)
+    except ValueError as error:
+        raise ConfigError(f"bad value for '{key}': {error}") from None
+    if meta.get("interval") and parsed.value <= 0:
+        raise ConfigError(f"bad value for '{key}': '{value}' is an interval of zero, which never fires")
+    if parsed.unit.is_budget and not meta.get("budget"):
+        raise ConfigError(
+            f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
+            "(write times inside a run in ep, ba, sp or dur)"
+        )
+
+
 def check_files(config: TrainConfig) -> None:
     """The files and folders a run reads exist: checked before a run, not to print a config."""
     data = config.data
     if data.name == "folder" and not data.path:
         raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
+    weights = config.model.weights
+    if weights and not Path(weights).expanduser().exists():
+        raise ConfigError(f"bad value for 'model.weights': '{weights}' does not exist")
     if data.path and not Path(data.path).expanduser().is_dir():
         raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
     if data.name == "beton":

@@ -317,6 +317,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Rank 0 writes a checkpoint atomically and prunes old ones; all ranks wait for it."""
         state, directory = self.state, self.settings.checkpoint_dir
+        self._flush_losses()  # the window saved holds every step's loss, not only those of past log intervals
         previous = state.accounts.switch("checkpoint")
         rng = distributed.gather_to_main(checkpoint.rng_state(), state.rank, state.world_size)
         if state.is_main:

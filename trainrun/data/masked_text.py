@@ -13,14 +13,16 @@ AugmentedDataset` seeds per (seed, epoch, sample); evaluation masks are fixed pe
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
-from trainrun.data.cache import cache_prefix, write_once_per_node
+from trainrun.data.cache import cache_prefix
 from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents, write_token_store
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
@@ -37,6 +39,7 @@ class MaskedSequences(Dataset):
         self.store, self.max_seq_len, self.packing = store, max_seq_len, packing
         self.mlm_probability, self.fixed_masks = mlm_probability, fixed_masks
         self.vocab_size = store.vocab_size
+        self.tokenizer_file = store.path / "tokenizer.json"
         self.cls, self.sep, self.pad, self.mask = (store.special(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]"))
         self.specials = torch.tensor(sorted(store.special(token) for token in SPECIAL_TOKENS))
         # random replacements are ordinary tokens (a given tokenizer may place its special ones anywhere)
@@ -104,15 +107,31 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> 
 
 
 def cached_store(config: DataConfig, placement: Placement) -> Path:
-    """A built-in corpus's store in ``cache_dir``, written once per node."""
+    """A built-in corpus's store in ``cache_dir``, written once per node, every node's with global
+    rank 0's tokenizer: WordPiece training is not deterministic upstream, so nodes that trained
+    their own would give the same word different ids."""
     identity = {k: getattr(config, k) for k in ("corpus", "vocab_size", "val_fraction", "split_seed")}
     identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
     prefix = cache_prefix(config.cache_dir, config.corpus, identity)
     path = prefix.with_name(f"{prefix.name}-tokens")
+    tokenizer_file = path / "tokenizer.json"
 
-    def write() -> None:
+    def write(tokenizer: str | None = None) -> None:
         train, val = split_documents(read_documents(config.corpus), config.val_fraction, config.split_seed)
-        write_token_store(train, val, path, config.vocab_size)
+        with tempfile.TemporaryDirectory() as folder:
+            given = None
+            if tokenizer is not None:
+                given = Path(folder) / "tokenizer.json"
+                given.write_text(tokenizer)
+            write_token_store(train, val, path, config.vocab_size, given)
 
-    write_once_per_node((path / "store.json").is_file, write, placement)
+    if placement.rank == 0 and not tokenizer_file.is_file():
+        write()
+    if placement.world_size > 1:
+        shared = [tokenizer_file.read_text() if placement.rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0, device=torch.device("cpu"))
+        own = tokenizer_file.read_text() if tokenizer_file.is_file() else None
+        if placement.local_rank == 0 and placement.rank != 0 and own != shared[0]:
+            write(shared[0])
+        dist.barrier()
     return path

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from trainrun.errors import DataError
+from trainrun.errors import ConfigError, DataError
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BUILTIN_CORPORA = ("stdlib_docs",)
+TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each type holds, smallest first
 
 
 def stdlib_docstrings(min_chars: int = 40) -> list[str]:
@@ -103,10 +104,25 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool =
     return tokenizer._tokenizer  # the underlying tokenizers.Tokenizer, which saves to one JSON file
 
 
+def check_token_dtype(vocab_size: int, dtype: str) -> None:
+    """Refuse a token id type that cannot hold every id of a ``vocab_size`` vocabulary."""
+    if vocab_size > TOKEN_DTYPES[dtype]:
+        raise ConfigError(
+            f"bad value for '--dtype': {dtype} holds {TOKEN_DTYPES[dtype]:,} token ids; the vocabulary has "
+            f"{vocab_size:,} (choose uint32 or auto)"
+        )
+
+
 def write_token_store(
-    train: list[str], val: list[str], out: Path, vocab_size: int = 8192, tokenizer_path: Path | None = None
+    train: list[str],
+    val: list[str],
+    out: Path,
+    vocab_size: int = 8192,
+    tokenizer_path: Path | None = None,
+    dtype: str = "auto",
 ) -> Path:
-    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically); return ``out``."""
+    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically), token ids as ``dtype``
+    (``auto``: uint16 when the vocabulary fits, else uint32); return ``out``."""
     from tokenizers import Tokenizer
 
     if tokenizer_path is not None:
@@ -117,7 +133,9 @@ def write_token_store(
     else:
         tokenizer = train_tokenizer(train, vocab_size)
     vocab = tokenizer.get_vocab_size()
-    dtype = np.uint16 if vocab <= 2**16 else np.uint32
+    if dtype == "auto":
+        dtype = next(name for name, ids in TOKEN_DTYPES.items() if vocab <= ids)
+    check_token_dtype(vocab, dtype)
     partial = out.with_name(f".{out.name}.partial-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -173,6 +191,8 @@ class TokenStore:
             raise DataError(f"'{path}' is a token store of another format ({meta.get('format')})")
         if _sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
             raise DataError(f"'{path / 'tokenizer.json'}' is not the tokenizer the store was written with")
+        if meta["vocab_size"] > TOKEN_DTYPES.get(meta["dtype"], 0):
+            raise DataError(f"'{meta_path}': a vocabulary of {meta['vocab_size']:,} does not fit {meta['dtype']} ids")
         offsets = np.load(path / f"{split}.idx.npy")
         tokens = np.memmap(path / f"{split}.bin", dtype=meta["dtype"], mode="r") if offsets[-1] else np.zeros(0)
         if len(tokens) != offsets[-1]:

@@ -7,19 +7,23 @@ from torch import nn
 from trainrun.models.initializers import initialize
 from trainrun.models.resnet import build_resnet
 from trainrun.models.small import SmallResNet
+from trainrun.models.weights import load_weights
 from trainrun.schema import ModelConfig
 
 
 def build_model(config: ModelConfig, vocab_size: int | None = None) -> nn.Module:
-    """The network named by ``config``, initialised with its ``initializers`` (ResNets); a BERT
-    takes the vocabulary of the run's token store."""
+    """The network named by ``config``, initialised with its ``initializers`` (ResNets) or loaded
+    from ``weights``; a BERT takes the vocabulary of the run's token store."""
     if config.name == "bert":
         from trainrun.models.bert import build_bert
 
-        return build_bert(config, vocab_size)
-    if config.name == "resnet_small":
+        model = build_bert(config, vocab_size)
+    elif config.name == "resnet_small":
         model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks, norm=config.norm)
     else:
         model = build_resnet(config.name, config.num_classes)
-    initialize(model, config.initializers, config.num_classes)
+    if config.name != "bert":
+        initialize(model, config.initializers, config.num_classes)
+    if config.weights:
+        load_weights(model, config.weights)
     return model

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend
 
 from trainrun.schema import ModelConfig
 
@@ -47,6 +48,23 @@ class MaskedLanguageModel(nn.Module):
             distance = (positions[:, None] - positions[None, :]).abs().to(dtype)
             self._alibi_biases[key] = -self.alibi_slopes.to(device, dtype)[:, None, None] * distance
         return self._alibi_biases[key]
+
+    def attention_kernels(self, length: int, dtype: torch.dtype, device: torch.device, alibi: bool) -> str:
+        """Which kernel ``scaled_dot_product_attention`` picks for this model's training attention
+        at ``length`` tokens, as torch's dispatcher chooses it, with and without padding: Flash
+        needs no dropout (on some devices) and no additive mask; ALiBi's biases are one."""
+        attention = self.bert.base_model.encoder.layer[0].attention.self
+        heads, size = attention.num_attention_heads, attention.attention_head_size
+        query = torch.empty(2, heads, length, size, dtype=dtype, device=device)
+        padding = torch.ones(2, 1, 1, length, dtype=torch.bool, device=device)
+        masks = {"unpadded batches": None, "padded batches": padding}
+        if alibi:
+            masks = {"ALiBi biases": torch.zeros(2, heads, length, length, dtype=dtype, device=device)}
+        chosen = {}
+        for case, mask in masks.items():
+            choice = torch._fused_sdp_choice(query, query, query, mask, attention.dropout.p, False)
+            chosen[case] = SDPBackend(choice).name.lower().replace("_attention", "")
+        return ", ".join(f"{kernel} ({case})" for case, kernel in chosen.items())
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the

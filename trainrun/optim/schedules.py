@@ -8,7 +8,7 @@ published recipe points were measured); ``dur`` times follow the already-scaled 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,12 +25,14 @@ def multiplier(
     alpha_f: float = 0.0,
     step_size: int = 1,
     gamma: float = 0.1,
+    milestones: Sequence[int] = (),
     fraction: Callable[[int], float] | None = None,
 ) -> float:
     """LR multiplier after ``batch`` steps: linear warmup 0→1 over ``warmup``, then ``shape``.
 
     The decay follows ``fraction(step)``, the share of the run done (``step / total`` unless
-    given: a budgeted run's comes from its re-planned timeline).
+    given: a budgeted run's comes from its re-planned timeline). ``step`` multiplies by ``gamma``
+    every ``step_size`` steps, ``multistep`` at each of ``milestones`` reached.
     """
     if batch < warmup:
         return batch / warmup
@@ -38,6 +40,8 @@ def multiplier(
         return 1.0
     if shape == "step":
         return gamma ** (batch // max(step_size, 1))
+    if shape == "multistep":
+        return gamma ** sum(batch >= milestone for milestone in milestones)
     if fraction is None:
         tau = (batch - warmup) / max(total - warmup, 1)
     else:
@@ -78,6 +82,7 @@ def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float)
             alpha_f=config.alpha_f,
             step_size=stretched_batches(config.step_size, timeline, ratio),
             gamma=config.gamma,
+            milestones=[stretched_batches(milestone, timeline, ratio) for milestone in config.milestones],
             fraction=timeline.fraction,
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +54,11 @@ class Task(ABC):
     @abstractmethod
     def evaluator(self, state: State) -> Evaluator:
         """A fresh accumulator for one evaluation pass of ``state``'s run."""
+
+    def export(self, state: State, run_dir: Path) -> list[str]:
+        """Write the trained model in its ecosystem's own format under ``run_dir``, if the task has
+        one; return lines for the console (what was written, what it leaves out)."""
+        return []
 
 
 def build_task(name: str) -> Task:

@@ -10,6 +10,7 @@ over every rank's masked tokens.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,6 +69,15 @@ class MaskedLanguageModeling(Task):
 
     def evaluator(self, state: State) -> MaskedTokenEvaluator:
         return MaskedTokenEvaluator(state.device, state.world_size)
+
+    def export(self, state: State, run_dir: Path) -> list[str]:
+        """``<run>/hf_model``: the BERT and tokenizer for ``transformers``' ``from_pretrained``."""
+        from trainrun.models.weights import export_pretrained
+
+        directory = run_dir / "hf_model"
+        caveats = export_pretrained(state.raw_model, state.data.tokenizer_file, directory)
+        lines = [f"wrote {directory} (BertForMaskedLM and its tokenizer, for transformers' from_pretrained)"]
+        return lines + [f"note: {directory.name}: {caveat}" for caveat in caveats]
 
 
 def build() -> MaskedLanguageModeling:

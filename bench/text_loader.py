@@ -1,0 +1,137 @@
+"""Text loading: trainrun's token store against tokenizing on the fly, and against training.
+
+The baseline is how Mosaic BERT's and most Hugging Face pretraining scripts feed BERT: each
+document tokenized when it is read (``transformers``' fast tokenizer, truncated and padded to
+``--seq``) and masked by ``DataCollatorForLanguageModeling``. trainrun reads the same training
+documents, tokenized once into a token store, through ``data=text``'s loader: ids sliced from the
+memory-mapped file, padded and masked in the worker (documents longer than a sequence become
+several sequences instead of being cut). Both run through a DataLoader with ``--workers``
+workers and batch ``--batch``; rounds alternate, the best of each counts. Throughput is in real
+(non-pad) tokens per second. Then the BERT training step (BERT-Tiny and BERT-Mini, AdamW, fp32,
+one process) is timed on the store's batches: the share of a step that loading in the training
+process costs is training tokens/s over store tokens/s. Target: the store is never the
+bottleneck on 2 cores (that share well under 10 %) and beats tokenizing on the fly.
+
+    .venv/bin/python bench/text_loader.py [--seq 128] [--batch 32] [--workers 0] [--batches 100] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from trainrun.core.distributed import SINGLE_PROCESS
+from trainrun.data.masked_text import cached_store, text_datasets
+from trainrun.data.token_store import read_documents, split_documents
+from trainrun.data.torch_loader import TorchData
+from trainrun.models import build_model
+from trainrun.models.weights import hugging_face_tokenizer
+from trainrun.optim.optimizers import build_optimizer
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
+from trainrun.tasks.masked_lm import masked_cross_entropy
+
+MODELS = {  # Turc et al.'s small BERTs
+    "BERT-Tiny": ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512),
+    "BERT-Mini": ModelConfig(name="bert", layers=4, hidden_size=256, heads=4, intermediate_size=1024),
+}
+
+
+class TokenizedOnTheFly(Dataset):
+    """Documents tokenized when read, truncated and padded to ``seq`` (masking is the collator's)."""
+
+    def __init__(self, documents: list[str], tokenizer, seq: int) -> None:
+        self.documents, self.tokenizer, self.seq = documents, tokenizer, seq
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.tokenizer(
+            self.documents[index],
+            truncation=True,
+            max_length=self.seq,
+            padding="max_length",
+            return_special_tokens_mask=True,
+        )
+
+
+def tokens_per_second(batches: Iterable, count: int) -> float:
+    """Real tokens per second over the first ``count`` batches (the iterator's start-up included)."""
+    tokens, started = 0, time.perf_counter()
+    for index, batch in enumerate(batches):
+        tokens += int(batch["attention_mask"].sum())
+        if index + 1 == count:
+            break
+    return tokens / (time.perf_counter() - started)
+
+
+def training_tokens_per_second(config: ModelConfig, data: TorchData, steps: int) -> float:
+    """Real tokens per second of BERT training steps on batches already loaded."""
+    torch.manual_seed(0)
+    model = build_model(config, data.vocab_size)
+    optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-4), data.per_rank_batch)
+    loaded = [batch for batch, _ in zip(data.train_batches(0), range(steps))]
+    tokens, started = 0, None
+    for index, batch in enumerate([loaded[0], *loaded]):  # the first step warms up, untimed
+        if index == 1:
+            started = time.perf_counter()
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        masked_cross_entropy(model(inputs), batch["labels"]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += int(batch["attention_mask"].sum()) if index else 0
+    return tokens / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--batches", type=int, default=100, help="batches read per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="training steps timed per model")
+    args = parser.parse_args()
+    from transformers import DataCollatorForLanguageModeling
+
+    config = DataConfig(name="text", corpus="stdlib_docs", max_seq_len=args.seq, num_workers=args.workers)
+    train, val = text_datasets(config)
+    store = TorchData(config, train, val, args.batch, args.batch, seed=0)
+    documents, _ = split_documents(read_documents(config.corpus), config.val_fraction, config.split_seed)
+    tokenizer = hugging_face_tokenizer(cached_store(config, SINGLE_PROCESS) / "tokenizer.json")
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.mlm_probability)
+    on_the_fly = DataLoader(
+        TokenizedOnTheFly(documents, tokenizer, args.seq),
+        batch_size=args.batch,
+        shuffle=True,
+        collate_fn=collator,
+        num_workers=args.workers,
+        drop_last=True,
+    )
+    rates: dict[str, list[float]] = {"tokenized on the fly": [], "token store": []}
+    for round_index in range(args.rounds):
+        rates["tokenized on the fly"].append(tokens_per_second(on_the_fly, args.batches))
+        rates["token store"].append(tokens_per_second(store.train_batches(round_index), args.batches))
+    print(
+        f"{len(documents):,} training documents of {config.corpus}, seq {args.seq}, batch {args.batch}, "
+        f"{args.workers} workers, {args.batches} batches x {args.rounds} rounds, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    for name, values in rates.items():
+        print(f"{name:<21}: {max(values):>10,.0f} tokens/s best  (rounds: {', '.join(f'{v:,.0f}' for v in values)})")
+    best_store = max(rates["token store"])
+    print(f"ratio store / on the fly: {best_store / max(rates['tokenized on the fly']):.2f}")
+    for name, model in MODELS.items():
+        training = training_tokens_per_second(model, store, args.steps)
+        print(
+            f"{name} training: {training:,.0f} tokens/s; loading in the training process would take "
+            f"{100 * training / best_store:.1f} % of a step"
+        )
+
+
+if __name__ == "__main__":
+    main()

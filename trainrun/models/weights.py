@@ -1,0 +1,122 @@
+"""Starting weights for a run (``model.weights``) and BERT exported for ``transformers``.
+
+A run may start from trained weights instead of its initialisers, as MLPerf BERT-Large's phase 2
+starts from the phase-1 checkpoint: a folder written by Hugging Face's ``save_pretrained`` (read
+by ``transformers`` itself, so every format and old parameter name it knows is read), a state
+dict saved with ``torch.save``, or a trainrun checkpoint. Weights are loaded into the model as
+built, before any algorithm changes it, and must cover it: a weight left out or of another shape
+is a configuration error naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainrun.errors import ConfigError
+
+KEY = "model.weights"
+
+
+def load_weights(model: nn.Module, path: str) -> None:
+    """Load the weights at ``path`` into ``model`` (a folder into trainrun's BERT, a file into any)."""
+    source = Path(path).expanduser()
+    if source.is_dir():
+        bert = getattr(model, "bert", None)
+        if bert is None:
+            raise ConfigError(f"bad value for '{KEY}': '{path}' is a Hugging Face folder; only model=bert reads one")
+        state = _hugging_face_state(bert, source)
+        model = bert
+    else:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and state.get("format") == "trainrun/1":
+            state = state["model"]
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        problem = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
+        raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None
+
+
+def _hugging_face_state(bert: nn.Module, source: Path) -> dict[str, torch.Tensor]:
+    """The state dict of the ``save_pretrained`` folder ``source`` read into ``bert``'s class and config."""
+    try:
+        with _quiet_transformers():  # the mismatches are reported below, in one line
+            loaded, info = type(bert).from_pretrained(
+                source,
+                config=bert.config,
+                local_files_only=True,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+            )
+    except (OSError, RuntimeError, ValueError) as error:
+        raise ConfigError(f"bad value for '{KEY}': '{source}': {str(error).splitlines()[0]}") from None
+    missing = sorted(info["missing_keys"])
+    mismatched = sorted(entry[0] if isinstance(entry, tuple) else entry for entry in info["mismatched_keys"])
+    if missing or mismatched:
+        what = "lacks" if missing else "has another shape for"
+        raise ConfigError(f"bad value for '{KEY}': '{source}' {what} the model's weight '{(missing or mismatched)[0]}'")
+    return loaded.state_dict()
+
+
+def export_pretrained(model: nn.Module, tokenizer_file: Path, directory: Path) -> list[str]:
+    """Write trainrun's BERT and its tokenizer as a ``save_pretrained`` folder (atomically);
+    return what ``transformers`` will not reproduce of the trained model."""
+    from trainrun.algorithms.gated_linear_units import GatedIntermediate
+
+    partial = directory.with_name(f".{directory.name}.partial-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        with _quiet_transformers():
+            model.bert.save_pretrained(partial)
+        hugging_face_tokenizer(tokenizer_file).save_pretrained(partial)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(partial, directory)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    caveats = []
+    if any(isinstance(module, GatedIntermediate) for module in model.modules()):
+        caveats.append("its feed-forward layers are GLUs (gated_linear_units), which BertForMaskedLM cannot load")
+    if getattr(model, "alibi_slopes", None) is not None:
+        caveats.append("it was trained with ALiBi's distance biases, which transformers' BERT does not add")
+    return caveats
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """``transformers`` without its progress bars and warnings (trainrun reports what matters)."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        logging.enable_progress_bar()
+
+
+def hugging_face_tokenizer(tokenizer_file: Path):
+    """A token store's tokenizer as ``transformers``' fast BERT tokenizer: its special tokens named,
+    ``[CLS] … [SEP]`` added as BERT's tokenizer adds them (trainrun's data adds them itself, so the
+    store's tokenizer has no template)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    ids = {token: tokenizer.token_to_id(token) for token in ("[CLS]", "[SEP]")}
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=list(ids.items())
+    )
+    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, mask_token="[MASK]", **specials)
