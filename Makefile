@@ -3,7 +3,7 @@
 VENV := .venv
 STAMP := $(VENV)/.trainrun-installed
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench mutation install clean
 
 run: $(STAMP)
 	$(VENV)/bin/trainrun
@@ -22,6 +22,14 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/algorithms.py
 	$(VENV)/bin/python bench/bert.py
 	$(VENV)/bin/python bench/text_loader.py
+
+# Mutation testing (docs/testing.md): not part of make test. One thread per mutant process: torch's
+# thread pool does not survive mutmut's fork (every mutant would time out).
+mutation: $(STAMP)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check "mutmut>=3.8,<4"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
+	$(VENV)/bin/python scripts/mutation_report.py > mutation-report.md
+	cat mutation-report.md
 
 install: $(STAMP)
 

@@ -38,6 +38,44 @@ def test_hot_settings_start_larger_and_ramp_earlier():
     assert [size_at(p, 176, hot) for p in (0.0, 0.2, 0.5, 0.8)] == [104, 104, 140, 176]
 
 
+def test_crop_mode_cuts_one_random_window_of_the_size_per_batch_anywhere_in_the_image():
+    """``mode=crop``: every image of the batch is cut at the same (top, left), drawn uniformly so
+    that every window position, the last row and column included, occurs."""
+    (resizing,) = build_algorithms({"progressive_resizing": ProgressiveResizingConfig(mode="crop")})
+    images = torch.arange(2 * 3 * 7 * 9.0).view(2, 3, 7, 9)
+    corners = set()
+    torch.manual_seed(0)
+    for _ in range(400):
+        crop = resizing.shrink(images, 4)
+        assert crop.shape == (2, 3, 4, 4)
+        top, left = divmod(int(crop[0, 0, 0, 0]), 9)
+        assert torch.equal(crop, images[..., top : top + 4, left : left + 4])
+        corners.add((top, left))
+    assert corners == {(top, left) for top in range(7 - 4 + 1) for left in range(9 - 4 + 1)}
+
+
+def test_fixres_shrinks_with_antialiasing_so_fine_detail_keeps_its_mean_brightness():
+    """A 1-in-4 line pattern (mean 0.25) shrunk 4x: an antialiased filter averages it (0.25 inside,
+    0.18-0.29 at the borders); plain bilinear sampling reads between the lines and gives 0."""
+    (fixres,) = build_algorithms({"fixres": FixResConfig(train_resolution=4)})
+    lines = (torch.arange(16) % 4 == 0).float().expand(1, 1, 16, 16)
+    small = fixres.shrink(lines, 4)
+    assert small.shape == (1, 1, 4, 4)
+    assert torch.allclose(small[..., 1:3], torch.full((1, 1, 4, 2), 0.25))
+    assert float(small.min()) > 0.15 and float(small.mean()) == pytest.approx(0.25, abs=0.01)
+
+
+def test_resize_mode_is_nearest_neighbour_from_the_formula():
+    """Output pixel (i, j) of an ``s`` x ``s`` resize of an H x W image is input pixel
+    (floor(i·H/s), floor(j·W/s)), for sizes that do not divide the image too."""
+    (resizing,) = build_algorithms({"progressive_resizing": ProgressiveResizingConfig(mode="resize")})
+    images = torch.arange(2 * 12 * 10.0).view(1, 2, 12, 10)
+    out = resizing.shrink(images, 7)
+    assert out.shape == (1, 2, 7, 7)
+    rows, cols = [i * 12 // 7 for i in range(7)], [j * 10 // 7 for j in range(7)]
+    assert torch.equal(out, images[..., rows, :][..., cols])
+
+
 class Decoding(DataSpec):
     """A loader that can decode at any size, recording the sizes asked for (as FFCV's can)."""
 

@@ -64,24 +64,27 @@ def test_loader_bench_compares_every_loader(tmp_path):
 
 
 @pytest.mark.slow
-def test_bert_bench_compares_padded_and_unpadded_steps():
-    result = bench("bert.py", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1")
+@pytest.mark.parametrize(("lengths", "compiled"), [("uniform", False), ("corpus", True)])
+def test_bert_bench_compares_padded_and_unpadded_steps(lengths, compiled):
+    args = ["--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1", "--lengths", lengths]
+    result = bench("bert.py", *args, *(["--compile"] if compiled else []))
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("| ")][2:]
-    rows = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines]
-    assert [row[0] for row in rows] == [
-        "padded",
-        "padded + masked head",
-        "unpadded",
-        "unpadded + masked head",
-        "padded + fused layers",
-        "unpadded + masked head + fused layers",
-    ]
-    assert "real tokens" in result.stdout.splitlines()[0]
-    padded = float(rows[0][1])
-    for _name, best, rounds, ratio in rows:  # the best round is the highest, the ratio is best / padded
-        assert float(best) == max(float(value) for value in rounds.split(", ")) > 0
-        assert float(ratio.rstrip("x")) == pytest.approx(float(best) / padded, abs=0.006)
+    rows = {line.strip("| ").split(" | ")[0]: line.strip("| ").split(" | ")[1:] for line in lines}
+    names = ["padded", "padded + masked head", "unpadded", "unpadded + masked head", "padded + fused layers"]
+    names += ["unpadded + masked head + fused layers"]
+    assert list(rows) == names + (["padded + compile", "unpadded + masked head + compile"] if compiled else [])
+    assert f"real tokens ({lengths} lengths)" in result.stdout.splitlines()[0]
+    padded = float(rows["padded"][0])
+    flops = {}  # per sequence, from the FLOP/s and sequences/s shown (3 significant digits)
+    for name, (best, rounds, ratio, _tokens, tflops, mfu) in rows.items():
+        assert float(best) == max(float(value) for value in rounds.split(", ")) > 0  # the best round
+        rounding = 0.005 + float(best) / padded * (0.05 / float(best) + 0.05 / padded)  # rates shown to 0.1
+        assert float(ratio.rstrip("x")) == pytest.approx(float(best) / padded, abs=rounding)
+        flops[name] = float(tflops) * 1e12 / float(best)
+        assert mfu == "–"  # no peak known for a CPU
+    assert flops["unpadded"] < flops["padded"] and flops["padded + masked head"] < flops["padded"]
+    assert flops["padded + fused layers"] == pytest.approx(flops["padded"], rel=0.01)
 
 
 def _best_rates(stdout: str, unit: str) -> dict[str, float]:

@@ -17,9 +17,17 @@ from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
 from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
 from trainrun.algorithms.seq_length_warmup import length_at
 from trainrun.core.events import Event
+from trainrun.errors import ConfigError
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import AlibiConfig, GatedLinearUnitsConfig, ModelConfig, OptimizerConfig, SeqLengthWarmupConfig
+from trainrun.schema import (
+    AlibiConfig,
+    GatedLinearUnitsConfig,
+    ModelConfig,
+    OptimizerConfig,
+    SeqLengthWarmupConfig,
+    UnpaddingConfig,
+)
 
 
 # ---------------------------------------------------------------------------------------- LAMB
@@ -85,6 +93,24 @@ def test_sequence_length_grows_in_steps_to_full_length_over_its_duration(progres
     config = SeqLengthWarmupConfig(duration=0.3, min_seq_length=8, max_seq_length=1024, step_size=8)
     assert length_at(progress, 128, config) == expected  # (128 - 8) // 8 = 15 increments
     assert length_at(progress, 64, config) <= 64
+
+
+def test_sequence_length_warmup_counts_whole_increments_when_the_step_does_not_divide_the_range():
+    """min 8, max 30, step 8: (30 - 8) // 8 = 2 whole increments (Composer's n_upd), so 8, 16 and
+    24 tokens during warmup, and the full 30 from the end of warmup on (not 8 + 8·2 = 24)."""
+    config = SeqLengthWarmupConfig(duration=0.5, min_seq_length=8, max_seq_length=30, step_size=8)
+    lengths = [length_at(progress, 64, config) for progress in (0.0, 0.2, 0.25, 0.45, 0.5, 0.9)]
+    assert lengths == [8, 8, 16, 16, 30, 30]  # at 45 %: floor(0.9 · 2) = 1 increment, not floor(0.9 · 2.75) = 2
+
+
+def test_sequence_length_warmup_leaves_tensors_without_a_sequence_axis_whole():
+    (warmup,) = build_algorithms({"seq_length_warmup": SeqLengthWarmupConfig(duration=0.5, step_size=4)})
+    weights = torch.tensor([0.5, 2.0])  # one value per sequence
+    state = SimpleNamespace(
+        inputs={"input_ids": torch.ones(2, 32), "weights": weights}, targets=torch.ones(2, 32), progress=0.0
+    )
+    warmup.apply(Event.AFTER_DATALOADER, state)
+    assert state.inputs["input_ids"].shape == (2, 8) and torch.equal(state.inputs["weights"], weights)
 
 
 def test_sequence_length_warmup_cuts_inputs_and_targets_alike():
@@ -233,6 +259,18 @@ def test_unpadding_gives_the_padded_outputs_and_gradients_for_the_real_tokens_wo
     assert padded_flops - unpadded_flops == layers * pads * (4 * 2 * hidden * hidden + 2 * 2 * hidden * width)
 
 
+def test_the_unpadding_algorithm_switches_trainruns_bert_and_refuses_other_models():
+    model = tiny_bert(layers=1)
+    (unpadding,) = build_algorithms({"unpadding": UnpaddingConfig()})
+    assert not model.unpad
+    unpadding.apply(Event.INIT, SimpleNamespace(raw_model=model))
+    assert model.unpad is True
+    with pytest.raises(
+        ConfigError, match=r"^algorithm 'unpadding' needs trainrun's BERT \(model=bert_\*\), not Linear$"
+    ):
+        unpadding.apply(Event.INIT, SimpleNamespace(raw_model=nn.Linear(2, 2)))
+
+
 def test_unpadding_composes_with_the_masked_head_and_alibi():
     torch.manual_seed(0)
     model = tiny_bert(layers=1)
@@ -249,7 +287,6 @@ def test_unpadding_composes_with_the_masked_head_and_alibi():
 
 
 # --------------------------------------------------------------------------------------- fused layers
-@pytest.mark.slow
 def test_fused_layers_compile_each_layers_blocks_once_for_any_token_count_with_the_eager_numbers():
     """Three blocks a layer; the layers share their compiled code; unpadded batches of other token
     counts run without recompiling; outputs and gradients are eager's up to float rounding."""

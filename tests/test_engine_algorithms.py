@@ -16,7 +16,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
-from trainrun.schema import ALGORITHM_CONFIGS, ALGORITHM_ORDER, BlurPoolConfig, EMAConfig
+from trainrun.schema import ALGORITHM_CONFIGS, ALGORITHM_ORDER, BlurPoolConfig, EMAConfig, GradientClippingConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -167,3 +167,38 @@ def test_adaptive_clipping_bounds_each_unit():
     adaptive_clip([weight], threshold=0.1)
     assert weight.grad[0].norm() == pytest.approx(0.5)  # clipped to 0.1 * ||w|| = 0.5
     assert torch.allclose(weight.grad[1], torch.tensor([0.003, 0.004]))  # under the bound, untouched
+
+
+def test_adaptive_clipping_treats_a_vector_as_one_unit():
+    """Biases and gains (1-D) are clipped by their whole norm, as NFNets' unit-wise norm does:
+    g' = g · λ‖w‖ / ‖g‖ = [6, 8] · 0.1·5 / 10."""
+    bias = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    bias.grad = torch.tensor([6.0, 8.0])
+    adaptive_clip([bias], threshold=0.1)
+    assert bias.grad.shape == (2,) and torch.allclose(bias.grad, torch.tensor([0.3, 0.4]))
+
+
+@pytest.mark.parametrize("kind", ["norm", "value", "adaptive"])
+def test_gradient_clipping_of_each_type_follows_its_formula(kind):
+    """weight [[3, 4]] with gradient [[30, 40]], bias [0.5] with gradient [1], threshold 0.5;
+    a parameter without a gradient is skipped."""
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(2, 1)
+    frozen = torch.nn.Parameter(torch.ones(1))
+    model.register_parameter("frozen", frozen)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[3.0, 4.0]]))
+        model.bias.copy_(torch.tensor([0.5]))
+    model.weight.grad, model.bias.grad = torch.tensor([[30.0, 40.0]]), torch.tensor([1.0])
+    (clipping,) = build_algorithms({"gradient_clipping": GradientClippingConfig(kind, 0.5)})
+    clipping.apply(Event.BEFORE_OPTIMIZER_STEP, SimpleNamespace(model=model))
+    total = (30.0**2 + 40**2 + 1) ** 0.5
+    expected = {
+        "norm": ([[30 * 0.5 / total, 40 * 0.5 / total]], [0.5 / total]),  # one global norm of 0.5
+        "value": ([[0.5, 0.5]], [0.5]),  # each element into [-0.5, 0.5]
+        "adaptive": ([[30 * 2.5 / 50, 40 * 2.5 / 50]], [0.25]),  # row: 0.5·‖w‖ = 2.5; bias: 0.5·0.5
+    }[kind]
+    assert torch.allclose(model.weight.grad, torch.tensor(expected[0]), atol=1e-6)
+    assert torch.allclose(model.bias.grad, torch.tensor(expected[1]), atol=1e-6)
+    assert frozen.grad is None

@@ -1,6 +1,6 @@
 import pytest
 
-from trainrun.core.time import Time, Timeline, TimeUnit
+from trainrun.core.time import Time, Timeline, TimeUnit, budget_size
 
 
 @pytest.mark.parametrize("text", ["90ep", "100ba", "3000sp", "0.5dur", "1dur", "0ba"])
@@ -41,3 +41,20 @@ def test_interval_boundaries_include_the_last_step():
     timeline = Timeline(batches_per_epoch=10, samples_per_batch=1, max_batches=25)
     hits = [b for b in range(1, 26) if timeline.ends_interval(b, timeline.to_batches("1ep"))]
     assert hits == [10, 20, 25]
+
+
+def test_timeline_edges_zero_times_one_step_runs_sample_budgets_and_their_errors():
+    """Edges the run's own tests never reach: a zero time stays zero when stretched, a run shorter
+    than a step is one step (not two), samples convert in budgeted runs too, money is sized in
+    dollars, and the two wrong max_durations say what is wrong."""
+    assert Time.parse("0ba").scaled(3.0) == Time(0, TimeUnit.BATCH)
+    assert Time.parse("1sp").scaled(0.5) == Time(1, TimeUnit.SAMPLE)  # truncated, never below 1
+    assert Timeline.for_run(Time.parse("1ba"), 10, 8).max_batches == 1
+    assert Timeline.for_run(Time.parse("3sp"), 10, 8).max_batches == 1  # under a batch: one step
+    assert Timeline.for_run(Time.parse("64sp"), 10, 8).max_batches == 8
+    assert Timeline.for_budget(10, 8).to_batches(Time.parse("16sp")) == 2
+    assert budget_size("50usd") == 50.0 and budget_size("2min") == 120.0
+    with pytest.raises(ValueError, match=r"^max_duration cannot be written in 'dur'$"):
+        Timeline.for_run(Time.parse("0.5dur"), 10, 8)
+    with pytest.raises(ValueError, match=r"^a budget's timeline is planned as the run goes: use Timeline\.for_budget$"):
+        Timeline.for_run(Time.parse("30s"), 10, 8)

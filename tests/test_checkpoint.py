@@ -1,0 +1,125 @@
+"""Checkpoint files without a run: names and order, atomic writes, loading, random streams, resume, pruning."""
+
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainrun.core.checkpoint import (
+    atomic_torch_save,
+    checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    prune,
+    rank_rng_state,
+    resolve_resume,
+    restore_rng_state,
+    rng_state,
+)
+from trainrun.errors import CheckpointError
+
+PAYLOAD = {"format": "trainrun/1", "model": {"w": torch.arange(3.0)}, "progress": {"batch": 7}}
+
+
+def test_names_sort_by_batch_not_by_text_and_other_files_are_ignored(tmp_path):
+    assert checkpoint_name(3, 120) == "ep3-ba120.pt"
+    for epoch, batch in ((0, 9), (1, 10), (10, 100), (2, 20), (0, 3)):
+        (tmp_path / checkpoint_name(epoch, batch)).write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "ep1-ba10.pt.partial").write_bytes(b"")
+    names = ["ep0-ba3.pt", "ep0-ba9.pt", "ep1-ba10.pt", "ep2-ba20.pt", "ep10-ba100.pt"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == names
+    assert list_checkpoints(tmp_path / "absent") == []
+    prune(tmp_path, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ep2-ba20.pt", "ep10-ba100.pt"]
+    assert (tmp_path / "notes.txt").is_file()
+
+
+def test_a_saved_payload_loads_back_and_damaged_or_foreign_files_are_refused(tmp_path):
+    path = tmp_path / "ep0-ba7.pt"
+    atomic_torch_save(PAYLOAD, path)
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["model"]["w"], PAYLOAD["model"]["w"]) and loaded["progress"] == {"batch": 7}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba7.pt"]  # no temporary file left
+    with pytest.raises(CheckpointError, match=r"^checkpoint '.*absent\.pt' does not exist$"):
+        load_checkpoint(tmp_path / "absent.pt")
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(
+        CheckpointError, match=r"^checkpoint '.*damaged\.pt' is corrupt or not a trainrun checkpoint: "
+    ) as bad:
+        load_checkpoint(damaged)
+    try:
+        torch.load(damaged, weights_only=True)
+    except Exception as error:  # the reason shown is the first line of torch's own
+        assert str(bad.value).endswith(": " + str(error).splitlines()[0])
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"format": "trainrun/1", "model": Path("not a tensor")}, pickled)  # needs unpickling code
+    with pytest.raises(CheckpointError, match="is corrupt or not a trainrun checkpoint: .*Weights only load failed"):
+        load_checkpoint(pickled)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"format": "other"}, foreign)
+    with pytest.raises(CheckpointError, match=r"^checkpoint '.*foreign\.pt' is not a trainrun checkpoint$"):
+        load_checkpoint(foreign)
+    torch.save([1, 2], foreign)
+    with pytest.raises(CheckpointError, match="is not a trainrun checkpoint$"):
+        load_checkpoint(foreign)
+
+
+def test_a_write_the_disk_refuses_raises_its_os_error_not_torchs_runtime_error(monkeypatch):
+    """torch's zip writer turns a failed write into a RuntimeError about a file position; the
+    caller gets the file system's own error (disk full), which names the cause."""
+
+    class FullDisk(io.BytesIO):
+        def write(self, data):
+            if self.tell() + len(data) > 1000:
+                raise OSError(28, "No space left on device")
+            return super().write(data)
+
+    monkeypatch.setattr("trainrun.core.checkpoint.atomic_write", lambda path, save: save(FullDisk()))
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        atomic_torch_save({**PAYLOAD, "model": {"w": torch.zeros(10_000)}}, Path("unused.pt"))
+    assert caught.type is OSError and caught.value.errno == 28
+
+
+def test_random_streams_continue_where_they_were_saved():
+    """Python, NumPy and torch draws after a restore are those that followed the save."""
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    saved = rng_state()
+    expected = (torch.rand(3), random.random(), np.random.rand(2))
+    torch.manual_seed(2), random.seed(2), np.random.seed(2)
+    restore_rng_state(saved)
+    got = (torch.rand(3), random.random(), np.random.rand(2))
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and np.array_equal(got[2], expected[2])
+    assert saved["cuda"] == []  # no CUDA here: nothing recorded, nothing restored
+
+
+def test_random_streams_continue_after_a_round_trip_through_a_checkpoint_file(tmp_path):
+    """Loading turns Python's state tuples into lists; restoring turns them back."""
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    atomic_torch_save({"format": "trainrun/1", "rng": rng_state()}, tmp_path / "ep0-ba1.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    restore_rng_state(load_checkpoint(tmp_path / "ep0-ba1.pt")["rng"])
+    assert (random.random(), np.random.rand()) == expected[:2] and torch.equal(torch.rand(1), expected[2])
+
+
+def test_each_rank_gets_its_own_random_state_and_another_world_size_is_refused():
+    states = [{"rank": 0}, {"rank": 1}]
+    assert rank_rng_state(states, 1, 2) == {"rank": 1} and rank_rng_state(states, 0, 2) == {"rank": 0}
+    assert rank_rng_state({"rank": 0}, 0, 1) == {"rank": 0}  # a one-rank run's single dict
+    with pytest.raises(CheckpointError, match=r"random state of 2 rank\(s\) and this run has 3: resume with 2 process"):
+        rank_rng_state(states, 0, 3)
+
+
+def test_resume_auto_takes_the_newest_checkpoint_and_a_path_must_exist(tmp_path):
+    assert resolve_resume(None, tmp_path) is None
+    assert resolve_resume("auto", tmp_path) is None  # nothing yet: a fresh start
+    for batch in (5, 40, 12):
+        (tmp_path / checkpoint_name(0, batch)).write_bytes(b"")
+    assert resolve_resume("auto", tmp_path) == tmp_path / "ep0-ba40.pt"
+    assert resolve_resume(str(tmp_path / "ep0-ba5.pt"), tmp_path / "elsewhere") == tmp_path / "ep0-ba5.pt"
+    with pytest.raises(CheckpointError, match=r"^checkpoint '.*nope\.pt' does not exist \(resume=.*nope\.pt\)$"):
+        resolve_resume(str(tmp_path / "nope.pt"), tmp_path)
