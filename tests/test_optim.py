@@ -5,7 +5,7 @@ import torch
 
 from trainrun.core.time import Time, Timeline
 from trainrun.optim.optimizers import DecoupledSGDW, build_optimizer
-from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function
+from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function, stretched_batches
 from trainrun.schema import OptimizerConfig, SchedulerConfig
 
 
@@ -122,3 +122,29 @@ def test_scale_warmup_off_keeps_the_warmup_as_written():
     fixed = schedule_function(SchedulerConfig(t_warmup="8ep", scale_warmup=False), timeline, 0.4)
     assert stretched(16) == 0.5 and stretched(32) == 1.0  # warmup 0.4 x 80 = 32 steps
     assert fixed(40) == 0.5 and fixed(80) == 1.0  # warmup stays 80 steps
+
+
+def test_multiplier_edges_defaults_and_errors():
+    """Edges of the schedule formula: the step after warmup of a step schedule already decayed,
+    a one-step decay, steps past the end held at alpha_f, a warmup as long as the whole run, the
+    defaults (cosine to 0, x0.1 every step), and an unknown shape named."""
+    assert multiplier(10, shape="step", warmup=10, total=100, step_size=5, gamma=0.5) == 0.5**2
+    assert multiplier(11, shape="linear", warmup=10, total=11, alpha_f=0.0) == 0.0  # one decay step: at its end
+    assert multiplier(150, shape="linear", warmup=0, total=100, alpha_f=0.1) == pytest.approx(0.1)  # held
+    assert multiplier(100, shape="cosine", warmup=0, total=100) == pytest.approx(0.0)
+    assert multiplier(3, shape="step", warmup=0, total=10) == pytest.approx(0.1**3)
+    whole_run = {"warmup": 10, "total": 10, "alpha_f": 0.2, "fraction": lambda batch: min(batch / 10, 1.0)}
+    assert multiplier(12, shape="cosine", **whole_run) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="^unknown schedule 'wavy'$"):
+        multiplier(5, shape="wavy", warmup=0, total=10)
+
+
+def test_schedule_function_passes_every_setting_and_follows_a_replanned_timeline():
+    timeline = Timeline.for_run(Time.parse("100ba"), 10, 8)
+    step = schedule_function(SchedulerConfig(name="step", t_warmup="0ba", step_size="2ep", gamma=0.5), timeline, 1.0)
+    assert [step(b) for b in (19, 20, 40)] == [1.0, 0.5, 0.25]
+    linear = schedule_function(SchedulerConfig(name="linear", t_warmup="0ba", alpha_f=0.1), timeline, 1.0)
+    assert linear(100) == pytest.approx(0.1) and linear(50) == pytest.approx(0.55)
+    timeline.replan(50, 150)  # half-way, 150 steps found left: 125 is 0.5 + 0.5 · 75/150 of the run
+    assert linear(50) == pytest.approx(0.55) and linear(125) == pytest.approx(1 - 0.9 * 0.75)
+    assert stretched_batches("0.5dur", Timeline.for_run(Time.parse("100ba"), 10, 8), 2.0) == 50  # dur: not stretched
