@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import shutil
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,6 +24,22 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: Path) -> Iterator[Path]:
+    """A fresh folder to fill; on success it replaces ``path`` whole, on an error it is removed and
+    ``path`` is left as it was. Named by host and process, as nodes may share a disk."""
+    partial = path.with_name(f".{path.name}.partial-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(partial, path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

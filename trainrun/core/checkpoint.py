@@ -13,6 +13,7 @@ import torch
 from trainrun.errors import CheckpointError
 from trainrun.files import atomic_write
 
+FORMAT = "trainrun/1"  # a checkpoint payload's "format"
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 
 
@@ -73,7 +74,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as error:  # torch raises many types for damaged files
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(f"checkpoint '{path}' is corrupt or not a trainrun checkpoint: {reason}") from None
-    if not isinstance(payload, dict) or payload.get("format") != "trainrun/1":
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint '{path}' is not a trainrun checkpoint")
     return payload
 

@@ -337,7 +337,7 @@ class Trainer:
     def _checkpoint_payload(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
         state = self.state
         return {
-            "format": "trainrun/1",
+            "format": checkpoint.FORMAT,
             "model": state.raw_model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import socket
 import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from trainrun.errors import ConfigError, DataError
+from trainrun.files import atomic_directory
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -136,10 +134,7 @@ def write_token_store(
     if dtype == "auto":
         dtype = next(name for name, ids in TOKEN_DTYPES.items() if vocab <= ids)
     check_token_dtype(vocab, dtype)
-    partial = out.with_name(f".{out.name}.partial-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
+    with atomic_directory(out) as partial:
         tokenizer.save(str(partial / "tokenizer.json"))
         counts = {}
         for split, documents in (("train", train), ("val", val)):
@@ -159,11 +154,6 @@ def write_token_store(
             **counts,
         }
         (partial / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return out
 
 

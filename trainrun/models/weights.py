@@ -11,16 +11,15 @@ is a configuration error naming it.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from trainrun.errors import ConfigError
+from trainrun.files import atomic_directory
 
 KEY = "model.weights"
 
@@ -36,7 +35,7 @@ def load_weights(model: nn.Module, path: str) -> None:
         model = bert
     else:
         state = torch.load(source, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and state.get("format") == "trainrun/1":
+        if isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT:
             state = state["model"]
     try:
         model.load_state_dict(state)
@@ -71,17 +70,10 @@ def export_pretrained(model: nn.Module, tokenizer_file: Path, directory: Path) -
     return what ``transformers`` will not reproduce of the trained model."""
     from trainrun.algorithms.gated_linear_units import GatedIntermediate
 
-    partial = directory.with_name(f".{directory.name}.partial-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with atomic_directory(directory) as partial:
         with _quiet_transformers():
             model.bert.save_pretrained(partial)
         hugging_face_tokenizer(tokenizer_file).save_pretrained(partial)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(partial, directory)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     caveats = []
     if any(isinstance(module, GatedIntermediate) for module in model.modules()):
         caveats.append("its feed-forward layers are GLUs (gated_linear_units), which BertForMaskedLM cannot load")
