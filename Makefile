@@ -23,11 +23,12 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/bert.py
 	$(VENV)/bin/python bench/text_loader.py
 
-# Mutation testing (docs/testing.md): not part of make test. One thread per mutant process: torch's
-# thread pool does not survive mutmut's fork (every mutant would time out).
+# Mutation testing (docs/testing.md): not part of make test. One thread per mutant process and
+# torch.compile's inductor compiling in-process: torch's thread pool and inductor's compile workers
+# do not survive mutmut's fork (the mutant would hang until its timeout).
 mutation: $(STAMP)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check "mutmut>=3.8,<4"
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
 	$(VENV)/bin/python scripts/mutation_report.py > mutation-report.md
 	cat mutation-report.md
 

@@ -11,7 +11,9 @@ from trainrun.core.events import Event
 from trainrun.data import TorchData
 from trainrun.data.builtin import builtin_datasets
 from trainrun.data.spec import DataSpec
+from trainrun.errors import ConfigError
 from trainrun.schema import (
+    ALGORITHM_CONFIGS,
     CutMixConfig,
     DataConfig,
     FixResConfig,
@@ -136,16 +138,31 @@ def test_mixing_targets_sum_to_one_and_use_the_drawn_lambda(name, config):
 
 
 def test_colout_keeps_rows_and_columns_in_order():
-    from trainrun.algorithms.colout import colout
+    from trainrun.algorithms.colout import colout, kept
 
-    images = torch.arange(176.0).view(1, 1, 1, 176).expand(4, 3, 176, 176).contiguous()
+    rows, cols = torch.arange(176.0).view(176, 1), torch.arange(176.0).view(1, 176)
+    images = (1000 * rows + cols).expand(4, 3, 176, 176).contiguous()  # each pixel names its row and column
     for batch in (True, False):
         out = colout(images, 0.15, 0.15, batch)
         assert out.shape == (4, 3, int(0.85 * 176), int(0.85 * 176)) == (4, 3, 149, 149)
-        columns = out[:, 0, 0]  # each row of the image is 0..175: the kept columns, in order
-        assert bool((columns[:, 1:] > columns[:, :-1]).all())
-        same = all(torch.equal(columns[0], columns[i]) for i in range(4))
-        assert same == batch  # batch mode: the same columns for every sample
+        kept_rows, kept_cols = out[:, 0, :, 0] // 1000, out[:, 0, 0, :] % 1000
+        assert torch.equal(out, 1000 * kept_rows[:, None, :, None] + kept_cols[:, None, None, :].expand_as(out))
+        for order in (kept_rows, kept_cols):
+            assert bool((order[:, 1:] > order[:, :-1]).all())  # in their order
+            same = all(torch.equal(order[0], order[i]) for i in range(4))
+            assert same == batch  # batch mode: the same rows and columns for every sample
+    assert kept(2, 10, 0.5, torch.device("meta")).device.type == "meta"  # drawn on the images' device
+
+
+def test_the_colout_algorithm_drops_rows_and_columns_at_their_own_rates_per_sample_or_per_batch():
+    images = torch.arange(256.0).view(1, 1, 16, 16).expand(8, 2, 16, 16)  # each pixel names its place
+    for batch in (False, True):
+        (algorithm,) = build_algorithms({"colout": ALGORITHM_CONFIGS["colout"](p_row=0.25, p_col=0.5, batch=batch)})
+        state = make_state()
+        state.inputs = images
+        algorithm.apply(Event.AFTER_DATALOADER, state)
+        assert state.inputs.shape == (8, 2, 12, 8)
+        assert all(torch.equal(state.inputs[0], sample) for sample in state.inputs) == batch
 
 
 def test_stochastic_depth_rates_are_linear_over_the_16_resnet50_blocks():
@@ -174,6 +191,51 @@ def test_stochastic_depth_drops_whole_branches_per_sample():
     out = block(x)
     skipped = torch.isclose(out, torch.relu(x)).flatten(1).all(1)  # branch dropped: relu(identity)
     assert 0.4 < skipped.float().mean() < 0.6
+
+
+def test_a_stochastic_block_is_the_resnet_block_at_evaluation_and_rescales_kept_branches_in_training():
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    from trainrun.algorithms.stochastic_depth import StochasticBlock
+
+    torch.manual_seed(0)
+    downsample = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 1, stride=2), torch.nn.BatchNorm2d(16))
+    for block in (BasicBlock(8, 8), Bottleneck(8, 4, stride=2, downsample=downsample)):
+        for bn in (m for m in block.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            torch.nn.init.normal_(bn.weight), torch.nn.init.normal_(bn.bias)
+        block.eval()
+        x = torch.randn(6, 8, 6, 6)
+        wrapped = StochasticBlock(block, p=0.5, mode="sample").eval()
+        assert torch.equal(wrapped(x), block(x))
+    block = BasicBlock(4, 4).eval()  # fixed statistics, so the branch is the same in both passes
+    wrapped = StochasticBlock(block, p=0.25, mode="sample").train()
+    x = torch.randn(200, 4, 5, 5)
+    out = wrapped(x)
+    kept = ~torch.isclose(out, torch.relu(x)).flatten(1).all(1)
+    expected = torch.relu(x + wrapped.branch(x) / 0.75)  # torchvision rescales kept branches by 1 / (1 - p)
+    assert 0.65 < kept.float().mean() < 0.85 and torch.allclose(out[kept], expected[kept], atol=1e-5)
+
+
+def test_stochastic_depth_block_mode_drops_the_whole_batch_and_uniform_gives_every_block_the_rate():
+    from torchvision.models import resnet18
+    from torchvision.models.resnet import BasicBlock
+
+    from trainrun.algorithms.stochastic_depth import StochasticBlock, apply_stochastic_depth, drop_rates
+    from trainrun.schema import StochasticDepthConfig
+
+    assert drop_rates(4, 0.2, "uniform") == [0.2] * 4
+    per_sample = apply_stochastic_depth(resnet18(), StochasticDepthConfig(mode="sample"))
+    assert {b.drop.mode for b in per_sample} == {"row"}  # torchvision's name for per-sample drops
+    blocks = apply_stochastic_depth(
+        resnet18(), StochasticDepthConfig(drop_rate=0.2, mode="block", distribution="uniform")
+    )
+    assert [b.drop.p for b in blocks] == [0.2] * 8 and {b.drop.mode for b in blocks} == {"batch"}
+    torch.manual_seed(0)
+    wrapped = StochasticBlock(BasicBlock(4, 4).eval(), p=0.5, mode="block").train()
+    x = torch.randn(16, 4, 5, 5)
+    dropped = [torch.isclose(wrapped(x), torch.relu(x)).flatten(1).all(1) for _ in range(40)]
+    assert all(d.all() or not d.any() for d in dropped)  # all samples or none
+    assert 5 < sum(bool(d.all()) for d in dropped) < 35
 
 
 def test_fixres_trains_below_the_evaluation_resolution_and_progressive_resizing_ramps_to_it():
@@ -209,3 +271,27 @@ def test_per_image_augmentation_joins_the_torch_training_pipeline(config):
     changed = (augmented != plain).flatten(1).any(1).float().mean()
     assert changed > 0.5  # most images were transformed
     assert not Decoding().add_train_transform(augment.transform)  # loaders without Python transforms refuse
+    state.data = Decoding()
+    with pytest.raises(ConfigError, match=r"^algorithm '\w+' needs the torch DataLoader path \(data\.loader=torch\)$"):
+        augment.apply(Event.FIT_START, state)
+
+
+def test_randaugment_applies_depth_operations_at_severity_of_21_levels_and_mixing_takes_its_alpha():
+    (augment,) = build_algorithms({"randaugment": RandAugmentConfig(depth=3, severity=7)})
+    settings = augment.transform.num_ops, augment.transform.magnitude, augment.transform.num_magnitude_bins
+    assert settings == (3, 7, 21)  # severity 10 is half of each operation's maximum
+    for name, config in (("mixup", MixUpConfig(alpha=0.3)), ("cutmix", CutMixConfig(alpha=0.7))):
+        (mixing,) = build_algorithms({name: config})
+        state = make_state()
+        state.num_classes, state.inputs, state.targets = 3, torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])
+        mixing.apply(Event.AFTER_DATALOADER, state)
+        assert mixing.transform.alpha == config.alpha and state.targets.shape == (4, 3)
+
+
+def test_progressive_resizing_scale_ramps_between_delay_and_finetune_and_is_full_without_a_ramp():
+    from trainrun.algorithms.progressive_resizing import scale_at
+
+    assert [scale_at(p, 0.5, 0.4, 0.2) for p in (0.0, 0.4, 0.6, 0.8, 0.9, 1.0)] == pytest.approx(
+        [0.5, 0.5, 0.75, 1.0, 1.0, 1.0]
+    )
+    assert scale_at(0.3, 0.5, 0.5, 0.5) == 1.0 and scale_at(0.0, 0.5, 0.6, 0.6) == 1.0  # no ramp: full size

@@ -23,6 +23,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.spec import DataSpec
+from trainrun.errors import ConfigError
 from trainrun.loss import binary_cross_entropy, soft_cross_entropy
 from trainrun.schema import (
     ALGORITHM_CONFIGS,
@@ -136,6 +137,66 @@ def test_sam_step_equals_a_hand_written_two_pass_step(smoothing):
     assert not torch.allclose(plain.model[1].weight, state.model[1].weight)
 
 
+@pytest.mark.parametrize("loss_scale", [None, 1024.0])
+def test_sams_ascent_step_is_rho_over_the_norm_plus_epsilon_of_the_unscaled_gradient(loss_scale):
+    """e = rho * g / (|g| + eps) with eps large enough to count; under fp16 loss scaling g is the
+    unscaled gradient and the second-pass gradient is scaled again for the scaler to unscale."""
+    rho, epsilon = 0.5, 0.7
+    model = tiny_model()
+    inputs, targets = torch.randn(8, 3, 2, 2), torch.randint(0, 3, (8,))
+    scaler = torch.amp.GradScaler("cpu", init_scale=loss_scale) if loss_scale else None
+    state = cpu_state(model, samples_per_batch=8, loss_fn=soft_cross_entropy)
+    state.precision = Precision("fp32", "cpu", scaler=scaler)
+    state.inputs, state.targets = inputs, targets
+    (sam,) = build_algorithms({"sam": SAMConfig(rho=rho, epsilon=epsilon, interval=1)})
+    reference = copy.deepcopy(model)
+    first = gradient(reference, inputs, targets)
+    loss = soft_cross_entropy(model(inputs), targets)
+    (scaler.scale(loss) if scaler else loss).backward()
+    start = [p.detach().clone() for p in model.parameters()]
+    sam.apply(Event.AFTER_LOSS, state)
+    sam.apply(Event.AFTER_BACKWARD, state)
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in first]))
+    with torch.no_grad():
+        for p, g in zip(reference.parameters(), first):
+            p.add_(rho * g / (norm + epsilon))
+    second = gradient(reference, inputs, targets)
+    for param, w, g in zip(model.parameters(), start, second, strict=True):
+        assert torch.equal(param.detach(), w)  # back at w
+        assert torch.allclose(param.grad, g * (loss_scale or 1.0), rtol=1e-5, atol=1e-6)
+
+
+def test_sam_runs_every_interval_th_step_with_each_ranks_own_ascent_gradient():
+    """Under DDP the first pass keeps each rank's gradient (no all-reduce); the second syncs."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    class OneRankDDP(DistributedDataParallel):
+        def __init__(self, module):
+            nn.Module.__init__(self)
+            self.module, self.require_backward_grad_sync = module, True
+
+        def forward(self, *args):
+            return self.module(*args)
+
+    (sam,) = build_algorithms({"sam": SAMConfig(rho=0.5, interval=3)})
+    state = cpu_state(tiny_model(), loss_fn=soft_cross_entropy)
+    assert [b for b in range(8) if sam.match(Event.BEFORE_FORWARD, state_at(state, b))] == [0, 3, 6]
+    assert not sam.match(Event.BATCH_END, state_at(state, 3))
+    state.model = OneRankDDP(state.raw_model)
+    state.inputs, state.targets = torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))
+    sam.apply(Event.BEFORE_FORWARD, state)
+    assert state.model.require_backward_grad_sync is False
+    soft_cross_entropy(state.model(state.inputs), state.targets).backward()
+    sam.apply(Event.AFTER_LOSS, state)
+    sam.apply(Event.AFTER_BACKWARD, state)
+    assert state.model.require_backward_grad_sync is True
+
+
+def state_at(state, batch):
+    state.batch = batch
+    return state
+
+
 def test_sam_interval_and_gradient_clipping_order():
     """SAM every 2nd step; clipping (BEFORE_OPTIMIZER_STEP) clips the second-pass gradient."""
     reference = tiny_model()
@@ -202,6 +263,28 @@ def test_swa_state_round_trips():
         assert torch.equal(a, b)
 
 
+def test_swa_averages_every_interval_from_the_start_and_loads_the_average_at_the_end():
+    (swa,) = build_algorithms({"swa": SWAConfig(swa_start="3ba", swa_end="13ba", update_interval="4ba")})
+    assert swa.state_dict() == {}  # nothing to save before the run starts
+    state = cpu_state(nn.Linear(2, 2))
+    swa.apply(Event.FIT_START, state)
+    assert swa.match(Event.FIT_START, state) and not swa.match(Event.EPOCH_END, state)
+    matched = []
+    for batch in range(20):
+        state.batch = batch
+        if swa.match(Event.BATCH_END, state):
+            matched.append(batch)
+            swa.apply(Event.BATCH_END, state)
+    assert matched == [3, 7, 11, 13]  # 13 = swa_end, though 13 - 3 is not a multiple of 4: the average loads
+    assert swa.loaded and int(swa.average.n_averaged) == 3
+    saved = swa.state_dict()
+    (resumed,) = build_algorithms({"swa": SWAConfig(swa_start="3ba", swa_end="13ba", update_interval="4ba")})
+    resumed.apply(Event.FIT_START, state)
+    resumed.load_state_dict(saved)
+    state.batch = 15
+    assert resumed.loaded is True and not resumed.match(Event.BATCH_END, state)  # loaded once, never again
+
+
 @pytest.mark.parametrize(("progress", "fraction"), [(0.0, 0.0), (0.5, 0.0), (0.75, 0.5), (0.9, 0.8), (1.0, 1.0)])
 def test_layer_freezing_fraction_over_training(progress, fraction):
     assert frozen_fraction(progress, 0.5, 1.0) == pytest.approx(fraction)
@@ -227,6 +310,37 @@ def test_layer_freezing_freezes_the_leading_layers_and_they_stop_changing():
     assert freeze_leading(model, 1.0) == 41
 
 
+def test_layer_freezing_never_freezes_when_it_starts_at_the_end_and_tells_ddp_about_frozen_layers():
+    assert frozen_fraction(1.0, 1.0, 1.0) == 0.0 and frozen_fraction(1.0, 0.5, 0.6) == pytest.approx(0.6)
+    (freezing,) = build_algorithms({"layer_freezing": LayerFreezingConfig(freeze_start=0.5, freeze_level=1.0)})
+    state = cpu_state(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)))
+    freezing.apply(Event.INIT, state)
+    assert state.find_unused_parameters is True  # DDP must not wait for gradients of frozen layers
+    assert [type(m) for m in layers(state.raw_model)] == [nn.Linear, nn.Linear]  # ReLU has no parameters
+
+
+def test_a_compiled_model_is_recompiled_once_per_new_freeze_level(monkeypatch):
+    resets = []
+    monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(True))
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(4)))
+    (freezing,) = build_algorithms({"layer_freezing": LayerFreezingConfig(freeze_start=0.0, freeze_level=1.0)})
+    state = cpu_state(model)
+    state.model = torch.compile(model)  # compiled lazily: nothing is compiled here
+    log = []
+    for event, batch in [(Event.FIT_START, 0), (Event.EPOCH_END, 10), (Event.EPOCH_END, 20), (Event.EPOCH_END, 25)]:
+        state.batch = batch
+        freezing.apply(event, state)
+        log.append((sum(not p.requires_grad for p in model.parameters()) // 2, len(resets)))
+    assert log == [(0, 0), (0, 0), (0, 0), (1, 1)]  # 10 %, 20 %: none of 4 layers; 25 %: one, one recompile
+    assert [n["text"] for n in state.notices] == [
+        "layer_freezing: 1 layers frozen; torch.compile recompiles the model once"
+    ]
+    plain = cpu_state(nn.Sequential(*(nn.Linear(2, 2) for _ in range(4))))
+    plain.batch = 50
+    freezing.apply(Event.EPOCH_END, plain)  # not compiled: nothing to reset
+    assert len(resets) == 1 and plain.notices == []
+
+
 def test_ghost_batchnorm_normalises_each_chunk_and_divides_the_momentum():
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(3)
@@ -246,6 +360,43 @@ def test_ghost_batchnorm_normalises_each_chunk_and_divides_the_momentum():
     model = resnet18()
     assert apply_ghost_batchnorm(model, ALGORITHM_CONFIGS["ghost_batchnorm"](16)) == 20
     assert isinstance(model.bn1, GhostBatchNorm2d)
+
+
+def ghost_by_formula(x, size, eps, weight=None, bias=None):
+    """Each chunk of ``size`` samples normalised with its own mean and (biased) variance."""
+    parts = []
+    for chunk in x.split(size):
+        mean, var = chunk.mean((0, 2, 3), keepdim=True), chunk.var((0, 2, 3), unbiased=False, keepdim=True)
+        part = (chunk - mean) / torch.sqrt(var + eps)
+        if weight is not None:
+            part = part * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+        parts.append(part)
+    return torch.cat(parts)
+
+
+def test_ghost_batchnorm_keeps_every_batchnorm_setting():
+    torch.manual_seed(0)
+    x = torch.randn(10, 3, 4, 4) * 2 + 1
+    wide_eps = nn.BatchNorm2d(3, eps=0.5)
+    nn.init.normal_(wide_eps.weight), nn.init.normal_(wide_eps.bias)
+    ghost = GhostBatchNorm2d(copy.deepcopy(wide_eps), ghost_batch_size=4)
+    out = ghost(x)
+    assert out.shape == x.shape and torch.allclose(
+        out, ghost_by_formula(x, 4, 0.5, wide_eps.weight, wide_eps.bias), atol=1e-5
+    )
+    assert int(ghost.num_batches_tracked) == 1  # one step, whatever the number of chunks
+    for plain in (nn.BatchNorm2d(3, affine=False), nn.BatchNorm2d(3, track_running_stats=False)):
+        ghost = GhostBatchNorm2d(copy.deepcopy(plain), ghost_batch_size=4)
+        assert (ghost.weight is None, ghost.running_mean is None) == (plain.weight is None, plain.running_mean is None)
+        assert torch.allclose(ghost(x), ghost_by_formula(x, 4, 1e-5, plain.weight, plain.bias), atol=1e-5)
+    cumulative = nn.BatchNorm2d(3, momentum=None)  # a cumulative average has no per-chunk momentum: plain BN
+    ghost = GhostBatchNorm2d(copy.deepcopy(cumulative), ghost_batch_size=4)
+    assert torch.allclose(ghost(x), cumulative(x), atol=1e-6) and torch.allclose(
+        ghost.running_var, cumulative.running_var
+    )
+    with torch.device("meta"):
+        on_device = nn.BatchNorm2d(3)
+    assert {t.device.type for t in GhostBatchNorm2d(on_device, 4).state_dict().values()} == {"meta"}
 
 
 def test_squeeze_excite_gates_exactly_the_large_convs_of_resnet50():
@@ -270,6 +421,11 @@ def test_bce_loss_replaces_the_loss_and_starts_sigmoids_at_one_over_c():
     bce.apply(Event.INIT, state)
     assert state.loss_fn is binary_cross_entropy and classifier(model) is model.fc
     assert torch.allclose(model.fc.bias, torch.full((10,), -math.log(10)))
+    convolutional = cpu_state(nn.Sequential(nn.Conv2d(3, 10, 1), nn.Flatten()), loss_fn=soft_cross_entropy)
+    with pytest.raises(
+        ConfigError, match=r"^algorithm 'bce_loss' with bias_init=true needs a linear classifier; Sequential has none$"
+    ):
+        bce.apply(Event.INIT, convolutional)
 
 
 def test_selective_backprop_keeps_high_loss_examples_and_leaves_bn_alone():
@@ -295,6 +451,45 @@ def test_selective_backprop_keeps_high_loss_examples_and_leaves_bn_alone():
     backprop.apply(Event.AFTER_DATALOADER, state)
     assert state.inputs.shape[0] == 2 and state.targets.shape == (2,)
     assert torch.equal(model[1].running_mean, stats)
+
+
+def test_selective_backprop_weights_are_the_rank_percentile_to_the_power_one_over_keep_minus_one():
+    losses = torch.tensor([0.3, 0.1, 0.9, 0.5])  # ranks 1, 0, 3, 2
+    for keep in (0.25, 0.5, 0.8):
+        expected = ((torch.tensor([1.0, 0.0, 3.0, 2.0]) + 0.5) / 4) ** (1 / keep - 1)
+        weights = selection_weights(losses, keep)
+        assert weights.shape == expected.shape and torch.allclose(weights, expected)
+    assert select(torch.tensor([0.3, 0.1, 0.9]), 0.1).shape == (1,)  # at least one example
+    torch.manual_seed(0)
+    draws = [select(torch.rand(8), 0.75) for _ in range(200)]
+    assert all(len(set(d.tolist())) == 6 for d in draws)  # without replacement
+
+
+def test_selective_backprop_skips_every_interval_th_batch_and_acts_only_after_the_dataloader():
+    config = SelectiveBackpropConfig(start=0.0, end=1.0, keep=0.5, interval=3)
+    (backprop,) = build_algorithms({"selective_backprop": config})
+    state = cpu_state(nn.Linear(2, 2))
+    active = []
+    for batch in range(9):
+        state.batch = batch
+        active.append(backprop.match(Event.AFTER_DATALOADER, state))
+    assert active == [True, True, False] * 3  # the 3rd, 6th, 9th batches train in full
+    state.batch = 0
+    assert not any(backprop.match(event, state) for event in Event if event is not Event.AFTER_DATALOADER)
+
+
+def test_squeeze_excite_width_is_a_fraction_below_one_and_a_channel_count_from_one():
+    from trainrun.algorithms.squeeze_excite import latent
+
+    assert latent(256, 0.125) == 32 and latent(256, 64) == 64 and latent(256, 1) == 1 and latent(256, 1.5) == 1
+    assert latent(8, 0.01) == 1 and latent(100, 0.999) == 99
+    model = nn.Sequential(nn.Conv2d(8, 16, 1))
+    apply_squeeze_excite(model, SqueezeExciteConfig(latent_channels=0.25, min_channels=8))
+    assert model[0][1].fc1.out_channels == 4  # a quarter of the conv's 16 outputs
+    with torch.device("meta"):
+        on_device = nn.Sequential(nn.Conv2d(8, 16, 1))
+    apply_squeeze_excite(on_device, SqueezeExciteConfig(min_channels=8))
+    assert {p.device.type for p in on_device.parameters()} == {"meta"}  # the gate joins the conv's device
 
 
 def test_layers_added_by_model_surgery_are_trained():

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import read_metrics, run_cli
+from test_engine_algorithms import make_state
 from torch import nn
 
 from trainrun.algorithms import build_algorithms
@@ -17,10 +18,12 @@ from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
 from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
 from trainrun.algorithms.seq_length_warmup import length_at
 from trainrun.core.events import Event
+from trainrun.core.precision import Precision
 from trainrun.errors import ConfigError
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import (
+    ALGORITHM_CONFIGS,
     AlibiConfig,
     GatedLinearUnitsConfig,
     ModelConfig,
@@ -150,6 +153,62 @@ def test_glu_makes_each_feed_forward_act_of_gate_times_value_and_adds_its_parame
     assert logits.shape == (2, 7, 50)
 
 
+def init_state(model, precision="bf16"):
+    """A State at INIT whose raw model is ``model``; its notices collect what an algorithm says."""
+    state = make_state(model)
+    state.precision = Precision(precision, "cpu", torch.bfloat16 if precision == "bf16" else None)
+    return state
+
+
+def said(state, level):
+    return [notice["text"] for notice in state.notices if notice["level"] == level]
+
+
+def test_the_glu_algorithm_initialises_as_the_model_does_with_the_biases_asked_for():
+    torch.manual_seed(0)
+    model = tiny_bert()
+    model.bert.config.initializer_range = 0.2  # the model's own init std, not BERT's default 0.02
+    config = GatedLinearUnitsConfig(gated_layer_bias=True, non_gated_layer_bias=True)
+    (glu,) = build_algorithms({"gated_linear_units": config})
+    state = init_state(model)
+    glu.apply(Event.INIT, state)
+    intermediates = [layer.intermediate for layer in model.bert.bert.encoder.layer]
+    assert all(isinstance(m, GatedIntermediate) for m in intermediates) and said(state, "warning") == []
+    weights = torch.cat(
+        [m.gated.weight.flatten() for m in intermediates] + [m.non_gated.weight.flatten() for m in intermediates]
+    )
+    assert 0.18 < float(weights.detach().std()) < 0.22
+    for module in intermediates:
+        assert module.gated.bias.shape == module.non_gated.bias.shape == (32,)
+        assert not module.gated.bias.any() and not module.non_gated.bias.any()
+    only_gated = tiny_bert(layers=1)
+    apply_glu(only_gated, GatedLinearUnitsConfig(gated_layer_bias=True), std=0.02)
+    intermediate = only_gated.bert.bert.encoder.layer[0].intermediate
+    assert intermediate.gated.bias is not None and intermediate.non_gated.bias is None
+    unconfigured = nn.Sequential(nn.Linear(16, 16))
+    unconfigured[0].dense, unconfigured[0].intermediate_act_fn = nn.Linear(16, 64), F.gelu  # no config anywhere
+    glu.apply(Event.INIT, init_state(unconfigured))
+    assert 0.018 < float(unconfigured[0].gated.weight.detach().std()) < 0.022  # BERT's 0.02
+    state = init_state(nn.Linear(2, 2))
+    glu.apply(Event.INIT, state)
+    assert said(state, "warning") == [
+        "gated_linear_units: the model has no transformer feed-forward layers; nothing changed"
+    ]
+
+
+def test_model_surgery_builds_new_layers_on_the_models_device_and_in_its_dtype():
+    """On the meta device (as a GPU would show): the GLU and the low-precision LayerNorms stay with the model."""
+    with torch.device("meta"):
+        model = tiny_bert(layers=1)
+    apply_glu(model.to(torch.bfloat16), GatedLinearUnitsConfig(), std=0.02)
+    replace_layer_norms(model)
+    layer = model.bert.bert.encoder.layer[0]
+    assert {(p.device.type, p.dtype) for p in layer.intermediate.parameters()} == {("meta", torch.bfloat16)}
+    assert {p.device.type for m in model.modules() if isinstance(m, LowPrecisionLayerNorm) for p in m.parameters()} == {
+        "meta"
+    }
+
+
 # ------------------------------------------------------------------------------ low-precision LayerNorm
 def test_low_precision_layernorm_computes_in_the_autocast_dtype_and_is_plain_layernorm_without():
     torch.manual_seed(0)
@@ -167,6 +226,52 @@ def test_low_precision_layernorm_computes_in_the_autocast_dtype_and_is_plain_lay
     expected = F.layer_norm(x.bfloat16(), (16,), norm.weight.bfloat16(), norm.bias.bfloat16(), norm.eps)
     assert low.dtype == torch.bfloat16 and fp32.dtype == torch.float32
     assert low.shape == expected.shape and torch.equal(low, expected)
+
+
+def test_low_precision_layernorm_keeps_eps_bias_and_the_affine_setting_and_normalises_with_autocast_off(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.LayerNorm(8, eps=0.5), nn.LayerNorm(8, elementwise_affine=False), nn.LayerNorm(8, bias=False)
+    )
+    nn.init.normal_(model[0].weight), nn.init.normal_(model[0].bias)
+    assert replace_layer_norms(model) == 3
+    wide_eps, no_affine, no_bias = model
+    assert wide_eps.eps == 0.5 and no_affine.weight is None and no_affine.bias is None and no_bias.bias is None
+    assert no_bias.weight is not None and no_affine.eps == 1e-5
+    x = torch.randn(4, 8) * 0.3
+    autocast_during_norm = []
+    layer_norm = F.layer_norm
+
+    def recording(*args, **kwargs):
+        autocast_during_norm.append(torch.is_autocast_enabled("cpu"))
+        return layer_norm(*args, **kwargs)
+
+    monkeypatch.setattr(F, "layer_norm", recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = [norm(x) for norm in model]
+    assert autocast_during_norm == [False] * 3  # on CUDA autocast would run layer_norm in fp32 again
+    low = x.bfloat16()
+    expected = [
+        layer_norm(low, (8,), wide_eps.weight.bfloat16(), wide_eps.bias.bfloat16(), 0.5),
+        layer_norm(low, (8,), None, None, 1e-5),
+        layer_norm(low, (8,), no_bias.weight.bfloat16(), None, 1e-5),
+    ]
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_the_low_precision_layernorm_algorithm_says_when_it_changes_nothing():
+    (algorithm,) = build_algorithms({"low_precision_layernorm": ALGORITHM_CONFIGS["low_precision_layernorm"]()})
+    state = init_state(tiny_bert(layers=1), "bf16")
+    algorithm.apply(Event.INIT, state)
+    assert isinstance(state.raw_model.bert.bert.embeddings.LayerNorm, LowPrecisionLayerNorm)
+    assert state.notices == []
+    state = init_state(tiny_bert(layers=1), "fp32")
+    algorithm.apply(Event.INIT, state)
+    assert said(state, "note") == ["low_precision_layernorm has no effect at precision=fp32 (it acts under autocast)"]
+    state = init_state(nn.Linear(2, 2))
+    algorithm.apply(Event.INIT, state)
+    assert said(state, "warning") == ["low_precision_layernorm: the model has no LayerNorm; nothing changed"]
 
 
 @pytest.mark.slow
@@ -190,6 +295,20 @@ def test_alibi_slopes_follow_press_et_al_for_any_number_of_heads():
     assert torch.allclose(alibi_slopes(16), torch.tensor([2 ** (-0.5 * k) for k in range(1, 17)]))
     twelve = [2.0**-k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
     assert torch.allclose(alibi_slopes(12), torch.tensor(twelve))
+
+    def press(n):  # the paper's reference code: power-of-two sets, then every other slope of the next set
+        def power_of_two(p):
+            start = 2 ** (-(2 ** -(math.log2(p) - 3)))
+            return [start * start**i for i in range(p)]
+
+        if math.log2(n).is_integer():
+            return power_of_two(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_two(closest) + press(2 * closest)[0::2][: n - closest]
+
+    for heads in (1, 2, 3, 5, 6, 7, 12, 16, 20, 24):
+        assert alibi_slopes(heads).shape == (heads,)
+        assert torch.allclose(alibi_slopes(heads), torch.tensor(press(heads))), heads
 
 
 def test_alibi_biases_attention_by_distance_and_drops_learned_positions(monkeypatch):
@@ -216,6 +335,23 @@ def test_alibi_biases_attention_by_distance_and_drops_learned_positions(monkeypa
     expected = expected + torch.where(attention[:, None, None, :] == 1, 0.0, torch.finfo(torch.float32).min)
     assert masks and masks[0].shape == expected.shape == (2, 2, 5, 5)
     assert torch.allclose(masks[0], expected)
+
+
+def test_alibi_keeps_the_checkpoint_keys_and_the_models_device_and_refuses_other_models():
+    model = tiny_bert(layers=1)
+    keys = set(model.state_dict())
+    (alibi,) = build_algorithms({"alibi": AlibiConfig(max_sequence_length=64)})
+    alibi.apply(Event.INIT, SimpleNamespace(raw_model=model))
+    assert set(model.state_dict()) == keys  # position and segment ids are not saved, as before
+    embeddings = model.bert.bert.embeddings
+    assert torch.equal(embeddings.position_ids, torch.arange(64)[None]) and embeddings.token_type_ids.shape == (1, 64)
+    with torch.device("meta"):  # as a model already on a GPU
+        on_device = tiny_bert(layers=1)
+    alibi.apply(Event.INIT, SimpleNamespace(raw_model=on_device))
+    embeddings = on_device.bert.bert.embeddings
+    assert {embeddings.position_embeddings.weight.device.type, embeddings.position_ids.device.type} == {"meta"}
+    with pytest.raises(ConfigError, match=r"^algorithm 'alibi' needs trainrun's BERT \(model=bert_\*\), not Linear$"):
+        alibi.apply(Event.INIT, SimpleNamespace(raw_model=nn.Linear(2, 2)))
 
 
 def test_alibi_runs_sequences_longer_than_the_learned_positions_allowed():
@@ -295,8 +431,8 @@ def test_fused_layers_compile_each_layers_blocks_once_for_any_token_count_with_t
     torch.manual_seed(0)
     eager = tiny_bert(layers=2)
     fused = copy.deepcopy(eager)
-    apply_glu(fused, GatedLinearUnitsConfig())  # what fused_layers compiles is the block as surgery left it
-    apply_glu(eager, GatedLinearUnitsConfig())
+    apply_glu(fused, GatedLinearUnitsConfig(), std=0.02)  # what fused_layers compiles is the block as surgery left it
+    apply_glu(eager, GatedLinearUnitsConfig(), std=0.02)
     fused.load_state_dict(eager.state_dict())
     assert fuse_layers(fused) == 3 * 2
     torch._dynamo.reset()
@@ -319,6 +455,17 @@ def test_fused_layers_compile_each_layers_blocks_once_for_any_token_count_with_t
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs == [3, 3, 3]  # attention output, GLU, output: once, for both layers and all lengths
     assert fused.state_dict().keys() == eager.state_dict().keys()
+
+
+def test_the_fused_layers_algorithm_compiles_each_layer_and_warns_on_a_model_without_any():
+    (fused,) = build_algorithms({"fused_layers": ALGORITHM_CONFIGS["fused_layers"]()})
+    state = init_state(tiny_bert(layers=2))
+    fused.apply(Event.INIT, state)
+    layer = state.raw_model.bert.bert.encoder.layer[1]
+    assert said(state, "warning") == [] and layer.output._compiled_call_impl is not None  # compiled in place, lazily
+    state = init_state(nn.Linear(2, 2))
+    fused.apply(Event.INIT, state)
+    assert said(state, "warning") == ["fused_layers: the model has no transformer encoder layers; nothing changed"]
 
 
 # ------------------------------------------------------------------------------------ attention kernel

@@ -98,7 +98,7 @@ def test_random_streams_continue_where_they_were_saved():
 
 
 def test_random_streams_continue_after_a_round_trip_through_a_checkpoint_file(tmp_path):
-    """Loading turns Python's state tuples into lists; restoring turns them back."""
+    """Python's state (tuples of ints) survives torch.save and a weights_only load as it was."""
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     atomic_torch_save({"format": "trainrun/1", "rng": rng_state()}, tmp_path / "ep0-ba1.pt")
     expected = (random.random(), np.random.rand(), torch.rand(1))
@@ -123,3 +123,62 @@ def test_resume_auto_takes_the_newest_checkpoint_and_a_path_must_exist(tmp_path)
     assert resolve_resume(str(tmp_path / "ep0-ba5.pt"), tmp_path / "elsewhere") == tmp_path / "ep0-ba5.pt"
     with pytest.raises(CheckpointError, match=r"^checkpoint '.*nope\.pt' does not exist \(resume=.*nope\.pt\)$"):
         resolve_resume(str(tmp_path / "nope.pt"), tmp_path)
+
+
+def test_an_empty_file_is_refused_by_the_name_of_torchs_error(tmp_path):
+    """An error without a message (an empty file: EOFError) is named by its type."""
+    empty = tmp_path / "ep0-ba1.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(
+        CheckpointError, match=r"^checkpoint '.*ep0-ba1\.pt' is corrupt or not a trainrun checkpoint: EOFError$"
+    ):
+        load_checkpoint(empty)
+
+
+def test_checkpoints_load_onto_the_cpu_whatever_device_wrote_them(tmp_path, monkeypatch):
+    """A checkpoint written on a GPU is read with ``map_location='cpu'`` (the trainer moves it)."""
+    atomic_torch_save(PAYLOAD, tmp_path / "ep0-ba7.pt")
+    calls = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: calls.append(kwargs) or real_load(*args, **kwargs))
+    load_checkpoint(tmp_path / "ep0-ba7.pt")
+    assert calls == [{"map_location": "cpu", "weights_only": True}]
+
+
+class FakeCuda:
+    """torch.cuda's random-state calls on a machine with two GPUs."""
+
+    def __init__(self, available: bool) -> None:
+        self.available, self.restored = available, []
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: self.available)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.full((4,), 1, dtype=torch.uint8)] * 2)
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", self.restored.append)
+
+
+def test_each_gpus_random_state_is_saved_and_restored(monkeypatch):
+    gpu = FakeCuda(available=True)
+    gpu.install(monkeypatch)
+    saved = rng_state()
+    assert [state.tolist() for state in saved["cuda"]] == [[1, 1, 1, 1]] * 2
+    restore_rng_state(saved)
+    assert gpu.restored == [saved["cuda"]]
+    cpu_only = FakeCuda(available=False)  # a GPU run resumed on a machine without one
+    cpu_only.install(monkeypatch)
+    restore_rng_state(saved)
+    assert cpu_only.restored == []
+    assert rng_state()["cuda"] == []
+    gpu.install(monkeypatch)
+    restore_rng_state({**saved, "cuda": []})  # a CPU run resumed on a GPU machine: its streams stay
+    assert gpu.restored == [saved["cuda"]]
+
+
+def test_pruning_a_checkpoint_another_process_already_deleted_is_no_error(tmp_path, monkeypatch):
+    import trainrun.core.checkpoint as checkpoint
+
+    (tmp_path / "ep0-ba9.pt").write_bytes(b"")
+    gone = [tmp_path / "ep0-ba1.pt", tmp_path / "ep0-ba9.pt"]
+    monkeypatch.setattr(checkpoint, "list_checkpoints", lambda directory: gone)
+    prune(tmp_path, keep=1)  # ep0-ba1.pt was listed, then removed by another rank
+    assert (tmp_path / "ep0-ba9.pt").is_file()

@@ -174,11 +174,13 @@ def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithm
 
 @pytest.mark.slow
 def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_budget(tmp_path):
-    rows = [("baseline", 0.5, 1, 0.50), ("baseline", 1.0, 2, 0.60), ("fast", 0.5, 1, 0.40), ("fast", 1.0, 2, 0.95)]
+    # named unlike any packaged recipe: Hydra finds the packaged one first (a "baseline" here was
+    # trainrun's ResNet-50 at 224 pixels, minutes per step on a CPU without fast bfloat16)
+    rows = [("plain", 0.5, 1, 0.50), ("plain", 1.0, 2, 0.60), ("fast", 0.5, 1, 0.40), ("fast", 1.0, 2, 0.95)]
     table = write_table(tmp_path / "table.csv", rows)
     recipes = tmp_path / "recipe"
     recipes.mkdir()
-    for name in ("baseline", "fast"):
+    for name in ("plain", "fast"):
         (recipes / f"{name}.yaml").write_text(f"# @package _global_\nname: {name}\n")
     run_dir = tmp_path / "run"
     result = run_cli(
@@ -194,7 +196,7 @@ def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_b
     assert result.returncode == 0, result.stderr
     decision = json.loads((run_dir / "auto.json").read_text())
     assert decision["chosen"] == "fast"  # the same speed here, and a better table
-    assert {c["recipe"] for c in decision["candidates"]} == {"baseline", "fast"}
+    assert {c["recipe"] for c in decision["candidates"]} == {"plain", "fast"}
     assert all(c["seconds_per_epoch"] > 0 and c["prediction"] for c in decision["candidates"])
     chosen = next(c for c in decision["candidates"] if c["recipe"] == "fast")
     assert chosen["scale_schedule_ratio"] == pytest.approx(chosen["affordable_epochs"] / 2, rel=1e-3)

@@ -1,4 +1,5 @@
 import ast
+import copy
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def test_trainer_never_names_an_algorithm():
     assert not imported and not {n.lower() for n in names} & set(ALGORITHM_CONFIGS)
 
 
+def test_an_unknown_algorithm_name_is_the_error():
+    with pytest.raises(KeyError, match="^'no_such_method'$"):
+        build_algorithms({"no_such_method": None})
+
+
 def test_every_algorithm_has_a_schema_a_module_and_a_yaml():
     yaml_names = {path.stem for path in (CONF / "algorithms").glob("*.yaml")}
     assert yaml_names == set(ALGORITHM_CONFIGS)
@@ -109,6 +115,48 @@ def test_blur_kernel_is_binomial_and_keeps_constants():
     blur = model[0].blur
     assert torch.allclose(blur.kernel[0, 0], torch.tensor([[1, 2, 1], [2, 4, 2], [1, 2, 1]]) / 16.0)
     assert torch.allclose(blur(torch.ones(1, 16, 6, 6))[..., 1:-1, 1:-1], torch.ones(1, 16, 4, 4))
+
+
+def blur_by_formula(x, stride):
+    """Each channel convolved with [1, 2, 1]^T [1, 2, 1] / 16, zero padding 1, at ``stride``."""
+    taps = torch.tensor([1.0, 2.0, 1.0])
+    kernel = (taps[:, None] * taps[None, :] / 16).expand(x.shape[1], 1, 3, 3)
+    return torch.nn.functional.conv2d(x, kernel.to(x.dtype), stride=stride, padding=1, groups=x.shape[1])
+
+
+@pytest.mark.parametrize("blur_first", [True, False])
+def test_a_blurred_strided_conv_blurs_before_it_or_after_it_at_stride_one(blur_first):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 8, 3, stride=(2, 1), padding=1)  # a stride that differs by axis
+    original = copy.deepcopy(conv)
+    model = torch.nn.Sequential(conv)
+    assert apply_blurpool(model, BlurPoolConfig(blur_first=blur_first)) == 1
+    x = torch.randn(2, 16, 9, 7)
+    with torch.no_grad():
+        if blur_first:
+            expected = original(blur_by_formula(x, 1))
+        else:
+            original.stride = (1, 1)
+            expected = blur_by_formula(original(x), (2, 1))
+        got = model(x)
+    assert model[0].blur_first is blur_first
+    assert got.shape == expected.shape == (2, 8, 5, 7) and torch.allclose(got, expected, atol=1e-6)
+    assert "kernel" not in "".join(model.state_dict())  # checkpoints keep the plain model's keys
+    blur = model[0].blur  # an fp32 blur takes a bf16 input (features cast outside autocast)
+    assert blur(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_a_blurred_maxpool_keeps_its_window_padding_and_dilation_and_blurs_at_its_stride():
+    torch.manual_seed(0)
+    for pool in (torch.nn.MaxPool2d(3, stride=2, padding=1), torch.nn.MaxPool2d(2, stride=(2, 1), dilation=2)):
+        model = torch.nn.Sequential(copy.deepcopy(pool))
+        assert apply_blurpool(model, BlurPoolConfig()) == 1
+        x = torch.randn(2, 4, 11, 11)
+        window = torch.nn.functional.max_pool2d(x, pool.kernel_size, 1, pool.padding, pool.dilation)
+        expected = blur_by_formula(window, pool.stride)
+        assert model(x).shape == expected.shape and torch.allclose(model(x), expected, atol=1e-6)
+    untouched = torch.nn.Sequential(torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 8, 3, stride=2))
+    assert apply_blurpool(untouched, BlurPoolConfig(replace_maxpools=False, replace_convs=False)) == 0
 
 
 def test_channels_last_survives_every_model_surgery():
@@ -155,10 +203,59 @@ def test_ema_equals_the_closed_form():
     assert all(torch.equal(a, b) for a, b in zip(training, model.state_dict().values()))
 
 
+def test_ema_saves_its_average_and_a_resumed_run_continues_it():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    (ema,) = build_algorithms({"ema": EMAConfig(half_life="4ba", update_interval="1ba")})
+    assert ema.state_dict() == {}  # nothing averaged before the run starts
+    state = make_state(model)
+    ema.apply(Event.FIT_START, state)
+    for step in (1, 2):
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+        state.batch = step
+        ema.apply(Event.BATCH_END, state)
+    saved = ema.state_dict()
+    (resumed,) = build_algorithms({"ema": EMAConfig(half_life="4ba", update_interval="1ba")})
+    resumed.apply(Event.FIT_START, make_state(copy.deepcopy(model)))
+    resumed.load_state_dict(saved)
+    for a, b in zip(resumed.average.state_dict().values(), ema.average.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    before = [t.clone() for t in resumed.average.state_dict().values()]
+    resumed.load_state_dict({})  # a checkpoint of a run without EMA: the average stays
+    assert all(torch.equal(a, b) for a, b in zip(before, resumed.average.state_dict().values()))
+
+
+def test_an_ema_half_life_shorter_than_a_step_counts_as_one_step():
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    (ema,) = build_algorithms({"ema": EMAConfig(half_life="0.001dur", update_interval="1ba")})
+    state = make_state(model, max_batches=100)  # 0.001 of 100 steps: 0 steps
+    ema.apply(Event.FIT_START, state)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    state.batch = 1
+    ema.apply(Event.BATCH_END, state)
+    assert float(ema.average.module.weight) == pytest.approx(0.5)  # s = 2^(-1/1)
+
+
 def test_label_smoothing_targets():
     targets = smooth(torch.tensor([2, 0]), 4, 0.1, torch.float32)
     assert torch.allclose(targets[0], torch.tensor([0.025, 0.025, 0.925, 0.025]))
     assert torch.allclose(targets.sum(1), torch.ones(2))
+    assert smooth(torch.tensor([1]), 4, 0.1, torch.float64).dtype == torch.float64
+
+
+def test_label_smoothing_gives_the_loss_float32_targets_and_restores_the_originals_after_it():
+    (smoothing,) = build_algorithms({"label_smoothing": ALGORITHM_CONFIGS["label_smoothing"](0.2)})
+    state = make_state()
+    mixed = torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.bfloat16)  # dense rows (MixUp's) in bf16
+    state.outputs, state.targets = torch.randn(1, 4), mixed
+    smoothing.apply(Event.BEFORE_LOSS, state)
+    assert state.targets.dtype == torch.float32
+    assert torch.allclose(state.targets, torch.tensor([[0.45, 0.45, 0.05, 0.05]]))
+    smoothing.apply(Event.AFTER_LOSS, state)
+    assert state.targets is mixed
 
 
 def test_adaptive_clipping_bounds_each_unit():

@@ -139,9 +139,7 @@ def test_a_given_tokenizer_may_put_its_special_tokens_anywhere(tmp_path):
     tokenizer.train_from_iterator(DOCUMENTS, vocab_size=150, special_tokens=["[UNK]"], show_progress=False)
     tokenizer.add_special_tokens(["[PAD]", "[CLS]", "[SEP]", "[MASK]"])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    path = write_token_store(
-        DOCUMENTS[:100], DOCUMENTS[100:], tmp_path / "store", tokenizer_path=tmp_path / "tokenizer.json"
-    )
+    path = write_token_store(DOCUMENTS[:100], DOCUMENTS[100:], tmp_path / "store", 150, tmp_path / "tokenizer.json")
     train = TokenStore.open(path, "train")
     specials = sorted(train.meta["special"].values())
     assert specials[1:] == list(range(train.vocab_size - 4, train.vocab_size))  # all but [UNK] at the end
@@ -392,3 +390,315 @@ def test_every_node_writes_the_built_in_corpus_with_rank_0s_tokenizer(tmp_path):
     assert results[0][1] == results[1][1]
     stores = [TokenStore.open(Path(results[rank][0]), "train") for rank in (0, 1)]
     assert np.array_equal(stores[0].tokens, stores[1].tokens)
+
+
+def _store_with(tmp_path, name, train, val):
+    return write_token_store(train, val, tmp_path / name, vocab_size=120)
+
+
+def test_text_datasets_read_a_store_with_the_configs_lengths_packing_and_masking_rates(tmp_path):
+    from trainrun.data.masked_text import text_datasets
+
+    store = _store_with(tmp_path, "store", DOCUMENTS[:40], DOCUMENTS[40:44])
+    config = DataConfig(name="text", path=str(store), max_seq_len=24, packing="pack")
+    config.mlm_probability, config.eval_mlm_probability = 0.3, 0.2
+    train, val = text_datasets(config)
+    assert (train.max_seq_len, train.packing, train.mlm_probability, train.fixed_masks) == (24, "pack", 0.3, False)
+    assert (val.max_seq_len, val.packing, val.mlm_probability, val.fixed_masks) == (24, "pack", 0.2, True)
+    assert train.store.offsets[-1] > val.store.offsets[-1] > 0 and train.tokenizer_file == store / "tokenizer.json"
+    for name, train_docs, val_docs, missing in (
+        ("no-val", DOCUMENTS, [], "validation"),
+        ("no-train", [], DOCUMENTS, "training"),
+    ):
+        empty = _store_with(tmp_path, name, train_docs, val_docs)
+        with pytest.raises(DataError, match=rf"^token store '.*{name}' has no {missing} text$"):
+            text_datasets(DataConfig(name="text", path=str(empty)))
+    assert len(MaskedSequences(TokenStore.open(tmp_path / "no-val", "val"), 24, "pad", 0.15)) == 0
+
+
+@pytest.fixture
+def small_builtin_corpus(monkeypatch):
+    """The built-in corpus stands for 40 short documents (the standard library's take seconds to tokenize)."""
+    import trainrun.data.masked_text as masked_text
+
+    monkeypatch.setattr(masked_text, "read_documents", lambda corpus: DOCUMENTS[:40] if corpus == "stdlib_docs" else [])
+
+
+def test_a_built_in_corpus_is_written_once_per_identity_into_the_cache(tmp_path, small_builtin_corpus):
+    from trainrun.data.masked_text import text_datasets
+
+    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path / "cache"))
+    path = cached_store(config, SINGLE_PROCESS)
+    assert path.parent == tmp_path / "cache" and path.name.endswith("-tokens")
+    written = (path / "store.json").stat().st_mtime_ns
+    assert cached_store(config, SINGLE_PROCESS) == path and (path / "store.json").stat().st_mtime_ns == written
+    assert cached_store(dataclasses.replace(config, vocab_size=90), SINGLE_PROCESS) != path  # another vocabulary
+    assert cached_store(dataclasses.replace(config, split_seed=1), SINGLE_PROCESS) != path  # another split
+    train, val = text_datasets(config)
+    assert train.store.path == val.store.path == path
+
+
+class Collectives:
+    """torch.distributed's broadcast and barrier as a rank of a multi-node run sees them: rank 0
+    sends its tokenizer (checked), every other rank receives it."""
+
+    def __init__(self, tokenizer: str) -> None:
+        self.tokenizer, self.barriers = tokenizer, 0
+
+    def install(self, monkeypatch, rank: int) -> None:
+        monkeypatch.setattr(
+            dist, "broadcast_object_list", lambda objects, src, device: self.broadcast(rank, objects, src, device)
+        )
+        monkeypatch.setattr(dist, "barrier", self.barrier)
+
+    def broadcast(self, rank, objects, src, device):
+        assert src == 0 and device == torch.device("cpu")
+        if rank == 0:
+            assert objects == [self.tokenizer]  # what rank 0 sends: its own tokenizer
+        objects[0] = self.tokenizer
+
+    def barrier(self):
+        self.barriers += 1
+
+
+def test_another_nodes_cache_is_rewritten_with_rank_0s_tokenizer(tmp_path, monkeypatch, small_builtin_corpus):
+    node0 = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path / "node0"))
+    node1 = dataclasses.replace(node0, cache_dir=str(tmp_path / "node1"))
+    stale = cached_store(node1, SINGLE_PROCESS)
+    write_token_store(DOCUMENTS[40:80], DOCUMENTS[:2], stale, vocab_size=60)  # the same place, another vocabulary
+    rank0 = cached_store(node0, SINGLE_PROCESS)
+    collectives = Collectives((rank0 / "tokenizer.json").read_text())
+    collectives.install(monkeypatch, rank=0)
+    assert cached_store(node0, Placement(rank=0, world_size=2, local_rank=0)) == rank0
+    collectives.install(monkeypatch, rank=1)
+    follower = Placement(rank=3, world_size=4, local_rank=1)  # not its node's writer: waits, writes nothing
+    assert cached_store(node1, follower) == stale and (stale / "tokenizer.json").read_text() != collectives.tokenizer
+    leader = Placement(rank=1, world_size=2, local_rank=0)
+    assert cached_store(node1, leader) == stale and collectives.barriers == 3
+    assert (stale / "tokenizer.json").read_text() == collectives.tokenizer
+    for split in ("train", "val"):  # the same documents split the same way, the same ids
+        assert np.array_equal(TokenStore.open(stale, split).tokens, TokenStore.open(rank0, split).tokens)
+    rewritten = (stale / "store.json").stat().st_mtime_ns
+    cached_store(node1, leader)  # the same tokenizer now: nothing rewritten
+    assert (stale / "store.json").stat().st_mtime_ns == rewritten
+    fresh = dataclasses.replace(node0, cache_dir=str(tmp_path / "node2"))  # a node with nothing cached yet
+    assert not (cached_store(fresh, follower) / "tokenizer.json").exists()  # its writer has not written yet
+    written = cached_store(fresh, leader)
+    assert (written / "tokenizer.json").read_text() == collectives.tokenizer
+    barriers = collectives.barriers
+    cached_store(dataclasses.replace(node0, cache_dir=str(tmp_path / "single")), SINGLE_PROCESS)
+    assert collectives.barriers == barriers  # one process: no collective at all
+
+
+def test_the_built_in_corpus_cache_is_named_by_corpus_and_python_version(tmp_path, monkeypatch, small_builtin_corpus):
+    import sys
+
+    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path))
+    monkeypatch.setattr(sys, "version", "3.11.9 (main, Apr  2 2024) [GCC 12.2.0]")
+    older = cached_store(config, SINGLE_PROCESS)
+    monkeypatch.setattr(sys, "version", "3.12.1 (main, Apr  2 2024) [GCC 12.2.0]")
+    newer = cached_store(config, SINGLE_PROCESS)  # another standard library: other docstrings
+    assert older != newer and older.name.startswith("stdlib_docs-") and newer.name.startswith("stdlib_docs-")
+
+
+def test_samples_are_int64_framed_by_cls_and_sep_and_masks_differ_by_position(store):
+    train = TokenStore.open(store, "train")
+    cls, sep = train.special("[CLS]"), train.special("[SEP]")
+    for length in (12, 40):  # at 12 some packed samples lie within one document
+        for packing in ("pad", "pack"):
+            data = MaskedSequences(train, length, packing, 0.5)
+            assert all(data.tokens(i).dtype == np.int64 for i in range(len(data)))
+    for packing in ("pad", "pack"):
+        data = MaskedSequences(train, 40, packing, 0.5, fixed_masks=True)
+        for index in range(len(data)):
+            item, body = data[index], data.tokens(index)
+            n = len(body) + 2
+            assert item["input_ids"].dtype == item["attention_mask"].dtype == item["labels"].dtype == torch.int64
+            assert item["input_ids"][0] == cls and item["input_ids"][n - 1] == sep
+            chosen = int((item["labels"] != IGNORED).sum())
+            ordinary = int((torch.from_numpy(body) >= 5).sum())
+            if ordinary >= 20:
+                assert 0 < chosen < ordinary  # each position draws its own
+    data = MaskedSequences(train, 64, "pack", 0.9)
+    torch.manual_seed(0)
+    replaced = set()
+    for index in range(len(data)):
+        item = data[index]
+        original = torch.cat([torch.tensor([cls]), torch.from_numpy(data.tokens(index)), torch.tensor([sep])])
+        inputs = item["input_ids"][: len(original)]
+        swapped = (item["labels"][: len(original)] != IGNORED) & (inputs != 4) & (inputs != original)
+        replaced |= set(inputs[swapped].tolist())
+    assert len(replaced) > train.vocab_size // 3  # random replacements spread over the vocabulary
+
+
+def test_token_id_types_hold_exactly_their_range():
+    from trainrun.data.token_store import smallest_token_dtype
+
+    assert smallest_token_dtype(65_536) == "uint16" and smallest_token_dtype(65_537) == "uint32"
+    check_token_dtype(65_536, "uint16")  # ids 0..65535 fit
+    message = (
+        r"^bad value for '--dtype': uint16 holds 65,536 token ids; the vocabulary has 65,537 \(choose uint32 or auto\)$"
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_token_dtype(65_537, "uint16")
+
+
+def test_stores_hold_only_the_documents_tokens_and_say_how_many(store, tmp_path):
+    meta = json.loads((store / "store.json").read_text())
+    for split in ("train", "val"):
+        opened = TokenStore.open(store, split)
+        assert meta[split]["tokens"] == len(opened.tokens) == int(opened.offsets[-1]) > 0
+        assert not np.isin(opened.tokens, list(meta["special"].values())).any()  # no [CLS]/[SEP] stored
+    empty = write_token_store(DOCUMENTS[:8], [], tmp_path / "empty", vocab_size=60)
+    assert (empty / "val.bin").stat().st_size == 0 and json.loads((empty / "store.json").read_text())["val"] == {
+        "documents": 0,
+        "tokens": 0,
+    }
+    assert len(TokenStore.open(empty, "val").tokens) == 0
+    assert TokenStore.open(empty, "train").vocab_size == 60  # the vocabulary asked for, not the trainer's default
+
+
+def test_a_given_tokenizers_post_processor_adds_no_cls_or_sep_to_the_stored_documents(store, tmp_path):
+    """A tokenizer.json from the Hub (bert-base-uncased's) frames every encoding with [CLS] ... [SEP];
+    the store keeps the documents' own tokens, and samples add the frame themselves."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer.from_file(str(store / "tokenizer.json"))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    given = write_token_store(DOCUMENTS[:8], DOCUMENTS[:2], tmp_path / "given", 100, tmp_path / "tokenizer.json")
+    tokens = TokenStore.open(given, "train").tokens
+    assert len(tokens) > 0 and not np.isin(tokens, [cls, sep]).any()
+
+
+def test_a_read_only_store_opens_and_damaged_or_foreign_ones_are_named(store, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    for path in copy.iterdir():
+        path.chmod(0o444)  # a data set on read-only shared storage
+    tokens = TokenStore.open(copy, "train").tokens
+    assert len(tokens) > 0 and not tokens.flags.writeable  # mapped read-only: a bug cannot write to the store
+    for path in copy.iterdir():
+        path.chmod(0o644)
+    with pytest.raises(
+        DataError, match=r"^'.*nowhere' is not a token store \(no store\.json; write one with 'trainrun write-text'\)$"
+    ):
+        TokenStore.open(tmp_path / "nowhere", "train")
+    meta = json.loads((copy / "store.json").read_text())
+    (copy / "store.json").write_text(json.dumps({**meta, "format": "trainrun-tokens/0"}))
+    with pytest.raises(DataError, match=r"^'.*copy' is a token store of another format \(trainrun-tokens/0\)$"):
+        TokenStore.open(copy, "train")
+    (copy / "store.json").write_text(json.dumps({**meta, "vocab_size": 65_536}))  # ids up to 65,535: uint16 holds them
+    TokenStore.open(copy, "train")
+    (copy / "store.json").write_text(json.dumps({**meta, "dtype": "float32"}))
+    with pytest.raises(DataError, match=r"does not fit float32 ids$"):
+        TokenStore.open(copy, "train")
+    (copy / "store.json").write_text(json.dumps(meta))
+    (copy / "train.bin").write_bytes((copy / "train.bin").read_bytes()[:-2])  # one uint16 token short
+    expected = rf"^'.*train\.bin' holds {meta['train']['tokens'] - 1} tokens, its index says {meta['train']['tokens']}$"
+    with pytest.raises(DataError, match=expected):
+        TokenStore.open(copy, "train")
+    (copy / "tokenizer.json").write_text("{}")
+    with pytest.raises(DataError, match=r"^'.*copy/tokenizer\.json' is not the tokenizer the store was written with$"):
+        TokenStore.open(copy, "train")
+
+
+def test_a_given_tokenizer_without_bert_special_tokens_is_refused(store, tmp_path):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(store / "tokenizer.json"))
+    text = tokenizer.to_str().replace('"[MASK]"', '"[MASQ]"').replace('"[PAD]"', '"[PAAD]"')
+    (tmp_path / "tokenizer.json").write_text(text)
+    with pytest.raises(
+        DataError, match=r"^tokenizer '.*tokenizer\.json' lacks the special token\(s\) \[PAD\], \[MASK\]$"
+    ):
+        write_token_store(DOCUMENTS[:4], DOCUMENTS[:2], tmp_path / "out", 100, tmp_path / "tokenizer.json")
+
+
+def test_corpus_folders_read_every_text_file_and_nothing_else(tmp_path):
+    (tmp_path / "a.txt").write_text("first\n\nsecond")
+    (tmp_path / "b.txt").write_text("third")
+    (tmp_path / "notes.md").write_text("not a corpus file")
+    assert read_documents(str(tmp_path)) == ["first", "second", "third"]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.md").write_text("no text files here")
+    with pytest.raises(DataError, match=r"^no \.txt or \.jsonl files in corpus folder '.*empty'$"):
+        read_documents(str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"^corpus 'no_such' is neither a file, a folder nor one of: stdlib_docs$"):
+        read_documents("no_such")
+
+
+def test_document_splits_are_seeded_and_keep_one_document_aside_unless_there_is_only_one():
+    documents = [f"document {i}" for i in range(20)]
+    train, val = split_documents(documents, 0.01, seed=0)
+    assert len(val) == 1 and len(train) == 19 and sorted(train + val) == sorted(documents)
+    assert split_documents(documents, 0.2, seed=0) == split_documents(documents, 0.2, seed=0)
+    assert split_documents(documents, 0.2, seed=0)[1] != split_documents(documents, 0.2, seed=1)[1]
+    assert split_documents(["only"], 0.5, seed=0) == (["only"], [])
+    assert split_documents(["one", "two"], 0.5, seed=0)[1] in (["one"], ["two"])
+
+
+def test_the_standard_librarys_docstrings_leave_out_tests_gui_code_and_short_ones(tmp_path, monkeypatch):
+    import sysconfig
+
+    from trainrun.data.token_store import stdlib_docstrings
+
+    root = tmp_path / "lib"
+    long_text = "x" * 40
+    for folder in ("site-packages", "test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo", "json"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "mod.py").write_text(f'"""{folder} {long_text}"""\n')
+    (root / "a_broken.py").write_text("def (:\n")  # not Python: skipped, the rest still read
+    (root / "b_latin1.py").write_bytes(b'"""caf\xe9"""\n')  # not UTF-8: skipped
+    (root / "c.py").write_text(f'"""{"y" * 39}"""\ndef f():\n    """{"z" * 40}"""\n')
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(root)})
+    assert stdlib_docstrings() == ["z" * 40, f"json {long_text}"]
+
+
+def test_the_standard_library_is_read_while_other_threads_parse_python(tmp_path, monkeypatch):
+    """Finalizers run by a collection inside the read's parse may let another thread parse Python
+    (numba does when it compiles); the read still succeeds (CPython 3.11 failed it with
+    'AST constructor recursion depth mismatch' unless the collector was paused)."""
+    import ast
+    import sysconfig
+    import threading
+    import weakref
+
+    from trainrun.data.token_store import stdlib_docstrings
+
+    root = tmp_path / "lib"
+    root.mkdir()
+    functions = (f'def f{i}(x):\n    """docstring {i:040d}"""\n    return x + {i}\n' for i in range(400))
+    (root / "big.py").write_text("".join(functions))
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(root)})
+    stop = threading.Event()
+
+    def parse_deeper(depth: int):
+        return parse_deeper(depth - 1) if depth else ast.parse("x = 1\n" * 50)
+
+    def parse_until_stopped():
+        while not stop.is_set():
+            parse_deeper(16)
+
+    class Cycle:
+        pass
+
+    parser = threading.Thread(target=parse_until_stopped, daemon=True)
+    parser.start()
+    try:
+        for _ in range(5):
+            for _ in range(1000):  # garbage whose collection runs Python code
+                cycle = Cycle()
+                cycle.itself = cycle
+                weakref.finalize(cycle, sum, range(100))
+                del cycle
+            assert len(stdlib_docstrings()) == 400
+    finally:
+        stop.set()
+        parser.join()

@@ -113,7 +113,48 @@ def test_linear_lr_scaling_follows_the_global_batch():
     model = torch.nn.Linear(2, 2)
     config = OptimizerConfig(lr=2.048, lr_scaling="linear", reference_batch_size=2048)
     assert build_optimizer(model, config, 256).param_groups[0]["lr"] == pytest.approx(0.256)
-    assert build_optimizer(model, OptimizerConfig(lr=2.048), 256).param_groups[0]["lr"] == 2.048
+    assert (
+        build_optimizer(model, OptimizerConfig(lr=2.048, reference_batch_size=2048), 256).param_groups[0]["lr"] == 2.048
+    )
+
+
+def test_every_optimizer_setting_reaches_the_optimizer():
+    model = torch.nn.Linear(3, 2)
+    settings = {"lr": 0.5, "weight_decay": 1e-3, "momentum": 0.8}
+    sgdw = build_optimizer(model, OptimizerConfig(name="sgdw", nesterov=True, **settings), 256)
+    (group,) = sgdw.param_groups
+    assert type(sgdw) is DecoupledSGDW and sgdw.defaults["fused"] is True  # fp16 steps without a host sync
+    assert group["lr"] == 0.5 and group["momentum"] == 0.8 and group["nesterov"] is True
+    assert group["decoupled_weight_decay"] == 1e-3 and group["weight_decay"] == 0.0 and group["dampening"] == 0.0
+    damped = build_optimizer(model, OptimizerConfig(name="sgdw", dampening=0.1, **settings), 256).param_groups[0]
+    assert damped["dampening"] == 0.1 and damped["nesterov"] is False
+    adam_like = {"lr": 3e-3, "betas": [0.8, 0.98], "eps": 1e-7, "weight_decay": 0.05}  # none of them a default
+    adamw = build_optimizer(model, OptimizerConfig(name="adamw", **adam_like), 256)
+    (group,) = adamw.param_groups
+    assert type(adamw) is torch.optim.AdamW and adamw.defaults["fused"] is True
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-3, (0.8, 0.98), 1e-7, 0.05)
+    lamb = build_optimizer(model, OptimizerConfig(name="lamb", max_grad_norm=1.5, **adam_like), 256)
+    (group,) = lamb.param_groups
+    assert type(lamb).__name__ == "Lamb" and type(lamb).__module__.startswith("timm.")
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-3, (0.8, 0.98), 1e-7, 0.05)
+    assert group["max_grad_norm"] == 1.5
+
+
+def test_a_step_the_gradient_scaler_skips_does_not_decay_the_weights():
+    """GradScaler hands fused optimizers ``found_inf`` on the device; 1 means skip, decay included."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = DecoupledSGDW([weight], lr=0.1, weight_decay=0.1)
+    weight.grad = torch.zeros(3)
+    optimizer.found_inf = torch.tensor(1.0)
+    optimizer.step()
+    assert torch.equal(weight.detach(), torch.ones(3))
+    optimizer.found_inf = torch.tensor(0.0)
+    optimizer.step()
+    assert torch.allclose(weight.detach(), torch.full((3,), 0.9))
+    frozen = torch.nn.Parameter(torch.ones(3))  # no gradient (a frozen layer): no decay either
+    optimizer = DecoupledSGDW([{"params": [weight]}, {"params": [frozen]}], lr=0.1, weight_decay=0.1)
+    optimizer.step()
+    assert torch.equal(frozen.detach(), torch.ones(3))
 
 
 def test_scale_warmup_off_keeps_the_warmup_as_written():

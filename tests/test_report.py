@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -93,6 +94,16 @@ def test_pareto_frontier_and_time_to_accuracy_interpolate_between_budgets():
     assert curves.reach(curve, 0.70, curves.seconds) == curves.Reach(10.0, at_most=True)
     assert curves.reach(curve, 0.96, curves.seconds) is None
     assert curves.reach(curve, 0.85, curves.cost).value == pytest.approx(15 / 3600 * 2.0)
+
+
+def test_the_frontier_keeps_one_point_per_cost_and_drops_equal_accuracy_at_a_higher_cost():
+    tied_cost = curves.points([_run("a", 0.5, 0.80, 10), _run("b", 0.5, 0.90, 10), _run("c", 1.0, 0.90, 20)])
+    assert [(p.label, p.budget) for p in curves.pareto(tied_cost, curves.seconds)] == [("b", 0.5)]
+    untimed = _run("a", 2.0, 0.99, 0)
+    untimed = dataclasses.replace(untimed, train_seconds=None)  # a run whose time was never recorded
+    assert [p.budget for p in curves.points([untimed, _run("a", 1.0, 0.9, 5)])] == [1.0]
+    (single,) = curves.points([_run("a", 1.0, 0.9, 5)])
+    assert single.quality_spread == 0.0 and single.seconds_spread == 0.0  # one seed: no spread
 
 
 def test_seeds_average_into_one_point_with_their_spread():

@@ -41,6 +41,14 @@ def test_interval_boundaries_include_the_last_step():
     timeline = Timeline(batches_per_epoch=10, samples_per_batch=1, max_batches=25)
     hits = [b for b in range(1, 26) if timeline.ends_interval(b, timeline.to_batches("1ep"))]
     assert hits == [10, 20, 25]
+    assert [b for b in range(1, 26) if timeline.ends_interval(b, 1)] == list(range(1, 26))  # every step
+    assert [b for b in range(1, 26) if timeline.ends_interval(b, 0)] == [25]  # 0: only the run's end
+
+
+def test_a_budget_is_not_an_amount_of_training():
+    timeline = Timeline(batches_per_epoch=10, samples_per_batch=1, max_batches=25)
+    with pytest.raises(ValueError, match=r"^'30s' is a budget, not an amount of training$"):
+        timeline.to_batches("30s")
 
 
 def test_timeline_edges_zero_times_one_step_runs_sample_budgets_and_their_errors():

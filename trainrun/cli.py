@@ -27,7 +27,7 @@ from trainrun.config import (
 )
 from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
-from trainrun.schema import validate
+from trainrun.schema import DataConfig, validate
 
 
 def _job(cfg: DictConfig, debug: bool) -> None:
@@ -162,7 +162,7 @@ def write_text_command(argv: list[str]) -> int:
     )
     parser.add_argument("corpus", help="a file, a folder, or " + " | ".join(BUILTIN_CORPORA))
     parser.add_argument("out", type=Path, help="the token store (a folder) to write, atomically")
-    parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary to train")
+    parser.add_argument("--vocab-size", type=int, default=DataConfig().vocab_size, help="WordPiece vocabulary to train")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for evaluation")
     parser.add_argument("--split-seed", type=int, default=0)

@@ -11,17 +11,16 @@ from torch import nn
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.errors import ConfigError
 from trainrun.loss import binary_cross_entropy
 from trainrun.models.initializers import linear_log_constant_bias
 from trainrun.schema import BCELossConfig
 
 
-def classifier(model: nn.Module) -> nn.Linear:
-    """The model's last linear layer."""
+def classifier(model: nn.Module) -> nn.Linear | None:
+    """The model's last linear layer, if it has one."""
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    if not linears:
-        raise ValueError("the model has no linear classifier")
-    return linears[-1]
+    return linears[-1] if linears else None
 
 
 class BCELoss(Algorithm):
@@ -33,8 +32,13 @@ class BCELoss(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         state.loss_fn = binary_cross_entropy
-        if self.bias_init:
-            linear_log_constant_bias(classifier(state.raw_model), state.num_classes)
+        if not self.bias_init:
+            return
+        linear = classifier(state.raw_model)
+        if linear is None:
+            model = type(state.raw_model).__name__
+            raise ConfigError(f"algorithm 'bce_loss' with bias_init=true needs a linear classifier; {model} has none")
+        linear_log_constant_bias(linear, state.num_classes)
 
 
 def build(config: BCELossConfig) -> BCELoss:

@@ -21,7 +21,7 @@ from trainrun.schema import BlurPoolConfig
 class Blur2d(nn.Module):
     """Depthwise binomial blur of every channel with the given stride; zero padding of 1."""
 
-    def __init__(self, stride: int = 1) -> None:
+    def __init__(self, stride: int | tuple[int, int] = 1) -> None:
         super().__init__()
         taps = torch.tensor([1.0, 2.0, 1.0])
         self.register_buffer("kernel", ((taps[:, None] * taps[None, :]) / 16)[None, None], persistent=False)
@@ -41,7 +41,7 @@ class BlurConv2d(nn.Module):
         if blur_first:
             self.blur = Blur2d()
         else:
-            self.blur = Blur2d(stride=conv.stride[0])
+            self.blur = Blur2d(stride=conv.stride)
             conv.stride = (1, 1)
         self.conv = conv
 
@@ -55,7 +55,7 @@ class BlurMaxPool2d(nn.Module):
     def __init__(self, pool: nn.MaxPool2d) -> None:
         super().__init__()
         self.pool = nn.MaxPool2d(pool.kernel_size, stride=1, padding=pool.padding, dilation=pool.dilation)
-        self.blur = Blur2d(stride=pool.stride if isinstance(pool.stride, int) else pool.stride[0])
+        self.blur = Blur2d(stride=pool.stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blur(self.pool(x))

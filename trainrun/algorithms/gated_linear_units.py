@@ -19,6 +19,7 @@ from torch import nn
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.models.surgery import replace_children
 from trainrun.schema import GatedLinearUnitsConfig
 
 
@@ -41,21 +42,22 @@ class GatedIntermediate(nn.Module):
         return self.activation(self.gated(hidden_states)) * self.non_gated(hidden_states)
 
 
-def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float = 0.02) -> int:
-    """Replace ``model``'s feed-forward intermediates by :class:`GatedIntermediate`; return how many."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            dense = getattr(child, "dense", None)
-            if isinstance(dense, nn.Linear) and hasattr(child, "intermediate_act_fn"):
-                glu = GatedIntermediate(dense.in_features, dense.out_features, child.intermediate_act_fn, config)
-                for linear in (glu.gated, glu.non_gated):
-                    nn.init.normal_(linear.weight, std=std)
-                    if linear.bias is not None:
-                        nn.init.zeros_(linear.bias)
-                setattr(parent, name, glu.to(dense.weight.device, dense.weight.dtype))
-                count += 1
-    return count
+def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float) -> int:
+    """Replace ``model``'s feed-forward intermediates by :class:`GatedIntermediate`, their weights
+    drawn with standard deviation ``std``; return how many."""
+
+    def gated(child: nn.Module) -> nn.Module | None:
+        dense = getattr(child, "dense", None)
+        if not isinstance(dense, nn.Linear) or not hasattr(child, "intermediate_act_fn"):
+            return None
+        glu = GatedIntermediate(dense.in_features, dense.out_features, child.intermediate_act_fn, config)
+        for linear in (glu.gated, glu.non_gated):
+            nn.init.normal_(linear.weight, std=std)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        return glu.to(dense.weight.device, dense.weight.dtype)
+
+    return replace_children(model, gated)
 
 
 class GatedLinearUnits(Algorithm):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainrun.algorithms.base import ModelSurgery
-from trainrun.models.surgery import replace_children
+from trainrun.models.surgery import replace_children, take_tensors
 from trainrun.schema import GhostBatchNormConfig
 
 
@@ -23,17 +23,22 @@ class GhostBatchNorm2d(nn.BatchNorm2d):
 
     def __init__(self, batchnorm: nn.BatchNorm2d, ghost_batch_size: int) -> None:
         super().__init__(
-            batchnorm.num_features, batchnorm.eps, batchnorm.momentum, batchnorm.affine, batchnorm.track_running_stats
+            batchnorm.num_features,
+            batchnorm.eps,
+            batchnorm.momentum,
+            batchnorm.affine,
+            batchnorm.track_running_stats,
+            device="meta",
         )
-        self.load_state_dict(batchnorm.state_dict())
-        self.to(device=batchnorm.weight.device)
+        take_tensors(self, batchnorm)
         self.ghost_batch_size = ghost_batch_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or x.shape[0] <= self.ghost_batch_size or self.momentum is None:
             return super().forward(x)
         chunks = x.split(self.ghost_batch_size)  # ceil(N / ghost_batch_size) chunks
-        self.num_batches_tracked.add_(1)
+        if self.track_running_stats:
+            self.num_batches_tracked.add_(1)
         momentum = self.momentum / len(chunks)
         return torch.cat(
             [

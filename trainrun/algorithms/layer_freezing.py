@@ -30,12 +30,12 @@ def frozen_fraction(progress: float, freeze_start: float, freeze_level: float) -
     """Fraction of layers frozen after ``progress`` of the run."""
     if progress <= freeze_start:
         return 0.0
-    return freeze_level * min((progress - freeze_start) / (1.0 - freeze_start), 1.0)
+    return freeze_level * (progress - freeze_start) / (1.0 - freeze_start)  # progress is at most 1
 
 
 def layers(model: nn.Module) -> list[nn.Module]:
     """Leaf modules that own parameters, in the order the model defines them."""
-    return [m for m in model.modules() if not list(m.children()) and any(True for _ in m.parameters(recurse=False))]
+    return [m for m in model.modules() if not list(m.children()) and next(m.parameters(), None) is not None]
 
 
 def freeze_leading(model: nn.Module, fraction: float) -> int:

@@ -18,6 +18,7 @@ from torch import nn
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.models.surgery import replace_children, take_tensors
 from trainrun.schema import LowPrecisionLayerNormConfig
 
 
@@ -38,17 +39,14 @@ class LowPrecisionLayerNorm(nn.LayerNorm):
 def replace_layer_norms(model: nn.Module) -> int:
     """Swap every ``nn.LayerNorm`` of ``model`` for a :class:`LowPrecisionLayerNorm` with its
     weights; return how many."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm:
-                replacement = LowPrecisionLayerNorm(
-                    child.normalized_shape, child.eps, child.elementwise_affine, bias=child.bias is not None
-                )
-                replacement.load_state_dict(child.state_dict())
-                setattr(parent, name, replacement.to(next(child.parameters(), torch.empty(0)).device))
-                count += 1
-    return count
+
+    def low_precision(child: nn.Module) -> nn.Module | None:
+        if type(child) is not nn.LayerNorm:
+            return None
+        shape, eps, affine, bias = child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None
+        return take_tensors(LowPrecisionLayerNorm(shape, eps, affine, bias=bias, device="meta"), child)
+
+    return replace_children(model, low_precision)
 
 
 class LowPrecisionLayerNormAlgorithm(Algorithm):

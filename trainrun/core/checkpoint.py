@@ -95,7 +95,7 @@ def restore_rng_state(saved: dict[str, Any]) -> None:
     torch.set_rng_state(saved["torch"])
     if saved["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda"])
-    random.setstate(_as_tuples(saved["python"]))
+    random.setstate(saved["python"])
     name, keys, *rest = saved["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
 
@@ -109,10 +109,6 @@ def rank_rng_state(saved: dict[str, Any] | list[dict[str, Any]], rank: int, worl
             f"resume with {len(per_rank)} process(es)"
         )
     return per_rank[rank]
-
-
-def _as_tuples(value: Any) -> Any:
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:

@@ -34,7 +34,7 @@ class ShardSampler(Sampler[int]):
     distributed evaluation; this sampler does not.
     """
 
-    def __init__(self, length: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
         self.indices = range(rank, length, world_size)
 
     def __iter__(self) -> Iterator[int]:

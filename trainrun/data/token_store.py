@@ -10,6 +10,8 @@ written to a temporary folder beside its target and renamed into place when comp
 
 from __future__ import annotations
 
+import ast
+import gc
 import hashlib
 import json
 import sysconfig
@@ -28,11 +30,25 @@ BUILTIN_CORPORA = ("stdlib_docs",)
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each type holds, smallest first
 
 
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse`` with the garbage collector paused, so that no Python code runs inside it.
+
+    CPython 3.11 counts the AST constructor's depth in one counter per interpreter. A collection
+    during the parse runs finalizers, Python code that may hand the interpreter to another thread
+    parsing too (numba does, compiling a function), and the parse then fails with ``SystemError:
+    AST constructor recursion depth mismatch`` (python/cpython#106905)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def stdlib_docstrings(min_chars: int = 40) -> list[str]:
     """The docstrings of this Python's standard library (modules, classes, functions), read with
     ``ast`` from the installed sources, in a fixed order: about 1.5 MB of English prose."""
-    import ast
-
     root = Path(sysconfig.get_paths()["stdlib"])
     skipped = {"site-packages", "test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo"}
     documents = []
@@ -40,7 +56,7 @@ def stdlib_docstrings(min_chars: int = 40) -> list[str]:
         if skipped & set(path.relative_to(root).parts):
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            tree = parse_python(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
         for node in ast.walk(tree):
@@ -102,6 +118,11 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool =
     return tokenizer._tokenizer  # the underlying tokenizers.Tokenizer, which saves to one JSON file
 
 
+def smallest_token_dtype(vocab_size: int) -> str:
+    """The smallest type that holds every id of a ``vocab_size`` vocabulary (ids 0 to vocab_size - 1)."""
+    return next(name for name, ids in TOKEN_DTYPES.items() if vocab_size <= ids)
+
+
 def check_token_dtype(vocab_size: int, dtype: str) -> None:
     """Refuse a token id type that cannot hold every id of a ``vocab_size`` vocabulary."""
     if vocab_size > TOKEN_DTYPES[dtype]:
@@ -115,12 +136,13 @@ def write_token_store(
     train: list[str],
     val: list[str],
     out: Path,
-    vocab_size: int = 8192,
+    vocab_size: int,
     tokenizer_path: Path | None = None,
     dtype: str = "auto",
 ) -> Path:
-    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically), token ids as ``dtype``
-    (``auto``: uint16 when the vocabulary fits, else uint32); return ``out``."""
+    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically) with a WordPiece vocabulary
+    of ``vocab_size`` trained on ``train``, or the tokenizer at ``tokenizer_path`` (whatever its
+    size); token ids as ``dtype`` (``auto``: the smallest type that fits); return ``out``."""
     from tokenizers import Tokenizer
 
     if tokenizer_path is not None:
@@ -132,7 +154,7 @@ def write_token_store(
         tokenizer = train_tokenizer(train, vocab_size)
     vocab = tokenizer.get_vocab_size()
     if dtype == "auto":
-        dtype = next(name for name, ids in TOKEN_DTYPES.items() if vocab <= ids)
+        dtype = smallest_token_dtype(vocab)
     check_token_dtype(vocab, dtype)
     with atomic_directory(out) as partial:
         tokenizer.save(str(partial / "tokenizer.json"))

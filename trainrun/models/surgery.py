@@ -1,4 +1,5 @@
-"""Replace submodules of a model in place, the one operation every model-surgery method needs."""
+"""Replace submodules of a model in place, the one operation every model-surgery method needs,
+and hand a replacement its original's tensors."""
 
 from __future__ import annotations
 
@@ -21,3 +22,10 @@ def replace_children(model: nn.Module, replacement: Callable[[nn.Module], nn.Mod
                 setattr(parent, name, new)
                 replaced += 1
     return replaced
+
+
+def take_tensors(replacement: nn.Module, original: nn.Module) -> nn.Module:
+    """``replacement`` (built on the ``meta`` device: nothing allocated) holding ``original``'s own
+    parameters and buffers, on their device and in their dtype; return it."""
+    replacement.load_state_dict(original.state_dict(), assign=True)
+    return replacement

@@ -43,7 +43,7 @@ class DecoupledSGDW(torch.optim.SGD):
         return super().step(closure)
 
 
-def _param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
+def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
     if not exclude_norm_and_bias:
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
     decayed, exempt, seen = [], [], set()
@@ -65,7 +65,7 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size
     With ``lr_scaling=linear`` the learning rate is ``lr · global_batch_size / reference_batch_size``.
     """
     lr = config.lr * (global_batch_size / config.reference_batch_size if config.lr_scaling == "linear" else 1.0)
-    groups = _param_groups(model, config.weight_decay, config.exclude_norm_and_bias)
+    groups = _param_groups(model, config.exclude_norm_and_bias)
     if config.name == "sgdw":
         return DecoupledSGDW(
             groups,
