@@ -666,6 +666,7 @@ def test_the_standard_library_is_read_while_other_threads_parse_python(tmp_path,
     (numba does when it compiles); the read still succeeds (CPython 3.11 failed it with
     'AST constructor recursion depth mismatch' unless the collector was paused)."""
     import ast
+    import gc
     import sysconfig
     import threading
     import weakref
@@ -702,3 +703,10 @@ def test_the_standard_library_is_read_while_other_threads_parse_python(tmp_path,
     finally:
         stop.set()
         parser.join()
+    assert gc.isenabled()  # collection resumes after the read
+    gc.disable()
+    try:
+        stdlib_docstrings()
+        assert not gc.isenabled()  # and a collector paused by the caller stays paused
+    finally:
+        gc.enable()
