@@ -9,10 +9,17 @@ layer's dropout-add-LayerNorm and dense-GeLU blocks compiled) on a copy of the s
 compilation happens in the warm-up. The variants run in alternating rounds on the same batches,
 so drift in machine speed hits all of them; the best round of each is compared. The ratios
 printed are against the padded model with the full head. Each row also gives real (non-pad)
-tokens per second, the FLOP/s the variant executes (torch's FLOP counter over the same batches;
-unpadding and the masked head do fewer) and, on a GPU of ``gpu_throughput.py``'s peak table (or
-with ``--peak-tflops``), the model FLOPs utilisation. ``--compile`` adds the whole model
-through ``torch.compile``.
+tokens per second, the model FLOP/s and, on a GPU of ``gpu_throughput.py``'s peak table (or with
+``--peak-tflops``), the model FLOPs utilisation. Model FLOPs are those the real tokens need, the
+same for every variant (so MFU compares them): per sequence of n real tokens with m masked,
+forward 2·n·(4·h² + 2·h·i) + 4·n²·h per layer plus 2·m·(h² + h·v) for the head, times 3 with the
+backward pass (h hidden, i intermediate, v vocabulary). ``--compile`` adds the whole model
+through ``torch.compile``; ``--attention sdpa varlen flex`` adds the unpadded + masked-head step
+with each attention path (``model.attention``; varlen and flex need a GPU), ``--alibi`` runs every
+model with ALiBi's biases. The step is a run's: trainrun's fused AdamW, and under ``amp`` the
+gradient scaler; fp32 matrix products run in fp32 (torch's default, as in a run), so fp32 MFU is
+against the device's fp32 peak, not TF32's. On a GPU the default model is BERT-Base (BERT-Tiny
+measures kernel launches there).
 
     .venv/bin/python bench/bert.py [--model bert_base] [--device cuda] [--precision bf16] [--compile]
         [--batch 64] [--seq 128] [--fill 0.5 | --lengths corpus] [--steps 20] [--rounds 3]
@@ -26,25 +33,27 @@ import time
 import torch
 from gpu_throughput import peak_tflops
 
+from trainrun.algorithms.alibi import alibi_slopes, remove_learned_positions
 from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.config import compose
 from trainrun.core.precision import resolve_precision
-from trainrun.data.masked_text import IGNORED, text_datasets
+from trainrun.data.masked_text import IGNORED, collate_masked, text_datasets
 from trainrun.models.bert import build_bert
-from trainrun.schema import DataConfig, validate
+from trainrun.optim.optimizers import build_optimizer
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, validate
 from trainrun.tasks.masked_lm import masked_cross_entropy
 
-VARIANTS = {  # name: (unpadding, masked head, model: eager, fused layers or compiled)
-    "padded": (False, False, "eager"),
-    "padded + masked head": (False, True, "eager"),
-    "unpadded": (True, False, "eager"),
-    "unpadded + masked head": (True, True, "eager"),
-    "padded + fused layers": (False, False, "fused"),
-    "unpadded + masked head + fused layers": (True, True, "fused"),
+VARIANTS = {  # name: (unpadding, masked head, model: eager, fused layers or compiled, model.attention)
+    "padded": (False, False, "eager", "auto"),
+    "padded + masked head": (False, True, "eager", "auto"),
+    "unpadded": (True, False, "eager", "auto"),
+    "unpadded + masked head": (True, True, "eager", "auto"),
+    "padded + fused layers": (False, False, "fused", "auto"),
+    "unpadded + masked head + fused layers": (True, True, "fused", "auto"),
 }
 COMPILED_VARIANTS = {  # with --compile: the whole model through torch.compile (dynamic shapes)
-    "padded + compile": (False, False, "compiled"),
-    "unpadded + masked head + compile": (True, True, "compiled"),
+    "padded + compile": (False, False, "compiled", "auto"),
+    "unpadded + masked head + compile": (True, True, "compiled", "auto"),
 }
 VOCAB = 8192
 
@@ -75,53 +84,60 @@ def batches(
         ids = torch.randint(5, VOCAB, (batch, seq), generator=generator) * mask
         chosen = (torch.rand(batch, seq, generator=generator) < 0.15) & mask.bool()
         labels = torch.where(chosen, ids, torch.full_like(ids, IGNORED))
-        made.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    return [{key: value.to(device) for key, value in item.items()} for item in made]
+        samples = [
+            {"input_ids": i, "attention_mask": m, "labels": y, "predict_positions": c.nonzero().squeeze(1)}
+            for i, m, y, c in zip(ids, mask, labels, chosen, strict=True)
+        ]
+        made.append(collate_masked(samples))  # as the loader's workers send a batch
+    return [{key: value if key == "lengths" else value.to(device) for key, value in item.items()} for item in made]
 
 
-def forward_backward(model, batch: dict[str, torch.Tensor], masked_head: bool, precision) -> torch.Tensor:
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if masked_head:
-        inputs["predict"] = batch["labels"] != IGNORED
+def forward_backward(model, batch: dict[str, torch.Tensor], precision) -> torch.Tensor:
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
     with precision.autocast():
-        loss = masked_cross_entropy(model(inputs), batch["labels"])
-    loss.backward()
+        loss = masked_cross_entropy(model(inputs), {"labels": batch["labels"], "predicted": batch["predicted_labels"]})
+    (precision.scaler.scale(loss) if precision.scaler else loss).backward()
     return loss
 
 
-def step_rate(models, data, precision, variant: tuple[bool, bool, str], steps: int, device: torch.device) -> float:
+def step_rate(models, data, precision, variant: tuple[bool, bool, str, str], steps: int, device: torch.device) -> float:
     """Sequences per second over ``steps`` optimizer steps of ``variant``; ``models`` maps its
     model kind to (model, the module whose ``unpad`` switches, optimizer)."""
-    unpad, masked_head, kind = variant
+    unpad, masked_head, kind, attention = variant
     model, bert, optimizer = models[kind]
-    bert.unpad = unpad
+    bert.unpad, bert.masked_head, bert.attention = unpad, masked_head, attention
     if device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
     for index in range(steps):
-        loss = forward_backward(model, data[index % len(data)], masked_head, precision)
-        optimizer.step()
+        loss = forward_backward(model, data[index % len(data)], precision)
+        if precision.scaler:
+            precision.scaler.step(optimizer)
+            precision.scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     loss.item()
     return steps * data[0]["input_ids"].shape[0] / (time.perf_counter() - started)
 
 
-def flops_per_sequence(model, data, precision, unpad: bool, masked_head: bool) -> float:
-    """FLOPs of one forward and backward pass per sequence, counted by torch over ``data``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model.unpad = unpad
-    with FlopCounterMode(display=False) as counter:
-        for batch in data:
-            forward_backward(model, batch, masked_head, precision)
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / sum(len(batch["input_ids"]) for batch in data)
+def model_flops_per_sequence(config: ModelConfig, data: list[dict[str, torch.Tensor]]) -> float:
+    """Forward and backward FLOPs the real tokens need, per sequence (the formula in the docstring)."""
+    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.layers
+    total = 0.0
+    for batch in data:
+        lengths = batch["attention_mask"].sum(1).double()
+        masked = float((batch["labels"] != IGNORED).sum())
+        per_layer = 2 * lengths * (4 * hidden**2 + 2 * hidden * inner) + 4 * lengths**2 * hidden
+        total += 3 * (layers * float(per_layer.sum()) + 2 * masked * (hidden**2 + hidden * VOCAB))
+    return total / sum(len(batch["input_ids"]) for batch in data)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="bert_tiny", help="a conf/model/bert_* option")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = torch.cuda.is_available()
+    parser.add_argument("--model", default="bert_base" if on_gpu else "bert_tiny", help="a conf/model/bert_* option")
+    parser.add_argument("--device", default="cuda" if on_gpu else "cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "amp", "bf16"])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=128)
@@ -132,47 +148,59 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also the whole model through torch.compile")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        default=[],
+        choices=["sdpa", "varlen", "flex"],
+        help="also the unpadded + masked head step with each of these model.attention paths",
+    )
+    parser.add_argument("--alibi", action="store_true", help="every model with ALiBi (the alibi algorithm)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak, if not in gpu_throughput.py's table")
     args = parser.parse_args()
     device = torch.device(args.device)
     overrides = ["task=masked_lm", "data=stdlib_docs", f"model={args.model}", "model.hidden_dropout=0"]
     config = validate(compose([*overrides, "model.attention_dropout=0"]), files=False)
     variants = {**VARIANTS, **(COMPILED_VARIANTS if args.compile else {})}
+    for path in args.attention:
+        variants[f"unpadded + masked head, attention={path}"] = (True, True, "eager", path)
     models = {}
-    for kind in sorted({kind for _, _, kind in variants.values()}):
+    for kind in sorted({kind for _, _, kind, _ in variants.values()}):
         torch.manual_seed(0)
         bert = build_bert(config.model, VOCAB).to(device)
+        if args.alibi:
+            remove_learned_positions(bert, args.seq)
+            bert.alibi_slopes = alibi_slopes(config.model.heads).to(device)
         if kind == "fused":
             fuse_layers(bert)
         model = torch.compile(bert, dynamic=True) if kind == "compiled" else bert
-        models[kind] = (model, bert, torch.optim.AdamW(bert.parameters(), lr=1e-4))
+        optimizer = build_optimizer(bert, OptimizerConfig(name="adamw", lr=1e-4, weight_decay=0.01), args.batch)
+        models[kind] = (model, bert, optimizer)
     precision, _ = resolve_precision(args.precision, device)
     corpus = corpus_lengths(args.seq) if args.lengths == "corpus" else None
     data = batches(4, args.batch, args.seq, args.fill, device, corpus)
     real_tokens = sum(int(b["attention_mask"].sum()) for b in data) / sum(len(b["input_ids"]) for b in data)
-    flops = {  # the same arithmetic whichever way the model runs
-        (unpad, head): flops_per_sequence(models["eager"][0], data, precision, unpad, head)
-        for unpad, head, _ in variants.values()
-    }
+    flops = model_flops_per_sequence(config.model, data)
     for variant in variants.values():  # warm-up: allocator, kernels, autotuning, compilation
         step_rate(models, data, precision, variant, 2, device)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, variant in variants.items():
             rates[name].append(step_rate(models, data, precision, variant, args.steps, device))
-    peak = peak_tflops(device, args.precision, args.peak_tflops)
+    peak = peak_tflops(device, args.precision, args.peak_tflops, torch.get_float32_matmul_precision() != "highest")
     print(
         f"{args.model} on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
         f"{args.precision}, torch {torch.__version__}, batch {args.batch} x {args.seq} tokens, "
         f"{real_tokens / args.seq:.0%} real tokens ({args.lengths} lengths), {args.steps} steps x {args.rounds} rounds"
+        + (", ALiBi" if args.alibi else "")
         + (f", peak {peak:g} TFLOP/s" if peak else "")
     )
-    print("| variant | seq/s (best) | rounds | vs padded | real tokens/s | TFLOP/s | MFU |")
+    print("| variant | seq/s (best) | rounds | vs padded | real tokens/s | model TFLOP/s | MFU |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     reference = max(rates["padded"])
     for name, values in rates.items():
-        best, (unpad, head, _) = max(values), variants[name]
-        achieved = best * flops[unpad, head] / 1e12
+        best = max(values)
+        achieved = best * flops / 1e12
         mfu = f"{achieved / peak:.1%}" if peak else "–"
         rounds = ", ".join(f"{value:.1f}" for value in values)
         print(

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainrun.algorithms import build_algorithms
+from trainrun.core.distributed import select_device
 from trainrun.core.engine import Callback, Engine
 from trainrun.core.events import Event
 from trainrun.core.precision import resolve_precision
@@ -50,19 +51,19 @@ from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
 from trainrun.tasks.image_classification import ImageClassification
 
-# Dense peak TFLOP/s (TF32 for fp32, fp16/bf16 tensor cores for amp/bf16) by the exact name
-# torch.cuda.get_device_name reports; NVIDIA's data sheets, sparsity figures halved.
+# Dense peak TFLOP/s by the exact name torch.cuda.get_device_name reports: fp32 on the CUDA cores,
+# TF32 and fp16/bf16 on the tensor cores; NVIDIA's data sheets, sparsity figures halved.
 PEAK_TFLOPS = {
-    "NVIDIA H100 80GB HBM3": (494.7, 989.4),  # SXM5
-    "NVIDIA H100 PCIe": (378.0, 756.5),
-    "NVIDIA H100 NVL": (417.5, 835.5),
-    "NVIDIA H200": (494.7, 989.4),  # SXM
-    "NVIDIA H200 NVL": (417.5, 835.5),
-    "NVIDIA GH200 480GB": (494.7, 989.4),
-    "NVIDIA A100-SXM4-80GB": (156.0, 312.0),
-    "NVIDIA A100-SXM4-40GB": (156.0, 312.0),
-    "NVIDIA A100 80GB PCIe": (156.0, 312.0),
-    "NVIDIA A100-PCIE-40GB": (156.0, 312.0),
+    "NVIDIA H100 80GB HBM3": (66.9, 494.7, 989.4),  # SXM5
+    "NVIDIA H100 PCIe": (51.2, 378.0, 756.5),
+    "NVIDIA H100 NVL": (60.0, 417.5, 835.5),
+    "NVIDIA H200": (66.9, 494.7, 989.4),  # SXM
+    "NVIDIA H200 NVL": (60.0, 417.5, 835.5),
+    "NVIDIA GH200 480GB": (66.9, 494.7, 989.4),
+    "NVIDIA A100-SXM4-80GB": (19.5, 156.0, 312.0),
+    "NVIDIA A100-SXM4-40GB": (19.5, 156.0, 312.0),
+    "NVIDIA A100 80GB PCIe": (19.5, 156.0, 312.0),
+    "NVIDIA A100-PCIE-40GB": (19.5, 156.0, 312.0),
 }
 SCHEDULE_EPOCHS = 10  # the full step is timed in the last of these: 90-100 % of the schedule
 RECIPE_ALGORITHMS = {
@@ -275,14 +276,23 @@ def loader_rate(
     return images / seconds
 
 
-def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
-    """The dense peak for ``precision`` on ``device``: ``override``, else the table by exact name."""
+def peak_tflops(
+    device: torch.device, precision: str, override: float | None, fp32_on_tensor_cores: bool
+) -> float | None:
+    """The dense peak for ``precision`` on ``device``: ``override``, else the table by exact name.
+
+    fp32 work runs on the tensor cores (TF32) only where torch allows it: convolutions by default
+    (``torch.backends.cudnn.allow_tf32``), matrix products not (``torch.get_float32_matmul_precision()``
+    is ``highest`` unless a run changes it); the caller says which its work is.
+    """
     if override:
         return override
     if device.type != "cuda":
         return None
-    tf32, half = PEAK_TFLOPS.get(torch.cuda.get_device_name(device), (None, None))
-    return tf32 if precision == "fp32" else half
+    fp32, tf32, half = PEAK_TFLOPS.get(torch.cuda.get_device_name(device), (None, None, None))
+    if precision != "fp32":
+        return half
+    return tf32 if fp32_on_tensor_cores else fp32
 
 
 def main() -> None:
@@ -307,7 +317,7 @@ def main() -> None:
         args.model, args.resolutions, args.batch_sizes = "resnet_small", [16], ["8"]
         args.precisions, args.compile, args.warmup, args.steps = ["fp32", "bf16"], ["off"], 1, 2
         args.recipe = args.recipe or "mild"
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = select_device("auto", local_rank=0)  # as a run: cuDNN autotuning on a GPU
     for precision in args.precisions:  # before any kernel runs: a CPU may need its oneDNN ISA limited
         resolve_precision(precision, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -327,7 +337,7 @@ def main() -> None:
             setting = replace(setting, batch=largest_batch(args, setting, device))
         rate, flops = model_step_rate(args, setting, device)
         line = f"{setting!s:<40} model step {rate:>9,.0f} img/s"
-        peak = peak_tflops(device, precision, args.peak_tflops)
+        peak = peak_tflops(device, precision, args.peak_tflops, torch.backends.cudnn.allow_tf32)
         if peak:
             line += f"  MFU {rate / setting.batch * flops / (peak * 1e12):6.1%} of {peak:g} TFLOP/s"
         if args.recipe:

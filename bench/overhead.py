@@ -84,8 +84,10 @@ def text_workload(batch: int, seq: int) -> Workload:
     data = TorchData(config, train, val, batch, batch, seed=0)
 
     def step(model: nn.Module, loaded) -> torch.Tensor:
-        inputs = {"input_ids": loaded["input_ids"], "attention_mask": loaded["attention_mask"]}
-        return masked_cross_entropy(model(inputs), loaded["labels"])
+        inputs = {key: loaded[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
+        return masked_cross_entropy(
+            model(inputs), {"labels": loaded["labels"], "predicted": loaded["predicted_labels"]}
+        )
 
     model = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)
     optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.01)

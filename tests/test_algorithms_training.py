@@ -166,6 +166,39 @@ def test_sams_ascent_step_is_rho_over_the_norm_plus_epsilon_of_the_unscaled_grad
         assert torch.allclose(param.grad, g * (loss_scale or 1.0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("overflow", [False, True])
+def test_sams_second_pass_leaves_batchnorm_statistics_as_the_first_pass_left_them(overflow):
+    """Under fp16 an overflowing first-pass gradient makes the ascent step non-finite; the second
+    forward (train mode) must not write NaN into the running statistics, and the scaler skips the
+    step. Without overflow the statistics are those at w too: the first pass's, not w + e's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+    inputs, targets = torch.randn(8, 3, 2, 2), torch.randint(0, 3, (8,))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    state = cpu_state(model, samples_per_batch=8, loss_fn=soft_cross_entropy)
+    state.precision = Precision("fp32", "cpu", scaler=scaler)
+    state.inputs, state.targets = inputs, targets
+    (sam,) = build_algorithms({"sam": SAMConfig(rho=0.5, interval=1)})
+    scaler.scale(soft_cross_entropy(model(inputs), targets)).backward()
+    if overflow:
+        model[1].weight.grad[0, 0] = float("inf")
+    norm = model[2]
+    after_first_pass = [b.clone() for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked)]
+    assert int(norm.num_batches_tracked) == 1
+    sam.apply(Event.AFTER_LOSS, state)
+    sam.apply(Event.AFTER_BACKWARD, state)
+    for got, expected in zip((norm.running_mean, norm.running_var, norm.num_batches_tracked), after_first_pass):
+        assert got.shape == expected.shape
+        assert torch.isfinite(got.float()).all()
+        assert torch.equal(got, expected)
+    weight_before = model[1].weight.detach().clone()
+    scaler.unscale_(state.optimizer)
+    scaler.step(state.optimizer)
+    scaler.update()
+    assert torch.equal(model[1].weight, weight_before) is overflow  # the scaler skips only the overflowed step
+    assert scaler.get_scale() == (512.0 if overflow else 1024.0)
+
+
 def test_sam_runs_every_interval_th_step_with_each_ranks_own_ascent_gradient():
     """Under DDP the first pass keeps each rank's gradient (no all-reduce); the second syncs."""
     from torch.nn.parallel import DistributedDataParallel

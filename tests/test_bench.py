@@ -83,8 +83,8 @@ def test_bert_bench_compares_padded_and_unpadded_steps(lengths, compiled):
         assert float(ratio.rstrip("x")) == pytest.approx(float(best) / padded, abs=rounding)
         flops[name] = float(tflops) * 1e12 / float(best)
         assert mfu == "–"  # no peak known for a CPU
-    assert flops["unpadded"] < flops["padded"] and flops["padded + masked head"] < flops["padded"]
-    assert flops["padded + fused layers"] == pytest.approx(flops["padded"], rel=0.01)
+    # model FLOPs: what the real tokens need, the same for every variant (so MFU compares variants)
+    assert all(value == pytest.approx(flops["padded"], rel=0.01) for value in flops.values())
 
 
 def _best_rates(stdout: str, unit: str) -> dict[str, float]:

@@ -19,6 +19,7 @@ from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, r
 from trainrun.algorithms.seq_length_warmup import length_at
 from trainrun.core.events import Event
 from trainrun.core.precision import Precision
+from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.errors import ConfigError
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
@@ -31,6 +32,7 @@ from trainrun.schema import (
     SeqLengthWarmupConfig,
     UnpaddingConfig,
 )
+from trainrun.tasks.masked_lm import MaskedLanguageModeling
 
 
 # ---------------------------------------------------------------------------------------- LAMB
@@ -106,26 +108,50 @@ def test_sequence_length_warmup_counts_whole_increments_when_the_step_does_not_d
     assert lengths == [8, 8, 16, 16, 30, 30]  # at 45 %: floor(0.9 · 2) = 1 increment, not floor(0.9 · 2.75) = 2
 
 
-def test_sequence_length_warmup_leaves_tensors_without_a_sequence_axis_whole():
-    (warmup,) = build_algorithms({"seq_length_warmup": SeqLengthWarmupConfig(duration=0.5, step_size=4)})
-    weights = torch.tensor([0.5, 2.0])  # one value per sequence
-    state = SimpleNamespace(
-        inputs={"input_ids": torch.ones(2, 32), "weights": weights}, targets=torch.ones(2, 32), progress=0.0
-    )
-    warmup.apply(Event.AFTER_DATALOADER, state)
-    assert state.inputs["input_ids"].shape == (2, 8) and torch.equal(state.inputs["weights"], weights)
+def collated(lengths, predicted, width):
+    """A loader's masked-LM batch: sequences of ``lengths`` real tokens, ``predicted`` positions each."""
+    samples = []
+    for row, (length, positions) in enumerate(zip(lengths, predicted, strict=True)):
+        ids = torch.arange(width) + 100 * row
+        chosen = torch.zeros(width, dtype=torch.bool)
+        chosen[positions] = True
+        samples.append(
+            {
+                "input_ids": ids,
+                "attention_mask": (torch.arange(width) < length).long(),
+                "labels": torch.where(chosen, ids + 1000, IGNORED),
+                "predict_positions": torch.tensor(positions, dtype=torch.int64),
+            }
+        )
+    return collate_masked(samples)
 
 
-def test_sequence_length_warmup_cuts_inputs_and_targets_alike():
+def test_sequence_length_warmup_cuts_inputs_and_targets_alike_and_drops_predictions_cut_off():
     (warmup,) = build_algorithms({"seq_length_warmup": SeqLengthWarmupConfig(duration=0.5, step_size=4)})
-    ids = torch.arange(2 * 32).reshape(2, 32)
-    state = SimpleNamespace(
-        inputs={"input_ids": ids, "attention_mask": torch.ones(2, 32)}, targets=ids + 100, progress=0.25
-    )
+    batch = collated([32, 12], [[3, 19, 25], [5]], width=32)
+    inputs, targets, _ = MaskedLanguageModeling().batch(batch, SimpleNamespace(device=torch.device("cpu")))
+    state = SimpleNamespace(inputs=inputs, targets=targets, progress=0.25, task=MaskedLanguageModeling())
     warmup.apply(Event.AFTER_DATALOADER, state)
     length = 8 + 4 * math.floor(0.25 / 0.5 * ((32 - 8) // 4))  # 20
-    assert state.inputs["input_ids"].shape == (2, length) and state.targets.shape == (2, length)
-    assert torch.equal(state.inputs["input_ids"], ids[:, :length]) and torch.equal(state.targets, ids[:, :length] + 100)
+    ids = batch["input_ids"]
+    assert state.inputs["input_ids"].shape == state.targets["labels"].shape == (2, length)
+    assert torch.equal(state.inputs["input_ids"], ids[:, :length])
+    assert torch.equal(state.inputs["attention_mask"], batch["attention_mask"][:, :length])
+    assert torch.equal(state.targets["labels"], batch["labels"][:, :length])
+    assert state.inputs["lengths"].tolist() == [20, 12]  # per sequence: clamped, not cut
+    assert state.inputs["predict_positions"].tolist() == [[3, 19, 0] + [0] * 5, [5] + [0] * 7]  # 25 is cut off
+    assert state.targets["predicted"].tolist() == [[1003, 1019] + [IGNORED] * 6, [1105] + [IGNORED] * 7]
+
+
+def test_the_loader_sends_real_token_counts_and_predicted_slots_padded_to_a_multiple_of_eight():
+    batch = collated([6, 10, 3], [[1, 4], list(range(1, 10)), []], width=12)
+    assert batch["lengths"].tolist() == [6, 10, 3]
+    assert batch["predict_positions"].shape == batch["predicted_labels"].shape == (3, 16)  # 9 slots -> 16
+    assert batch["predict_positions"][0].tolist() == [1, 4] + [0] * 14
+    assert batch["predicted_labels"][0].tolist() == [1001, 1004] + [IGNORED] * 14
+    assert batch["predicted_labels"][1, :10].tolist() == [1101 + k for k in range(9)] + [IGNORED]
+    assert (batch["predicted_labels"][2] == IGNORED).all()
+    assert collated([4], [[1]], width=8)["predict_positions"].shape == (1, 8)  # never fewer than eight
 
 
 # ---------------------------------------------------------------------------------- gated linear units
@@ -414,12 +440,16 @@ def test_unpadding_composes_with_the_masked_head_and_alibi():
         Event.INIT, SimpleNamespace(raw_model=model)
     )
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    predict = torch.tensor([[0, 1, 0, 1, 0, 0], [1, 0, 0, 0, 0, 1]]).bool()
-    inputs = {"input_ids": torch.randint(0, 50, (2, 6)), "attention_mask": mask, "predict": predict}
+    positions = torch.tensor([[1, 3, 0, 0], [0, 5, 0, 0]])  # the last two slots of each row are padding
+    inputs = {"input_ids": torch.randint(0, 50, (2, 6)), "attention_mask": mask, "predict_positions": positions}
+    full = model(inputs)  # training, no masked_head: every position
+    model.masked_head = True
     padded = model(inputs)
     model.unpad = True
-    assert padded.shape == model(inputs).shape == (4, 50)
-    assert torch.allclose(padded, model(inputs), atol=1e-5)
+    unpadded = model(inputs)
+    assert full.shape == (2, 6, 50) and padded.shape == unpadded.shape == (8, 50)
+    expected = full[torch.arange(2)[:, None], positions].flatten(0, 1)
+    assert torch.allclose(padded, expected, atol=1e-5) and torch.allclose(unpadded, expected, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------- fused layers
@@ -476,13 +506,16 @@ def test_the_attention_kernel_reported_is_one_that_runs_the_models_attention(dro
     torch.manual_seed(0)
     model = tiny_bert(layers=1)
     model.bert.base_model.encoder.layer[0].attention.self.dropout.p = dropout
-    report = model.attention_kernels(12, torch.float32, torch.device("cpu"), alibi=False)
-    cases = [part.rstrip(")").split(" (") for part in report.split(", ")]
-    assert [case for _, case in cases] == ["unpadded batches", "padded batches"]
+    report = model.attention_kernels(12, torch.float32, torch.device("cpu"))
+    assert report.startswith("scaled_dot_product_attention (") and report.endswith(
+        ") on batches padded to their length"
+    )
+    kernel = report.split("(")[1].split(")")[0]
     mask = (torch.arange(12)[None] < torch.tensor([12, 5])[:, None]).long()
     inputs = {"input_ids": torch.randint(5, 50, (2, 12)) * mask, "attention_mask": mask}
-    for kernel in {kernel for kernel, _ in cases}:
-        name = "MATH" if kernel == "math" else f"{kernel.upper()}_ATTENTION"
+    name = "MATH" if kernel == "math" else f"{kernel.upper()}_ATTENTION"
+    for unpad in (False, True):
+        model.unpad = unpad
         with sdpa_kernel([SDPBackend.__members__[name]]):  # SDPA raises if the kernel cannot run these inputs
             model.train()(inputs).sum().backward()
     assert ("math" in report) == (dropout > 0)  # torch's CPU Flash kernel has no dropout

@@ -94,7 +94,7 @@ def test_random_streams_continue_where_they_were_saved():
     restore_rng_state(saved)
     got = (torch.rand(3), random.random(), np.random.rand(2))
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and np.array_equal(got[2], expected[2])
-    assert saved["cuda"] == []  # no CUDA here: nothing recorded, nothing restored
+    assert saved["cuda"] is None  # no CUDA here: nothing recorded, nothing restored
 
 
 def test_random_streams_continue_after_a_round_trip_through_a_checkpoint_file(tmp_path):
@@ -146,32 +146,45 @@ def test_checkpoints_load_onto_the_cpu_whatever_device_wrote_them(tmp_path, monk
 
 
 class FakeCuda:
-    """torch.cuda's random-state calls on a machine with two GPUs."""
+    """torch.cuda's random-state calls for a process whose current GPU is ``current`` of ``visible``."""
 
-    def __init__(self, available: bool) -> None:
-        self.available, self.restored = available, []
+    def __init__(self, available: bool, visible: int = 8, current: int = 3) -> None:
+        self.available, self.visible, self.current, self.restored = available, visible, current, []
 
     def install(self, monkeypatch) -> None:
+        def set_rng_state(state, device="cuda"):
+            if self.current >= self.visible:
+                raise IndexError("list index out of range")  # what a state for a missing GPU meets
+            self.restored.append((self.current, state))
+
         monkeypatch.setattr(torch.cuda, "is_available", lambda: self.available)
-        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.full((4,), 1, dtype=torch.uint8)] * 2)
-        monkeypatch.setattr(torch.cuda, "set_rng_state_all", self.restored.append)
+        monkeypatch.setattr(
+            torch.cuda, "get_rng_state", lambda device="cuda": torch.full((4,), self.current, dtype=torch.uint8)
+        )
+        monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state was read"))
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state was set"))
 
 
-def test_each_gpus_random_state_is_saved_and_restored(monkeypatch):
-    gpu = FakeCuda(available=True)
+def test_the_own_gpus_random_state_is_saved_and_restored_where_other_gpus_are_visible(monkeypatch):
+    """Rank 3 of 8 GPUs saves its own GPU's state; the resume sees one GPU (index 0) and continues it."""
+    gpu = FakeCuda(available=True, visible=8, current=3)
     gpu.install(monkeypatch)
     saved = rng_state()
-    assert [state.tolist() for state in saved["cuda"]] == [[1, 1, 1, 1]] * 2
+    assert saved["cuda"].tolist() == [3, 3, 3, 3]
+    one_gpu = FakeCuda(available=True, visible=1, current=0)
+    one_gpu.install(monkeypatch)
     restore_rng_state(saved)
-    assert gpu.restored == [saved["cuda"]]
+    assert [(device, state.tolist()) for device, state in one_gpu.restored] == [(0, [3, 3, 3, 3])]
     cpu_only = FakeCuda(available=False)  # a GPU run resumed on a machine without one
     cpu_only.install(monkeypatch)
     restore_rng_state(saved)
     assert cpu_only.restored == []
-    assert rng_state()["cuda"] == []
+    assert rng_state()["cuda"] is None
     gpu.install(monkeypatch)
-    restore_rng_state({**saved, "cuda": []})  # a CPU run resumed on a GPU machine: its streams stay
-    assert gpu.restored == [saved["cuda"]]
+    for from_cpu in (None, []):  # a CPU run resumed on a GPU machine (also one saved before this form)
+        restore_rng_state({**saved, "cuda": from_cpu})
+    assert gpu.restored == []
 
 
 def test_pruning_a_checkpoint_another_process_already_deleted_is_no_error(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_backend_follows_the_runs_device_not_the_machine(monkeypatch):
         monkeypatch.setenv(key, value)
     placement, device = join("cpu")  # device=cpu with several processes on a GPU machine
     assert device == torch.device("cpu") and placement == Placement(1, 2, 1)
-    assert started == [("gloo", {"device_id": None})]
+    assert started == [("gloo", {"device_id": None, "timeout": timedelta(minutes=60)})]  # NCCL's own: 10 min
 
 
 def test_each_rank_takes_the_gpu_it_sees_before_joining_the_group(monkeypatch):
@@ -117,7 +118,8 @@ def test_each_rank_takes_the_gpu_it_sees_before_joining_the_group(monkeypatch):
     placement, device = join("auto")
     cuda0 = torch.device("cuda", 0)
     assert device == cuda0 and placement.local_rank == 3
-    assert calls == [("set_device", cuda0), ("cpu:gloo,cuda:nccl", {"device_id": cuda0})]  # device first, told
+    told = {"device_id": cuda0, "timeout": timedelta(minutes=60)}
+    assert calls == [("set_device", cuda0), ("cpu:gloo,cuda:nccl", told)]  # device first, told
     assert torch.backends.cudnn.benchmark  # autotuned convolutions on CUDA
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # every GPU of the node visible
@@ -366,16 +368,19 @@ def gpu_bench():
 def test_gpu_bench_peaks_match_exact_product_names(monkeypatch):
     bench = gpu_bench()
     cuda = torch.device("cuda", 0)
-    for name, bf16, tf32 in [
-        ("NVIDIA H100 80GB HBM3", 989.4, 494.7),
-        ("NVIDIA H100 PCIe", 756.5, 378.0),
-        ("NVIDIA H100 NVL", 835.5, 417.5),
-        ("NVIDIA H200", 989.4, 494.7),
+    for name, bf16, tf32, fp32 in [
+        ("NVIDIA H100 80GB HBM3", 989.4, 494.7, 66.9),
+        ("NVIDIA H100 PCIe", 756.5, 378.0, 51.2),
+        ("NVIDIA H100 NVL", 835.5, 417.5, 60.0),
+        ("NVIDIA H200", 989.4, 494.7, 66.9),
     ]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
-        assert bench.peak_tflops(cuda, "bf16", None) == bf16 and bench.peak_tflops(cuda, "fp32", None) == tf32
+        assert bench.peak_tflops(cuda, "bf16", None, False) == bench.peak_tflops(cuda, "amp", None, True) == bf16
+        assert bench.peak_tflops(cuda, "fp32", None, True) == tf32  # convolutions: TF32 tensor cores
+        assert bench.peak_tflops(cuda, "fp32", None, False) == fp32  # matrix products in true fp32
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 SomethingNew")
-    assert bench.peak_tflops(cuda, "bf16", None) is None and bench.peak_tflops(cuda, "bf16", 700.0) == 700.0
+    assert bench.peak_tflops(cuda, "bf16", None, False) is None
+    assert bench.peak_tflops(cuda, "bf16", 700.0, False) == 700.0
 
 
 @pytest.mark.slow
@@ -408,3 +413,33 @@ def test_gpu_bench_loader_rate_includes_the_device_copy_and_normalisation(monkey
     rate = bench.loader_rate(str(tmp_path / "digits.beton"), 8, 64, 1, 10, torch.device("cpu"))
     assert rate > 0 and len(prepared) == 2 * (len(train) // 64)  # every batch of both epochs
     assert set(prepared) == {torch.channels_last}
+
+
+def test_a_package_below_its_declared_floor_is_refused_in_one_line(monkeypatch, capsys):
+    """The floors are setup.cfg's, read back from the installed metadata; the CLI names the package."""
+    import importlib.metadata
+
+    from trainrun import cli, versions
+
+    floors = importlib.metadata.requires("trainrun")
+    assert "torch>=2.6" in floors and "torchvision>=0.21" in floors
+    versions.check_requirements()  # what is installed here meets them
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1" if name == "torch" else real_version(name))
+    assert cli.main(["--cfg", "job"]) == 2
+    assert capsys.readouterr().err == (
+        "trainrun: error: trainrun needs torch>=2.6 but 2.4.1 is installed: pip install 'torch>=2.6'\n"
+    )
+
+
+def test_bf16_on_a_gpu_without_bf16_arithmetic_runs_fp16_amp_and_says_so(monkeypatch):
+    from trainrun.core.precision import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    precision, notes = resolve_precision("bf16", torch.device("cuda", 0))
+    assert (precision.name, precision.dtype, precision.scaler is not None) == ("amp", torch.float16, True)
+    assert notes == ["Tesla V100-SXM2-32GB has no bf16 arithmetic: precision=bf16 runs fp16 amp"]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    precision, notes = resolve_precision("bf16", torch.device("cuda", 0))
+    assert (precision.name, precision.dtype, precision.scaler, notes) == ("bf16", torch.bfloat16, None, [])

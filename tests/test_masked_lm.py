@@ -19,7 +19,7 @@ from trainrun.algorithms import build_algorithms
 from trainrun.config import check
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.core.events import Event
-from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store
+from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store, collate_masked
 from trainrun.data.token_store import (
     TokenStore,
     check_token_dtype,
@@ -170,45 +170,57 @@ def test_the_loss_and_metrics_count_only_masked_tokens():
     labels[0, 1], labels[1, 3], labels[1, 4] = 3, logits[1, 3].argmax(), 6
     picked = logits[labels != IGNORED]
     expected = -torch.log_softmax(picked, -1)[torch.arange(3), labels[labels != IGNORED]].mean()
-    assert masked_cross_entropy(logits, labels).item() == pytest.approx(expected.item(), rel=1e-6)
-    evaluator = MaskedTokenEvaluator(torch.device("cpu"), 1)
-    evaluator.update(logits, labels)
-    metrics = evaluator.compute()
+    # the same three tokens as predicted slots: two per sequence, one of them padding (-100)
+    slots = torch.stack([logits[0, [1, 0]], logits[1, [3, 4]]]).flatten(0, 1)
+    targets = {"labels": labels, "predicted": torch.tensor([[3, IGNORED], [int(labels[1, 3]), 6]])}
+    assert masked_cross_entropy(logits, targets).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert masked_cross_entropy(slots, targets).item() == pytest.approx(expected.item(), rel=1e-6)
     correct = int((picked.argmax(-1) == labels[labels != IGNORED]).sum())
-    assert metrics["masked_accuracy"] == pytest.approx(correct / 3)
-    assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-6)
-    assert metrics["perplexity"] == pytest.approx(math.exp(expected.item()), rel=1e-6)
+    for outputs in (logits, slots):
+        evaluator = MaskedTokenEvaluator(torch.device("cpu"), 1)
+        evaluator.update(outputs, targets)
+        metrics = evaluator.compute()
+        assert metrics["masked_accuracy"] == pytest.approx(correct / 3)
+        assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-6)
+        assert metrics["perplexity"] == pytest.approx(math.exp(expected.item()), rel=1e-6)
 
 
 def test_masked_head_gives_the_full_heads_loss_and_gradient_for_a_fraction_of_its_work(store):
     """Same loss and gradients as the head over every position; the head's matrix products fall from
-    B·L rows to the masked rows: (B·L − N)·(2·H·H + 2·H·V) FLOPs fewer per forward."""
-    from torch.utils.data import default_collate
+    B·L rows to the B·slots predicted slots: (B·L − B·slots)·(2·H·H + 2·H·V) FLOPs fewer per forward."""
     from torch.utils.flop_counter import FlopCounterMode
 
     data = MaskedSequences(TokenStore.open(store, "train"), 32, "pack", 0.15)
     torch.manual_seed(0)
-    batch = default_collate([data[i] for i in range(8)])
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    batch = collate_masked([data[i] for i in range(8)])
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
+    targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"]}
     config = ModelConfig(name="bert", hidden_dropout=0.0, attention_dropout=0.0)
     model = build_bert(config, data.vocab_size)
-    state = SimpleNamespace(inputs=inputs, targets=batch["labels"])
-    build_algorithms({"masked_head": MaskedHeadConfig()})[0].apply(Event.AFTER_DATALOADER, state)
     results = []
-    for model_inputs in (inputs, state.inputs):
+    for masked in (False, True):
+        if masked:
+            build_algorithms({"masked_head": MaskedHeadConfig()})[0].apply(Event.INIT, SimpleNamespace(raw_model=model))
         model.zero_grad()
         with FlopCounterMode(display=False) as flops:
-            logits = model(model_inputs)
-        loss = masked_cross_entropy(logits, batch["labels"])
+            logits = model(inputs)
+        loss = masked_cross_entropy(logits, targets)
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()], flops.get_total_flops(), logits))
     (full, full_grads, full_flops, full_logits), (masked, masked_grads, masked_flops, masked_logits) = results
-    rows = int((batch["labels"] != IGNORED).sum())
-    assert full_logits.shape == (8, 32, data.vocab_size) and masked_logits.shape == (rows, data.vocab_size)
+    slots = batch["predict_positions"].shape[1]
+    assert slots % 8 == 0 and slots < 32
+    assert full_logits.shape == (8, 32, data.vocab_size) and masked_logits.shape == (8 * slots, data.vocab_size)
     assert torch.allclose(full, masked, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, masked_grads, strict=True))
     hidden = config.hidden_size
-    assert full_flops - masked_flops == (8 * 32 - rows) * (2 * hidden * hidden + 2 * hidden * data.vocab_size)
+    assert full_flops - masked_flops == (8 * 32 - 8 * slots) * (2 * hidden * hidden + 2 * hidden * data.vocab_size)
+    with pytest.raises(
+        ConfigError, match=r"^algorithm 'masked_head' needs trainrun's BERT \(model=bert_\*\), not Linear$"
+    ):
+        build_algorithms({"masked_head": MaskedHeadConfig()})[0].apply(
+            Event.INIT, SimpleNamespace(raw_model=torch.nn.Linear(2, 2))
+        )
 
 
 def test_corpora_files_folders_and_bad_text(tmp_path):

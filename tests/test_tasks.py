@@ -166,3 +166,12 @@ def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_p
     assert lines[1] == (
         "note: hf_model: its feed-forward layers are GLUs (gated_linear_units), which BertForMaskedLM cannot load"
     )
+
+
+def test_evaluation_metrics_skip_torchmetrics_argument_checks_that_wait_for_the_device():
+    from trainrun.tasks.image_classification import ClassificationEvaluator
+
+    evaluator = ClassificationEvaluator(10, torch.device("cpu"), 1)
+    assert evaluator.top1.validate_args is False and evaluator.top5.validate_args is False
+    evaluator.update(torch.eye(10)[[1, 2, 3, 4]], torch.tensor([1, 2, 0, 0]))
+    assert evaluator.compute()["top1"] == 0.5

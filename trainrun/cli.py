@@ -28,6 +28,7 @@ from trainrun.config import (
 from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
 from trainrun.schema import DataConfig, validate
+from trainrun.versions import check_requirements
 
 
 def _job(cfg: DictConfig, debug: bool) -> None:
@@ -50,6 +51,11 @@ def _job(cfg: DictConfig, debug: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trainrun`` console script."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        check_requirements()
+    except ImportError as error:  # a package below trainrun's floor: one line, before any work
+        print(f"trainrun: error: {error}", file=sys.stderr)
+        return 2
     record_command(argv)
     debug = "--debug" in argv
     if argv and argv[0] in SUBCOMMANDS:

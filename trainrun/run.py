@@ -42,7 +42,7 @@ def seed_everything(seed: int) -> None:
 
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
-    placement, device = distributed.join(config.device, config.deterministic)
+    placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
     rank, world_size = placement.rank, placement.world_size
     console = Console(stderr=False, quiet=rank != 0)
     precision, notes = resolve_precision(config.precision, device)
@@ -144,8 +144,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     )
     if hasattr(model, "attention_kernels"):  # which fused attention kernel the device gives this run
         dtype = precision.dtype or torch.float32
-        kernels = model.attention_kernels(config.data.max_seq_len, dtype, device, "alibi" in config.algorithms)
-        console.print(f"attention: scaled_dot_product_attention runs {kernels}", highlight=False, soft_wrap=True)
+        kernels = model.attention_kernels(config.data.max_seq_len, dtype, device)
+        console.print(f"attention: {kernels}", highlight=False, soft_wrap=True)
     try:
         trainer.fit(offset)
         if rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:

@@ -76,6 +76,8 @@ class ModelConfig:
     max_position_embeddings: int = _positive(512)
     hidden_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
     attention_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    # bert: auto | sdpa | varlen | flex (trainrun/models/bert.py says which runs where)
+    attention: str = _choice("auto", "auto", "sdpa", "varlen", "flex")
     # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert),
     # a torch.save'd state dict, or a trainrun checkpoint
     weights: str | None = None
@@ -107,7 +109,7 @@ class DataConfig:
     std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
     num_workers: int = _non_negative(0)
     pin_memory: bool | None = None  # torch loader: null = pinned when training on CUDA
-    persistent_workers: bool = False
+    persistent_workers: bool = True  # torch loader: workers live on across epochs and evaluations (no re-fork)
     prefetch_factor: int | None = None
     order: str = _choice("random", "random", "quasi_random", "sequential")  # ffcv: training order
     os_cache: bool = True  # ffcv: read through the page cache (False: FFCV's own in-process cache)
@@ -172,6 +174,8 @@ class LauncherConfig:
     master_addr: str = "127.0.0.1"  # the node_rank 0 machine, reachable from every node
     master_port: int | None = field(default=None, metadata={"min": 1, "max": 65535})  # null: a free port
     rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master_addr/port
+    # how long a collective may wait (rank 0 writing a checkpoint, a slow rank) before the run fails
+    timeout_minutes: float = field(default=60.0, metadata={"min": 1})
 
 
 @dataclass
@@ -496,7 +500,6 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("colout", "after the batch has its size for the step"),
     ("selective_backprop", "scores and keeps examples of the batch as it will train: sized, before mixing"),
     ("seq_length_warmup", "shortens the batch's sequences before anything reads their positions"),
-    ("masked_head", "marks the positions to predict once the batch is final, before any micro-batching"),
     ("mixup", "mixes images and targets before label smoothing smooths the mixed targets"),
     ("cutmix", "as mixup"),
     ("randaugment", "per-image transforms in the data pipeline; no order with batch methods"),
@@ -514,6 +517,7 @@ ALGORITHM_ORDER: tuple[tuple[str, str], ...] = (
     ("swa", "at BATCH_END (reversed) loads its average into the model before EMA reads the weights"),
     ("alibi", "replaces the position embeddings at INIT; attention reads its bias from the model"),
     ("unpadding", "switches the model's forward at INIT; any layer surgery before or after applies within it"),
+    ("masked_head", "switches the model's output head at INIT; no other method touches it"),
     ("gated_linear_units", "rebuilds the feed-forward layers at INIT, before their norms are replaced"),
     ("low_precision_layernorm", "replaces every LayerNorm at INIT, including any that surgery added"),
     ("fused_layers", "compiles each layer's blocks at INIT once every surgery inside them is done"),

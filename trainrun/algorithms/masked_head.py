@@ -1,27 +1,32 @@
 """The masked-language-model head on the masked positions only (NVIDIA's ``dense_seq_output``).
 
 BERT's output layer maps every position's hidden state to vocabulary logits, but the loss reads
-only the masked positions, about ``mlm_probability`` of them. At AFTER_DATALOADER this method adds
-``predict`` (the positions whose label is not -100) to the batch's inputs; the model then runs its
-head on those rows alone and returns their logits, in the row-major order of the mask, which is
-the order the loss takes the labels in. The loss, and so the gradient, is the full head's; the
-head's work falls to the masked share (an eighth of it at the usual 15 %, less the padding).
-Evaluation keeps the full head.
+only the masked positions, about ``mlm_probability`` of them. At INIT this switches trainrun's
+BERT to run its head on the batch's ``predict_positions`` alone (sent by the loader, padded per
+batch to a few slots more than the most any sequence has) and return their logits; the loss
+scores them against the slots' labels. The loss, and so the gradient, is the full head's; the
+head's work falls to the masked share (about an eighth of it at the usual 15 %, less the padding).
+Evaluation always runs the head on the predicted positions alone, with or without this method.
 """
 
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.data.masked_text import IGNORED
+from trainrun.errors import ConfigError
 from trainrun.schema import MaskedHeadConfig
 
 
 class MaskedHead(Algorithm):
     name = "masked_head"
-    events = frozenset({Event.AFTER_DATALOADER})
+    events = frozenset({Event.INIT})
 
     def apply(self, event: Event, state: State) -> None:
-        state.inputs = {**state.inputs, "predict": state.targets != IGNORED}
+        model = state.raw_model
+        if not hasattr(model, "masked_head"):
+            raise ConfigError(
+                f"algorithm 'masked_head' needs trainrun's BERT (model=bert_*), not {type(model).__name__}"
+            )
+        model.masked_head = True
 
 
 def build(config: MaskedHeadConfig) -> MaskedHead:

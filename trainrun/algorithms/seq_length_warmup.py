@@ -5,16 +5,14 @@ Composer's schedule, written in the fraction of the run done (so a budgeted run 
 with ``n = (max - min) // step_size`` increments, the length after ``p`` of the run is
 ``min + step_size * floor(p / duration * n)``, held at ``max`` from ``duration`` on. ``max`` is
 capped at the batch's own length, so the ramp spans ``duration`` whatever the configured maximum.
-At AFTER_DATALOADER every (batch, sequence) tensor of the inputs and the targets is cut to that
-length (Composer's ``truncate``): early steps cost a fraction of a full one, and the positions
-cut off are not trained on in that step.
+At AFTER_DATALOADER the task cuts the batch's sequences to that length (Composer's ``truncate``):
+early steps cost a fraction of a full one, and the positions cut off are not trained on in that
+step.
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
 
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
@@ -41,15 +39,10 @@ class SeqLengthWarmup(Algorithm):
         self.config = config
 
     def apply(self, event: Event, state: State) -> None:
-        full = state.targets.shape[1]
+        full = state.inputs["input_ids"].shape[1]
         length = length_at(state.progress, full, self.config)
         if length < full:
-            state.inputs = {key: _cut(value, length) for key, value in state.inputs.items()}
-            state.targets = state.targets[:, :length]
-
-
-def _cut(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    return tensor[:, :length] if tensor.dim() >= 2 else tensor
+            state.inputs, state.targets = state.task.truncate(state.inputs, state.targets, length)
 
 
 def build(config: SeqLengthWarmupConfig) -> SeqLengthWarmup:

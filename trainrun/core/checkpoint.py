@@ -80,11 +80,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random states (Python, NumPy, torch CPU and CUDA) in a ``weights_only`` form."""
+    """This process's random states (Python, NumPy, torch CPU and its own GPU's) in a ``weights_only`` form.
+
+    Only the current GPU's state is kept: the run draws on no other, and a resume may see another
+    set of GPUs (a rank of 8 on a node, then a lone process on one GPU).
+    """
     numpy_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "python": random.getstate(),
         "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
     }
@@ -93,8 +97,8 @@ def rng_state() -> dict[str, Any]:
 def restore_rng_state(saved: dict[str, Any]) -> None:
     """Continue the random streams :func:`rng_state` recorded."""
     torch.set_rng_state(saved["torch"])
-    if saved["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(saved["cuda"])
+    if isinstance(saved["cuda"], torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved["cuda"])  # the current device's
     random.setstate(saved["python"])
     name, keys, *rest = saved["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -78,18 +79,57 @@ def select_device(name: str, local_rank: int, deterministic: bool = False) -> to
     return device
 
 
-def join(device_name: str, deterministic: bool = False) -> tuple[Placement, torch.device]:
-    """This process's placement and device; joins the process group when there are several ranks."""
+def join(device_name: str, deterministic: bool = False, timeout_minutes: float = 60) -> tuple[Placement, torch.device]:
+    """This process's placement and device; joins the process group when there are several ranks.
+
+    ``timeout_minutes`` bounds every collective, NCCL's and gloo's alike (NCCL's own default is
+    10 minutes, less than rank 0 may need to write a multi-gigabyte checkpoint).
+    """
     placement = Placement.from_environment()
     device = select_device(device_name, placement.local_rank, deterministic)
     if placement.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend_for(device), device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend_for(device),
+            device_id=device if device.type == "cuda" else None,
+            timeout=timedelta(minutes=timeout_minutes),
+        )
     return placement, device
 
 
 def leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wait_for_all(world_size: int) -> None:
+    """A barrier on the gloo side of the group (a CPU all-reduce): ranks waiting here, for rank 0's
+    checkpoint write say, hold no NCCL collective open for NCCL's watchdog to time out."""
+    if world_size > 1:
+        dist.all_reduce(torch.zeros(1))
+
+
+def first_on_any_rank(value: int | None, world_size: int) -> int | None:
+    """The smallest of every rank's ``value`` (None: none on that rank), the same on every rank.
+
+    A CPU tensor through gloo, so deciding together reads nothing back from a device.
+    """
+    if world_size == 1:
+        return value
+    found = torch.tensor([value if value is not None else torch.iinfo(torch.int64).max], dtype=torch.int64)
+    dist.all_reduce(found, op=dist.ReduceOp.MIN)
+    return None if int(found) == torch.iinfo(torch.int64).max else int(found)
+
+
+def average_buffers(module: torch.nn.Module, world_size: int) -> None:
+    """Average ``module``'s floating-point buffers (batch-norm running statistics) over the ranks,
+    as timm's ``distribute_bn(reduce=True)``: each rank updated its own from its own batches."""
+    buffers = [buffer for buffer in module.buffers() if buffer.is_floating_point()]
+    if world_size == 1 or not buffers:
+        return
+    flat = torch._utils._flatten_dense_tensors(buffers)
+    dist.all_reduce(flat)
+    flat /= world_size
+    torch._foreach_copy_(buffers, torch._utils._unflatten_dense_tensors(flat, buffers))
 
 
 def gather_to_main(value: Any, rank: int, world_size: int) -> list[Any] | None:

@@ -4,6 +4,15 @@ Each micro-batch's loss is weighted by its share of the batch, so the accumulate
 whole batch's mean-loss gradient whatever the split (exactly, for models without batch
 statistics). ``auto`` starts from the whole batch and halves the micro-batch whenever a step runs
 out of device memory, as Composer's automatic micro-batching does; the step is then retried.
+
+On several ranks a rank that runs out of memory in the middle of DDP's bucketed all-reduce would
+leave the others waiting, so while ``auto`` is searching, backward passes run without DDP's
+synchronisation, the ranks agree whether any ran out, and gradients are averaged by hand. Once
+:attr:`Microbatching.settle_steps` steps ran without running out on inputs no larger than the
+largest seen, the micro-batch size has *settled* and DDP synchronises again in the last
+micro-batch (its all-reduce overlapping the backward pass, no flattened copy of the gradients,
+no agreement round per step). Inputs larger than any seen (progressive resizing, sequence-length
+warmup) unsettle it until they too have run that many steps.
 """
 
 from __future__ import annotations
@@ -47,6 +56,19 @@ class Microbatching:
 
     size: int | None = None
     auto: bool = False
+    settle_steps: int = 20  # steps without running out of memory before ``auto`` counts as settled
+    calm_steps: int = 0  # steps since the last out-of-memory or the last larger input
+    largest_input: int = 0  # elements of the largest inputs seen
+
+    def settled(self, input_elements: int) -> bool:
+        """Whether this step's micro-batches (inputs of ``input_elements``) are known to fit."""
+        if input_elements > self.largest_input:
+            self.largest_input, self.calm_steps = input_elements, 0
+        return self.calm_steps >= self.settle_steps
+
+    def step_fitted(self) -> None:
+        """A whole step ran without running out of memory."""
+        self.calm_steps += 1
 
     @classmethod
     def parse(cls, setting: str | None) -> Microbatching:
@@ -62,7 +84,17 @@ class Microbatching:
         if current <= 1:
             raise torch.OutOfMemoryError("out of memory with micro-batches of one sample")
         self.size = current // 2
+        self.calm_steps = 0
         return current
+
+
+def input_elements(inputs: Any) -> int:
+    """How many elements a batch's input tensors hold (shapes only: nothing is read from a device)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.numel()
+    if isinstance(inputs, dict):
+        inputs = list(inputs.values())
+    return sum(input_elements(item) for item in inputs) if isinstance(inputs, (tuple, list)) else 0
 
 
 def any_rank(flag: bool, world_size: int) -> bool:

@@ -55,9 +55,12 @@ def resolve_precision(name: str, device: torch.device) -> tuple[Precision, list[
     if name == "fp32":
         return Precision(name, device.type), []
     if device.type == "cuda":
-        if name == "bf16":
+        if name == "bf16" and torch.cuda.is_bf16_supported(including_emulation=False):
             return Precision(name, device.type, torch.bfloat16), []
-        return Precision(name, device.type, torch.float16, torch.amp.GradScaler("cuda")), []
+        fp16 = Precision("amp", device.type, torch.float16, torch.amp.GradScaler("cuda"))
+        if name == "bf16":  # V100, T4: no bf16 tensor cores
+            return fp16, [f"{torch.cuda.get_device_name(device)} has no bf16 arithmetic: precision=bf16 runs fp16 amp"]
+        return fp16, []
     notes = [note] if (note := _limit_cpu_isa_if_amx_faults()) else []
     if name == "amp":
         notes.append("precision=amp needs CUDA for fp16 loss scaling; on this CPU it runs bf16 autocast instead")

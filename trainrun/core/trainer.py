@@ -28,11 +28,14 @@ from trainrun.core.microbatches import (
     any_rank,
     average_gradients,
     batch_size_of,
+    input_elements,
     microbatch_slices,
     take,
 )
 from trainrun.core.state import State
 from trainrun.errors import TrainingDiverged, WriteError
+
+MAX_SKIPPED_STEPS = 50  # fp16: consecutive non-finite losses the gradient scaler may skip before a run has diverged
 
 
 @dataclass
@@ -83,8 +86,7 @@ class Trainer:
         self._pending_losses: list[torch.Tensor] = []
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
-        # auto micro-batches on several ranks: no backward synchronises, gradients are averaged by hand
-        self._average_by_hand = settings.microbatching.auto and state.world_size > 1
+        self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
         state.data.to(state.device)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
@@ -94,7 +96,14 @@ class Trainer:
         if state.world_size > 1:
             device_ids = [state.device] if state.device.type == "cuda" else None
             state.model = DistributedDataParallel(
-                state.model, device_ids=device_ids, find_unused_parameters=state.find_unused_parameters
+                state.model,
+                device_ids=device_ids,
+                find_unused_parameters=state.find_unused_parameters,
+                # gradients live in DDP's buckets: no copy of every gradient into and out of them
+                gradient_as_bucket_view=True,
+                # each rank keeps its own batch-norm statistics between evaluations (no broadcast
+                # before every forward); they are averaged over the ranks where they are read
+                broadcast_buffers=False,
             )
 
     @property
@@ -160,20 +169,11 @@ class Trainer:
         accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
         inputs, targets = state.inputs, state.targets
-        batch_size = batch_size_of(inputs)
-        while True:
-            out_of_memory = False
-            try:
-                loss = self._accumulate_gradients(inputs, targets, batch_size)
-            except torch.OutOfMemoryError:
-                if not microbatching.auto:
-                    raise
-                out_of_memory = True
-            if not microbatching.auto or not any_rank(out_of_memory, state.world_size):
-                break
-            self._shrink_microbatches(batch_size)
-        if self._average_by_hand:
-            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
+        loss = (
+            self._forward_backward(inputs, targets)
+            if microbatching.auto
+            else self._accumulate_gradients(inputs, targets)
+        )
         state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
         if scaler:
@@ -191,21 +191,46 @@ class Trainer:
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
 
-    def _accumulate_gradients(self, inputs: Any, targets: Any, batch_size: int) -> torch.Tensor:
+    def _forward_backward(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """:meth:`_accumulate_gradients` under ``auto`` micro-batches: out of memory on any rank,
+        the step is retried with half the micro-batch. Until the size has settled on several
+        ranks, gradients are averaged by hand after every rank finished (see
+        :mod:`~trainrun.core.microbatches`); once it has, DDP synchronises as usual and running
+        out of memory ends the run, as it would without ``auto``."""
+        state, microbatching = self.state, self.settings.microbatching
+        by_hand = state.world_size > 1 and not microbatching.settled(input_elements(inputs))
+        while True:
+            out_of_memory = False
+            try:
+                loss = self._accumulate_gradients(inputs, targets, by_hand)
+            except torch.OutOfMemoryError:
+                if state.world_size > 1 and not by_hand:  # settled: the other ranks wait in DDP's all-reduce
+                    raise
+                out_of_memory = True
+            if not any_rank(out_of_memory, state.world_size if by_hand else 1):
+                break
+            self._shrink_microbatches(batch_size_of(inputs))
+        if by_hand:
+            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
+        microbatching.step_fitted()
+        return loss
+
+    def _accumulate_gradients(self, inputs: Any, targets: Any, by_hand: bool = False) -> torch.Tensor:
         """Forward and backward over the batch in micro-batches; return the batch's mean loss.
 
         Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD and its loss counts by its share
         of the batch. DDP synchronises gradients in the last micro-batch's backward pass only
-        (in none when averaging by hand: the caller averages them after every rank finished).
+        (in none ``by_hand``: the caller averages them after every rank finished).
         """
         state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler = state.precision.scaler
+        batch_size = batch_size_of(inputs)
         parts = microbatch_slices(batch_size, self.settings.microbatching.size)
         total = None
         for index, part in enumerate(parts):
             if len(parts) > 1:
                 state.inputs, state.targets = take(inputs, part, batch_size), take(targets, part, batch_size)
-            synchronise = index == len(parts) - 1 and not self._average_by_hand
+            synchronise = index == len(parts) - 1 and not by_hand
             with contextlib.nullcontext() if synchronise or state.world_size == 1 else state.model.no_sync():
                 accounts.switch("forward")
                 with state.precision.autocast():
@@ -260,23 +285,40 @@ class Trainer:
             state.notice(f"{label} {value:.2%} reached stop_at={target:g}: training stops here")
 
     def _flush_losses(self) -> None:
-        """Check the losses of the steps since the last flush; stop with the step of a NaN/inf."""
+        """Check the losses of the steps since the last flush; stop with the step of a NaN/inf.
+
+        Under fp16 loss scaling a non-finite loss is a step the scaler skipped (its gradients are
+        not finite either), left out of the reported loss; only :data:`MAX_SKIPPED_STEPS` of them
+        in a row mean divergence. Every rank flushes at the same steps and the ranks decide
+        together (the first diverged step on any rank), so all of them stop there with the same
+        message rather than some waiting in a collective for the one that stopped.
+        """
+        state = self.state
         if not self._pending_losses:
             return
         values = torch.stack(self._pending_losses).float().cpu()
-        self.state.accounts.resolve_device()  # the GPU has just been synchronised anyway
-        first_step = self.state.batch - len(values) + 1
+        state.accounts.resolve_device()  # the GPU has just been synchronised anyway
+        first_step = state.batch - len(values) + 1
         self._pending_losses.clear()
         finite = torch.isfinite(values)
-        if not finite.all():
-            bad = int((~finite).nonzero()[0])
+        diverged = None
+        for offset, ok in enumerate(finite.tolist()):
+            self._skipped_in_a_row = 0 if ok else self._skipped_in_a_row + 1
+            tolerated = state.precision.scaler is not None and self._skipped_in_a_row < MAX_SKIPPED_STEPS
+            if not ok and not tolerated and diverged is None:
+                diverged = first_step + offset
+        diverged = distributed.first_on_any_rank(diverged, state.world_size)
+        if diverged is not None:
             raise TrainingDiverged(
-                f"loss is {values[bad].item()} at step {first_step + bad} (epoch {self.state.epoch}); "
+                f"loss is not finite at step {diverged} (epoch {state.epoch}); "
                 "try a lower optimizer.lr, gradient clipping or precision=fp32"
             )
-        self._window.loss_sum += float(values.sum())
-        self._window.loss_count += len(values)
-        self.state.train_loss = float(values[-1])
+        if not finite.all():
+            state.notice(f"fp16 loss scaling skipped {int((~finite).sum())} step(s) before step {state.batch + 1}")
+        self._window.loss_sum += float(values[finite].sum())
+        self._window.loss_count += int(finite.sum())
+        if finite[-1]:
+            state.train_loss = float(values[-1])
 
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -286,6 +328,7 @@ class Trainer:
         self._flush_losses()
         previous = state.accounts.switch("eval")
         self.engine.run(Event.EVAL_START, state)
+        distributed.average_buffers(state.raw_model, state.world_size)  # each rank's statistics, averaged
         state.model.eval()
         evaluator = state.task.evaluator(state)
         for batch in state.data.eval_batches():
@@ -319,6 +362,7 @@ class Trainer:
         state, directory = self.state, self.settings.checkpoint_dir
         self._flush_losses()  # the window saved holds every step's loss, not only those of past log intervals
         previous = state.accounts.switch("checkpoint")
+        distributed.average_buffers(state.raw_model, state.world_size)  # as an evaluation here would see them
         rng = distributed.gather_to_main(checkpoint.rng_state(), state.rank, state.world_size)
         if state.is_main:
             path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
@@ -330,8 +374,7 @@ class Trainer:
                     f"before it are intact (resume=auto continues from the newest)"
                 ) from error
             checkpoint.prune(directory, self.settings.checkpoint_keep)
-        if state.world_size > 1:
-            dist.barrier()
+        distributed.wait_for_all(state.world_size)
         state.accounts.switch(previous)
 
     def _checkpoint_payload(self, rng: list[dict[str, Any]]) -> dict[str, Any]:

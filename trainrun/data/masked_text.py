@@ -8,6 +8,14 @@ chosen with probability ``mlm_probability``; a chosen token becomes ``[MASK]`` (
 ordinary token (10 %) or stays (10 %), and only chosen tokens have labels (-100 elsewhere).
 Training draws come from torch's default generator, which :class:`~trainrun.data.torch_loader.
 AugmentedDataset` seeds per (seed, epoch, sample); evaluation masks are fixed per sample.
+
+Everything a training step would otherwise compute on the device, with a read-back, comes with
+the batch from the loader's workers (:func:`collate_masked`): each sequence's real-token count
+(``lengths``, kept on the host) and the positions to predict with their labels, padded to the
+batch's most, rounded up to a multiple of :data:`PREDICTION_SLOTS` (MLPerf pads to one fixed
+maximum because it masks a fixed count; with BERT's per-token draws the count varies, and padded
+corpora would waste most of a fixed maximum). Few distinct shapes, so compiled models recompile
+rarely.
 """
 
 from __future__ import annotations
@@ -28,6 +36,24 @@ from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 IGNORED = -100  # the label of tokens that are not predicted (torch's cross-entropy ignore_index)
+PREDICTION_SLOTS = 8  # predicted positions per sequence are padded to a multiple of this
+
+
+def collate_masked(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch of :class:`MaskedSequences` samples: stacked, with ``lengths`` and each sequence's
+    ``predict_positions`` (padded with 0, the always-real [CLS]) and ``predicted_labels`` (padded
+    with -100) in slots of the batch's most, rounded up to a multiple of ``PREDICTION_SLOTS``."""
+    batch = {key: torch.stack([sample[key] for sample in samples]) for key in ("input_ids", "attention_mask", "labels")}
+    counts = torch.tensor([len(sample["predict_positions"]) for sample in samples])
+    slots = max(PREDICTION_SLOTS, -(-int(counts.max()) // PREDICTION_SLOTS) * PREDICTION_SLOTS)
+    positions = torch.zeros(len(samples), slots, dtype=torch.int64)
+    for row, sample in enumerate(samples):
+        positions[row, : counts[row]] = sample["predict_positions"]
+    used = torch.arange(slots)[None, :] < counts[:, None]
+    batch["lengths"] = batch["attention_mask"].sum(1)
+    batch["predict_positions"] = positions
+    batch["predicted_labels"] = torch.where(used, batch["labels"].gather(1, positions), IGNORED)
+    return batch
 
 
 class MaskedSequences(Dataset):
@@ -91,7 +117,10 @@ class MaskedSequences(Dataset):
         inputs = torch.where(masked, self.mask, torch.where(randomised, replacements, ids))
         attention = torch.zeros(self.max_seq_len, dtype=torch.int64)
         attention[:length] = 1
-        return {"input_ids": inputs, "attention_mask": attention, "labels": labels}
+        positions = chosen.nonzero().squeeze(1)
+        return {"input_ids": inputs, "attention_mask": attention, "labels": labels, "predict_positions": positions}
+
+    collate = staticmethod(collate_masked)  # the torch loader's collate_fn
 
 
 def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> tuple[MaskedSequences, MaskedSequences]:

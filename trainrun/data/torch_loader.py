@@ -94,6 +94,7 @@ class TorchData(DataSpec):
             "pin_memory": pin_memory,
             "persistent_workers": config.persistent_workers and config.num_workers > 0,
             "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
+            "collate_fn": getattr(train_set, "collate", None),  # text: predicted positions padded per batch
         }
         # Own generator: iterator creation must not draw from the global RNG the model's own random
         # draws use, or a run resumed mid-epoch would continue differently from the uninterrupted one.

@@ -1,130 +1,251 @@
-"""BERT for masked-language-model pretraining: Hugging Face's ``BertForMaskedLM``, built from a config.
+"""BERT for masked-language-model pretraining: Hugging Face's ``BertForMaskedLM``, run by trainrun.
 
-No weights are downloaded. Attention runs through ``torch.nn.functional.scaled_dot_product_attention``
-(``attn_implementation="sdpa"``), which picks the fused Flash or memory-efficient kernel where the
-device has one. :class:`MaskedLanguageModel` gives the trainer the ``model(inputs) -> outputs``
-interface every task uses; ``.bert`` is the Hugging Face model itself, which
-``save_pretrained`` and ``transformers`` read as any other.
+No weights are downloaded. The module tree and the weights are Hugging Face's own (``.bert`` is
+the ``BertForMaskedLM``, which ``save_pretrained`` and ``transformers`` read as any other); the
+forward pass is trainrun's, calling the same layers in the same order, so that
+
+- with ``unpad`` (the unpadding method) every layer, attention included where the device has a
+  variable-length kernel, runs on the real tokens only;
+- Q, K and V come from one matrix product per layer;
+- ALiBi's distance bias is applied inside the attention kernel (FlexAttention's ``score_mod``)
+  rather than built as a (batch, heads, length, length) tensor, wherever FlexAttention runs;
+- a step reads nothing back from the device: the loader sends the real-token count per sequence
+  (``lengths``, kept on the host) and the positions to predict (``predict_positions``).
+
+Attention (``model.attention``): ``sdpa`` is ``scaled_dot_product_attention`` on the padded
+(batch, heads, length, length) layout with a padding mask (unpadded rows are re-padded for it);
+``varlen`` is torch's variable-length Flash kernel on the packed real tokens (CUDA, fp16/bf16, no
+attention dropout, no bias); ``flex`` is FlexAttention, compiled, with a document mask over the
+packed tokens (or a padding mask) and ALiBi as a score modification (CUDA, no attention dropout).
+``auto`` takes ``varlen`` for unpadded runs, ``flex`` for ALiBi, where they apply, else ``sdpa``.
+Why by hand: Hugging Face's BERT has no unpadded path, masks by materialised tensors and reads
+``padding_mask.all()`` back from the device every forward.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 
+from trainrun.errors import ConfigError
 from trainrun.schema import ModelConfig
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Layout:
+    """Where a batch's rows live: ``rows`` of (batch·length) are the real tokens (packed), or all
+    of them (padded, ``rows`` None). Built on the host from the loader's ``lengths``."""
+
+    batch: int
+    length: int
+    lengths: torch.Tensor  # (batch,) real tokens per sequence, on the device
+    rows: torch.Tensor | None = None  # (tokens,) packed: the real tokens' flat positions
+    cu_seqlens: torch.Tensor | None = None  # (batch + 1,) int32 packed: where each sequence starts
+    documents: torch.Tensor | None = None  # (tokens,) packed: each real token's sequence
+    longest: int = 0  # the longest sequence's real tokens
+
+    @property
+    def packed(self) -> bool:
+        return self.rows is not None
+
+
+@torch.compiler.disable
+def make_layout(lengths: torch.Tensor, length: int, device: torch.device, packed: bool) -> Layout:
+    """The batch's :class:`Layout` from ``lengths`` on the host (no device read-back)."""
+    lengths = lengths.cpu()  # a no-op for the loader's (host) lengths
+    batch = len(lengths)
+    on_device = lengths.to(device, non_blocking=True)
+    if not packed:
+        return Layout(batch, length, on_device)
+    starts = F.pad(lengths.cumsum(0), (1, 0))
+    offsets = torch.arange(int(starts[-1])) - starts[:-1].repeat_interleave(lengths)
+    documents = torch.arange(batch).repeat_interleave(lengths)
+    rows, cu_seqlens = documents * length + offsets, starts.to(torch.int32)
+    moved = (tensor.to(device, non_blocking=True) for tensor in (rows, cu_seqlens, documents))
+    return Layout(batch, length, on_device, *moved, longest=int(lengths.max()))
 
 
 class MaskedLanguageModel(nn.Module):
-    """A Hugging Face masked-language model taking the batch's ``input_ids`` and ``attention_mask``."""
+    """A Hugging Face masked-language model taking the batch's ``input_ids`` and ``attention_mask``
+    (and, from trainrun's loader, ``lengths`` and ``predict_positions``)."""
 
-    def __init__(self, bert: nn.Module) -> None:
+    def __init__(self, bert: nn.Module, attention: str = "auto") -> None:
         super().__init__()
         self.bert = bert
+        self.attention = attention
         # set by the alibi algorithm: one slope per head (a buffer, so it moves with the model)
         self.register_buffer("alibi_slopes", None, persistent=False)
-        self._alibi_biases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-        self.unpad = False  # set by the unpadding algorithm: no work on padding outside attention
+        self.unpad = False  # set by the unpadding algorithm: no work on padding
+        self.masked_head = False  # set by the masked_head algorithm: training logits at predicted positions only
 
-    def attention_mask(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The batch's (batch, sequence) mask, or with ALiBi the additive (batch, heads, query,
-        key) mask: ``-slope * |i - j|`` plus the dtype's minimum at padding keys, in the dtype
-        attention computes in (``scaled_dot_product_attention`` wants the query's)."""
-        mask = inputs["attention_mask"]
-        if self.alibi_slopes is None:
-            return mask
-        device = mask.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-        padding = torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
-        return self._alibi_bias(mask.shape[1], dtype, mask.device)[None] + padding
+    # ---------------------------------------------------------------------------------- attention
+    def attention_path(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The attention this model runs now (training or not) on ``device`` in ``dtype``."""
+        dropout = self.bert.config.attention_probs_dropout_prob if self.training else 0.0
+        alibi = self.alibi_slopes is not None
+        usable = {
+            "sdpa": True,
+            "varlen": device.type == "cuda" and dtype in _HALF and dropout == 0 and not alibi and self.unpad,
+            "flex": device.type == "cuda" and dropout == 0,
+        }
+        if self.attention != "auto":
+            if not usable[self.attention]:
+                raise ConfigError(
+                    f"bad value for 'model.attention': '{self.attention}' needs a CUDA device, no attention dropout"
+                    + (", fp16/bf16, unpadding and no ALiBi" if self.attention == "varlen" else "")
+                )
+            return self.attention
+        if usable["varlen"]:
+            return "varlen"
+        return "flex" if usable["flex"] and (alibi or self.unpad) else "sdpa"
 
-    def _alibi_bias(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """(heads, length, length) ``-slope * |i - j|``, built once per length, dtype and device."""
-        key = (length, dtype, device)
-        if key not in self._alibi_biases:
-            positions = torch.arange(length, device=device)
-            distance = (positions[:, None] - positions[None, :]).abs().to(dtype)
-            self._alibi_biases[key] = -self.alibi_slopes.to(device, dtype)[:, None, None] * distance
-        return self._alibi_biases[key]
-
-    def attention_kernels(self, length: int, dtype: torch.dtype, device: torch.device, alibi: bool) -> str:
-        """Which kernel ``scaled_dot_product_attention`` picks for this model's training attention
-        at ``length`` tokens, as torch's dispatcher chooses it, with and without padding: Flash
-        needs no dropout (on some devices) and no additive mask; ALiBi's biases are one."""
+    def attention_kernels(self, length: int, dtype: torch.dtype, device: torch.device) -> str:
+        """What training attention runs for batches padded to ``length`` tokens, for the start-up
+        banner; for ``sdpa``, the kernel torch's dispatcher picks (Flash needs no mask)."""
+        path = self.attention_path(device, dtype)
+        if path == "varlen":
+            return "varlen_attn (Flash) on the real tokens only"
+        if path == "flex":
+            return "FlexAttention (compiled) " + (
+                "with ALiBi in its score_mod" if self.alibi_slopes is not None else ""
+            )
         attention = self.bert.base_model.encoder.layer[0].attention.self
-        heads, size = attention.num_attention_heads, attention.attention_head_size
-        query = torch.empty(2, heads, length, size, dtype=dtype, device=device)
-        padding = torch.ones(2, 1, 1, length, dtype=torch.bool, device=device)
-        masks = {"unpadded batches": None, "padded batches": padding}
-        if alibi:
-            masks = {"ALiBi biases": torch.zeros(2, heads, length, length, dtype=dtype, device=device)}
-        chosen = {}
-        for case, mask in masks.items():
-            choice = torch._fused_sdp_choice(query, query, query, mask, attention.dropout.p, False)
-            chosen[case] = SDPBackend(choice).name.lower().replace("_attention", "")
-        return ", ".join(f"{kernel} ({case})" for case, kernel in chosen.items())
+        query = torch.empty(2, attention.num_attention_heads, length, attention.attention_head_size, dtype=dtype)
+        mask = self._dense_mask(Layout(2, length, torch.full((2,), length)), dtype)
+        dropout = attention.dropout.p if self.training else 0.0
+        query, mask = query.to(device), mask.to(device)
+        choice = torch._fused_sdp_choice(query, query, query, mask, dropout, False)
+        kernel = SDPBackend(choice).name.lower().replace("_attention", "")
+        return f"scaled_dot_product_attention ({kernel}) on batches padded to their length"
 
+    def _dense_mask(self, layout: Layout, dtype: torch.dtype) -> torch.Tensor:
+        """sdpa's mask: (batch, 1, 1, length) keys to attend, or with ALiBi the additive (batch,
+        heads, length, length) ``-slope·|i - j|`` with the dtype's minimum at padding keys."""
+        keys = torch.arange(layout.length, device=layout.lengths.device)[None, :] < layout.lengths[:, None]
+        if self.alibi_slopes is None:
+            return keys[:, None, None, :]
+        positions = torch.arange(layout.length, device=keys.device)
+        distance = (positions[:, None] - positions[None, :]).abs().to(dtype)
+        bias = -self.alibi_slopes.to(keys.device, dtype)[:, None, None] * distance
+        return bias[None] + torch.where(keys[:, None, None, :], 0.0, torch.finfo(dtype).min).to(dtype)
+
+    def _attend(self, layout: Layout, path: str, dtype: torch.dtype) -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """A function of (rows, 3, heads, size) Q/K/V and the dropout rate to (rows, heads, size)."""
+        if path == "varlen":
+            from torch.nn.attention.varlen import varlen_attn
+
+            cu, longest = layout.cu_seqlens, layout.longest
+            return lambda qkv, dropout: varlen_attn(*qkv.unbind(1), cu, cu, longest, longest)
+        if path == "flex":
+            return self._flex_attention(layout)
+        mask = self._dense_mask(layout, dtype)
+        batch, length = layout.batch, layout.length
+
+        def dense(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
+            if layout.packed:  # re-pad the real rows once for Q, K and V together
+                qkv = qkv.new_zeros(batch * length, *qkv.shape[1:]).index_copy(0, layout.rows, qkv)
+            q, k, v = qkv.view(batch, length, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)  # 3 x (batch, heads, length, size)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            context = context.transpose(1, 2).flatten(0, 1)
+            return context.index_select(0, layout.rows) if layout.packed else context
+
+        return dense
+
+    def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor, float], torch.Tensor]:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        slopes, documents = self.alibi_slopes, layout.documents
+        if layout.packed:  # one sequence of every real token; a token attends within its own document
+            tokens = len(layout.rows)
+
+            def keep(b, h, q, k):
+                return documents[q] == documents[k]
+
+            blocks = create_block_mask(keep, 1, None, tokens, tokens, device=layout.lengths.device)
+        else:
+
+            def keep(b, h, q, k):
+                return k < layout.lengths[b]
+
+            blocks = create_block_mask(
+                keep, layout.batch, None, layout.length, layout.length, device=layout.lengths.device
+            )
+
+        def alibi(score, b, h, q, k):
+            return score - slopes[h] * (q - k).abs()
+
+        score_mod = alibi if slopes is not None else None
+        shape = (1, -1) if layout.packed else (layout.batch, layout.length)
+
+        def flex(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
+            q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
+            context = compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks)
+            return context.transpose(1, 2).flatten(0, 1)
+
+        return flex
+
+    # ---------------------------------------------------------------------------------- forward
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits (batch, sequence, vocabulary); with a boolean ``predict`` (batch, sequence) in the
-        inputs, only those positions' logits (positions, vocabulary), in row-major order."""
-        if self.unpad:
-            return self._forward_unpadded(inputs)
-        if "predict" not in inputs:
-            return self.bert(input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)).logits
-        hidden = self.bert.base_model(
-            input_ids=inputs["input_ids"], attention_mask=self.attention_mask(inputs)
-        ).last_hidden_state
-        return self.bert.cls(hidden[inputs["predict"]])
-
-    def _forward_unpadded(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The same outputs, with every per-token layer (projections, feed-forward, LayerNorm,
-        dropout) run on the real tokens only: the embeddings run padded, then the encoder keeps the
-        rows of ``attention_mask``, re-padding only inside attention (SDPA takes dense tensors)."""
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        """Logits (batch, sequence, vocabulary); with ``predict_positions`` (batch, slots) in the
+        inputs, in evaluation or with ``masked_head``, only those positions' logits (batch·slots,
+        vocabulary), slot by slot in row-major order."""
+        ids = inputs["input_ids"]
         batch, length = ids.shape
-        tokens = mask.flatten().nonzero().squeeze(1)  # the real tokens' rows, row-major
-        encoder_model = self.bert.base_model
-        hidden = encoder_model.embeddings(input_ids=ids).flatten(0, 1)[tokens]
-        attention_mask = self.attention_mask(inputs)
-        if attention_mask.dim() == 2:
-            attention_mask = attention_mask.bool()[:, None, None, :]
-        for layer in encoder_model.encoder.layer:
-            hidden = _unpadded_layer(layer, hidden, tokens, (batch, length), attention_mask, self.training)
-        if "predict" in inputs:
-            return self.bert.cls(hidden[inputs["predict"].flatten()[tokens]])
-        padded = hidden.new_zeros(batch * length, hidden.shape[-1]).index_copy(0, tokens, hidden)
-        return self.bert.cls(padded.view(batch, length, -1))
+        lengths = inputs.get("lengths")
+        if lengths is None:  # a caller without trainrun's loader: counted here (a read-back on a GPU)
+            lengths = inputs["attention_mask"].sum(1)
+        layout = make_layout(lengths, length, ids.device, self.unpad)
+        model = self.bert.base_model
+        hidden = model.embeddings(input_ids=ids).flatten(0, 1)
+        if layout.packed:
+            hidden = hidden.index_select(0, layout.rows)
+        device_type = ids.device.type
+        autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
+        attend = self._attend(layout, self.attention_path(ids.device, dtype), dtype)
+        for layer in model.encoder.layer:
+            hidden = _layer(layer, hidden, attend, self.training)
+        positions = inputs.get("predict_positions")
+        if positions is not None and (self.masked_head or not self.training):
+            if layout.packed:
+                first = layout.cu_seqlens[:-1].long()
+            else:
+                first = torch.arange(batch, device=ids.device) * length
+            return self.bert.cls(hidden.index_select(0, (first[:, None] + positions).flatten()))
+        if layout.packed:
+            hidden = hidden.new_zeros(batch * length, hidden.shape[-1]).index_copy(0, layout.rows, hidden)
+        return self.bert.cls(hidden.view(batch, length, -1))
 
 
-def _unpadded_layer(
-    layer: nn.Module,
-    hidden: torch.Tensor,
-    tokens: torch.Tensor,
-    shape: tuple[int, int],
-    attention_mask: torch.Tensor,
-    training: bool,
+def _layer(
+    layer: nn.Module, hidden: torch.Tensor, attend: Callable[[torch.Tensor, float], torch.Tensor], training: bool
 ) -> torch.Tensor:
-    """One Hugging Face BERT layer on ``hidden`` (real tokens, hidden size), attention re-padded."""
+    """One Hugging Face BERT layer on ``hidden`` (rows, hidden size): Q, K and V in one product."""
     attention = layer.attention.self
     heads, size = attention.num_attention_heads, attention.attention_head_size
-    batch, length = shape
-
-    def padded(projected: torch.Tensor) -> torch.Tensor:
-        dense = projected.new_zeros(batch * length, projected.shape[-1]).index_copy(0, tokens, projected)
-        return dense.view(batch, length, heads, size).transpose(1, 2)
-
-    context = F.scaled_dot_product_attention(
-        padded(attention.query(hidden)),
-        padded(attention.key(hidden)),
-        padded(attention.value(hidden)),
-        attn_mask=attention_mask,
-        dropout_p=attention.dropout.p if training else 0.0,
-    )
-    context = context.transpose(1, 2).reshape(batch * length, heads * size)[tokens]
-    attended = layer.attention.output(context, hidden)
+    projections = (attention.query, attention.key, attention.value)
+    weight = torch.cat([p.weight for p in projections])
+    bias = torch.cat([p.bias for p in projections]) if attention.query.bias is not None else None
+    qkv = F.linear(hidden, weight, bias).view(len(hidden), 3, heads, size)
+    context = attend(qkv, attention.dropout.p if training else 0.0)
+    attended = layer.attention.output(context.flatten(1), hidden)
     return layer.output(layer.intermediate(attended), attended)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    """FlexAttention compiled once per process (uncompiled it runs a slow reference)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def build_bert(config: ModelConfig, vocab_size: int) -> MaskedLanguageModel:
@@ -141,4 +262,4 @@ def build_bert(config: ModelConfig, vocab_size: int) -> MaskedLanguageModel:
         attention_probs_dropout_prob=config.attention_dropout,
         attn_implementation="sdpa",
     )
-    return MaskedLanguageModel(BertForMaskedLM(settings))
+    return MaskedLanguageModel(BertForMaskedLM(settings), config.attention)

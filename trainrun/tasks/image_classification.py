@@ -21,8 +21,10 @@ from trainrun.tasks import Evaluator, Task
 
 class ClassificationEvaluator(Evaluator):
     def __init__(self, num_classes: int, device: torch.device, world_size: int) -> None:
-        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro").to(device)
-        self.top5 = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro").to(device)
+        # validate_args=False: its checks run torch.unique on every batch, a wait for the device each time
+        self.top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False).to(device)
+        top5 = min(5, num_classes)
+        self.top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro", validate_args=False).to(device)
         self.loss = torch.zeros(2, dtype=torch.float64, device=device)  # sum, count
         self.world_size = world_size
 

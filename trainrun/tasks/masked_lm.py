@@ -22,11 +22,13 @@ from trainrun.data.masked_text import IGNORED
 from trainrun.tasks import Evaluator, LossFunction, Task
 
 
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the tokens whose label is not -100, in fp32. ``logits`` are every
-    position's (batch, sequence, vocabulary) or the masked positions' alone (positions, vocabulary)."""
-    if logits.dim() == labels.dim():  # the masked positions' logits only (algorithm masked_head)
-        labels = labels[labels != IGNORED]
+def masked_cross_entropy(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the predicted tokens, in fp32. ``logits`` are every position's
+    (batch, sequence, vocabulary), scored against ``targets["labels"]``, or the predicted slots'
+    alone (batch·slots, vocabulary; in evaluation and with masked_head), against
+    ``targets["predicted"]``; -100 marks what is not scored either way, so nothing is read back
+    from the device."""
+    labels = targets["labels"] if logits.dim() == 3 else targets["predicted"]
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORED)
 
 
@@ -35,12 +37,12 @@ class MaskedTokenEvaluator(Evaluator):
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, masked tokens
         self.world_size = world_size
 
-    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        chosen = targets != IGNORED
-        logits, labels = outputs[chosen].float(), targets[chosen]
-        self.sums[0] += F.cross_entropy(logits, labels, reduction="sum")
-        self.sums[1] += (logits.argmax(-1) == labels).sum()
-        self.sums[2] += len(labels)
+    def update(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
+        labels = (targets["labels"] if outputs.dim() == 3 else targets["predicted"]).flatten()
+        logits, scored = outputs.flatten(0, -2).float(), labels != IGNORED
+        self.sums[0] += F.cross_entropy(logits, labels, ignore_index=IGNORED, reduction="sum")
+        self.sums[1] += ((logits.argmax(-1) == labels) & scored).sum()
+        self.sums[2] += scored.sum()
 
     def compute(self) -> dict[str, float]:
         if self.world_size > 1:
@@ -60,9 +62,32 @@ class MaskedLanguageModeling(Task):
     metrics = {"masked_accuracy": "masked-token accuracy"}
     unit = "seq"
 
-    def batch(self, batch: Any, state: State) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
-        inputs = {key: batch[key].to(state.device, non_blocking=True) for key in ("input_ids", "attention_mask")}
-        return inputs, batch["labels"].to(state.device, non_blocking=True), len(batch["labels"])
+    def batch(self, batch: Any, state: State) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+        """Inputs (``lengths`` stays on the host) and targets of a :func:`~trainrun.data.masked_text.
+        collate_masked` batch; the model predicts every position or, in evaluation and with
+        masked_head, the predicted slots alone."""
+
+        def moved(key: str) -> torch.Tensor:
+            return batch[key].to(state.device, non_blocking=True)
+
+        inputs = {key: moved(key) for key in ("input_ids", "attention_mask", "predict_positions")}
+        inputs["lengths"] = batch["lengths"]
+        return inputs, {"labels": moved("labels"), "predicted": moved("predicted_labels")}, len(batch["labels"])
+
+    def truncate(self, inputs: dict, targets: dict, length: int) -> tuple[dict, dict]:
+        """The batch with every sequence cut to its first ``length`` tokens (sequence-length
+        warmup): positions cut off are not predicted; nothing is read back from the device."""
+        kept = inputs["predict_positions"] < length
+        inputs = {
+            **{key: inputs[key][:, :length] for key in ("input_ids", "attention_mask")},
+            "lengths": inputs["lengths"].clamp(max=length),
+            "predict_positions": torch.where(kept, inputs["predict_positions"], 0),
+        }
+        targets = {
+            "labels": targets["labels"][:, :length],
+            "predicted": torch.where(kept, targets["predicted"], IGNORED),
+        }
+        return inputs, targets
 
     def loss(self, name: str) -> LossFunction:
         return masked_cross_entropy
