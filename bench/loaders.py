@@ -21,6 +21,15 @@ Target: trainrun >= 3x torchvision on a 2-core machine.
 
     .venv/bin/python bench/loaders.py [--images 2000] [--workers 2] [--batch 128] [--rounds 5]
         [--storage proportion:500:0.5 --storage raw:256 ...] [--dir DIR]
+
+``--hot`` measures instead the hot recipe's path, an ImageNet folder read by torch's DataLoader
+(``data=folder``, RandAugment per image): trainrun's folder data decoding whole JPEGs
+(``data.decode=full``) or at the scale each crop needs (``draft``), each with and without
+RandAugment, and on a GPU nvJPEG (torchvision's ``decode_jpeg(device="cuda")`` on each batch's
+files, the workers reading bytes and drawing crops) with the crops resized on the GPU. It prints
+images/s and images/s per worker, from which the workers a GPU needs follow.
+
+    .venv/bin/python bench/loaders.py --hot [--images 2000] [--workers 2] [--resolution 176]
 """
 
 from __future__ import annotations
@@ -49,11 +58,11 @@ RAM_DIRECTORY = Path("/dev/shm")
 TORCHVISION, PUBLISHED_FFCV, TRAINRUN = "torchvision ImageFolder + DataLoader", "FFCV as published", "trainrun FFCV"
 
 
-def make_jpeg_folder(root: Path, count: int, seed: int = 0) -> None:
+def make_jpeg_folder(root: Path, count: int, seed: int = 0, sides: tuple[int, int] = (300, 500)) -> None:
     """``count`` photos-like JPEGs (smooth colour fields plus grain) in ``CLASSES`` class folders."""
     rng = np.random.default_rng(seed)
     for index in range(count):
-        width, height = rng.integers(300, 501, size=2)
+        width, height = rng.integers(sides[0], sides[1] + 1, size=2)
         coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
         image = Image.fromarray(coarse).resize((int(width), int(height)), Image.BICUBIC)
         grain = rng.normal(0, 12, (int(height), int(width), 3))
@@ -173,6 +182,115 @@ def prepare(work: Path, images: int, storages: list[Storage], workers: int) -> t
     return folder, betons
 
 
+class EncodedCrops(torch.utils.data.Dataset):
+    """A folder's files as bytes, with each image's random-resized crop (drawn from its header) and
+    flip: what workers hand to a GPU decoder."""
+
+    def __init__(self, root: Path) -> None:
+        self.samples = ImageFolder(str(root)).samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        from torchvision import transforms
+        from torchvision.io import read_file
+
+        path, label = self.samples[index]
+        box = transforms.RandomResizedCrop.get_params(Image.open(path), (0.08, 1.0), (3 / 4, 4 / 3))
+        return read_file(path), torch.tensor(box), bool(torch.rand(1) < 0.5), label
+
+
+def transposed(items: list[tuple]) -> list[tuple]:
+    """A batch of (bytes, box, flip, label) items as four tuples (the files differ in length)."""
+    return list(zip(*items, strict=True))
+
+
+def gpu_decoded_batches(root: Path, resolution: int, batch: int, workers: int, randaugment: bool):
+    """nvJPEG: each batch's files decoded together on the GPU, cropped, resized and flipped there."""
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    augment = v2.RandAugment(num_ops=1, magnitude=10, num_magnitude_bins=21) if randaugment else None
+    loader = DataLoader(
+        EncodedCrops(root),
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=transposed,
+    )
+
+    def epoch():
+        for files, boxes, flips, labels in loader:
+            images = decode_jpeg(list(files), device="cuda")
+            crops = []
+            for image, box, flip in zip(images, boxes, flips, strict=True):
+                crop = F.resized_crop(image, *box.tolist(), [resolution, resolution], antialias=True)
+                crop = F.horizontal_flip(crop) if flip else crop
+                crops.append(augment(crop) if augment else crop)
+            yield torch.stack(crops), torch.tensor(labels)
+        torch.cuda.synchronize()
+
+    return epoch
+
+
+def hot_loaders(work: Path, args: argparse.Namespace) -> dict[str, Callable[[], Iterable]]:
+    """The hot recipe's folder paths by name, each a function giving one epoch's batches."""
+    from trainrun.config import check
+    from trainrun.data.folder import folder_datasets
+    from trainrun.data.torch_loader import TorchData
+
+    root = work / f"folder-{args.images}-{args.sides[0]}-{args.sides[1]}"
+    if not root.is_dir():
+        make_jpeg_folder(root / "train", args.images, sides=tuple(args.sides))
+        (root / "val").symlink_to(root / "train")
+    randaugment = v2.RandAugment(num_ops=1, magnitude=10, num_magnitude_bins=21)  # the hot recipe's
+    paths: dict[str, Callable[[], Iterable]] = {}
+    for decode in ("full", "draft"):
+        for augment in (False, True):
+            overrides = [f"data.path={root}", f"data.num_classes={CLASSES}", f"data.resolution={args.resolution}"]
+            overrides += [f"data.num_workers={args.workers}", f"data.decode={decode}"]
+            config = check(["data=folder", *overrides])[0].data
+            data = TorchData(config, *folder_datasets(config), args.batch, args.batch, seed=0)
+            if augment:
+                data.add_train_transform(randaugment)
+            name = f"trainrun folder, decode={decode}" + (" + RandAugment" if augment else "")
+            paths[name] = partial(data.train_batches, 0)
+    if torch.cuda.is_available():
+        for augment in (False, True):
+            name = "nvJPEG on the GPU" + (" + RandAugment on the GPU" if augment else "")
+            paths[name] = gpu_decoded_batches(root / "train", args.resolution, args.batch, args.workers, augment)
+    return paths
+
+
+def measure_hot(args: argparse.Namespace, work: Path) -> None:
+    """Alternating timed epochs of the hot recipe's folder paths; prints images/s and per worker."""
+    torch.set_num_threads(1)
+    paths = hot_loaders(work, args)
+    for epoch in paths.values():  # worker start-up, GPU decoder start-up
+        timed_epoch(epoch())
+    epochs: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(args.rounds):
+        for name, epoch in paths.items():
+            seconds, images = timed_epoch(epoch())
+            epochs[name].append(seconds)
+    print(
+        f"\n{args.images} JPEGs of {args.sides[0]}-{args.sides[1]} px, {args.resolution} px random-resized crop "
+        f"+ flip, batch {args.batch}, {args.workers} workers, {args.rounds} alternating rounds, median epoch, "
+        f"torch {torch.__version__}\n"
+    )
+    print("| path | img/s | range | img/s per worker |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, seconds in epochs.items():
+        rate = images / statistics.median(seconds)
+        print(
+            f"| {name} | {rate:.0f} | {images / max(seconds):.0f}-{images / min(seconds):.0f} "
+            f"| {rate / max(args.workers, 1):.0f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -187,14 +305,19 @@ def main() -> None:
         help="mode:max_resolution[:compress_probability], repeatable (default: both published ones and raw:500)",
     )
     parser.add_argument("--dir", type=Path, default=None, help="keep the generated files here (reused)")
+    parser.add_argument("--hot", action="store_true", help="the hot recipe's folder paths instead (see above)")
+    parser.add_argument(
+        "--sides", type=int, nargs=2, default=[300, 500], help="--hot: the JPEGs' shortest and longest side"
+    )
     args = parser.parse_args()
     args.storage = args.storage or [*PUBLISHED, Storage("raw", 500)]
+    run = measure_hot if args.hot else measure
     if args.dir:
-        measure(args, args.dir)
+        run(args, args.dir)
     else:  # removed afterwards: a RAM directory holds them
         ram = RAM_DIRECTORY if RAM_DIRECTORY.is_dir() else None
         with tempfile.TemporaryDirectory(prefix="trainrun-bench-", dir=ram) as work:
-            measure(args, Path(work))
+            run(args, Path(work))
 
 
 def measure(args: argparse.Namespace, work: Path) -> None:

@@ -45,6 +45,21 @@ def test_compile_trains_like_eager(tmp_path):
 
 
 @pytest.mark.slow
+def test_hot_loader_bench_prints_every_folder_path_and_its_rate_per_worker(tmp_path):
+    args = ["--hot", "--images", "24", "--batch", "8", "--rounds", "1", "--workers", "1", "--dir", str(tmp_path)]
+    result = bench("loaders.py", *args, "--resolution", "32", "--sides", "64", "96")
+    assert result.returncode == 0, result.stderr
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| trainrun")]
+    names = [
+        f"trainrun folder, decode={decode}{extra}" for decode in ("full", "draft") for extra in ("", " + RandAugment")
+    ]
+    assert [row[0] for row in rows] == names  # nvJPEG rows only on a GPU
+    for _name, rate, spread, per_worker in rows:
+        low, high = (float(value) for value in spread.split("-"))
+        assert 0 < low <= float(rate) <= high and float(per_worker) == pytest.approx(float(rate), abs=1)
+
+
+@pytest.mark.slow
 def test_loader_bench_compares_every_loader(tmp_path):
     args = ["--images", "40", "--batch", "8", "--rounds", "1", "--storage", "proportion:64:0.5", "--dir", str(tmp_path)]
     result = bench("loaders.py", *args)

@@ -118,3 +118,51 @@ def test_global_batch_is_divided_among_ranks():
     assert len(data.eval.sampler) == 5
     with pytest.raises(DataError, match="larger than"):
         build_data(config, train_batch_size=128, eval_batch_size=4, seed=0)
+
+
+def test_draft_decoding_takes_the_same_crops_from_jpegs_decoded_at_the_scale_they_need(tmp_path):
+    """data.decode=draft: the same random crops as decoding whole (the same draws, chosen from the
+    header), decoded at 1/4 scale where the crop allows, close to the whole decode's pixels."""
+    import math
+
+    import numpy as np
+
+    from trainrun.data.folder import DraftCrop, folder_datasets
+
+    rows, columns = np.mgrid[0:384, 0:512]
+    pixels = np.stack([(columns * 0.4) % 256, (rows * 0.6) % 256, ((columns + rows) * 0.2) % 256], -1)
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (tmp_path / split / label).mkdir(parents=True)
+            Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / split / label / "0.jpg", quality=95)
+    settings = {"name": "folder", "path": str(tmp_path), "num_classes": 2, "resolution": 64}
+    settings.update(eval_resolution=96, eval_resize=100)
+    full_train, full_val = folder_datasets(DataConfig(**settings))
+    draft_train, draft_val = folder_datasets(DataConfig(**settings, decode="draft"))
+    for seed in range(6):
+        torch.manual_seed(seed)
+        whole, label = full_train[0]
+        torch.manual_seed(seed)
+        drafted, same_label = draft_train[0]
+        assert whole.shape == drafted.shape == (3, 64, 64) and whole.dtype == drafted.dtype == torch.uint8
+        error = ((whole.float() - drafted.float()) ** 2).mean().item()
+        assert label == same_label and 10 * math.log10(255**2 / max(error, 1e-9)) > 40  # PSNR in dB
+    assert full_val[1][0].shape == draft_val[1][0].shape == (3, 96, 96)
+    torch.manual_seed(0)  # a crop of the whole image (scale 1): decoded at 1/4, still 128 x 96 >= 64 each way
+    image = Image.open(tmp_path / "train" / "a" / "0.jpg")
+    DraftCrop(64, (1.0, 1.0), (4 / 3, 4 / 3))(image)
+    assert image.size == (128, 96)
+
+
+def test_minus_one_loader_workers_are_this_processs_share_of_the_nodes_cores(monkeypatch):
+    import os
+
+    from trainrun.core.distributed import cores_per_process
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert cores_per_process() == 12
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "128")
+    assert cores_per_process() == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert cores_per_process() == 96

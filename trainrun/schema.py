@@ -107,7 +107,9 @@ class DataConfig:
     hflip: bool = False  # built-in sets and .beton files (folders always flip)
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
-    num_workers: int = _non_negative(0)
+    # loader processes per training process; -1: this process's share of the node's cores
+    num_workers: int = field(default=0, metadata={"min": -1})
+    decode: str = _choice("full", "full", "draft")  # folder: whole images, or JPEGs at the scale the crop needs
     pin_memory: bool | None = None  # torch loader: null = pinned when training on CUDA
     persistent_workers: bool = True  # torch loader: workers live on across epochs and evaluations (no re-fork)
     prefetch_factor: int | None = None

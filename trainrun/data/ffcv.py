@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
 from trainrun.data.cache import cache_prefix, write_once_per_node
 from trainrun.data.spec import DataSpec
 from trainrun.data.write import WriteSettings, write_beton
@@ -125,7 +125,7 @@ class FFCVData(DataSpec):
 
         train_pipeline = [self.decoder, *augment, ToTensor(), *to_device(), ToTorchImage()]
 
-        workers = config.num_workers or -1  # FFCV: -1 uses every core
+        workers = {0: -1, -1: cores_per_process()}.get(config.num_workers, config.num_workers)  # FFCV's -1: every core
         orders = {
             "random": OrderOption.RANDOM,
             "quasi_random": OrderOption.QUASI_RANDOM,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
 from trainrun.data.sampling import ResumableSampler, ShardSampler
 from trainrun.data.spec import DataSpec
 from trainrun.schema import DataConfig
@@ -89,11 +89,12 @@ class TorchData(DataSpec):
         # pinned host batches let the trainer's non-blocking copies overlap the previous step
         on_cuda = device is not None and device.type == "cuda"
         pin_memory = on_cuda if config.pin_memory is None else config.pin_memory
+        count = cores_per_process() if config.num_workers == -1 else config.num_workers
         workers = {
-            "num_workers": config.num_workers,
+            "num_workers": count,
             "pin_memory": pin_memory,
-            "persistent_workers": config.persistent_workers and config.num_workers > 0,
-            "prefetch_factor": config.prefetch_factor if config.num_workers > 0 else None,
+            "persistent_workers": config.persistent_workers and count > 0,
+            "prefetch_factor": config.prefetch_factor if count > 0 else None,
             "collate_fn": getattr(train_set, "collate", None),  # text: predicted positions padded per batch
         }
         # Own generator: iterator creation must not draw from the global RNG the model's own random
