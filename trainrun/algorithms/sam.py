@@ -6,10 +6,11 @@ the switch ``no_sync`` flips: each rank's own ascent direction, no all-reduce). 
 AFTER_BACKWARD the weights move to w + e, e = ρ·g / (‖g‖ + ε) with ‖·‖ the global norm, the
 same batch runs forward and backward again (gradients synchronised), and the weights return to
 w; the optimizer then steps with the gradient taken at w + e. Other steps are ordinary steps.
-The model's buffers (batch-norm running statistics) return to their values after the first pass
-too: they describe the model at w, not at w + e, and under fp16 an overflowing first-pass gradient
-makes e non-finite, so the second forward would write NaN into them for good (the scaler skips
-that step's update, but running statistics are not the optimizer's to skip).
+Under fp16 an overflowing first-pass gradient makes e non-finite, and the second forward (in
+train mode) would write NaN into the batch-norm running statistics for good: the scaler skips
+that step's update, but the statistics are not the optimizer's to skip. On such a step the model's
+buffers return to their values after the first pass, chosen on the device (no read-back). On
+other steps the second pass updates them as any forward does.
 
 Composer wraps the optimizer in a closure; here the second pass happens at AFTER_BACKWARD,
 before the trainer unscales fp16 gradients, so the gradient scaler sees (and checks for
@@ -55,8 +56,8 @@ class SAM(Algorithm):
 
         An fp16 overflow (non-finite g) is not checked here: e is then non-finite, so is the
         second gradient, which DDP's all-reduce spreads to every rank, and every rank's scaler
-        skips the step. The weights and buffers return to their first-pass values by copy, exact
-        whatever e was.
+        skips the step. The weights return to w by copy, exact whatever e was; the buffers to
+        their first-pass values where ‖g‖ was not finite.
         """
         params = [p for p in state.raw_model.parameters() if p.grad is not None]
         scaler = state.precision.scaler
@@ -71,6 +72,7 @@ class SAM(Algorithm):
         with torch.no_grad():
             weights = torch._foreach_mul(params, 1.0)  # a copy of w (one foreach kernel), restored after
             saved_buffers = [buffer.clone() for buffer in buffers]
+            finite = torch.isfinite(norm)
             torch._foreach_mul_(grads, scale)  # e, in the first-pass gradients' own memory
             torch._foreach_add_(params, grads)
         for param in params:
@@ -80,8 +82,8 @@ class SAM(Algorithm):
         (scaler.scale(loss) if scaler is not None else loss).backward()
         with torch.no_grad():
             torch._foreach_copy_(params, weights)
-            if buffers:
-                torch._foreach_copy_(buffers, saved_buffers)
+            for buffer, saved in zip(buffers, saved_buffers, strict=True):
+                buffer.copy_(torch.where(finite, buffer, saved))
 
 
 def _synchronise_gradients(state: State, on: bool) -> None:

@@ -7,6 +7,7 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,13 @@ from trainrun.core.microbatches import (
 from trainrun.core.state import State
 from trainrun.errors import TrainingDiverged, WriteError
 
+# Each rank keeps its own batch-norm statistics between evaluations (no broadcast before every
+# forward); they are averaged over the ranks where they are read. torch 2.15 renamed the switch.
+NO_BUFFER_BROADCAST = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
 MAX_SKIPPED_STEPS = 50  # fp16: consecutive non-finite losses the gradient scaler may skip before a run has diverged
 
 
@@ -101,9 +109,7 @@ class Trainer:
                 find_unused_parameters=state.find_unused_parameters,
                 # gradients live in DDP's buckets: no copy of every gradient into and out of them
                 gradient_as_bucket_view=True,
-                # each rank keeps its own batch-norm statistics between evaluations (no broadcast
-                # before every forward); they are averaged over the ranks where they are read
-                broadcast_buffers=False,
+                **NO_BUFFER_BROADCAST,
             )
 
     @property
