@@ -89,13 +89,19 @@ def batches(
             for i, m, y, c in zip(ids, mask, labels, chosen, strict=True)
         ]
         made.append(collate_masked(samples))  # as the loader's workers send a batch
-    return [{key: value if key == "lengths" else value.to(device) for key, value in item.items()} for item in made]
+    on_host = ("lengths", "predict_counts")  # as the task keeps them
+    return [{key: value if key in on_host else value.to(device) for key, value in item.items()} for item in made]
 
 
 def forward_backward(model, batch: dict[str, torch.Tensor], precision) -> torch.Tensor:
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
+    inputs = {
+        key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions", "predict_counts")
+    }
     with precision.autocast():
-        loss = masked_cross_entropy(model(inputs), {"labels": batch["labels"], "predicted": batch["predicted_labels"]})
+        loss = masked_cross_entropy(
+            model(inputs),
+            {"labels": batch["labels"], "predicted": batch["predicted_labels"], "counts": batch["predict_counts"]},
+        )
     (precision.scaler.scale(loss) if precision.scaler else loss).backward()
     return loss
 

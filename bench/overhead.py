@@ -84,9 +84,13 @@ def text_workload(batch: int, seq: int) -> Workload:
     data = TorchData(config, train, val, batch, batch, seed=0)
 
     def step(model: nn.Module, loaded) -> torch.Tensor:
-        inputs = {key: loaded[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
+        inputs = {
+            key: loaded[key]
+            for key in ("input_ids", "attention_mask", "lengths", "predict_positions", "predict_counts")
+        }
         return masked_cross_entropy(
-            model(inputs), {"labels": loaded["labels"], "predicted": loaded["predicted_labels"]}
+            model(inputs),
+            {"labels": loaded["labels"], "predicted": loaded["predicted_labels"], "counts": loaded["predict_counts"]},
         )
 
     model = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)

@@ -79,8 +79,10 @@ def training_tokens_per_second(config: ModelConfig, data: TorchData, steps: int)
     for index, batch in enumerate([loaded[0], *loaded]):  # the first step warms up, untimed
         if index == 1:
             started = time.perf_counter()
-        inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
-        targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"]}
+        inputs = {
+            key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions", "predict_counts")
+        }
+        targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"], "counts": batch["predict_counts"]}
         masked_cross_entropy(model(inputs), targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -139,19 +139,24 @@ def test_sequence_length_warmup_cuts_inputs_and_targets_alike_and_drops_predicti
     assert torch.equal(state.inputs["attention_mask"], batch["attention_mask"][:, :length])
     assert torch.equal(state.targets["labels"], batch["labels"][:, :length])
     assert state.inputs["lengths"].tolist() == [20, 12]  # per sequence: clamped, not cut
-    assert state.inputs["predict_positions"].tolist() == [[3, 19, 0] + [0] * 5, [5] + [0] * 7]  # 25 is cut off
-    assert state.targets["predicted"].tolist() == [[1003, 1019] + [IGNORED] * 6, [1105] + [IGNORED] * 7]
+    assert state.inputs["predict_positions"].tolist() == [[3, 19, 0], [5, 0, 0]]  # 25 is cut off
+    assert state.targets["predicted"].tolist() == [[1003, 1019, IGNORED], [1105, IGNORED, IGNORED]]
+    assert state.inputs["predict_counts"].tolist() == state.targets["counts"].tolist() == [3, 1]  # host: kept
 
 
-def test_the_loader_sends_real_token_counts_and_predicted_slots_padded_to_a_multiple_of_eight():
+def test_the_loader_sends_real_token_and_prediction_counts_and_the_predicted_slots():
+    from trainrun.data.masked_text import predicted_slots
+
     batch = collated([6, 10, 3], [[1, 4], list(range(1, 10)), []], width=12)
-    assert batch["lengths"].tolist() == [6, 10, 3]
-    assert batch["predict_positions"].shape == batch["predicted_labels"].shape == (3, 16)  # 9 slots -> 16
-    assert batch["predict_positions"][0].tolist() == [1, 4] + [0] * 14
-    assert batch["predicted_labels"][0].tolist() == [1001, 1004] + [IGNORED] * 14
-    assert batch["predicted_labels"][1, :10].tolist() == [1101 + k for k in range(9)] + [IGNORED]
+    assert batch["lengths"].tolist() == [6, 10, 3] and batch["predict_counts"].tolist() == [2, 9, 0]
+    assert batch["predict_positions"].shape == batch["predicted_labels"].shape == (3, 9)  # the batch's most
+    assert batch["predict_positions"][0].tolist() == [1, 4] + [0] * 7
+    assert batch["predicted_labels"][0].tolist() == [1001, 1004] + [IGNORED] * 7
+    assert batch["predicted_labels"][1].tolist() == [1101 + k for k in range(9)]
     assert (batch["predicted_labels"][2] == IGNORED).all()
-    assert collated([4], [[1]], width=8)["predict_positions"].shape == (1, 8)  # never fewer than eight
+    slots = predicted_slots(batch["predict_counts"], 9, torch.device("cpu"))
+    assert slots.tolist() == [0, 1] + [9 + k for k in range(9)]  # row-major, the real slots only
+    assert (batch["predicted_labels"].flatten()[slots] != IGNORED).all()
 
 
 # ---------------------------------------------------------------------------------- gated linear units

@@ -187,14 +187,16 @@ def test_the_loss_and_metrics_count_only_masked_tokens():
 
 def test_masked_head_gives_the_full_heads_loss_and_gradient_for_a_fraction_of_its_work(store):
     """Same loss and gradients as the head over every position; the head's matrix products fall from
-    B·L rows to the B·slots predicted slots: (B·L − B·slots)·(2·H·H + 2·H·V) FLOPs fewer per forward."""
+    B·L rows to the N predicted rows: (B·L − N)·(2·H·H + 2·H·V) FLOPs fewer per forward."""
     from torch.utils.flop_counter import FlopCounterMode
 
     data = MaskedSequences(TokenStore.open(store, "train"), 32, "pack", 0.15)
     torch.manual_seed(0)
     batch = collate_masked([data[i] for i in range(8)])
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions")}
-    targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"]}
+    inputs = {
+        key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions", "predict_counts")
+    }
+    targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"], "counts": batch["predict_counts"]}
     config = ModelConfig(name="bert", hidden_dropout=0.0, attention_dropout=0.0)
     model = build_bert(config, data.vocab_size)
     results = []
@@ -208,13 +210,13 @@ def test_masked_head_gives_the_full_heads_loss_and_gradient_for_a_fraction_of_it
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()], flops.get_total_flops(), logits))
     (full, full_grads, full_flops, full_logits), (masked, masked_grads, masked_flops, masked_logits) = results
-    slots = batch["predict_positions"].shape[1]
-    assert slots % 8 == 0 and slots < 32
-    assert full_logits.shape == (8, 32, data.vocab_size) and masked_logits.shape == (8 * slots, data.vocab_size)
+    rows = int((batch["labels"] != IGNORED).sum())
+    assert int(batch["predict_counts"].sum()) == rows
+    assert full_logits.shape == (8, 32, data.vocab_size) and masked_logits.shape == (rows, data.vocab_size)
     assert torch.allclose(full, masked, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, masked_grads, strict=True))
     hidden = config.hidden_size
-    assert full_flops - masked_flops == (8 * 32 - 8 * slots) * (2 * hidden * hidden + 2 * hidden * data.vocab_size)
+    assert full_flops - masked_flops == (8 * 32 - rows) * (2 * hidden * hidden + 2 * hidden * data.vocab_size)
     with pytest.raises(
         ConfigError, match=r"^algorithm 'masked_head' needs trainrun's BERT \(model=bert_\*\), not Linear$"
     ):

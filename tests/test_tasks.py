@@ -145,11 +145,15 @@ def test_text_batches_go_to_the_device_with_their_labels_and_real_token_counts_s
     }
     batch = collate_masked([sample])
     inputs, targets, count = MaskedLanguageModeling().batch(batch, SimpleNamespace(device=torch.device("meta")))
-    assert set(inputs) == {"input_ids", "attention_mask", "predict_positions", "lengths"} and count == 1
-    assert set(targets) == {"labels", "predicted"}
-    moved = [inputs[key] for key in ("input_ids", "attention_mask", "predict_positions")] + list(targets.values())
+    assert set(inputs) == {"input_ids", "attention_mask", "predict_positions", "lengths", "predict_counts"}
+    assert set(targets) == {"labels", "predicted", "counts"} and count == 1
+    moved = [inputs[key] for key in ("input_ids", "attention_mask", "predict_positions")]
+    moved += [targets["labels"], targets["predicted"]]
     assert {t.device.type for t in moved} == {"meta"}
-    assert inputs["lengths"].device.type == "cpu" and inputs["lengths"].tolist() == [3]
+    assert (
+        inputs["lengths"].device.type == inputs["predict_counts"].device.type == targets["counts"].device.type == "cpu"
+    )
+    assert inputs["lengths"].tolist() == [3] and inputs["predict_counts"].tolist() == [1]
 
 
 def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_path):

@@ -11,11 +11,12 @@ AugmentedDataset` seeds per (seed, epoch, sample); evaluation masks are fixed pe
 
 Everything a training step would otherwise compute on the device, with a read-back, comes with
 the batch from the loader's workers (:func:`collate_masked`): each sequence's real-token count
-(``lengths``, kept on the host) and the positions to predict with their labels, padded to the
-batch's most, rounded up to a multiple of :data:`PREDICTION_SLOTS` (MLPerf pads to one fixed
-maximum because it masks a fixed count; with BERT's per-token draws the count varies, and padded
-corpora would waste most of a fixed maximum). Few distinct shapes, so compiled models recompile
-rarely.
+(``lengths``) and number of predicted positions (``predict_counts``), both kept on the host, and
+the positions to predict with their labels in (batch, slots) tensors padded to the batch's most.
+From the counts the host knows which slots are real (:func:`predicted_slots`), so the output head
+runs on exactly the predicted rows. (MLPerf pads to one fixed maximum because it masks a fixed
+count; with BERT's per-token draws the count varies, and a fixed maximum would run the head on
+padding.) Every one of these is per sequence, so micro-batches slice them like the rest.
 """
 
 from __future__ import annotations
@@ -36,24 +37,34 @@ from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 IGNORED = -100  # the label of tokens that are not predicted (torch's cross-entropy ignore_index)
-PREDICTION_SLOTS = 8  # predicted positions per sequence are padded to a multiple of this
 
 
 def collate_masked(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """A batch of :class:`MaskedSequences` samples: stacked, with ``lengths`` and each sequence's
-    ``predict_positions`` (padded with 0, the always-real [CLS]) and ``predicted_labels`` (padded
-    with -100) in slots of the batch's most, rounded up to a multiple of ``PREDICTION_SLOTS``."""
+    """A batch of :class:`MaskedSequences` samples: stacked, with ``lengths``, ``predict_counts``
+    and each sequence's ``predict_positions`` (padded with 0, the always-real [CLS]) and
+    ``predicted_labels`` (padded with -100) in slots of the batch's most."""
     batch = {key: torch.stack([sample[key] for sample in samples]) for key in ("input_ids", "attention_mask", "labels")}
     counts = torch.tensor([len(sample["predict_positions"]) for sample in samples])
-    slots = max(PREDICTION_SLOTS, -(-int(counts.max()) // PREDICTION_SLOTS) * PREDICTION_SLOTS)
+    slots = max(1, int(counts.max()))
     positions = torch.zeros(len(samples), slots, dtype=torch.int64)
     for row, sample in enumerate(samples):
         positions[row, : counts[row]] = sample["predict_positions"]
     used = torch.arange(slots)[None, :] < counts[:, None]
     batch["lengths"] = batch["attention_mask"].sum(1)
+    batch["predict_counts"] = counts
     batch["predict_positions"] = positions
     batch["predicted_labels"] = torch.where(used, batch["labels"].gather(1, positions), IGNORED)
     return batch
+
+
+@torch.compiler.disable
+def predicted_slots(counts: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
+    """The flat indices, into (batch, ``width``) slots, of each sequence's first ``counts`` slots
+    (its predictions), row-major; built on the host from host counts, then sent to ``device``."""
+    counts = counts.cpu()  # a no-op for the loader's counts
+    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+    within = torch.arange(int(counts.sum())) - starts.repeat_interleave(counts)
+    return ((torch.arange(len(counts)) * width).repeat_interleave(counts) + within).to(device, non_blocking=True)
 
 
 class MaskedSequences(Dataset):

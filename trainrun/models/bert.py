@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 
+from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
 from trainrun.schema import ModelConfig
 
@@ -195,8 +196,9 @@ class MaskedLanguageModel(nn.Module):
     # ---------------------------------------------------------------------------------- forward
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (batch, sequence, vocabulary); with ``predict_positions`` (batch, slots) in the
-        inputs, in evaluation or with ``masked_head``, only those positions' logits (batch·slots,
-        vocabulary), slot by slot in row-major order."""
+        inputs, in evaluation or with ``masked_head``, only those positions' logits (predictions,
+        vocabulary) in row-major order: the first ``predict_counts`` slots of each sequence, or
+        every slot without counts."""
         ids = inputs["input_ids"]
         batch, length = ids.shape
         lengths = inputs.get("lengths")
@@ -215,11 +217,11 @@ class MaskedLanguageModel(nn.Module):
             hidden = _layer(layer, hidden, attend, self.training)
         positions = inputs.get("predict_positions")
         if positions is not None and (self.masked_head or not self.training):
-            if layout.packed:
-                first = layout.cu_seqlens[:-1].long()
-            else:
-                first = torch.arange(batch, device=ids.device) * length
-            return self.bert.cls(hidden.index_select(0, (first[:, None] + positions).flatten()))
+            first = layout.cu_seqlens[:-1].long() if layout.packed else torch.arange(batch, device=ids.device) * length
+            rows = (first[:, None] + positions).flatten()
+            if "predict_counts" in inputs:  # the real slots only
+                rows = rows.index_select(0, predicted_slots(inputs["predict_counts"], positions.shape[1], ids.device))
+            return self.bert.cls(hidden.index_select(0, rows))
         if layout.packed:
             hidden = hidden.new_zeros(batch * length, hidden.shape[-1]).index_copy(0, layout.rows, hidden)
         return self.bert.cls(hidden.view(batch, length, -1))

@@ -18,18 +18,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainrun.core.state import State
-from trainrun.data.masked_text import IGNORED
+from trainrun.data.masked_text import IGNORED, predicted_slots
 from trainrun.tasks import Evaluator, LossFunction, Task
 
 
 def masked_cross_entropy(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean cross-entropy over the predicted tokens, in fp32. ``logits`` are every position's
-    (batch, sequence, vocabulary), scored against ``targets["labels"]``, or the predicted slots'
-    alone (batch·slots, vocabulary; in evaluation and with masked_head), against
+    (batch, sequence, vocabulary), scored against ``targets["labels"]``, or the predicted rows'
+    alone (predictions, vocabulary; in evaluation and with masked_head), against
     ``targets["predicted"]``; -100 marks what is not scored either way, so nothing is read back
     from the device."""
-    labels = targets["labels"] if logits.dim() == 3 else targets["predicted"]
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORED)
+    return F.cross_entropy(logits.flatten(0, -2).float(), scored_labels(logits, targets), ignore_index=IGNORED)
+
+
+def scored_labels(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The labels ``logits`` are scored against, flat: every position's, or the predicted rows'
+    (their slots taken by the host's ``counts`` when the targets carry them)."""
+    if logits.dim() == 3:
+        return targets["labels"].flatten()
+    predicted = targets["predicted"]
+    if "counts" not in targets:
+        return predicted.flatten()
+    return predicted.flatten().index_select(0, predicted_slots(targets["counts"], predicted.shape[1], predicted.device))
 
 
 class MaskedTokenEvaluator(Evaluator):
@@ -38,7 +48,7 @@ class MaskedTokenEvaluator(Evaluator):
         self.world_size = world_size
 
     def update(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
-        labels = (targets["labels"] if outputs.dim() == 3 else targets["predicted"]).flatten()
+        labels = scored_labels(outputs, targets)
         logits, scored = outputs.flatten(0, -2).float(), labels != IGNORED
         self.sums[0] += F.cross_entropy(logits, labels, ignore_index=IGNORED, reduction="sum")
         self.sums[1] += ((logits.argmax(-1) == labels) & scored).sum()
@@ -71,19 +81,23 @@ class MaskedLanguageModeling(Task):
             return batch[key].to(state.device, non_blocking=True)
 
         inputs = {key: moved(key) for key in ("input_ids", "attention_mask", "predict_positions")}
-        inputs["lengths"] = batch["lengths"]
-        return inputs, {"labels": moved("labels"), "predicted": moved("predicted_labels")}, len(batch["labels"])
+        inputs["lengths"], inputs["predict_counts"] = batch["lengths"], batch["predict_counts"]  # host counts
+        targets = {"labels": moved("labels"), "predicted": moved("predicted_labels"), "counts": batch["predict_counts"]}
+        return inputs, targets, len(batch["labels"])
 
     def truncate(self, inputs: dict, targets: dict, length: int) -> tuple[dict, dict]:
         """The batch with every sequence cut to its first ``length`` tokens (sequence-length
-        warmup): positions cut off are not predicted; nothing is read back from the device."""
+        warmup): positions cut off are not predicted (their slots stay, scored as -100: the host
+        cannot count them without reading the device)."""
         kept = inputs["predict_positions"] < length
         inputs = {
+            **inputs,
             **{key: inputs[key][:, :length] for key in ("input_ids", "attention_mask")},
             "lengths": inputs["lengths"].clamp(max=length),
             "predict_positions": torch.where(kept, inputs["predict_positions"], 0),
         }
         targets = {
+            **targets,
             "labels": targets["labels"][:, :length],
             "predicted": torch.where(kept, targets["predicted"], IGNORED),
         }
