@@ -114,11 +114,7 @@ def train_steps(models, data, precision, variant: tuple[bool, bool, str, str], s
     bert.unpad, bert.masked_head, bert.attention = unpad, masked_head, attention
     for index in range(steps):
         loss = forward_backward(model, data[index % len(data)], precision)
-        if precision.scaler:
-            precision.scaler.step(optimizer)
-            precision.scaler.update()
-        else:
-            optimizer.step()
+        precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
     return loss
 

@@ -120,11 +120,7 @@ def model_step_rate(args: argparse.Namespace, setting: Setting, device: torch.de
         with precision.autocast():
             loss = F.cross_entropy(step_model(images), labels)
         (precision.scaler.scale(loss) if precision.scaler else loss).backward()
-        if precision.scaler:
-            precision.scaler.step(optimizer)
-            precision.scaler.update()
-        else:
-            optimizer.step()
+        precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
 
     for _ in range(args.warmup):

@@ -125,13 +125,16 @@ def test_flex_attention_gives_the_sdpa_paths_outputs_with_alibi_in_its_score_mod
         torch.testing.assert_close(outputs["sdpa", unpad], outputs["sdpa", False], rtol=1e-5, atol=1e-5)
 
 
-def test_auto_attention_takes_each_path_where_it_applies_and_a_forced_one_is_checked():
+def test_auto_attention_takes_each_path_where_it_applies_and_a_forced_one_is_checked(monkeypatch):
     model = tiny_bert()
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     model.unpad = True
     assert model.attention_path(cuda, torch.bfloat16) == "varlen"
     assert model.attention_path(cuda, torch.float32) == "flex"  # the Flash kernel has no fp32
     assert model.attention_path(cpu, torch.bfloat16) == "sdpa"
+    monkeypatch.setattr(bert_module, "has_varlen_attention", lambda: False)  # a torch without varlen_attn
+    assert model.attention_path(cuda, torch.bfloat16) == "flex"
+    monkeypatch.undo()
     model.unpad = False
     assert model.attention_path(cuda, torch.bfloat16) == "sdpa"
     model.alibi_slopes = alibi_slopes(2)

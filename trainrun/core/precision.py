@@ -21,6 +21,15 @@ class Precision:
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
 
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step ``optimizer``: through the gradient scaler (which skips a step whose gradients
+        overflowed, and updates its scale) under fp16, directly otherwise."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and the loss."""
         if self.dtype is None:

@@ -185,11 +185,7 @@ class Trainer:
         if scaler:
             scaler.unscale_(state.optimizer)
         run(Event.BEFORE_OPTIMIZER_STEP, state)
-        if scaler:
-            scaler.step(state.optimizer)
-            scaler.update()
-        else:
-            state.optimizer.step()
+        state.precision.step(state.optimizer)
         state.optimizer.zero_grad(set_to_none=True)
         if self.settings.budget is not None:
             self.settings.budget.after_step(state, state.batch + 1)

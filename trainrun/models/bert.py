@@ -25,6 +25,7 @@ Why by hand: Hugging Face's BERT has no unpadded path, masks by materialised ten
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,7 +95,12 @@ class MaskedLanguageModel(nn.Module):
         alibi = self.alibi_slopes is not None
         usable = {
             "sdpa": True,
-            "varlen": device.type == "cuda" and dtype in _HALF and dropout == 0 and not alibi and self.unpad,
+            "varlen": device.type == "cuda"
+            and dtype in _HALF
+            and dropout == 0
+            and not alibi
+            and self.unpad
+            and has_varlen_attention(),
             "flex": device.type == "cuda" and dropout == 0,
         }
         if self.attention != "auto":
@@ -240,6 +246,12 @@ def _layer(
     context = attend(qkv, attention.dropout.p if training else 0.0)
     attended = layer.attention.output(context.flatten(1), hidden)
     return layer.output(layer.intermediate(attended), attended)
+
+
+@functools.cache
+def has_varlen_attention() -> bool:
+    """Whether this torch has ``torch.nn.attention.varlen`` (torch 2.9 and later)."""
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
 @functools.cache
