@@ -184,3 +184,14 @@ def test_a_bert_step_and_evaluation_read_nothing_back_from_the_device(unpad, mas
     assert outputs.shape == (4, 50)  # evaluation: the predicted rows' logits only (one a sequence)
     with pytest.raises((RuntimeError, NotImplementedError)):  # the detector: a read-back does raise here
         torch.ones(3, device="meta").nonzero()
+
+
+def test_the_start_up_banner_names_the_attention_each_path_runs(monkeypatch):
+    model = tiny_bert()
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert model.attention_kernels(12, torch.float32, cpu).startswith("scaled_dot_product_attention (")
+    model.unpad = True
+    assert model.attention_kernels(12, torch.bfloat16, cuda) == "varlen_attn (Flash) on the real tokens only"
+    model.alibi_slopes = alibi_slopes(2)
+    expected = "FlexAttention (compiled) on the real tokens only, ALiBi in its score_mod"
+    assert model.attention_kernels(12, torch.bfloat16, cuda) == expected

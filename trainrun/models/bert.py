@@ -121,8 +121,9 @@ class MaskedLanguageModel(nn.Module):
         if path == "varlen":
             return "varlen_attn (Flash) on the real tokens only"
         if path == "flex":
-            return "FlexAttention (compiled) " + (
-                "with ALiBi in its score_mod" if self.alibi_slopes is not None else ""
+            where = "on the real tokens only" if self.unpad else "on batches padded to their length"
+            return f"FlexAttention (compiled) {where}" + (
+                ", ALiBi in its score_mod" if self.alibi_slopes is not None else ""
             )
         attention = self.bert.base_model.encoder.layer[0].attention.self
         query = torch.empty(2, attention.num_attention_heads, length, attention.attention_head_size, dtype=dtype)
