@@ -128,7 +128,7 @@ def collated(lengths, predicted, width):
 
 def test_sequence_length_warmup_cuts_inputs_and_targets_alike_and_drops_predictions_cut_off():
     (warmup,) = build_algorithms({"seq_length_warmup": SeqLengthWarmupConfig(duration=0.5, step_size=4)})
-    batch = collated([32, 12], [[3, 19, 25], [5]], width=32)
+    batch = collated([32, 12], [[3, 19, 20, 25], [5]], width=32)  # 20 is the first position cut off
     inputs, targets, _ = MaskedLanguageModeling().batch(batch, SimpleNamespace(device=torch.device("cpu")))
     state = SimpleNamespace(inputs=inputs, targets=targets, progress=0.25, task=MaskedLanguageModeling())
     warmup.apply(Event.AFTER_DATALOADER, state)
@@ -139,9 +139,9 @@ def test_sequence_length_warmup_cuts_inputs_and_targets_alike_and_drops_predicti
     assert torch.equal(state.inputs["attention_mask"], batch["attention_mask"][:, :length])
     assert torch.equal(state.targets["labels"], batch["labels"][:, :length])
     assert state.inputs["lengths"].tolist() == [20, 12]  # per sequence: clamped, not cut
-    assert state.inputs["predict_positions"].tolist() == [[3, 19, 0], [5, 0, 0]]  # 25 is cut off
-    assert state.targets["predicted"].tolist() == [[1003, 1019, IGNORED], [1105, IGNORED, IGNORED]]
-    assert state.inputs["predict_counts"].tolist() == state.targets["counts"].tolist() == [3, 1]  # host: kept
+    assert state.inputs["predict_positions"].tolist() == [[3, 19, 0, 0], [5, 0, 0, 0]]  # 20 and 25 are cut off
+    assert state.targets["predicted"].tolist() == [[1003, 1019, IGNORED, IGNORED], [1105] + [IGNORED] * 3]
+    assert state.inputs["predict_counts"].tolist() == state.targets["counts"].tolist() == [4, 1]  # host: kept
 
 
 def test_the_loader_sends_real_token_and_prediction_counts_and_the_predicted_slots():
@@ -157,6 +157,8 @@ def test_the_loader_sends_real_token_and_prediction_counts_and_the_predicted_slo
     slots = predicted_slots(batch["predict_counts"], 9, torch.device("cpu"))
     assert slots.tolist() == [0, 1] + [9 + k for k in range(9)]  # row-major, the real slots only
     assert (batch["predicted_labels"].flatten()[slots] != IGNORED).all()
+    nothing = collated([4, 3], [[], []], width=8)  # no prediction in the batch: one slot, unscored
+    assert nothing["predict_positions"].shape == (2, 1) and (nothing["predicted_labels"] == IGNORED).all()
 
 
 # ---------------------------------------------------------------------------------- gated linear units
