@@ -67,12 +67,11 @@ def make_layout(lengths: torch.Tensor, length: int, device: torch.device, packed
     on_device = lengths.to(device, non_blocking=True)
     if not packed:
         return Layout(batch, length, on_device)
-    starts = F.pad(lengths.cumsum(0), (1, 0))
-    offsets = torch.arange(int(starts[-1])) - starts[:-1].repeat_interleave(lengths)
+    rows = predicted_slots(lengths, length, device)  # each sequence's first ``length`` rows: its real tokens
+    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     documents = torch.arange(batch).repeat_interleave(lengths)
-    rows, cu_seqlens = documents * length + offsets, starts.to(torch.int32)
-    moved = (tensor.to(device, non_blocking=True) for tensor in (rows, cu_seqlens, documents))
-    return Layout(batch, length, on_device, *moved, longest=int(lengths.max()))
+    moved = (tensor.to(device, non_blocking=True) for tensor in (cu_seqlens, documents))
+    return Layout(batch, length, on_device, rows, *moved, longest=int(lengths.max()))
 
 
 class MaskedLanguageModel(nn.Module):
