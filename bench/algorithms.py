@@ -23,25 +23,19 @@ from pathlib import Path
 import torch
 
 from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.specs import SPECS
 from trainrun.core.engine import Engine
 from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import build_data
-from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.schema import (
-    ALGORITHM_CONFIGS,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    SchedulerConfig,
-    algorithm_tasks,
-)
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
 from trainrun.tasks.image_classification import ImageClassification
+from trainrun.tasks.losses import soft_cross_entropy
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- bench/algorithms.py:start -->", "<!-- bench/algorithms.py:end -->"
@@ -57,7 +51,7 @@ def method_config(name: str, resolution: int):
         "squeeze_excite": {"min_channels": 64},  # ResNet-18's widest convs have 512 channels
         "sam": {"interval": 10},  # the medium recipe's interval
     }
-    return ALGORITHM_CONFIGS[name](**overrides.get(name, {}))
+    return SPECS[name].config(**overrides.get(name, {}))
 
 
 def step_seconds(name: str | None, args: argparse.Namespace, device: torch.device) -> float:
@@ -96,7 +90,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, float], torch.device]:
     """Best seconds per step of every method and of no method, rounds alternating."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
-    names = [None, *sorted(n for n in ALGORITHM_CONFIGS if "image_classification" in algorithm_tasks(n))]
+    names = [None, *sorted(n for n in SPECS if SPECS[n].applies_to("image_classification"))]
     best: dict[str, float] = {}
     step_seconds(None, args, device)  # warm-up: allocator, kernels, page cache
     for _ in range(args.rounds):

@@ -40,8 +40,9 @@ from trainrun.core.precision import resolve_precision
 from trainrun.data.masked_text import IGNORED, collate_masked, text_datasets
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, validate
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
 from trainrun.tasks.masked_lm import masked_cross_entropy
+from trainrun.validation import validate
 
 VARIANTS = {  # name: (unpadding, masked head, model: eager, fused layers or compiled, model.attention)
     "padded": (False, False, "eager", "auto"),

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.specs import SPECS
 from trainrun.core.distributed import select_device
 from trainrun.core.engine import Callback, Engine
 from trainrun.core.events import Event
@@ -45,11 +46,11 @@ from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.spec import DataSpec
-from trainrun.loss import binary_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, ModelConfig, OptimizerConfig
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
 from trainrun.tasks.image_classification import ImageClassification
+from trainrun.tasks.losses import binary_cross_entropy
 
 # Dense peak TFLOP/s by the exact name torch.cuda.get_device_name reports: fp32 on the CUDA cores,
 # TF32 and fp16/bf16 on the tensor cores; NVIDIA's data sheets, sparsity figures halved.
@@ -199,7 +200,7 @@ def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.dev
         train_resolution=setting.resolution,
     )  # fmt: skip
     names = recipe_algorithms(args.recipe, setting.channels_last)
-    algorithms = build_algorithms({name: ALGORITHM_CONFIGS[name]() for name in names})
+    algorithms = build_algorithms({name: SPECS[name].config() for name in names})
 
     def optimization(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, OptimizerConfig(lr=0.1), setting.batch)

@@ -29,13 +29,13 @@ from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
 from trainrun.data.masked_text import text_datasets
-from trainrun.loss import soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
 from trainrun.tasks import Task
 from trainrun.tasks.image_classification import ImageClassification
+from trainrun.tasks.losses import soft_cross_entropy
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, masked_cross_entropy
 
 

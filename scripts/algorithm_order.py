@@ -1,4 +1,4 @@
-"""Print the algorithm order table (trainrun.schema.ALGORITHM_ORDER) resolved per event as Markdown;
+"""Print the methods' order (their specs' positions, trainrun/algorithms/specs/) resolved per event as Markdown;
 ``--write`` puts it into docs/algorithms.md between its markers."""
 
 import argparse

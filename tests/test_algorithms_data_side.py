@@ -6,22 +6,20 @@ from test_engine_algorithms import make_state
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.progressive_resizing import size_at
+from trainrun.algorithms.specs import SPECS
+from trainrun.algorithms.specs.cutmix import CutMixConfig
+from trainrun.algorithms.specs.fixres import FixResConfig
+from trainrun.algorithms.specs.mixup import MixUpConfig
+from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
+from trainrun.algorithms.specs.randaugment import RandAugmentConfig
+from trainrun.algorithms.specs.trivialaugment import TrivialAugmentConfig
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.data import TorchData
 from trainrun.data.builtin import builtin_datasets
 from trainrun.data.spec import DataSpec
 from trainrun.errors import ConfigError
-from trainrun.schema import (
-    ALGORITHM_CONFIGS,
-    CutMixConfig,
-    DataConfig,
-    FixResConfig,
-    MixUpConfig,
-    ProgressiveResizingConfig,
-    RandAugmentConfig,
-    TrivialAugmentConfig,
-)
+from trainrun.schema import DataConfig
 
 MILD = ProgressiveResizingConfig(initial_scale=0.5, delay=0.4, finetune=0.2, size_increment=4)
 
@@ -157,7 +155,7 @@ def test_colout_keeps_rows_and_columns_in_order():
 def test_the_colout_algorithm_drops_rows_and_columns_at_their_own_rates_per_sample_or_per_batch():
     images = torch.arange(256.0).view(1, 1, 16, 16).expand(8, 2, 16, 16)  # each pixel names its place
     for batch in (False, True):
-        (algorithm,) = build_algorithms({"colout": ALGORITHM_CONFIGS["colout"](p_row=0.25, p_col=0.5, batch=batch)})
+        (algorithm,) = build_algorithms({"colout": SPECS["colout"].config(p_row=0.25, p_col=0.5, batch=batch)})
         state = make_state()
         state.inputs = images
         algorithm.apply(Event.AFTER_DATALOADER, state)
@@ -168,8 +166,8 @@ def test_the_colout_algorithm_drops_rows_and_columns_at_their_own_rates_per_samp
 def test_stochastic_depth_rates_are_linear_over_the_16_resnet50_blocks():
     from torchvision.models import resnet50
 
+    from trainrun.algorithms.specs.stochastic_depth import StochasticDepthConfig
     from trainrun.algorithms.stochastic_depth import apply_stochastic_depth
-    from trainrun.schema import StochasticDepthConfig
 
     model = resnet50()
     blocks = apply_stochastic_depth(model, StochasticDepthConfig(drop_rate=0.1))
@@ -220,8 +218,8 @@ def test_stochastic_depth_block_mode_drops_the_whole_batch_and_uniform_gives_eve
     from torchvision.models import resnet18
     from torchvision.models.resnet import BasicBlock
 
+    from trainrun.algorithms.specs.stochastic_depth import StochasticDepthConfig
     from trainrun.algorithms.stochastic_depth import StochasticBlock, apply_stochastic_depth, drop_rates
-    from trainrun.schema import StochasticDepthConfig
 
     assert drop_rates(4, 0.2, "uniform") == [0.2] * 4
     per_sample = apply_stochastic_depth(resnet18(), StochasticDepthConfig(mode="sample"))

@@ -15,6 +15,14 @@ from trainrun.algorithms.ghost_batchnorm import GhostBatchNorm2d, apply_ghost_ba
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.algorithms.layer_freezing import freeze_leading, frozen_fraction, layers
 from trainrun.algorithms.selective_backprop import select, selection_weights
+from trainrun.algorithms.specs import SPECS
+from trainrun.algorithms.specs.gradient_clipping import GradientClippingConfig
+from trainrun.algorithms.specs.label_smoothing import LabelSmoothingConfig
+from trainrun.algorithms.specs.layer_freezing import LayerFreezingConfig
+from trainrun.algorithms.specs.sam import SAMConfig
+from trainrun.algorithms.specs.selective_backprop import SelectiveBackpropConfig
+from trainrun.algorithms.specs.squeeze_excite import SqueezeExciteConfig
+from trainrun.algorithms.specs.swa import SWAConfig
 from trainrun.algorithms.squeeze_excite import apply_squeeze_excite
 from trainrun.core.engine import Callback, Engine
 from trainrun.core.events import Event
@@ -24,19 +32,9 @@ from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.spec import DataSpec
 from trainrun.errors import ConfigError
-from trainrun.loss import binary_cross_entropy, soft_cross_entropy
-from trainrun.schema import (
-    ALGORITHM_CONFIGS,
-    DataConfig,
-    GradientClippingConfig,
-    LabelSmoothingConfig,
-    LayerFreezingConfig,
-    SAMConfig,
-    SelectiveBackpropConfig,
-    SqueezeExciteConfig,
-    SWAConfig,
-)
+from trainrun.schema import DataConfig
 from trainrun.tasks.image_classification import ImageClassification
+from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy
 
 
 class FixedBatches(DataSpec):
@@ -119,9 +117,10 @@ def gradient(model, inputs, targets):
 def test_sam_step_equals_a_hand_written_two_pass_step(smoothing):
     rho, lr = 0.5, 0.1
     reference = tiny_model()
-    algorithms = build_algorithms({"sam": SAMConfig(rho=rho, epsilon=1e-12, interval=1)})
+    configs = {"sam": SAMConfig(rho=rho, epsilon=1e-12, interval=1)}
     if smoothing:
-        algorithms += build_algorithms({"label_smoothing": LabelSmoothingConfig(smoothing)})
+        configs["label_smoothing"] = LabelSmoothingConfig(smoothing)
+    algorithms = build_algorithms(configs)
     state, inputs, labels = train(copy.deepcopy(reference), algorithms, steps=1, lr=lr)
     targets = smooth(labels, 3, smoothing, torch.float32) if smoothing else labels
     first = gradient(reference, inputs, targets)
@@ -261,7 +260,7 @@ def test_swa_averages_the_window_and_loads_it_at_the_end_before_ema():
     snapshots = Snapshots()
     configs = {
         "swa": SWAConfig(swa_start="2ba", swa_end="8ba", update_interval="2ba"),
-        "ema": ALGORITHM_CONFIGS["ema"](half_life="2ba", update_interval="1ba"),
+        "ema": SPECS["ema"].config(half_life="2ba", update_interval="1ba"),
     }
     algorithms = build_algorithms(configs)
     ema = next(a for a in algorithms if a.name == "ema")
@@ -391,7 +390,7 @@ def test_ghost_batchnorm_normalises_each_chunk_and_divides_the_momentum():
     bn.load_state_dict(ghost.state_dict())
     assert torch.allclose(ghost(x), bn(x))
     model = resnet18()
-    assert apply_ghost_batchnorm(model, ALGORITHM_CONFIGS["ghost_batchnorm"](16)) == 20
+    assert apply_ghost_batchnorm(model, SPECS["ghost_batchnorm"].config(16)) == 20
     assert isinstance(model.bn1, GhostBatchNorm2d)
 
 
@@ -449,7 +448,7 @@ def test_squeeze_excite_gates_exactly_the_large_convs_of_resnet50():
 
 def test_bce_loss_replaces_the_loss_and_starts_sigmoids_at_one_over_c():
     model = resnet18(num_classes=10)
-    (bce,) = build_algorithms({"bce_loss": ALGORITHM_CONFIGS["bce_loss"]()})
+    (bce,) = build_algorithms({"bce_loss": SPECS["bce_loss"].config()})
     state = cpu_state(model, samples_per_batch=4, loss_fn=soft_cross_entropy, num_classes=10)
     bce.apply(Event.INIT, state)
     assert state.loss_fn is binary_cross_entropy and classifier(model) is model.fc
@@ -534,7 +533,7 @@ def test_layers_added_by_model_surgery_are_trained():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(16, 3))
     configs = {"squeeze_excite": SqueezeExciteConfig(latent_channels=2, min_channels=3)}
-    configs["ghost_batchnorm"] = ALGORITHM_CONFIGS["ghost_batchnorm"](ghost_batch_size=4)
+    configs["ghost_batchnorm"] = SPECS["ghost_batchnorm"].config(ghost_batch_size=4)
     start = AtStart()
     state, *_ = train(model, build_algorithms(configs), steps=2, callbacks=[start])
     assert isinstance(model[0][1], SqueezeExcitation) and isinstance(model[1], GhostBatchNorm2d)

@@ -158,8 +158,8 @@ def test_a_bert_step_and_evaluation_read_nothing_back_from_the_device(unpad, mas
     ``.item()``, ``if tensor``) raises. The step runs there from the loader's batch to the optimizer,
     with sequence-length warmup's cut, and so does an evaluation batch."""
     from trainrun.algorithms import build_algorithms
+    from trainrun.algorithms.specs.seq_length_warmup import SeqLengthWarmupConfig
     from trainrun.core.events import Event
-    from trainrun.schema import SeqLengthWarmupConfig
 
     model = tiny_bert(alibi=alibi, dropout=0.1)
     model.unpad, model.masked_head = unpad, masked_head

@@ -17,21 +17,18 @@ from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
 from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
 from trainrun.algorithms.seq_length_warmup import length_at
+from trainrun.algorithms.specs import SPECS
+from trainrun.algorithms.specs.alibi import AlibiConfig
+from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
+from trainrun.algorithms.specs.seq_length_warmup import SeqLengthWarmupConfig
+from trainrun.algorithms.specs.unpadding import UnpaddingConfig
 from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.errors import ConfigError
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import (
-    ALGORITHM_CONFIGS,
-    AlibiConfig,
-    GatedLinearUnitsConfig,
-    ModelConfig,
-    OptimizerConfig,
-    SeqLengthWarmupConfig,
-    UnpaddingConfig,
-)
+from trainrun.schema import ModelConfig, OptimizerConfig
 from trainrun.tasks.masked_lm import MaskedLanguageModeling
 
 
@@ -75,7 +72,7 @@ def test_lamb_follows_the_mlperf_reference_step_by_step():
 
 def test_lamb_recipe_values_are_the_reference_ones():
     from trainrun.config import compose
-    from trainrun.schema import validate
+    from trainrun.validation import validate
 
     optimizer = validate(compose(["optimizer=lamb"]), files=False).optimizer
     assert (optimizer.lr, optimizer.betas, optimizer.eps, optimizer.weight_decay) == (4.25e-4, [0.9, 0.999], 1e-6, 0.01)
@@ -294,7 +291,7 @@ def test_low_precision_layernorm_keeps_eps_bias_and_the_affine_setting_and_norma
 
 
 def test_the_low_precision_layernorm_algorithm_says_when_it_changes_nothing():
-    (algorithm,) = build_algorithms({"low_precision_layernorm": ALGORITHM_CONFIGS["low_precision_layernorm"]()})
+    (algorithm,) = build_algorithms({"low_precision_layernorm": SPECS["low_precision_layernorm"].config()})
     state = init_state(tiny_bert(layers=1), "bf16")
     algorithm.apply(Event.INIT, state)
     assert isinstance(state.raw_model.bert.bert.embeddings.LayerNorm, LowPrecisionLayerNorm)
@@ -495,7 +492,7 @@ def test_fused_layers_compile_each_layers_blocks_once_for_any_token_count_with_t
 
 
 def test_the_fused_layers_algorithm_compiles_each_layer_and_warns_on_a_model_without_any():
-    (fused,) = build_algorithms({"fused_layers": ALGORITHM_CONFIGS["fused_layers"]()})
+    (fused,) = build_algorithms({"fused_layers": SPECS["fused_layers"].config()})
     state = init_state(tiny_bert(layers=2))
     fused.apply(Event.INIT, state)
     layer = state.raw_model.bert.bert.encoder.layer[1]

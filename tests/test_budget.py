@@ -8,6 +8,7 @@ import torch
 from conftest import TINY, read_metrics, run_cli
 
 from trainrun.algorithms.progressive_resizing import size_at
+from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
 from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.precision import Precision
@@ -15,7 +16,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.errors import ConfigError
 from trainrun.optim.schedules import schedule_function
-from trainrun.schema import ProgressiveResizingConfig, SchedulerConfig
+from trainrun.schema import SchedulerConfig
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30min", 1800), ("1.5h", 5400), ("2e1s", 20)])
@@ -178,7 +179,8 @@ def test_a_sweep_takes_ratios_or_budgets_and_names_runs_by_them(tmp_path):
 
 def test_a_cost_budget_is_training_time_at_the_hardwares_price_for_every_node():
     from trainrun.config import compose
-    from trainrun.schema import budget_seconds, validate
+    from trainrun.schema import budget_seconds
+    from trainrun.validation import validate
 
     two_nodes = ["launcher.nnodes=2", "launcher.master_port=29500", "launcher.master_addr=10.0.0.1"]
     config = validate(compose(["max_duration=50usd", "hardware=1xa100_aws", *two_nodes]), files=False)

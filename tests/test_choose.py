@@ -8,24 +8,20 @@ import time
 import pytest
 from conftest import TINY, run_cli
 
-from trainrun.choose import (
-    NOISE,
+from trainrun.choose.profiling import Profile, ProfileFailed
+from trainrun.choose.recipes import (
     PUBLISHED_TABLES,
     Candidate,
-    Profile,
-    ProfileFailed,
-    SystemsSearch,
     TablePoint,
-    apply_settings,
     best_candidate,
     plan_candidate,
     predict,
     read_table,
-    systems_options,
 )
+from trainrun.choose.systems import NOISE, SystemsSearch, apply_settings, systems_options
 from trainrun.config import compose
 from trainrun.errors import ConfigError
-from trainrun.schema import validate
+from trainrun.validation import validate
 
 HAND_MADE = [  # recipe, budget (ratio), epochs, top-1
     ("slow", 0.5, 4, 0.80),

@@ -1,5 +1,6 @@
 import ast
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -7,17 +8,20 @@ import torch
 from torchvision.models import resnet50
 from torchvision.ops import SqueezeExcitation
 
-from trainrun.algorithms import build_algorithms, order_markdown
+from trainrun.algorithms import build_algorithms, in_method_order, order_markdown
 from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
 from trainrun.algorithms.ema import smoothing
 from trainrun.algorithms.gradient_clipping import adaptive_clip
 from trainrun.algorithms.label_smoothing import smooth
+from trainrun.algorithms.specs import METHOD_ORDER, SPECS
+from trainrun.algorithms.specs.blurpool import BlurPoolConfig
+from trainrun.algorithms.specs.ema import EMAConfig
+from trainrun.algorithms.specs.gradient_clipping import GradientClippingConfig
 from trainrun.core.engine import Algorithm, Callback, Engine
 from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
-from trainrun.schema import ALGORITHM_CONFIGS, ALGORITHM_ORDER, BlurPoolConfig, EMAConfig, GradientClippingConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -45,7 +49,7 @@ class Recorder(Algorithm):
 
 def test_engine_follows_the_order_table_and_reverses_closing_events():
     log = []
-    engine = Engine([Recorder("sam", log), Recorder("blurpool", log)])  # blurpool comes first in the table
+    engine = Engine(in_method_order([Recorder("sam", log), Recorder("blurpool", log)]))  # blurpool's spec is first
     state = make_state()
     for event in (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BATCH_END):
         engine.run(event, state)
@@ -53,8 +57,8 @@ def test_engine_follows_the_order_table_and_reverses_closing_events():
 
 
 def test_the_order_table_names_every_method_once_and_the_docs_show_it(capsys):
-    names = [name for name, _why in ALGORITHM_ORDER]
-    assert sorted(names) == sorted(ALGORITHM_CONFIGS) and len(set(names)) == len(names)
+    names = list(METHOD_ORDER)
+    assert sorted(names) == sorted(SPECS) and len(set(names)) == len(names)
     generated = order_markdown()
     with capsys.disabled():
         print("\nresolved order per event:\n" + generated.split("\n\n")[1])
@@ -73,6 +77,20 @@ def test_callbacks_run_after_algorithms():
     assert log == [(Event.INIT, "ema"), (Event.INIT, "callback")]
 
 
+def test_every_method_module_has_one_spec_and_every_spec_names_real_methods():
+    package = CONF.parent / "trainrun" / "algorithms"
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__", "base"}
+    spec_modules = {path.stem for path in (package / "specs").glob("*.py")} - {"__init__"}
+    assert modules == set(SPECS) == spec_modules, "a method lacks a spec, or a spec has no method"
+    positions = [spec.position for spec in SPECS.values()]
+    assert len(set(positions)) == len(positions), "two methods share a position: their order is undecided"
+    for name, spec in SPECS.items():
+        assert spec.name == name
+        assert set(spec.incompatible) <= set(SPECS) - {name}, f"{name} is incompatible with an unknown method"
+        fields = {field.name for field in dataclasses.fields(spec.config)}
+        assert spec.sequence_limit is None or spec.sequence_limit in fields
+
+
 def test_trainer_never_names_an_algorithm():
     source = (Path(__file__).resolve().parent.parent / "trainrun/core/trainer.py").read_text()
     names = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
@@ -83,7 +101,7 @@ def test_trainer_never_names_an_algorithm():
         for alias in node.names
         if node.module and "algorithms" in node.module
     }
-    assert not imported and not {n.lower() for n in names} & set(ALGORITHM_CONFIGS)
+    assert not imported and not {n.lower() for n in names} & set(SPECS)
 
 
 def test_an_unknown_algorithm_name_is_the_error():
@@ -93,9 +111,9 @@ def test_an_unknown_algorithm_name_is_the_error():
 
 def test_every_algorithm_has_a_schema_a_module_and_a_yaml():
     yaml_names = {path.stem for path in (CONF / "algorithms").glob("*.yaml")}
-    assert yaml_names == set(ALGORITHM_CONFIGS)
-    built = build_algorithms({name: cls() for name, cls in ALGORITHM_CONFIGS.items()})
-    assert {a.name for a in built} == set(ALGORITHM_CONFIGS)
+    assert yaml_names == set(SPECS)
+    built = build_algorithms({name: spec.config() for name, spec in SPECS.items()})
+    assert {a.name for a in built} == set(SPECS)
 
 
 def test_blurpool_on_resnet50_replaces_the_strided_convs_and_the_maxpool():
@@ -159,10 +177,34 @@ def test_a_blurred_maxpool_keeps_its_window_padding_and_dilation_and_blurs_at_it
     assert apply_blurpool(untouched, BlurPoolConfig(replace_maxpools=False, replace_convs=False)) == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "finds"),
+    [
+        ("blurpool", "strided convolutions or max pools to blur"),
+        ("squeeze_excite", "convolutions large enough to gate (squeeze_excite.min_channels)"),
+        ("ghost_batchnorm", "BatchNorm2d layers"),
+        ("stochastic_depth", "torchvision residual blocks"),
+    ],
+)
+def test_a_surgery_that_finds_nothing_to_change_says_so(name, finds):
+    untouched = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    before = copy.deepcopy(untouched)
+    state = make_state(untouched)
+    (method,) = build_algorithms({name: SPECS[name].config()})
+    method.apply(Event.INIT, state)
+    assert [n["text"] for n in state.notices if n["level"] == "warning"] == [
+        f"{name}: the model has no {finds}; nothing changed"
+    ]
+    assert str(untouched) == str(before)
+    state = make_state(resnet50())
+    method.apply(Event.INIT, state)
+    assert not state.notices  # a ResNet-50 has what each of them changes
+
+
 def test_channels_last_survives_every_model_surgery():
     model = resnet50()
     surgery = ("channels_last", "blurpool", "squeeze_excite", "ghost_batchnorm", "stochastic_depth")
-    engine = Engine(build_algorithms({name: ALGORITHM_CONFIGS[name]() for name in surgery}))
+    engine = Engine(build_algorithms({name: SPECS[name].config() for name in surgery}))
     state = make_state(model)
     engine.run(Event.INIT, state)
     assert isinstance(model.layer2[0].block.conv2, BlurConv2d)
@@ -247,7 +289,7 @@ def test_label_smoothing_targets():
 
 
 def test_label_smoothing_gives_the_loss_float32_targets_and_restores_the_originals_after_it():
-    (smoothing,) = build_algorithms({"label_smoothing": ALGORITHM_CONFIGS["label_smoothing"](0.2)})
+    (smoothing,) = build_algorithms({"label_smoothing": SPECS["label_smoothing"].config(0.2)})
     state = make_state()
     mixed = torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.bfloat16)  # dense rows (MixUp's) in bf16
     state.outputs, state.targets = torch.randn(1, 4), mixed

@@ -19,6 +19,8 @@ from torch import nn
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.label_smoothing import smooth
+from trainrun.algorithms.specs import SPECS
+from trainrun.algorithms.specs.sam import SAMConfig
 from trainrun.core import checkpoint, distributed
 from trainrun.core.compiled import DYNAMO_LOGGER, RecompileLimitWatch, compile_model, watch_recompile_limit
 from trainrun.core.distributed import Placement, backend_for, cuda_index, join, select_device
@@ -30,9 +32,9 @@ from trainrun.core.time import Timeline
 from trainrun.data import build_data
 from trainrun.errors import CheckpointError, ConfigError
 from trainrun.launch import adopt_slurm_environment
-from trainrun.loss import binary_cross_entropy
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import ALGORITHM_CONFIGS, DataConfig, LauncherConfig, OptimizerConfig, SAMConfig
+from trainrun.schema import DataConfig, LauncherConfig, OptimizerConfig
+from trainrun.tasks.losses import binary_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_RUN = ["data=digits", "model.width=8", "train_batch_size=64", "progress=false"]
@@ -246,7 +248,7 @@ def test_layer_freezing_recompiles_once_per_change_and_never_falls_back_to_eager
         torch.compile(model, backend=counting_backend(compiles)), None, Timeline(1, 2, 12), torch.device("cpu"),
         Precision("fp32", "cpu"),
     )  # fmt: skip
-    (freezing,) = build_algorithms({"layer_freezing": ALGORITHM_CONFIGS["layer_freezing"](0.0, 1.0)})
+    (freezing,) = build_algorithms({"layer_freezing": SPECS["layer_freezing"].config(0.0, 1.0)})
     inputs = torch.randn(2, 4)
     for step in range(12):  # a new freeze level every step: more than dynamo's 8 recompiles
         state.batch = step

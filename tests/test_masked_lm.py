@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from conftest import metrics_without_timing, read_metrics, run_cli
 
 from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.specs.masked_head import MaskedHeadConfig
 from trainrun.config import check
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.core.events import Event
@@ -31,7 +32,7 @@ from trainrun.data.torch_loader import AugmentedDataset
 from trainrun.errors import ConfigError, DataError
 from trainrun.models import build_model
 from trainrun.models.bert import build_bert
-from trainrun.schema import DataConfig, MaskedHeadConfig, ModelConfig
+from trainrun.schema import DataConfig, ModelConfig
 from trainrun.tasks.masked_lm import MaskedTokenEvaluator, masked_cross_entropy
 
 DOCUMENTS = [

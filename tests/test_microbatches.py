@@ -8,10 +8,11 @@ from conftest import read_metrics, run_cli
 from test_algorithms_training import fixed_batch_state
 
 from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.specs.label_smoothing import LabelSmoothingConfig
+from trainrun.algorithms.specs.mixup import MixUpConfig
 from trainrun.core.engine import Engine
 from trainrun.core.microbatches import Microbatching, microbatch_slices, take
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.schema import LabelSmoothingConfig, MixUpConfig
 
 
 def group_norm_model() -> torch.nn.Module:

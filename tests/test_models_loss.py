@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainrun.loss import binary_cross_entropy, soft_cross_entropy
 from trainrun.models import build_model
 from trainrun.schema import ModelConfig
+from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet34", "resnet50", "resnet101"])

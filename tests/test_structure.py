@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig
+from trainrun.algorithms.specs import SPECS
+from trainrun.schema import TrainConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"
 
@@ -52,6 +53,35 @@ def test_core_imports_nothing_of_loggers_report_or_the_cli():
             assert not outside, f"{module} imports {sorted(outside)}"
 
 
+def test_core_imports_no_config_task_data_model_or_output_code():
+    """The trainer and its parts are given what they need: nothing in core reads the schema or a kind."""
+    kinds = ("trainrun.schema", "trainrun.validation", "trainrun.tasks", "trainrun.data", "trainrun.models")
+    kinds += ("trainrun.loggers", "trainrun.report", "trainrun.algorithms")
+    for module, targets in module_imports().items():
+        if module.startswith("trainrun.core"):
+            outside = {t for t in targets if t.startswith(kinds)}
+            assert not outside, f"{module} imports {sorted(outside)}"
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 450
+
+
+def test_functions_and_modules_stay_short():
+    """A function reads in one screen; a module does one job."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        name = path.relative_to(PACKAGE.parent)
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            long.append(f"{name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, f"over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module:\n" + "\n".join(long)
+
+
 def test_nothing_imports_the_cli():
     importers = [module for module, targets in module_imports().items() if "trainrun.cli" in targets]
     assert importers == ["trainrun.__main__"]
@@ -61,7 +91,7 @@ TASK_WORDS = re.compile(r"\bimages?\b|\btop-?[15]\b|\bclasses\b|num_classes|\bla
 TASK_AGNOSTIC = [
     "core/trainer.py", "core/checkpoint.py", "core/engine.py", "core/accounts.py", "loggers/console.py",
     "loggers/time_to_accuracy.py", "loggers/steps.py", "sweep.py", "report/bottleneck.py", "report/curves.py",
-    "report/build.py",
+    "report/command.py", "report/sections.py", "report/plots.py",
 ]  # fmt: skip
 
 
@@ -113,9 +143,18 @@ def test_every_default_is_written_once_in_the_schema():
         group = relative.parts[0]
         for keys, value in yaml_values(yaml.safe_load(path.read_text()) or {}):
             if group == "algorithms":
-                default = schema_default(ALGORITHM_CONFIGS[keys[0]], keys[1:]) if len(keys) > 1 else None
+                default = schema_default(SPECS[keys[0]].config, keys[1:]) if len(keys) > 1 else None
             else:
                 default = schema_default(TrainConfig, (group, *keys))
             if value == default and not dataclasses.is_dataclass(default):
                 restated.append(f"{relative}: {'.'.join(keys)} = {value!r}")
     assert not restated, "defaults written in conf/ as well as in the schema:\n" + "\n".join(restated)
+
+
+def test_a_built_in_corpus_holds_out_what_write_text_holds_out():
+    from trainrun.data.token_store import TEXT_VAL_FRACTION
+
+    for path in (PACKAGE.parent / "conf" / "data").glob("*.yaml"):
+        option = yaml.safe_load(path.read_text()) or {}
+        if option.get("corpus"):
+            assert option["val_fraction"] == TEXT_VAL_FRACTION, path.name

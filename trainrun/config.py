@@ -15,8 +15,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from trainrun.algorithms.specs import SPECS
 from trainrun.errors import ConfigError
-from trainrun.schema import ALGORITHM_CONFIGS, TrainConfig, describe_omegaconf_error, list_keys, validate
+from trainrun.schema import TrainConfig, list_keys
+from trainrun.validation import describe_omegaconf_error, validate
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -200,8 +202,8 @@ def register_schema() -> None:
 
     store = ConfigStore.instance()
     store.store(name="trainrun_schema", node=TrainConfig)
-    for name, config in ALGORITHM_CONFIGS.items():
-        store.store(group="schema/algorithms", name=name, node={name: config})
+    for name, spec in SPECS.items():
+        store.store(group="schema/algorithms", name=name, node={name: spec.config})
 
 
 def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:

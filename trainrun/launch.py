@@ -28,7 +28,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.errors import ConfigError, TrainrunError, describe_error
-from trainrun.schema import LauncherConfig, TrainConfig, check_batch_split, check_microbatch_size, validate
+from trainrun.schema import LauncherConfig, TrainConfig
+from trainrun.validation import check_batch_split, check_microbatch_size, validate
 
 SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # A rank whose collective fails because a peer died waits this long before it exits, so that the
@@ -127,14 +128,16 @@ def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
     )
 
 
-def run_workers(settings: LauncherConfig, processes: int, worker, *args: object, debug: bool = False) -> None:
+def run_workers(
+    settings: LauncherConfig, processes: int, worker, *args: object, show_failure_logs: bool = False
+) -> None:
     """Run ``worker(*args)`` in ``processes`` ranks on this node; raise :class:`LaunchFailed` if one fails.
 
     The error names the rank that failed first and says why: its own one-line message (recorded
     by :func:`train_worker`), the signal that killed it, or its exit code. torch elastic's own
-    multi-line failure log is shown only with ``debug``.
+    multi-line failure log is shown only with ``show_failure_logs``.
     """
-    quiet = [] if debug else [logging.getLogger(name) for name in ELASTIC_LOGGERS]
+    quiet = [] if show_failure_logs else [logging.getLogger(name) for name in ELASTIC_LOGGERS]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
@@ -210,4 +213,4 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:
-        run_workers(settings, processes, train_worker, str(run_dir), config_yaml, debug, debug=debug)
+        run_workers(settings, processes, train_worker, str(run_dir), config_yaml, debug, show_failure_logs=debug)

@@ -1,26 +1,34 @@
-"""Build a run's components from a validated config and train them in one process (one rank)."""
+"""Build a run's components from a validated config and train them in one process (one rank).
+
+:func:`train` reads top to bottom: join the process group, build data, model and timeline, the
+loggers, the state, the trainer; resume; say what will run; fit. Each step is a named builder here.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
 
 from trainrun.algorithms import build_algorithms
+from trainrun.algorithms.specs import SPECS
 from trainrun.core import checkpoint, distributed
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
-from trainrun.core.engine import Engine
+from trainrun.core.distributed import Placement
+from trainrun.core.engine import Callback, Engine
 from trainrun.core.microbatches import Microbatching
-from trainrun.core.precision import resolve_precision
+from trainrun.core.precision import Precision, resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import build_data
+from trainrun.data import DataSpec, build_data
 from trainrun.files import atomic_write_text
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.steps import StepTimeLogger
@@ -29,8 +37,8 @@ from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
-from trainrun.schema import VARYING_STEP_COST_ALGORITHMS, TrainConfig, budget_seconds
-from trainrun.tasks import build_task
+from trainrun.schema import TrainConfig, budget_seconds
+from trainrun.tasks import Task, build_task
 
 
 def seed_everything(seed: int) -> None:
@@ -43,74 +51,172 @@ def seed_everything(seed: int) -> None:
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
-    rank, world_size = placement.rank, placement.world_size
-    console = Console(stderr=False, quiet=rank != 0)
-    precision, notes = resolve_precision(config.precision, device)
+    console = Console(stderr=False, quiet=placement.rank != 0)
+    precision = build_precision(config.precision, device, console)
+    data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
+    model = build_seeded_model(config, data, placement.rank)
+    timeline, budget = plan_timeline(config, data)
+    task = build_task(config.task.name)
+    stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
+    logs = RunLogs.build(config, run_dir, task, placement, device, console, stop_after, budget)
+    state = build_state(config, model, data, task, timeline, precision, placement, device)
+    warn_about_the_schedule(config, state, budget)
+    settings = trainer_settings(config, run_dir, stop_after, budget)
+    engine = Engine(build_algorithms(config.algorithms), logs.callbacks)
+    trainer = Trainer(state, optimization(config, timeline), engine, settings)
+    offset = resume(config, trainer, logs, console)
+    if placement.rank == 0:
+        atomic_write_text(run_dir / "config.yaml", config_yaml)
+    print_banner(config, run_dir, state, task, console, budget)
+    try:
+        trainer.fit(offset)
+        if placement.rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
+            for line in task.export(state, run_dir):
+                console.print(line, highlight=False, soft_wrap=True)
+    except BaseException as error:
+        logs.record_failure(state, error)
+        raise
+    finally:
+        distributed.leave()
+    return state
+
+
+def build_precision(name: str, device: torch.device, console: Console) -> Precision:
+    """The precision ``name`` asks for as this device runs it, with a note where it differs."""
+    precision, notes = resolve_precision(name, device)
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    return precision
 
-    data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
+
+def build_seeded_model(config: TrainConfig, data: DataSpec, rank: int) -> torch.nn.Module:
+    """The model with the same initial weights on every rank; then each rank seeds its own draws."""
     seed_everything(config.seed)
     model = build_model(config.model, data.vocab_size)
-    seed_everything(config.seed + rank)  # same initial weights; each rank its own dropout, mixing, ...
-    max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
-    budget = None
-    if max_duration.unit.is_budget:
-        budget = WallClockBudget(budget_seconds(config), config.max_duration)
-        timeline = Timeline.for_budget(data.batches_per_epoch, config.train_batch_size)
-    else:
-        timeline = Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size)
+    seed_everything(config.seed + rank)  # each rank its own dropout, mixing, ...
+    return model
 
-    def optimization(final_model: torch.nn.Module):
+
+def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:
+    """The run's timeline, and the budget that re-plans it when ``max_duration`` is wall-clock or money."""
+    max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
+    if not max_duration.unit.is_budget:
+        return Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size), None
+    budget = WallClockBudget(budget_seconds(config), config.max_duration)
+    return Timeline.for_budget(data.batches_per_epoch, config.train_batch_size), budget
+
+
+def optimization(config: TrainConfig, timeline: Timeline):
+    """What the trainer calls with the final model (after surgery) to get its optimizer and schedule."""
+
+    def build(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
         return optimizer, build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
 
-    stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
-    varying = [name for name in config.algorithms if name in VARYING_STEP_COST_ALGORITHMS]
-    task = build_task(config.task.name)
-    quality_log = TimeToAccuracyLogger(
-        run_dir,
-        task,
-        config.accuracy_targets,
-        profile_prefix=stop_after,
-        varying_cost=varying,
-        provenance=provenance(device, world_size, config.launcher.nnodes) if rank == 0 else None,
-        budget_seconds=budget.seconds if budget else None,
-    )
-    steps = StepTimeLogger(run_dir, config.log_interval)
-    console_logger = ConsoleLogger(quality_log, live=config.progress, console=console)
-    callbacks = [quality_log, steps, console_logger] if rank == 0 else []
-    if rank == 0 and "tensorboard" in config.loggers:
-        from trainrun.loggers.tensorboard import TensorBoardLogger
+    return build
 
-        callbacks.append(TensorBoardLogger(run_dir, config.log_interval))
-    state = State(
+
+@dataclass
+class RunLogs:
+    """Rank 0's files and console: time to quality, step times, the live console, extra loggers."""
+
+    quality: TimeToAccuracyLogger
+    steps: StepTimeLogger
+    callbacks: list[Callback]
+    rank: int
+
+    @classmethod
+    def build(
+        cls,
+        config: TrainConfig,
+        run_dir: Path,
+        task: Task,
+        placement: Placement,
+        device: torch.device,
+        console: Console,
+        stop_after: int | None,
+        budget: WallClockBudget | None,
+    ) -> RunLogs:
+        rank = placement.rank
+        quality = TimeToAccuracyLogger(
+            run_dir,
+            task,
+            config.accuracy_targets,
+            profile_prefix=stop_after,
+            varying_cost=[name for name in config.algorithms if SPECS[name].varying_step_cost],
+            provenance=provenance(device, placement.world_size, config.launcher.nnodes) if rank == 0 else None,
+            budget_seconds=budget.seconds if budget else None,
+        )
+        steps = StepTimeLogger(run_dir, config.log_interval)
+        callbacks: list[Callback] = []
+        if rank == 0:
+            callbacks = [quality, steps, ConsoleLogger(quality, live=config.progress, console=console)]
+        if rank == 0 and "tensorboard" in config.loggers:
+            from trainrun.loggers.tensorboard import TensorBoardLogger
+
+            callbacks.append(TensorBoardLogger(run_dir, config.log_interval))
+        return cls(quality, steps, callbacks, rank)
+
+    def resume_from(self, batch: int) -> None:
+        if self.rank == 0:
+            self.quality.resume_from(batch)
+            self.steps.resume_from(batch)
+
+    def record_failure(self, state: State, error: BaseException) -> None:
+        """summary.json says how the run ended (rank 0), without hiding ``error`` behind a write error."""
+        if self.rank == 0:
+            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
+                self.quality.write_summary(state, status, str(error) or type(error).__name__)
+
+
+def build_state(
+    config: TrainConfig,
+    model: torch.nn.Module,
+    data: DataSpec,
+    task: Task,
+    timeline: Timeline,
+    precision: Precision,
+    placement: Placement,
+    device: torch.device,
+) -> State:
+    """The state the trainer starts from (no optimizer yet: it is built after model surgery)."""
+    clock = CudaEventClock() if device.type == "cuda" else None
+    return State(
         model=model,
         optimizer=None,
         timeline=timeline,
         device=device,
         precision=precision,
-        rank=rank,
-        world_size=world_size,
+        rank=placement.rank,
+        world_size=placement.world_size,
         loss_fn=task.loss(config.loss),
         task=task,
         data=data,
         num_classes=config.model.num_classes,
         train_resolution=config.data.resolution,
-        accounts=TimeAccounts(CudaEventClock() if device.type == "cuda" else None, record_steps=rank == 0),
+        accounts=TimeAccounts(clock, record_steps=placement.rank == 0),
     )
-    warmup = warmup_batches(config.scheduler, timeline, config.scale_schedule_ratio)
-    if budget is None and warmup > timeline.max_batches:
+
+
+def warn_about_the_schedule(config: TrainConfig, state: State, budget: WallClockBudget | None) -> None:
+    """A warmup longer than the whole run never reaches the learning rate the user set."""
+    warmup = warmup_batches(config.scheduler, state.timeline, config.scale_schedule_ratio)
+    if budget is None and warmup > state.timeline.max_batches:
         state.warn(
             f"scheduler.t_warmup={config.scheduler.t_warmup} ({warmup} steps) is longer than the whole run "
-            f"(max_duration={config.max_duration}, {timeline.max_batches} steps): the learning rate never reaches "
-            f"optimizer.lr"
+            f"(max_duration={config.max_duration}, {state.timeline.max_batches} steps): the learning rate never "
+            f"reaches optimizer.lr"
         )
-    checkpoint_dir = run_dir / "checkpoints"
-    settings = TrainerSettings(
+
+
+def trainer_settings(
+    config: TrainConfig, run_dir: Path, stop_after: int | None, budget: WallClockBudget | None
+) -> TrainerSettings:
+    return TrainerSettings(
         eval_interval=config.eval_interval,
         log_interval=config.log_interval,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=run_dir / "checkpoints",
         checkpoint_interval=config.checkpoint.interval,
         checkpoint_keep=config.checkpoint.keep,
         checkpoint_final=config.checkpoint.save_final,
@@ -120,43 +226,34 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         microbatching=Microbatching.parse(config.device_train_microbatch_size),
         budget=budget,
     )
-    engine = Engine(build_algorithms(config.algorithms), callbacks)
-    trainer = Trainer(state, optimization, engine, settings)
 
-    offset = None
-    resume_path = checkpoint.resolve_resume(config.resume, checkpoint_dir)
-    if resume_path is not None:
-        offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
-        if rank == 0:
-            quality_log.resume_from(state.batch)
-            steps.resume_from(state.batch)
-        console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
-    if rank == 0:
-        atomic_write_text(run_dir / "config.yaml", config_yaml)
+
+def resume(config: TrainConfig, trainer: Trainer, logs: RunLogs, console: Console) -> dict[str, Any] | None:
+    """Load the checkpoint ``resume`` names, if any; the time accounts to go on from."""
+    resume_path = checkpoint.resolve_resume(config.resume, trainer.settings.checkpoint_dir)
+    if resume_path is None:
+        return None
+    offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
+    state = trainer.state
+    logs.resume_from(state.batch)
+    console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
+    return offset
+
+
+def print_banner(
+    config: TrainConfig, run_dir: Path, state: State, task: Task, console: Console, budget: WallClockBudget | None
+) -> None:
+    """One line saying what will run where, and what the task wants the user to know."""
+    length = (
+        f"{budget.seconds:.0f} s of training ({config.max_duration})"
+        if budget
+        else f"{state.timeline.max_batches} steps"
+    )
     console.print(
         f"run dir {run_dir} | {config.model.name} on {config.data.name} ({config.data.loader}) | "
-        f"{device} {config.precision} "
-        f"| {world_size} rank(s) | "
-        + (f"{budget.seconds:.0f} s of training ({config.max_duration})" if budget else f"{timeline.max_batches} steps")
-        + f" of {config.train_batch_size}",
+        f"{state.device} {config.precision} | {state.world_size} rank(s) | {length} of {config.train_batch_size}",
         highlight=False,
         soft_wrap=True,
     )
-    if hasattr(model, "attention_kernels"):  # which fused attention kernel the device gives this run
-        dtype = precision.dtype or torch.float32
-        kernels = model.attention_kernels(config.data.max_seq_len, dtype, device)
-        console.print(f"attention: {kernels}", highlight=False, soft_wrap=True)
-    try:
-        trainer.fit(offset)
-        if rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
-            for line in task.export(state, run_dir):
-                console.print(line, highlight=False, soft_wrap=True)
-    except BaseException as error:
-        if rank == 0:
-            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-            with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
-                quality_log.write_summary(state, status, str(error) or type(error).__name__)
-        raise
-    finally:
-        distributed.leave()
-    return state
+    for line in task.startup_notes(state):
+        console.print(line, highlight=False, soft_wrap=True)

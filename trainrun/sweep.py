@@ -129,7 +129,7 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
 def run_sweep(argv: list[str]) -> int:
     """Entry point of ``trainrun sweep``; returns the exit code (1 if any run failed)."""
     from trainrun.config import compose
-    from trainrun.schema import validate
+    from trainrun.validation import validate
 
     budgets, seeds, out, overrides, source = parse_sweep_arguments(argv)
     out = out or Path("sweeps") / (validate(compose(overrides, source)).name or "sweep")
@@ -158,7 +158,7 @@ def run_sweep(argv: list[str]) -> int:
     failed = [name for name, status in statuses.items() if status.startswith("failed")]
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed:[/] {', '.join(failed)}", highlight=False)
-    from trainrun.report.build import report_command
+    from trainrun.report.command import report_command
 
     report_command([str(out)])
     return 1 if failed else 0

@@ -17,11 +17,11 @@ import math
 import torch
 from torch import nn
 
+from trainrun.algorithms.specs.alibi import AlibiConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
-from trainrun.schema import AlibiConfig
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -54,8 +54,7 @@ class Alibi(Algorithm):
     name = "alibi"
     events = frozenset({Event.INIT})
 
-    def __init__(self, config: AlibiConfig) -> None:
-        self.config = config
+    config: AlibiConfig
 
     def apply(self, event: Event, state: State) -> None:
         model = state.raw_model
@@ -63,7 +62,3 @@ class Alibi(Algorithm):
             raise ConfigError(f"algorithm 'alibi' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
         remove_learned_positions(model, self.config.max_sequence_length)
         model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads)  # a buffer: moves with the model
-
-
-def build(config: AlibiConfig) -> Alibi:
-    return Alibi(config)

@@ -17,17 +17,24 @@ from trainrun.errors import ConfigError
 class ModelSurgery(Algorithm):
     """A method that changes the model once, at INIT, before the optimizer and DDP see it.
 
-    Subclasses set ``surgery = staticmethod(f)`` with ``f(model, config)``.
+    Subclasses set ``surgery = staticmethod(f)`` with ``f(model, config)`` returning what it
+    changed (a count or the new modules), and ``finds``, what it looks for: a model with none of
+    it is told so in a warning, since the method then has no effect.
     """
 
     events = frozenset({Event.INIT})
     surgery: ClassVar[Any]
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
+    finds: ClassVar[str]
 
     def apply(self, event: Event, state: State) -> None:
-        self.surgery(state.raw_model, self.config)
+        self.operate(state)
+
+    def operate(self, state: State) -> bool:
+        """Run the surgery on the model; warn and return False when it changed nothing."""
+        if self.surgery(state.raw_model, self.config):
+            return True
+        state.warn(f"{self.name}: the model has no {self.finds}; nothing changed")
+        return False
 
 
 class TrainingResolution(Algorithm, ABC):
@@ -62,23 +69,29 @@ class BatchMixing(Algorithm):
     events = frozenset({Event.AFTER_DATALOADER})
     transform_class: type[v2.Transform]
 
-    def __init__(self, alpha: float) -> None:
-        self.alpha = alpha
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
         self.transform = None
 
     def apply(self, event: Event, state: State) -> None:
         if self.transform is None:
-            self.transform = self.transform_class(alpha=self.alpha, num_classes=state.num_classes)
+            self.transform = self.transform_class(alpha=self.config.alpha, num_classes=state.num_classes)
         state.inputs, state.targets = self.transform(state.inputs, state.targets)
 
 
-class ImageAugmentation(Algorithm):
+class ImageAugmentation(Algorithm, ABC):
     """Adds a per-image torchvision transform to the training data at FIT_START."""
 
     events = frozenset({Event.FIT_START})
 
-    def __init__(self, transform: v2.Transform) -> None:
-        self.transform = transform
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.transform = self.make_transform(config)
+
+    @staticmethod
+    @abstractmethod
+    def make_transform(config: Any) -> v2.Transform:
+        """The per-image transform ``config`` describes."""
 
     def apply(self, event: Event, state: State) -> None:
         if not state.data.add_train_transform(self.transform):

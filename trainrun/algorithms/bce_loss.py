@@ -12,9 +12,8 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
-from trainrun.loss import binary_cross_entropy
 from trainrun.models.initializers import linear_log_constant_bias
-from trainrun.schema import BCELossConfig
+from trainrun.tasks.losses import binary_cross_entropy
 
 
 def classifier(model: nn.Module) -> nn.Linear | None:
@@ -27,19 +26,12 @@ class BCELoss(Algorithm):
     name = "bce_loss"
     events = frozenset({Event.INIT})
 
-    def __init__(self, bias_init: bool) -> None:
-        self.bias_init = bias_init
-
     def apply(self, event: Event, state: State) -> None:
         state.loss_fn = binary_cross_entropy
-        if not self.bias_init:
+        if not self.config.bias_init:
             return
         linear = classifier(state.raw_model)
         if linear is None:
             model = type(state.raw_model).__name__
             raise ConfigError(f"algorithm 'bce_loss' with bias_init=true needs a linear classifier; {model} has none")
         linear_log_constant_bias(linear, state.num_classes)
-
-
-def build(config: BCELossConfig) -> BCELoss:
-    return BCELoss(config.bias_init)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainrun.algorithms.base import ModelSurgery
+from trainrun.algorithms.specs.blurpool import BlurPoolConfig
 from trainrun.models.surgery import replace_children
-from trainrun.schema import BlurPoolConfig
 
 
 class Blur2d(nn.Module):
@@ -78,7 +78,4 @@ def apply_blurpool(model: nn.Module, config: BlurPoolConfig) -> int:
 class BlurPool(ModelSurgery):
     name = "blurpool"
     surgery = staticmethod(apply_blurpool)
-
-
-def build(config: BlurPoolConfig) -> BlurPool:
-    return BlurPool(config)
+    finds = "strided convolutions or max pools to blur"

@@ -10,7 +10,6 @@ import torch
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import ChannelsLastConfig
 
 
 class ChannelsLast(Algorithm):
@@ -20,7 +19,3 @@ class ChannelsLast(Algorithm):
     def apply(self, event: Event, state: State) -> None:
         state.model.to(memory_format=torch.channels_last)
         state.memory_format = torch.channels_last
-
-
-def build(config: ChannelsLastConfig) -> ChannelsLast:
-    return ChannelsLast()

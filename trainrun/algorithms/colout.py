@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from trainrun.algorithms.specs.colout import ColOutConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import ColOutConfig
 
 
 def kept(count: int, size: int, drop: float, device: torch.device) -> torch.Tensor:
@@ -44,7 +44,3 @@ class ColOut(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         state.inputs = colout(state.inputs, self.config.p_row, self.config.p_col, self.config.batch)
-
-
-def build(config: ColOutConfig) -> ColOut:
-    return ColOut(config)

@@ -8,13 +8,8 @@ are mixed with λ adjusted to the clipped box.
 from torchvision.transforms import v2
 
 from trainrun.algorithms.base import BatchMixing
-from trainrun.schema import CutMixConfig
 
 
 class CutMix(BatchMixing):
     name = "cutmix"
     transform_class = v2.CutMix
-
-
-def build(config: CutMixConfig) -> CutMix:
-    return CutMix(config.alpha)

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from trainrun.algorithms.specs.ema import EMAConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import EMAConfig
 
 
 def smoothing(update_interval: int, half_life: int) -> float:
@@ -32,8 +32,9 @@ class EMA(Algorithm):
     name = "ema"
     events = frozenset({Event.FIT_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END})
 
-    def __init__(self, half_life: str, update_interval: str) -> None:
-        self.half_life, self.update_interval = half_life, update_interval
+    def __init__(self, config: EMAConfig) -> None:
+        super().__init__(config)
+        self.half_life, self.update_interval = config.half_life, config.update_interval
         self.average: AveragedModel | None = None
         self.interval = 1
         self._stash: list[torch.Tensor] = []
@@ -68,7 +69,3 @@ class EMA(Algorithm):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "average" in state_dict:  # called after FIT_START has built the average
             self.average.load_state_dict(state_dict["average"])
-
-
-def build(config: EMAConfig) -> EMA:
-    return EMA(config.half_life, config.update_interval)

@@ -14,17 +14,18 @@ import torch
 import torch.nn.functional as F
 
 from trainrun.algorithms.base import TrainingResolution
+from trainrun.algorithms.specs.fixres import FixResConfig
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import FixResConfig
 
 
 class FixRes(TrainingResolution):
     name = "fixres"
     events = frozenset({Event.INIT, *TrainingResolution.events})
 
-    def __init__(self, train_resolution: int) -> None:
-        self.train_resolution = train_resolution
+    def __init__(self, config: FixResConfig) -> None:
+        super().__init__(config)
+        self.train_resolution = config.train_resolution
 
     def match(self, event: Event, state: State) -> bool:
         return event is Event.INIT or super().match(event, state)
@@ -40,7 +41,3 @@ class FixRes(TrainingResolution):
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True)
-
-
-def build(config: FixResConfig) -> FixRes:
-    return FixRes(config.train_resolution)

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
-from trainrun.schema import FusedLayersConfig
+from trainrun.algorithms.base import ModelSurgery
 
 BLOCKS = ("attention.output", "intermediate", "output")  # a Hugging Face encoder layer's per-token blocks
 
@@ -45,14 +42,7 @@ def _has(module: nn.Module, name: str) -> bool:
     return True
 
 
-class FusedLayers(Algorithm):
+class FusedLayers(ModelSurgery):
     name = "fused_layers"
-    events = frozenset({Event.INIT})
-
-    def apply(self, event: Event, state: State) -> None:
-        if fuse_layers(state.raw_model) == 0:
-            state.warn("fused_layers: the model has no transformer encoder layers; nothing changed")
-
-
-def build(config: FusedLayersConfig) -> FusedLayers:
-    return FusedLayers()
+    surgery = staticmethod(lambda model, config: fuse_layers(model))
+    finds = "transformer encoder layers"

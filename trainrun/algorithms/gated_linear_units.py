@@ -16,11 +16,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from trainrun.core.engine import Algorithm
-from trainrun.core.events import Event
-from trainrun.core.state import State
+from trainrun.algorithms.base import ModelSurgery
+from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
 from trainrun.models.surgery import replace_children
-from trainrun.schema import GatedLinearUnitsConfig
 
 
 class GatedIntermediate(nn.Module):
@@ -60,17 +58,14 @@ def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float) -> i
     return replace_children(model, gated)
 
 
-class GatedLinearUnits(Algorithm):
+def _apply_glu_as_initialised(model: nn.Module, config: GatedLinearUnitsConfig) -> int:
+    return apply_glu(model, config, _initializer_range(model))
+
+
+class GatedLinearUnits(ModelSurgery):
     name = "gated_linear_units"
-    events = frozenset({Event.INIT})
-
-    def __init__(self, config: GatedLinearUnitsConfig) -> None:
-        self.config = config
-
-    def apply(self, event: Event, state: State) -> None:
-        model = state.raw_model
-        if apply_glu(model, self.config, _initializer_range(model)) == 0:
-            state.warn("gated_linear_units: the model has no transformer feed-forward layers; nothing changed")
+    surgery = staticmethod(_apply_glu_as_initialised)
+    finds = "transformer feed-forward layers"
 
 
 def _initializer_range(model: nn.Module) -> float:
@@ -80,7 +75,3 @@ def _initializer_range(model: nn.Module) -> float:
         if std:
             return std
     return 0.02
-
-
-def build(config: GatedLinearUnitsConfig) -> GatedLinearUnits:
-    return GatedLinearUnits(config)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainrun.algorithms.base import ModelSurgery
+from trainrun.algorithms.specs.ghost_batchnorm import GhostBatchNormConfig
 from trainrun.models.surgery import replace_children, take_tensors
-from trainrun.schema import GhostBatchNormConfig
 
 
 class GhostBatchNorm2d(nn.BatchNorm2d):
@@ -61,7 +61,4 @@ def apply_ghost_batchnorm(model: nn.Module, config: GhostBatchNormConfig) -> int
 class GhostBatchNorm(ModelSurgery):
     name = "ghost_batchnorm"
     surgery = staticmethod(apply_ghost_batchnorm)
-
-
-def build(config: GhostBatchNormConfig) -> GhostBatchNorm:
-    return GhostBatchNorm(config)
+    finds = "BatchNorm2d layers"

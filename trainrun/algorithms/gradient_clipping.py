@@ -7,10 +7,10 @@ torch utility provides: each output unit's gradient is scaled down to at most
 
 import torch
 
+from trainrun.algorithms.specs.gradient_clipping import GradientClippingConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import GradientClippingConfig
 
 
 def _unit_norms(tensor: torch.Tensor) -> torch.Tensor:
@@ -35,8 +35,9 @@ class GradientClipping(Algorithm):
     name = "gradient_clipping"
     events = frozenset({Event.BEFORE_OPTIMIZER_STEP})
 
-    def __init__(self, type: str, threshold: float) -> None:
-        self.type, self.threshold = type, threshold
+    def __init__(self, config: GradientClippingConfig) -> None:
+        super().__init__(config)
+        self.type, self.threshold = config.type, config.threshold
 
     def apply(self, event: Event, state: State) -> None:
         parameters = [p for p in state.model.parameters() if p.grad is not None]
@@ -46,7 +47,3 @@ class GradientClipping(Algorithm):
             torch.nn.utils.clip_grad_value_(parameters, self.threshold)
         else:
             adaptive_clip(parameters, self.threshold)
-
-
-def build(config: GradientClippingConfig) -> GradientClipping:
-    return GradientClipping(config.type, config.threshold)

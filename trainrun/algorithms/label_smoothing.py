@@ -2,11 +2,11 @@
 
 import torch
 
+from trainrun.algorithms.specs.label_smoothing import LabelSmoothingConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.loss import dense_targets
-from trainrun.schema import LabelSmoothingConfig
+from trainrun.tasks.losses import dense_targets
 
 
 def smooth(targets: torch.Tensor, num_classes: int, smoothing: float, dtype: torch.dtype) -> torch.Tensor:
@@ -18,8 +18,9 @@ class LabelSmoothing(Algorithm):
     name = "label_smoothing"
     events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
-    def __init__(self, smoothing: float) -> None:
-        self.smoothing = smoothing
+    def __init__(self, config: LabelSmoothingConfig) -> None:
+        super().__init__(config)
+        self.smoothing = config.smoothing
         self._original = None
 
     def apply(self, event: Event, state: State) -> None:
@@ -28,7 +29,3 @@ class LabelSmoothing(Algorithm):
             state.targets = smooth(state.targets, state.outputs.shape[1], self.smoothing, torch.float32)
         else:
             state.targets = self._original
-
-
-def build(config: LabelSmoothingConfig) -> LabelSmoothing:
-    return LabelSmoothing(config.smoothing)

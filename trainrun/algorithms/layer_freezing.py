@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainrun.algorithms.specs.layer_freezing import LayerFreezingConfig
 from trainrun.core.compiled import is_compiled
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import LayerFreezingConfig
 
 
 def frozen_fraction(progress: float, freeze_start: float, freeze_level: float) -> float:
@@ -67,7 +67,3 @@ class LayerFreezing(Algorithm):
             torch.compiler.reset()
             state.notice(f"layer_freezing: {frozen} layers frozen; torch.compile recompiles the model once")
         self._frozen = frozen
-
-
-def build(config: LayerFreezingConfig) -> LayerFreezing:
-    return LayerFreezing(config)

@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainrun.core.engine import Algorithm
+from trainrun.algorithms.base import ModelSurgery
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.models.surgery import replace_children, take_tensors
-from trainrun.schema import LowPrecisionLayerNormConfig
 
 
 class LowPrecisionLayerNorm(nn.LayerNorm):
@@ -49,16 +48,11 @@ def replace_layer_norms(model: nn.Module) -> int:
     return replace_children(model, low_precision)
 
 
-class LowPrecisionLayerNormAlgorithm(Algorithm):
+class LowPrecisionLayerNormAlgorithm(ModelSurgery):
     name = "low_precision_layernorm"
-    events = frozenset({Event.INIT})
+    surgery = staticmethod(lambda model, config: replace_layer_norms(model))
+    finds = "LayerNorm"
 
     def apply(self, event: Event, state: State) -> None:
-        if replace_layer_norms(state.raw_model) == 0:
-            state.warn("low_precision_layernorm: the model has no LayerNorm; nothing changed")
-        elif state.precision.name == "fp32":
+        if self.operate(state) and state.precision.name == "fp32":
             state.notice("low_precision_layernorm has no effect at precision=fp32 (it acts under autocast)")
-
-
-def build(config: LowPrecisionLayerNormConfig) -> LowPrecisionLayerNormAlgorithm:
-    return LowPrecisionLayerNormAlgorithm()

@@ -13,7 +13,6 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
-from trainrun.schema import MaskedHeadConfig
 
 
 class MaskedHead(Algorithm):
@@ -27,7 +26,3 @@ class MaskedHead(Algorithm):
                 f"algorithm 'masked_head' needs trainrun's BERT (model=bert_*), not {type(model).__name__}"
             )
         model.masked_head = True
-
-
-def build(config: MaskedHeadConfig) -> MaskedHead:
-    return MaskedHead()

@@ -10,13 +10,8 @@ mixtures, the field's implementation.
 from torchvision.transforms import v2
 
 from trainrun.algorithms.base import BatchMixing
-from trainrun.schema import MixUpConfig
 
 
 class MixUp(BatchMixing):
     name = "mixup"
     transform_class = v2.MixUp
-
-
-def build(config: MixUpConfig) -> MixUp:
-    return MixUp(config.alpha)

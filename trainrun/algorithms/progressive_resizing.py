@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from trainrun.algorithms.base import TrainingResolution
+from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
 from trainrun.core.state import State
-from trainrun.schema import ProgressiveResizingConfig
 
 
 def scale_at(progress: float, initial_scale: float, delay: float, finetune: float) -> float:
@@ -49,7 +49,3 @@ class ProgressiveResizing(TrainingResolution):
         top = int(torch.randint(0, images.shape[-2] - size + 1, ()))
         left = int(torch.randint(0, images.shape[-1] - size + 1, ()))
         return images[..., top : top + size, left : left + size]
-
-
-def build(config: ProgressiveResizingConfig) -> ProgressiveResizing:
-    return ProgressiveResizing(config)

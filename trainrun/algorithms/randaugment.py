@@ -12,7 +12,7 @@ its pipeline and cannot run it; that is refused at start-up.
 from torchvision.transforms import v2
 
 from trainrun.algorithms.base import ImageAugmentation
-from trainrun.schema import RandAugmentConfig
+from trainrun.algorithms.specs.randaugment import RandAugmentConfig
 
 SEVERITY_LEVELS = 21
 
@@ -20,8 +20,6 @@ SEVERITY_LEVELS = 21
 class RandAugment(ImageAugmentation):
     name = "randaugment"
 
-
-def build(config: RandAugmentConfig) -> RandAugment:
-    return RandAugment(
-        v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)
-    )
+    @staticmethod
+    def make_transform(config: RandAugmentConfig) -> v2.Transform:
+        return v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)

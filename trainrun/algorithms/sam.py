@@ -24,18 +24,19 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from trainrun.algorithms.specs.sam import SAMConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import SAMConfig
 
 
 class SAM(Algorithm):
     name = "sam"
     events = frozenset({Event.BEFORE_FORWARD, Event.AFTER_LOSS, Event.AFTER_BACKWARD})
 
-    def __init__(self, rho: float, epsilon: float, interval: int) -> None:
-        self.rho, self.epsilon, self.interval = rho, epsilon, interval
+    def __init__(self, config: SAMConfig) -> None:
+        super().__init__(config)
+        self.rho, self.epsilon, self.interval = config.rho, config.epsilon, config.interval
         self._loss_targets = None
 
     def match(self, event: Event, state: State) -> bool:
@@ -90,7 +91,3 @@ def _synchronise_gradients(state: State, on: bool) -> None:
     """Switch DDP's all-reduce of gradients in the next backward pass on or off."""
     if isinstance(state.model, DistributedDataParallel):
         state.model.require_backward_grad_sync = on
-
-
-def build(config: SAMConfig) -> SAM:
-    return SAM(config.rho, config.epsilon, config.interval)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainrun.algorithms.specs.selective_backprop import SelectiveBackpropConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import SelectiveBackpropConfig
 
 
 def selection_weights(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -59,7 +59,3 @@ class SelectiveBackprop(Algorithm):
         losses = F.cross_entropy(logits.float(), state.targets, reduction="none")
         chosen = select(losses, self.config.keep)
         state.inputs, state.targets = state.inputs[chosen], state.targets[chosen]
-
-
-def build(config: SelectiveBackpropConfig) -> SelectiveBackprop:
-    return SelectiveBackprop(config)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 
+from trainrun.algorithms.specs.seq_length_warmup import SeqLengthWarmupConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import SeqLengthWarmupConfig
 
 
 def length_at(progress: float, full: int, config: SeqLengthWarmupConfig) -> int:
@@ -43,7 +43,3 @@ class SeqLengthWarmup(Algorithm):
         length = length_at(state.progress, full, self.config)
         if length < full:
             state.inputs, state.targets = state.task.truncate(state.inputs, state.targets, length)
-
-
-def build(config: SeqLengthWarmupConfig) -> SeqLengthWarmup:
-    return SeqLengthWarmup(config)

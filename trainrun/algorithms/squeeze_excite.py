@@ -12,8 +12,8 @@ from torch import nn
 from torchvision.ops import SqueezeExcitation
 
 from trainrun.algorithms.base import ModelSurgery
+from trainrun.algorithms.specs.squeeze_excite import SqueezeExciteConfig
 from trainrun.models.surgery import replace_children
-from trainrun.schema import SqueezeExciteConfig
 
 
 def latent(channels: int, latent_channels: float) -> int:
@@ -36,7 +36,4 @@ def apply_squeeze_excite(model: nn.Module, config: SqueezeExciteConfig) -> int:
 class SqueezeExcite(ModelSurgery):
     name = "squeeze_excite"
     surgery = staticmethod(apply_squeeze_excite)
-
-
-def build(config: SqueezeExciteConfig) -> SqueezeExcite:
-    return SqueezeExcite(config)
+    finds = "convolutions large enough to gate (squeeze_excite.min_channels)"

@@ -17,7 +17,7 @@ from torchvision.models.resnet import BasicBlock, Bottleneck
 from torchvision.ops import StochasticDepth as DropPath
 
 from trainrun.algorithms.base import ModelSurgery
-from trainrun.schema import StochasticDepthConfig
+from trainrun.algorithms.specs.stochastic_depth import StochasticDepthConfig
 
 
 class StochasticBlock(nn.Module):
@@ -67,7 +67,4 @@ def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> l
 class StochasticDepth(ModelSurgery):
     name = "stochastic_depth"
     surgery = staticmethod(apply_stochastic_depth)
-
-
-def build(config: StochasticDepthConfig) -> StochasticDepth:
-    return StochasticDepth(config)
+    finds = "torchvision residual blocks"

@@ -6,7 +6,7 @@ From ``swa_start`` to ``swa_end`` the training weights are averaged with equal w
 on from it so that batch-norm statistics match the averaged weights, as Composer does, and the
 run's own learning-rate schedule is kept (Composer's default, no SWALR).
 
-With EMA: SWA runs before EMA at BATCH_END (``ALGORITHM_ORDER``), so the step that loads the SWA
+With EMA: SWA runs before EMA at BATCH_END (each spec's ``position``), so the step that loads the SWA
 average also feeds it to EMA; both average the training weights, never each other's.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.optim.swa_utils import AveragedModel
 
+from trainrun.algorithms.specs.swa import SWAConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import SWAConfig
 
 
 class SWA(Algorithm):
@@ -69,7 +69,3 @@ class SWA(Algorithm):
         if state_dict:  # called after FIT_START has built the average
             self.average.load_state_dict(state_dict["average"])
             self.loaded = state_dict["loaded"]
-
-
-def build(config: SWAConfig) -> SWA:
-    return SWA(config)

@@ -8,12 +8,12 @@ beyond the number of magnitude levels. Added to the training images' pipeline at
 from torchvision.transforms import v2
 
 from trainrun.algorithms.base import ImageAugmentation
-from trainrun.schema import TrivialAugmentConfig
+from trainrun.algorithms.specs.trivialaugment import TrivialAugmentConfig
 
 
 class TrivialAugment(ImageAugmentation):
     name = "trivialaugment"
 
-
-def build(config: TrivialAugmentConfig) -> TrivialAugment:
-    return TrivialAugment(v2.TrivialAugmentWide(num_magnitude_bins=config.num_magnitude_bins))
+    @staticmethod
+    def make_transform(config: TrivialAugmentConfig) -> v2.Transform:
+        return v2.TrivialAugmentWide(num_magnitude_bins=config.num_magnitude_bins)

@@ -13,7 +13,6 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
-from trainrun.schema import UnpaddingConfig
 
 
 class Unpadding(Algorithm):
@@ -25,7 +24,3 @@ class Unpadding(Algorithm):
         if not hasattr(model, "unpad"):
             raise ConfigError(f"algorithm 'unpadding' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
         model.unpad = True
-
-
-def build(config: UnpaddingConfig) -> Unpadding:
-    return Unpadding()

@@ -7,20 +7,21 @@ from typing import Any, ClassVar
 
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.schema import ALGORITHM_ORDER
-
-ORDER_POSITION = {name: position for position, (name, _why) in enumerate(ALGORITHM_ORDER)}
 
 
 class Algorithm:
     """A speed-up method: acts on ``events`` and changes the state there.
 
-    Its place among the others is its ``name``'s place in :data:`~trainrun.schema.ALGORITHM_ORDER`.
+    Its place among the others is decided by whoever builds the :class:`Engine` (trainrun's
+    methods: their specs' positions, ``trainrun.algorithms.in_method_order``).
     ``state_dict`` is saved in checkpoints.
     """
 
     name: ClassVar[str]
     events: ClassVar[frozenset[Event]] = frozenset()
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config  # the method's hyperparameters
 
     def match(self, event: Event, state: State) -> bool:
         """Whether to act now; by default on every event in ``events``."""
@@ -44,10 +45,11 @@ class Callback:
 
 
 class Engine:
-    """Fires events to algorithms (in the order of the table) and then callbacks, timing the algorithms' work."""
+    """Fires events to algorithms (in the order given; reversed on closing events) and then
+    callbacks, timing the algorithms' work."""
 
     def __init__(self, algorithms: Iterable[Algorithm], callbacks: Iterable[Callback] = ()) -> None:
-        self.algorithms = sorted(algorithms, key=lambda algorithm: ORDER_POSITION[algorithm.name])
+        self.algorithms = list(algorithms)
         self.callbacks = list(callbacks)
 
     def order_at(self, event: Event) -> list[str]:

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.core.accounts import TimeAccounts
 from trainrun.core.precision import Precision
-from trainrun.core.time import Time, Timeline
+from trainrun.core.time import Timeline
 
 
 @dataclass
@@ -60,10 +60,6 @@ class State:
     def progress(self) -> float:
         """Fraction of the run done, 0 to 1 (of the time spent, for a budgeted run)."""
         return self.timeline.fraction(self.batch)
-
-    def elapsed(self, time_: Time | str) -> bool:
-        """Whether at least ``time_`` of training has passed."""
-        return self.batch >= self.timeline.to_batches(time_)
 
     @property
     def raw_model(self) -> nn.Module:

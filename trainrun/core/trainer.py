@@ -409,7 +409,6 @@ class Trainer:
         if self.settings.budget and payload.get("timeline"):
             state.timeline.load_state_dict(payload["timeline"])
             self.settings.budget.resume(state, train_seconds(payload["accounts"]["wall"]))
-        window = payload["window"]
-        self._window = Window(**{("started" if key == "seconds" else key): v for key, v in window.items()})
+        self._window = Window(**payload["window"])
         checkpoint.restore_rng_state(checkpoint.rank_rng_state(payload["rng"], state.rank, state.world_size))
         return payload["accounts"]

@@ -9,7 +9,8 @@ from trainrun.data.sources import datasets
 from trainrun.data.spec import DataSpec
 from trainrun.data.torch_loader import TorchData
 from trainrun.errors import DataError
-from trainrun.schema import DataConfig, check_batch_split
+from trainrun.schema import DataConfig
+from trainrun.validation import check_batch_split
 
 __all__ = ["DataSpec", "TorchData", "build_data", "datasets"]
 

@@ -76,6 +76,47 @@ def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]
     return paths
 
 
+def _device_stage(device: torch.device) -> list:
+    """The copy to ``device`` that ends a pipeline (one instance per pipeline: FFCV operations are
+    not shared); on the CPU the batch is where it must be already, and FFCV's ToDevice would copy it."""
+    from ffcv.transforms import ToDevice
+
+    return [] if device.type == "cpu" else [ToDevice(device, non_blocking=True)]
+
+
+def _label_pipeline(device: torch.device) -> list:
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.transforms import Squeeze, ToTensor
+
+    return [IntDecoder(), ToTensor(), Squeeze(), *_device_stage(device)]
+
+
+def _beton_files(config: DataConfig, placement: Placement) -> tuple[Path, Path, int]:
+    """The training and validation files (the user's, or built-in sets written once), checked,
+    and the validation set's size."""
+    if config.order == "quasi_random" and placement.world_size > 1:
+        raise ConfigError(
+            "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
+            "distributed quasi-random order); use data.order=random"
+        )
+    if config.name == "beton":
+        train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
+    else:
+        train_path, val_path = cached_betons(config, placement)
+    check_beton(train_path, config.num_classes)
+    return train_path, val_path, check_beton(val_path, config.num_classes)
+
+
+def _eval_pipeline(config: DataConfig, device: torch.device) -> list:
+    """A center crop of ``eval_resolution``, from the shorter side resized to ``eval_resize`` if given."""
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
+    from ffcv.transforms import ToTensor, ToTorchImage
+
+    ratio = config.eval_resolution / config.eval_resize if config.eval_resize else 1.0
+    decoder = CenterCropRGBImageDecoder((config.eval_resolution, config.eval_resolution), ratio=ratio)
+    return [decoder, ToTensor(), *_device_stage(device), ToTorchImage()]
+
+
 class FFCVData(DataSpec):
     """FFCV loaders for one rank."""
 
@@ -88,63 +129,26 @@ class FFCVData(DataSpec):
         device: torch.device,
         placement: Placement = SINGLE_PROCESS,
     ) -> None:
-        from ffcv.fields.basics import IntDecoder
-        from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
         from ffcv.loader import Loader, OrderOption
-        from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
-        from trainrun.data.ffcv_keyed import KeyedHorizontalFlip, KeyedRandomResizedCrop, KeyedTranslate, SampleKeys
+        from trainrun.data.ffcv_keyed import SampleKeys
 
         super().__init__(config)
-        rank, world_size = placement.rank, placement.world_size
-        if config.order == "quasi_random" and world_size > 1:
-            raise ConfigError(
-                "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
-                "distributed quasi-random order); use data.order=random"
-            )
-        if config.name == "beton":
-            train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
-        else:
-            train_path, val_path = cached_betons(config, placement)
-        check_beton(train_path, config.num_classes)
-        val_count = check_beton(val_path, config.num_classes)
-
+        train_path, val_path, val_count = _beton_files(config, placement)
         self.keys = SampleKeys(seed)  # augmentation keyed to (seed, epoch, sample): reproducible runs
-        self.decoder = KeyedRandomResizedCrop(
-            self.keys, (config.resolution, config.resolution), tuple(config.crop_scale), tuple(config.crop_ratio)
-        )
-        augment = [KeyedTranslate(self.keys, config.random_crop_padding)] if config.random_crop_padding else []
-        augment += [KeyedHorizontalFlip(self.keys)] if config.hflip else []
-
-        def to_device() -> list:  # one instance per pipeline: FFCV operations are not shared
-            # on the CPU the batch is where it must be already, and FFCV's ToDevice would copy it
-            return [] if device.type == "cpu" else [ToDevice(device, non_blocking=True)]
-
-        def labels() -> list:
-            return [IntDecoder(), ToTensor(), Squeeze(), *to_device()]
-
-        train_pipeline = [self.decoder, *augment, ToTensor(), *to_device(), ToTorchImage()]
-
         workers = {0: -1, -1: cores_per_process()}.get(config.num_workers, config.num_workers)  # FFCV's -1: every core
-        orders = {
-            "random": OrderOption.RANDOM,
-            "quasi_random": OrderOption.QUASI_RANDOM,
-            "sequential": OrderOption.SEQUENTIAL,
-        }
         self.train = Loader(
             str(train_path),
             batch_size=per_rank_batch,
             num_workers=workers,
-            order=orders[config.order],
+            order=OrderOption[config.order.upper()],
             os_cache=config.os_cache,
             drop_last=config.drop_last,
-            distributed=world_size > 1,
+            distributed=placement.world_size > 1,
             seed=seed,
             batches_ahead=config.batches_ahead,
-            pipelines={"image": train_pipeline, "label": labels()},
+            pipelines={"image": self._train_pipeline(config, device), "label": _label_pipeline(device)},
         )
-        ratio = config.eval_resolution / config.eval_resize if config.eval_resize else 1.0
-        eval_decoder = CenterCropRGBImageDecoder((config.eval_resolution, config.eval_resolution), ratio=ratio)
         self.eval = Loader(
             str(val_path),
             batch_size=eval_batch,
@@ -152,18 +156,28 @@ class FFCVData(DataSpec):
             order=OrderOption.SEQUENTIAL,
             os_cache=config.os_cache,
             drop_last=False,
-            indices=list(range(rank, val_count, world_size)),
+            indices=list(range(placement.rank, val_count, placement.world_size)),
             batches_ahead=config.batches_ahead,
-            pipelines={
-                "image": [eval_decoder, ToTensor(), *to_device(), ToTorchImage()],
-                "label": labels(),
-            },
+            pipelines={"image": _eval_pipeline(config, device), "label": _label_pipeline(device)},
         )
         self.batches_per_epoch = len(self.train)
         if self.batches_per_epoch == 0:
             raise DataError(
-                f"train_batch_size {per_rank_batch * world_size} is larger than the training images in '{train_path}'"
+                f"train_batch_size {per_rank_batch * placement.world_size} is larger than the training images in "
+                f"'{train_path}'"
             )
+
+    def _train_pipeline(self, config: DataConfig, device: torch.device) -> list:
+        """Keyed random-resized crop (its size changes with progressive resizing), translate, flip."""
+        from ffcv.transforms import ToTensor, ToTorchImage
+
+        from trainrun.data.ffcv_keyed import KeyedHorizontalFlip, KeyedRandomResizedCrop, KeyedTranslate
+
+        size, scale, ratio = (config.resolution, config.resolution), tuple(config.crop_scale), tuple(config.crop_ratio)
+        self.decoder = KeyedRandomResizedCrop(self.keys, size, scale, ratio)
+        augment = [KeyedTranslate(self.keys, config.random_crop_padding)] if config.random_crop_padding else []
+        augment += [KeyedHorizontalFlip(self.keys)] if config.hflip else []
+        return [self.decoder, *augment, ToTensor(), *_device_stage(device), ToTorchImage()]
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""

@@ -19,6 +19,7 @@ class DataSpec(ABC):
 
     batches_per_epoch: int
     vocab_size: int | None = None  # text data: the tokenizer's vocabulary, which the model must match
+    max_seq_len: int | None = None  # text data: the longest sequence a batch holds
 
     def __init__(self, config: DataConfig) -> None:
         scale = torch.tensor(255.0)

@@ -115,6 +115,7 @@ class TorchData(DataSpec):
         self.batches_per_epoch = len(self.train)
         self.vocab_size = getattr(train_set, "vocab_size", None)  # text: the token store's vocabulary
         self.tokenizer_file = getattr(train_set, "tokenizer_file", None)  # text: the store's tokenizer.json
+        self.max_seq_len = getattr(train_set, "max_seq_len", None)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         self.sampler.set_epoch(epoch, skip=skip * self.per_rank_batch)

@@ -55,6 +55,10 @@ class Task(ABC):
     def evaluator(self, state: State) -> Evaluator:
         """A fresh accumulator for one evaluation pass of ``state``'s run."""
 
+    def startup_notes(self, state: State) -> list[str]:
+        """Lines for the start-up banner about how this run will execute (kernels chosen, ...)."""
+        return []
+
     def export(self, state: State, run_dir: Path) -> list[str]:
         """Write the trained model in its ecosystem's own format under ``run_dir``, if the task has
         one; return lines for the console (what was written, what it leaves out)."""

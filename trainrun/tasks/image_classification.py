@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainrun.core.state import State
-from trainrun.loss import LOSSES, LossFunction
-from trainrun.tasks import Evaluator, Task
+from trainrun.tasks import Evaluator, LossFunction, Task
+from trainrun.tasks.losses import LOSSES
 
 
 class ClassificationEvaluator(Evaluator):

@@ -109,6 +109,12 @@ class MaskedLanguageModeling(Task):
     def evaluator(self, state: State) -> MaskedTokenEvaluator:
         return MaskedTokenEvaluator(state.device, state.world_size)
 
+    def startup_notes(self, state: State) -> list[str]:
+        """Which fused attention kernel the device gives this run's BERT at the data's length."""
+        dtype = state.precision.dtype or torch.float32
+        kernels = state.raw_model.attention_kernels(state.data.max_seq_len, dtype, state.device)
+        return [f"attention: {kernels}"]
+
     def export(self, state: State, run_dir: Path) -> list[str]:
         """``<run>/hf_model``: the BERT and tokenizer for ``transformers``' ``from_pretrained``."""
         from trainrun.models.weights import export_pretrained

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from trainrun.tasks import LossFunction
 
 
 def dense_targets(targets: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""Every fact about a speed-up method that a run needs before torch is imported, one module each.
+
+``specs/<name>.py`` holds the method's hyperparameter dataclass and its :class:`MethodSpec`: where
+it runs among the others and why, the tasks it applies to, what it cannot combine with, what the
+data path must allow, whether it changes the step's cost along the run, and its own config check.
+``trainrun/algorithms/<name>.py`` implements it and ``conf/algorithms/<name>.yaml`` selects it:
+adding a method touches those three files. Validation, the engine's order, ``-o1``, ``recipe=auto``
+and the docs read :data:`SPECS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What trainrun knows about one method without running it."""
+
+    name: str  # the module, the YAML option and the key under ``algorithms``
+    config: type  # the hyperparameter dataclass
+    position: int  # the engine runs methods in ascending position (reversed on closing events)
+    order_reason: str  # why it runs there, shown in docs/algorithms.md
+    tasks: tuple[str, ...] | None = ("image_classification",)  # None: every task
+    incompatible: Mapping[str, str] = field(default_factory=dict)  # other method -> why not together
+    torch_loader_only: bool = False  # a per-sample transform that FFCV's pipeline cannot run
+    varying_step_cost: bool = False  # the step's cost changes along the run: a profiled prefix misleads
+    systems: bool = False  # changes how a step runs, not what it computes: -o1 may toggle it
+    sequence_limit: str | None = None  # the config field bounding the sequence length the model accepts
+    check: Callable[[Any, Any], None] | None = None  # (its config, the run's TrainConfig) -> raise ConfigError
+
+    def applies_to(self, task: str) -> bool:
+        return self.tasks is None or task in self.tasks
+
+
+def _discover() -> dict[str, MethodSpec]:
+    """Each ``SPEC`` under this package, in order of position."""
+    found = [importlib.import_module(f"{__name__}.{module.name}").SPEC for module in pkgutil.iter_modules(__path__)]
+    return {spec.name: spec for spec in sorted(found, key=lambda spec: spec.position)}
+
+
+SPECS: dict[str, MethodSpec] = _discover()
+METHOD_ORDER: tuple[str, ...] = tuple(SPECS)
+
+
+def check_methods(config: Any) -> None:
+    """The chosen methods apply to the run's task, combine with each other and with the data path,
+    and pass their own checks; raise :class:`ConfigError` naming the first that does not."""
+    chosen, task = config.algorithms, config.task.name
+    for name, params in chosen.items():
+        spec = SPECS[name]
+        if not spec.applies_to(task):
+            allowed = ", ".join(sorted(n for n, s in SPECS.items() if s.applies_to(task)))
+            raise ConfigError(
+                f"algorithm '{name}' does not apply to task {task} (it is for {', '.join(spec.tasks or ())}); "
+                f"choose from: {allowed}"
+            )
+        for other, why in spec.incompatible.items():
+            if other in chosen:
+                first, second = sorted((name, other))
+                raise ConfigError(f"algorithms '{first}' and '{second}' cannot run together: {why}")
+        if spec.torch_loader_only and config.data.loader == "ffcv":
+            raise ConfigError(
+                f"algorithm '{name}' transforms images in the torch DataLoader, which data.loader=ffcv "
+                f"does not use; choose a torch-loader data set (e.g. data=folder or data=digits)"
+            )
+        if spec.check is not None:
+            spec.check(params, config)
+
+
+def sequence_limit(algorithms: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(the longest sequence, the key that sets it) where a chosen method bounds it instead of the model."""
+    for name, params in algorithms.items():
+        if key := SPECS[name].sequence_limit:
+            return getattr(params, key), f"algorithms.{name}.{key}"
+    return None

@@ -1,0 +1,25 @@
+"""The hyperparameters and spec of ``alibi``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainrun.algorithms.specs import MethodSpec
+from trainrun.fields import positive_field
+
+
+@dataclass
+class AlibiConfig:
+    """Attention biased by distance instead of learned position embeddings (Press et al. 2021)."""
+
+    max_sequence_length: int = positive_field(1024)  # the longest sequence the model will accept
+
+
+SPEC = MethodSpec(
+    name="alibi",
+    config=AlibiConfig,
+    position=210,
+    order_reason="replaces the position embeddings at INIT; attention reads its bias from the model",
+    tasks=("masked_lm",),
+    sequence_limit="max_sequence_length",
+)

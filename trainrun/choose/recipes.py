@@ -1,0 +1,224 @@
+"""``recipe=auto``: the recipe whose predicted quality at the epochs a budget affords here is best."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from trainrun.choose.profiling import Profile, ProfileFailed, Profiler
+from trainrun.config import AUTO_RECIPE, ConfigSource, compose, group_options, override_key
+from trainrun.core.time import Time
+from trainrun.errors import ConfigError
+from trainrun.schema import TrainConfig, budget_seconds
+from trainrun.validation import validate
+
+PUBLISHED_TABLES = {("resnet50", 1000): Path(__file__).parent.parent / "report" / "published" / "resnet50_imagenet.csv"}
+
+
+@dataclass(frozen=True)
+class TablePoint:
+    """A recipe's measured quality at a number of epochs."""
+
+    epochs: float
+    quality: float
+    ratio: float  # the scale-schedule ratio that trained those epochs
+
+
+@dataclass(frozen=True)
+class Prediction:
+    quality: float
+    how: str  # "interpolated", "extrapolated above the table", "extrapolated below the table"
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.how != "interpolated"
+
+
+def read_table(path: Path, metric: str) -> dict[str, list[TablePoint]]:
+    """Points per recipe from a ``trainrun report`` CSV (rows whose budget is a schedule ratio)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"bad value for 'auto.table': cannot read '{path}' ({error})") from None
+    needed = ("recipe", "budget", "epochs_mean", f"{metric}_mean")
+    if not rows or any(column not in rows[0] for column in needed):
+        raise ConfigError(
+            f"bad value for 'auto.table': '{path}' is not a trainrun report CSV with {', '.join(needed)} "
+            "(write one with 'trainrun report SWEEP_DIRS')"
+        )
+    table: dict[str, list[TablePoint]] = {}
+    for row in rows:
+        try:
+            ratio, epochs, quality = float(row["budget"]), float(row["epochs_mean"]), float(row[f"{metric}_mean"])
+        except ValueError:
+            continue  # a wall-clock budget's row: its epochs depend on the machine that ran it
+        table.setdefault(row["recipe"], []).append(TablePoint(epochs, quality, ratio))
+    if not table:
+        raise ConfigError(f"bad value for 'auto.table': '{path}' has no points at schedule ratios")
+    return {recipe: sorted(points, key=lambda p: p.epochs) for recipe, points in table.items()}
+
+
+def predict(points: list[TablePoint], epochs: float) -> Prediction:
+    """Quality at ``epochs`` read off ``points`` (sorted by epochs): linear between measured points;
+    beyond the longest it is held at that point's quality, below the shortest extended along the
+    two shortest (one point: its quality), never below zero."""
+    first, last = points[0], points[-1]
+    if epochs > last.epochs:
+        return Prediction(last.quality, "extrapolated above the table")
+    if epochs < first.epochs:
+        if len(points) == 1:
+            return Prediction(first.quality, "extrapolated below the table")
+        second = points[1]
+        slope = (second.quality - first.quality) / (second.epochs - first.epochs)
+        return Prediction(max(first.quality - slope * (first.epochs - epochs), 0.0), "extrapolated below the table")
+    for low, high in zip(points, points[1:]):
+        if low.epochs <= epochs <= high.epochs:
+            share = (epochs - low.epochs) / (high.epochs - low.epochs) if high.epochs > low.epochs else 1.0
+            return Prediction(low.quality + share * (high.quality - low.quality), "interpolated")
+    return Prediction(first.quality, "interpolated")  # a single point, exactly at its epochs
+
+
+@dataclass
+class Candidate:
+    """A recipe considered by ``recipe=auto`` and what was measured and predicted for it."""
+
+    recipe: str
+    seconds_per_epoch: float | None = None
+    affordable_epochs: float | None = None
+    scale_schedule_ratio: float | None = None
+    predicted_quality: float | None = None
+    prediction: str | None = None
+    error: str | None = None
+
+
+def best_candidate(candidates: Iterable[Candidate]) -> Candidate:
+    """The rule: the highest predicted quality; among equals an interpolated prediction before an
+    extrapolated one, then the cheaper epoch. Candidates that could not be timed are skipped."""
+    timed = [c for c in candidates if c.predicted_quality is not None]
+    if not timed:
+        raise ConfigError(
+            "recipe=auto could not time any candidate here: "
+            + "; ".join(f"{c.recipe}: {c.error}" for c in candidates if c.error)
+        )
+    return max(
+        timed, key=lambda c: (round(c.predicted_quality, 9), c.prediction == "interpolated", -c.seconds_per_epoch)
+    )
+
+
+def plan_candidate(candidate: Candidate, points: list[TablePoint], profile: Profile, budget: float) -> None:
+    """Fill in what ``candidate`` affords within ``budget`` seconds and the quality predicted for it."""
+    base_epochs = statistics.median(p.epochs / p.ratio for p in points)  # the recipe's length at ratio 1
+    candidate.seconds_per_epoch = profile.seconds_per_epoch
+    candidate.affordable_epochs = budget / profile.seconds_per_epoch
+    candidate.scale_schedule_ratio = float(f"{candidate.affordable_epochs / base_epochs:.4g}")
+    prediction = predict(points, candidate.affordable_epochs)
+    candidate.predicted_quality, candidate.prediction = prediction.quality, prediction.how
+
+
+def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) -> tuple[list[str], dict]:
+    rest = [o for o in overrides if o != AUTO_RECIPE]
+    if any(override_key(o) == "scale_schedule_ratio" for o in rest):
+        raise ConfigError("recipe=auto sets scale_schedule_ratio itself (from the budget); leave it out")
+    config = validate(compose(rest, source))
+    budget = Time.parse(config.max_duration)
+    if not budget.unit.is_budget:
+        raise ConfigError(
+            f"recipe=auto needs a budget: max_duration={config.max_duration} is an amount of training; "
+            "give wall-clock time or money, e.g. max_duration=30min or max_duration=50usd"
+        )
+    table_path, table_name = _table(config)
+    metric = _quality_metric(config)
+    table = read_table(table_path, metric)
+    recipes = group_options("recipe", source)
+    wanted = config.auto.candidates or sorted(table)
+    unknown = [name for name in wanted if name not in table or name not in recipes]
+    if unknown:
+        raise ConfigError(
+            f"bad value for 'auto.candidates': '{unknown[0]}' is not both a recipe here and a recipe of "
+            f"{table_name} (those are: {', '.join(sorted(set(table) & set(recipes))) or 'none'})"
+        )
+    seconds = budget_seconds(config)
+    candidates = [Candidate(name) for name in wanted]
+    without_budget = [o for o in rest if override_key(o) != "max_duration"]
+    console.print(
+        f"recipe=auto: timing {len(candidates)} recipe(s) for {config.max_duration} "
+        f"({seconds:.0f} s of training), each over its schedule compressed into {config.auto.profile_steps} steps",
+        highlight=False,
+    )
+    with Profiler(source, config.auto.profile_steps) as profile:
+        for candidate in candidates:
+            candidate_overrides = [*without_budget, f"recipe={candidate.recipe}"]
+            validate(compose(candidate_overrides, source))
+            try:
+                timing = profile(candidate_overrides)
+            except ProfileFailed as failure:
+                candidate.error = str(failure)
+                continue
+            plan_candidate(candidate, table[candidate.recipe], timing, seconds)
+    chosen = best_candidate(candidates)
+    decision = {
+        "budget": config.max_duration,
+        "budget_seconds": seconds,
+        "table": table_name,
+        "rule": "the highest predicted quality at the epochs the budget affords here; among equals an "
+        "interpolated prediction before an extrapolated one, then the cheaper epoch",
+        "candidates": [asdict(c) for c in candidates],
+        "chosen": chosen.recipe,
+        "scale_schedule_ratio": chosen.scale_schedule_ratio,
+        "predicted_quality": chosen.predicted_quality,
+        "quality_metric": metric,
+    }
+    console.print(_recipe_table(candidates, chosen, metric))
+    if chosen.prediction != "interpolated":
+        console.print(f"[yellow]note:[/] {chosen.recipe}'s quality is {chosen.prediction}", highlight=False)
+    run = [o for o in rest if not o.startswith("recipe=")]
+    return [*run, f"recipe={chosen.recipe}", f"scale_schedule_ratio={chosen.scale_schedule_ratio}"], decision
+
+
+def _quality_metric(config: TrainConfig) -> str:
+    from trainrun.tasks import build_task
+
+    return build_task(config.task.name).quality
+
+
+def _table(config: TrainConfig) -> tuple[Path, str]:
+    if config.auto.table:
+        path = Path(config.auto.table).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"bad value for 'auto.table': '{config.auto.table}' does not exist")
+        return path, str(path)
+    published = PUBLISHED_TABLES.get((config.model.name, config.model.num_classes))
+    if published is None:
+        raise ConfigError(
+            f"recipe=auto needs a trade-off table for model={config.model.name} with {config.model.num_classes} "
+            "classes and trainrun publishes none: sweep the recipes on your data ('trainrun sweep recipe=NAME "
+            "budgets=[...]' per recipe, then 'trainrun report DIRS') and pass auto.table=REPORT_DIR/report.csv"
+        )
+    return published, f"the published table {published.name}"
+
+
+def _recipe_table(candidates: list[Candidate], chosen: Candidate, metric: str) -> Table:
+    table = Table(title="recipe=auto", title_justify="left")
+    for column in ("recipe", "s / epoch here", "epochs affordable", "ssr", f"predicted {metric}", "how", ""):
+        table.add_column(column)
+    for c in candidates:
+        if c.error:
+            table.add_row(c.recipe, "-", "-", "-", "-", f"not timed: {c.error}", "")
+            continue
+        table.add_row(
+            c.recipe,
+            f"{c.seconds_per_epoch:.3g}",
+            f"{c.affordable_epochs:.3g}",
+            f"{c.scale_schedule_ratio:g}",
+            f"{c.predicted_quality:.2%}",
+            c.prediction,
+            "chosen" if c is chosen else "",
+        )
+    return table

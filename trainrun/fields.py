@@ -1,0 +1,43 @@
+"""Config fields with the checks OmegaConf cannot express, written in their metadata.
+
+``time`` (a :class:`~trainrun.core.time.Time` string), ``interval`` (a recurring time, never zero),
+``choices``, ``min``, ``max`` and ``exclusive_min``; :func:`trainrun.validation.check_fields` reads
+them. Torch-free, like every config dataclass, so that a bad value fails in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+
+def time_field(default: str | None) -> Any:
+    """A point or length of training time in any unit (``90ep``, ``100ba``, ``0.5dur``)."""
+    return field(default=default, metadata={"time": True})
+
+
+def interval_field(default: str | None) -> Any:
+    """A time between recurring events: zero would never fire."""
+    return field(default=default, metadata={"time": True, "interval": True})
+
+
+def choice_field(default: str, *choices: str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def positive_field(default: Any) -> Any:
+    return field(default=default, metadata={"exclusive_min": 0})
+
+
+def non_negative_field(default: Any) -> Any:
+    return field(default=default, metadata={"min": 0})
+
+
+def fraction_field(default: float) -> Any:
+    """A share in [0, 1]."""
+    return field(default=default, metadata={"min": 0, "max": 1})
+
+
+def positive_fraction_field(default: float) -> Any:
+    """A share in (0, 1]."""
+    return field(default=default, metadata={"exclusive_min": 0, "max": 1})

@@ -1,0 +1,256 @@
+"""Every check of a composed config before any work starts: types and values (OmegaConf and the
+fields' metadata), then what involves several fields, the chosen methods' own checks and, for a
+run, the files it reads. Raises :class:`ConfigError` with one line naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from trainrun.algorithms.specs import SPECS, check_methods, sequence_limit
+from trainrun.core.time import Time, TimeUnit
+from trainrun.errors import ConfigError
+from trainrun.schema import INITIALIZERS, LOGGER_NAMES, LauncherConfig, TrainConfig
+
+
+def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
+    """Merge ``cfg`` into the schema and check every value (and, with ``files``, that the files a
+    run reads exist); raise :class:`ConfigError` if bad."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
+        for name, params in (merged.algorithms or {}).items():
+            if name not in SPECS:
+                raise ConfigError(f"unknown algorithm '{name}' (choose from: {', '.join(sorted(SPECS))})")
+            typed = OmegaConf.merge(OmegaConf.structured(SPECS[name].config), params or {})
+            merged.algorithms[name] = typed
+        config: TrainConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(describe_omegaconf_error(error)) from error
+    check_fields(config, "")
+    for name, params in config.algorithms.items():
+        check_fields(params, f"algorithms.{name}.")
+    _check_run(config)
+    if files:
+        check_files(config)
+    return config
+
+
+def describe_omegaconf_error(error: OmegaConfBaseException) -> str:
+    """One line naming the key OmegaConf refused and why."""
+    key = getattr(error, "full_key", None) or getattr(error, "key", None)
+    message = str(error).splitlines()[0]
+    if "not in struct" in message or "Key '" in message and "not" in message:
+        return f"unknown config key '{key}'"
+    if key:
+        return f"bad value for '{key}': {message}"
+    return message
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Each field of the dataclass ``obj`` within what its metadata allows (:mod:`trainrun.fields`)."""
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
+        key = prefix + spec.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key + ".")
+            continue
+        if value is None:
+            continue
+        meta = spec.metadata
+        if meta.get("time"):
+            for time in value if isinstance(value, list) else [value]:
+                _check_time(key, time, meta)
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
+        if "exclusive_min" in meta and not value > meta["exclusive_min"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be > {meta['exclusive_min']})")
+        if "min" in meta and not value >= meta["min"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be >= {meta['min']})")
+        if "max" in meta and not value <= meta["max"]:
+            raise ConfigError(f"bad value for '{key}': {value} (must be <= {meta['max']})")
+
+
+def _check_time(key: str, value: str, meta: dict) -> None:
+    try:
+        parsed = Time.parse(value)
+    except ValueError as error:
+        raise ConfigError(f"bad value for '{key}': {error}") from None
+    if meta.get("interval") and parsed.value <= 0:
+        raise ConfigError(f"bad value for '{key}': '{value}' is an interval of zero, which never fires")
+    if parsed.unit.is_budget and not meta.get("budget"):
+        raise ConfigError(
+            f"bad value for '{key}': '{value}' is a budget; only max_duration takes one "
+            "(write times inside a run in ep, ba, sp or dur)"
+        )
+
+
+def check_files(config: TrainConfig) -> None:
+    """The files and folders a run reads exist: checked before a run, not to print a config."""
+    data = config.data
+    if data.name == "folder" and not data.path:
+        raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
+    weights = config.model.weights
+    if weights and not Path(weights).expanduser().exists():
+        raise ConfigError(f"bad value for 'model.weights': '{weights}' does not exist")
+    if data.path and not Path(data.path).expanduser().is_dir():
+        raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
+    if data.name == "beton":
+        for key in ("train", "val"):
+            path = getattr(data, key)
+            if not path:
+                raise ConfigError(f"data=beton needs 'data.{key}' (a .beton file written by 'trainrun write')")
+            if not Path(path).expanduser().is_file():
+                raise ConfigError(f"bad value for 'data.{key}': '{path}' does not exist")
+    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
+        raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
+
+
+def _check_budget(config: TrainConfig) -> None:
+    """A wall-clock or cost ``max_duration`` is positive, priced, and only ``max_duration``."""
+    budget = Time.parse(config.max_duration)
+    if budget.value <= 0:
+        raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (a budget must be above zero)")
+    if budget.unit is TimeUnit.DOLLAR and not config.hardware.price_per_hour:
+        raise ConfigError(
+            f"max_duration={config.max_duration} needs a price: choose a priced hardware option "
+            f"(hardware={config.hardware.name} has none), e.g. hardware=1xa100_aws"
+        )
+    if config.profile_prefix is not None:
+        raise ConfigError("'profile_prefix' extrapolates a run of fixed length: it needs max_duration in ep, ba or sp")
+
+
+def _check_run(config: TrainConfig) -> None:
+    """Checks that involve more than one field."""
+    if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
+        raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
+    if Time.parse(config.max_duration).unit.is_budget:
+        _check_budget(config)
+    for name in config.model.initializers:
+        if name not in INITIALIZERS:
+            raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
+    check_methods(config)
+    _check_launcher(config.launcher)
+    if config.launcher.devices != "auto":
+        ranks = int(config.launcher.devices) * config.launcher.nnodes
+        check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)
+        check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
+    else:
+        check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, None)
+    if config.profile_prefix is not None and Time.parse(config.profile_prefix).value <= 0:
+        raise ConfigError(f"bad value for 'profile_prefix': '{config.profile_prefix}' (must be above 0)")
+    for name in config.loggers:
+        if name not in LOGGER_NAMES:
+            raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(LOGGER_NAMES)})")
+    if config.stop_at is not None and not 0 < config.stop_at <= 1:
+        raise ConfigError(f"bad value for 'stop_at': {config.stop_at} (a fraction in (0, 1] of the quality metric)")
+    for target in config.accuracy_targets:
+        if not 0 < target <= 1:
+            raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")
+    if config.data.name == "beton" and config.data.loader != "ffcv":
+        raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
+    if config.data.name == "folder" and config.data.loader == "ffcv":
+        raise ConfigError(
+            "data=folder reads image files with the torch loader; for FFCV write them once with "
+            "'trainrun write' and use data=beton"
+        )
+    if len(config.data.mean) != 3 or len(config.data.std) != 3:
+        raise ConfigError("bad value for 'data.mean'/'data.std': give three values (R, G, B)")
+    if config.task.name == "masked_lm" or config.data.name == "text" or config.model.name == "bert":
+        _check_masked_lm(config)
+        return
+    if config.model.num_classes != config.data.num_classes:
+        raise ConfigError(
+            f"bad value for 'model.num_classes': {config.model.num_classes} but data "
+            f"'{config.data.name}' has {config.data.num_classes} classes"
+        )
+
+
+def _check_masked_lm(config: TrainConfig) -> None:
+    """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
+    parts = {
+        "task": (config.task.name, "masked_lm"),
+        "data": (config.data.name, "text"),
+        "model": (config.model.name, "bert"),
+    }
+    for key, (chosen, needed) in parts.items():
+        if chosen != needed:
+            others = ", ".join(f"{k}={v}" for k, (c, v) in parts.items() if c == v)
+            raise ConfigError(f"bad value for '{key}.name': '{chosen}' (with {others} it must be {needed})")
+    if config.loss != "soft_ce":
+        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task masked_lm trains with cross-entropy, soft_ce)")
+    if config.data.loader != "torch":
+        raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
+    if not config.data.path and not config.data.corpus:
+        raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
+    positions, key = sequence_limit(config.algorithms) or (
+        config.model.max_position_embeddings,
+        "model.max_position_embeddings",
+    )
+    if config.data.max_seq_len > positions:
+        raise ConfigError(
+            f"bad value for 'data.max_seq_len': {config.data.max_seq_len} is more than the model's "
+            f"{positions} positions ({key})"
+        )
+    if config.model.hidden_size % config.model.heads:
+        raise ConfigError(
+            f"bad value for 'model.heads': {config.model.heads} does not divide model.hidden_size "
+            f"{config.model.hidden_size}"
+        )
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether ``host`` names the local machine wherever it is read (loopback or unspecified)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def check_batch_split(train_batch_size: int, eval_batch_size: int, ranks: int) -> None:
+    """The global batch sizes divide evenly among ``ranks`` processes."""
+    for key, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
+        if size % ranks:
+            raise ConfigError(
+                f"bad value for '{key}': {size} does not divide among {ranks} processes "
+                f"({size // ranks} or {size // ranks + 1} per process; choose a multiple of {ranks})"
+            )
+
+
+def check_microbatch_size(setting: str | None, train_batch_size: int, ranks: int | None) -> None:
+    """``device_train_microbatch_size`` is ``auto`` or a positive number no larger than each
+    process's share of the batch (checked when the number of processes is known)."""
+    if setting is None or setting == "auto":
+        return
+    if not setting.isdigit() or int(setting) == 0:
+        raise ConfigError(f"bad value for 'device_train_microbatch_size': '{setting}' (auto or a positive number)")
+    if ranks is not None and int(setting) > train_batch_size // ranks:
+        raise ConfigError(
+            f"bad value for 'device_train_microbatch_size': {setting} is more than each process's batch of "
+            f"{train_batch_size // ranks} (train_batch_size {train_batch_size} over {ranks} process(es))"
+        )
+
+
+def _check_launcher(launcher: LauncherConfig) -> None:
+    if launcher.devices != "auto" and not (launcher.devices.isdigit() and int(launcher.devices) > 0):
+        raise ConfigError(f"bad value for 'launcher.devices': '{launcher.devices}' (auto or a positive number)")
+    if launcher.node_rank >= launcher.nnodes:
+        raise ConfigError(
+            f"bad value for 'launcher.node_rank': {launcher.node_rank} (below launcher.nnodes {launcher.nnodes})"
+        )
+    if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
+        raise ConfigError(
+            "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
+        )
+    if launcher.nnodes > 1 and not launcher.rdzv_endpoint and _is_this_machine(launcher.master_addr):
+        raise ConfigError(
+            f"bad value for 'launcher.master_addr': '{launcher.master_addr}' is this machine on every node; "
+            "a multi-node launch needs the address of the node_rank 0 machine that every node can reach"
+        )
