@@ -70,7 +70,7 @@ def step_seconds(name: str | None, args: argparse.Namespace, device: torch.devic
 
     def optimization(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, OptimizerConfig(lr=0.1), args.batch)
-        return optimizer, build_scheduler(optimizer, SchedulerConfig(), timeline, 1.0)
+        return optimizer, build_scheduler(optimizer, SchedulerConfig(), timeline)
 
     precision, _ = resolve_precision(args.precision, device)
     state = State(

@@ -111,7 +111,7 @@ def components(steps: int, work: Workload):
     model = work.model()
     optimizer = build_optimizer(model, work.optimizer, work.data.train.batch_size)
     timeline = Timeline(len(work.data.train), work.data.train.batch_size, steps)
-    scheduler = build_scheduler(optimizer, SchedulerConfig(t_warmup="0.1dur"), timeline, 1.0)
+    scheduler = build_scheduler(optimizer, SchedulerConfig(t_warmup="0.1dur"), timeline)
     return model, optimizer, scheduler, timeline
 
 

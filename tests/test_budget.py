@@ -76,7 +76,7 @@ def simulate(budget_seconds, step_seconds, steps_cap=100_000, world_size=1):
     timeline = Timeline.for_budget(batches_per_epoch=50, samples_per_batch=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     config = SchedulerConfig(name="cosine", t_warmup="0.1dur", alpha_f=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(config, timeline, 1.0))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(config, timeline))
     state = State(model, optimizer, timeline, torch.device("cpu"), Precision("fp32", "cpu"), world_size=world_size)
     state.accounts = SimulatedAccounts()
     budget = WallClockBudget(budget_seconds, f"{budget_seconds}s")

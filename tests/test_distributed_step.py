@@ -54,11 +54,11 @@ def worker(rank: int, port: int, out: str) -> None:
     distributed.wait_for_all(WORLD)
 
     # auto micro-batches: two steps averaged by hand after agreeing, then DDP synchronises
-    import trainrun.core.trainer as trainer_module
+    import trainrun.core.microbatches as microbatches_module
 
     agreements = []
-    real_any_rank = trainer_module.any_rank
-    trainer_module.any_rank = lambda flag, ranks: agreements.append(ranks) or real_any_rank(flag, ranks)
+    real_any_rank = microbatches_module.any_rank
+    microbatches_module.any_rank = lambda flag, ranks: agreements.append(ranks) or real_any_rank(flag, ranks)
     images, labels = batch()
     half = slice(rank * 32, rank * 32 + 32)
     run = trainer(group_norm_model(), images[half], labels[half], rank, WORLD, Microbatching(auto=True, settle_steps=2))

@@ -29,6 +29,20 @@ def test_default_run_reaches_95_percent_within_two_minutes(tmp_path):
     assert "name: resnet_small" in saved and "${" not in saved
 
 
+def test_a_run_records_what_produced_it(trained_run):
+    import importlib.metadata
+
+    import trainrun
+
+    provenance = json.loads((trained_run / "summary.json").read_text())["provenance"]
+    assert provenance["trainrun"] == trainrun.__version__ and provenance["torch"] == torch.__version__
+    assert provenance["command"].startswith("trainrun ") and "hydra.run.dir=" in provenance["command"]
+    packages = provenance["packages"]
+    assert f"torch=={importlib.metadata.version('torch')}" in packages
+    assert f"hydra-core=={importlib.metadata.version('hydra-core')}" in packages
+    assert packages == sorted(packages, key=lambda line: line.split("==")[0].lower())
+
+
 def test_shared_run_outputs(trained_run):
     summary = json.loads((trained_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs"] == 2.0

@@ -5,7 +5,7 @@ import torch
 
 from trainrun.core.time import Time, Timeline
 from trainrun.optim.optimizers import DecoupledSGDW, build_optimizer
-from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function, stretched_batches
+from trainrun.optim.schedules import build_scheduler, multiplier, schedule_function
 from trainrun.schema import OptimizerConfig, SchedulerConfig
 
 
@@ -40,14 +40,15 @@ def test_multistep_schedule_multiplies_by_gamma_at_each_milestone_reached_after_
     assert lrs[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
     assert lrs[9:13] == pytest.approx([1.0, 0.9, 0.9, 0.81])
     assert lrs[19:21] == pytest.approx([0.81, 0.729])
-    stretched = Timeline.for_run(Time.parse("3ep").scaled(2.0), 10, 8)
+    stretched = Timeline.for_run(Time.parse("3ep"), 10, 8, stretch=2.0)
     assert _lrs(config, 2.0, 60, stretched)[19:22] == pytest.approx([1.0, 0.9, 0.9])  # milestones stretched too
 
 
 def _lrs(config: SchedulerConfig, ratio: float, steps: int, timeline: Timeline) -> list[float]:
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=1.0)
-    scheduler = build_scheduler(optimizer, config, timeline, ratio)
+    assert timeline.stretch == ratio
+    scheduler = build_scheduler(optimizer, config, timeline)
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
@@ -59,7 +60,7 @@ def _lrs(config: SchedulerConfig, ratio: float, steps: int, timeline: Timeline) 
 def test_schedule_applied_every_step_and_stretched_by_the_ratio():
     config = SchedulerConfig(name="cosine", t_warmup="2ep", alpha_f=0.0)
     base = Timeline.for_run(Time.parse("10ep"), 10, 8)
-    stretched = Timeline.for_run(Time.parse("10ep").scaled(2.0), 10, 8)
+    stretched = Timeline.for_run(Time.parse("10ep"), 10, 8, stretch=2.0)
     plain = _lrs(config, 1.0, base.max_batches, base)
     double = _lrs(config, 2.0, stretched.max_batches, stretched)
     assert plain[10] == pytest.approx(0.5)  # every step, mid-warmup
@@ -158,9 +159,9 @@ def test_a_step_the_gradient_scaler_skips_does_not_decay_the_weights():
 
 
 def test_scale_warmup_off_keeps_the_warmup_as_written():
-    timeline = Timeline(batches_per_epoch=10, samples_per_batch=4, max_batches=360)  # 90ep x 0.4
-    stretched = schedule_function(SchedulerConfig(t_warmup="8ep"), timeline, 0.4)
-    fixed = schedule_function(SchedulerConfig(t_warmup="8ep", scale_warmup=False), timeline, 0.4)
+    timeline = Timeline(batches_per_epoch=10, samples_per_batch=4, max_batches=360, stretch=0.4)  # 90ep x 0.4
+    stretched = schedule_function(SchedulerConfig(t_warmup="8ep"), timeline)
+    fixed = schedule_function(SchedulerConfig(t_warmup="8ep", scale_warmup=False), timeline)
     assert stretched(16) == 0.5 and stretched(32) == 1.0  # warmup 0.4 x 80 = 32 steps
     assert fixed(40) == 0.5 and fixed(80) == 1.0  # warmup stays 80 steps
 
@@ -182,10 +183,10 @@ def test_multiplier_edges_defaults_and_errors():
 
 def test_schedule_function_passes_every_setting_and_follows_a_replanned_timeline():
     timeline = Timeline.for_run(Time.parse("100ba"), 10, 8)
-    step = schedule_function(SchedulerConfig(name="step", t_warmup="0ba", step_size="2ep", gamma=0.5), timeline, 1.0)
+    step = schedule_function(SchedulerConfig(name="step", t_warmup="0ba", step_size="2ep", gamma=0.5), timeline)
     assert [step(b) for b in (19, 20, 40)] == [1.0, 0.5, 0.25]
-    linear = schedule_function(SchedulerConfig(name="linear", t_warmup="0ba", alpha_f=0.1), timeline, 1.0)
+    linear = schedule_function(SchedulerConfig(name="linear", t_warmup="0ba", alpha_f=0.1), timeline)
     assert linear(100) == pytest.approx(0.1) and linear(50) == pytest.approx(0.55)
     timeline.replan(50, 150)  # half-way, 150 steps found left: 125 is 0.5 + 0.5 · 75/150 of the run
     assert linear(50) == pytest.approx(0.55) and linear(125) == pytest.approx(1 - 0.9 * 0.75)
-    assert stretched_batches("0.5dur", Timeline.for_run(Time.parse("100ba"), 10, 8), 2.0) == 50  # dur: not stretched
+    assert Timeline(10, 8, max_batches=100, stretch=2.0).stretched_batches("0.5dur") == 50  # dur: not stretched

@@ -2,8 +2,8 @@
 
 trainrun's version and the git commit of its checkout (with a ``dirty`` flag when the working
 tree differs from it), the versions of torch, torchvision and ffcv and of CUDA, the device and
-how many train, and the command line as the user typed it (the CLI records it before any
-worker process starts, so every rank reports the same one).
+how many train, the command line as the user typed it (the CLI records it before any worker
+process starts, so every rank reports the same one), and every installed package's version.
 """
 
 from __future__ import annotations
@@ -62,4 +62,14 @@ def provenance(device: torch.device, world_size: int, nodes: int) -> dict[str, A
         "devices": world_size,
         "nodes": nodes,
         "command": os.environ.get(COMMAND_VARIABLE, shlex.join(sys.argv)),
+        "packages": package_versions(),
     }
+
+
+def package_versions() -> list[str]:
+    """Every installed distribution as ``name==version``, sorted, as ``pip freeze`` writes them:
+    enough to rebuild the environment that produced a run."""
+    found = {
+        dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]
+    }
+    return [f"{name}=={found[name]}" for name in sorted(found, key=str.lower)]

@@ -99,11 +99,11 @@ def build_seeded_model(config: TrainConfig, data: DataSpec, rank: int) -> torch.
 
 def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:
     """The run's timeline, and the budget that re-plans it when ``max_duration`` is wall-clock or money."""
-    max_duration = Time.parse(config.max_duration).scaled(config.scale_schedule_ratio)
+    max_duration, stretch = Time.parse(config.max_duration), config.scale_schedule_ratio
     if not max_duration.unit.is_budget:
-        return Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size), None
+        return Timeline.for_run(max_duration, data.batches_per_epoch, config.train_batch_size, stretch), None
     budget = WallClockBudget(budget_seconds(config), config.max_duration)
-    return Timeline.for_budget(data.batches_per_epoch, config.train_batch_size), budget
+    return Timeline.for_budget(data.batches_per_epoch, config.train_batch_size, stretch), budget
 
 
 def optimization(config: TrainConfig, timeline: Timeline):
@@ -111,7 +111,7 @@ def optimization(config: TrainConfig, timeline: Timeline):
 
     def build(final_model: torch.nn.Module):
         optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
-        return optimizer, build_scheduler(optimizer, config.scheduler, timeline, config.scale_schedule_ratio)
+        return optimizer, build_scheduler(optimizer, config.scheduler, timeline)
 
     return build
 
@@ -201,7 +201,7 @@ def build_state(
 
 def warn_about_the_schedule(config: TrainConfig, state: State, budget: WallClockBudget | None) -> None:
     """A warmup longer than the whole run never reaches the learning rate the user set."""
-    warmup = warmup_batches(config.scheduler, state.timeline, config.scale_schedule_ratio)
+    warmup = warmup_batches(config.scheduler, state.timeline)
     if budget is None and warmup > state.timeline.max_batches:
         state.warn(
             f"scheduler.t_warmup={config.scheduler.t_warmup} ({warmup} steps) is longer than the whole run "

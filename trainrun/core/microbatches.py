@@ -17,11 +17,18 @@ warmup) unsettle it until they too have run that many steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from trainrun.core.state import State
+
+# (inputs, targets, synchronise by hand) -> the batch's loss, gradients accumulated
+Accumulate = Callable[[Any, Any, bool], torch.Tensor]
 
 
 def microbatch_slices(batch_size: int, size: int | None) -> list[slice]:
@@ -76,6 +83,45 @@ class Microbatching:
         if setting is None or setting == "auto":
             return cls(auto=setting == "auto")
         return cls(int(setting))
+
+    def run_step(self, state: State, inputs: Any, targets: Any, accumulate: Accumulate) -> torch.Tensor:
+        """One step's forward and backward passes, ``accumulate(inputs, targets, by_hand)``.
+
+        Under ``auto``, a step that runs out of memory on any rank is retried with half the
+        micro-batch. Until the size has settled on several ranks, DDP does not synchronise and
+        gradients are averaged by hand after every rank finished; once it has, DDP synchronises as
+        usual and running out of memory ends the run, as it would without ``auto``.
+        """
+        if not self.auto:
+            return accumulate(inputs, targets, False)
+        by_hand = state.world_size > 1 and not self.settled(input_elements(inputs))
+        while True:
+            out_of_memory = False
+            try:
+                loss = accumulate(inputs, targets, by_hand)
+            except torch.OutOfMemoryError:
+                if state.world_size > 1 and not by_hand:  # settled: the other ranks wait in DDP's all-reduce
+                    raise
+                out_of_memory = True
+            if not any_rank(out_of_memory, state.world_size if by_hand else 1):
+                break
+            self._recover(state, batch_size_of(inputs))
+        if by_hand:
+            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
+        self.step_fitted()
+        return loss
+
+    def _recover(self, state: State, batch_size: int) -> None:
+        """After running out of memory on some rank: drop this attempt's gradients, halve, say so."""
+        state.optimizer.zero_grad(set_to_none=True)
+        state.outputs = state.loss = None
+        if state.device.type == "cuda":
+            torch.cuda.empty_cache()
+        before = self.shrink(batch_size)
+        state.notice(
+            f"device_train_microbatch_size=auto: out of memory at {before} samples per micro-batch, "
+            f"retrying the step with {self.size}"
+        )
 
     def shrink(self, batch_size: int) -> int:
         """Halve the micro-batch after running out of memory in a batch of ``batch_size``; return the

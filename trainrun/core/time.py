@@ -112,32 +112,40 @@ def budget_size(text: str) -> float:
 class Timeline:
     """Converts any :class:`Time` to batches for one run, and says how much of the run a step is.
 
-    ``max_batches`` already includes the run's scale-schedule ratio; ``dur`` fractions are taken
-    of it. The fraction of the run done after ``b`` steps is linear between knots ``(step,
-    fraction)``: for a run of a fixed length the two knots ``(0, 0)`` and ``(max_batches, 1)``,
-    so ``x dur`` is ``round(x * max_batches)`` steps; a budgeted run adds a knot at every re-plan.
+    The timeline owns the run's scale-schedule ratio (``stretch``): ``max_batches`` already
+    includes it, and :meth:`stretched_batches` stretches a schedule time written in ep, ba or sp;
+    ``dur`` fractions are taken of the stretched run. The fraction of the run done after ``b``
+    steps is linear between knots ``(step, fraction)``: for a run of a fixed length the two knots
+    ``(0, 0)`` and ``(max_batches, 1)``, so ``x dur`` is ``round(x * max_batches)`` steps; a
+    budgeted run adds a knot at every re-plan.
     """
 
-    def __init__(self, batches_per_epoch: int, samples_per_batch: int, max_batches: int) -> None:
+    def __init__(self, batches_per_epoch: int, samples_per_batch: int, max_batches: int, stretch: float = 1.0) -> None:
         self.batches_per_epoch = batches_per_epoch
         self.samples_per_batch = samples_per_batch
+        self.stretch = stretch
         self.knots: list[tuple[int, float]] = [(0, 0.0), (max_batches, 1.0)]
         self._steps: dict[Time | str, int] = {}  # conversions for the current knots (read every step)
 
     @classmethod
-    def for_run(cls, max_duration: Time, batches_per_epoch: int, samples_per_batch: int) -> Timeline:
-        """Build the timeline of a run lasting ``max_duration`` (not ``dur``, not a budget)."""
+    def for_run(
+        cls, max_duration: Time, batches_per_epoch: int, samples_per_batch: int, stretch: float = 1.0
+    ) -> Timeline:
+        """Build the timeline of a run lasting ``max_duration`` (not ``dur``, not a budget),
+        scaled by ``stretch`` in its own unit (90ep x 0.36 = 32ep, as the published recipes count)."""
         if max_duration.unit is TimeUnit.DURATION:
             raise ValueError("max_duration cannot be written in 'dur'")
         if max_duration.unit.is_budget:
             raise ValueError("a budget's timeline is planned as the run goes: use Timeline.for_budget")
         partial = cls(batches_per_epoch, samples_per_batch, max_batches=0)
-        return cls(batches_per_epoch, samples_per_batch, max(partial.to_batches(max_duration), 1))
+        steps = max(partial.to_batches(max_duration.scaled(stretch)), 1)
+        return cls(batches_per_epoch, samples_per_batch, steps, stretch)
 
     @classmethod
-    def for_budget(cls, batches_per_epoch: int, samples_per_batch: int) -> Timeline:
-        """A budgeted run's timeline before its first re-plan: no step count yet, fraction ~0."""
-        return cls(batches_per_epoch, samples_per_batch, UNPLANNED_BATCHES)
+    def for_budget(cls, batches_per_epoch: int, samples_per_batch: int, stretch: float = 1.0) -> Timeline:
+        """A budgeted run's timeline before its first re-plan: no step count yet, fraction ~0. A
+        budget is never stretched; ``stretch`` applies to schedule times only."""
+        return cls(batches_per_epoch, samples_per_batch, UNPLANNED_BATCHES, stretch)
 
     @property
     def max_batches(self) -> int:
@@ -167,6 +175,13 @@ class Timeline:
         if steps is None:
             steps = self._steps[time] = self._convert(Time.parse(time))
         return steps
+
+    def stretched_batches(self, time: Time | str) -> int:
+        """Steps a schedule time spans: ep, ba and sp stretched by the scale-schedule ratio; ``dur``
+        follows the (already stretched) run."""
+        parsed = Time.parse(time)
+        steps = self.to_batches(parsed)
+        return steps if parsed.unit is TimeUnit.DURATION else int(steps * self.stretch)
 
     def _convert(self, time: Time) -> int:
         if time.unit is TimeUnit.EPOCH:

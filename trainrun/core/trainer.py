@@ -26,10 +26,7 @@ from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.core.microbatches import (
     Microbatching,
-    any_rank,
-    average_gradients,
     batch_size_of,
-    input_elements,
     microbatch_slices,
     take,
 )
@@ -175,11 +172,7 @@ class Trainer:
         accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
         inputs, targets = state.inputs, state.targets
-        loss = (
-            self._forward_backward(inputs, targets)
-            if microbatching.auto
-            else self._accumulate_gradients(inputs, targets)
-        )
+        loss = microbatching.run_step(state, inputs, targets, self._accumulate_gradients)
         state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
         if scaler:
@@ -192,30 +185,6 @@ class Trainer:
         self.scheduler.step()
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
-
-    def _forward_backward(self, inputs: Any, targets: Any) -> torch.Tensor:
-        """:meth:`_accumulate_gradients` under ``auto`` micro-batches: out of memory on any rank,
-        the step is retried with half the micro-batch. Until the size has settled on several
-        ranks, gradients are averaged by hand after every rank finished (see
-        :mod:`~trainrun.core.microbatches`); once it has, DDP synchronises as usual and running
-        out of memory ends the run, as it would without ``auto``."""
-        state, microbatching = self.state, self.settings.microbatching
-        by_hand = state.world_size > 1 and not microbatching.settled(input_elements(inputs))
-        while True:
-            out_of_memory = False
-            try:
-                loss = self._accumulate_gradients(inputs, targets, by_hand)
-            except torch.OutOfMemoryError:
-                if state.world_size > 1 and not by_hand:  # settled: the other ranks wait in DDP's all-reduce
-                    raise
-                out_of_memory = True
-            if not any_rank(out_of_memory, state.world_size if by_hand else 1):
-                break
-            self._shrink_microbatches(batch_size_of(inputs))
-        if by_hand:
-            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
-        microbatching.step_fitted()
-        return loss
 
     def _accumulate_gradients(self, inputs: Any, targets: Any, by_hand: bool = False) -> torch.Tensor:
         """Forward and backward over the batch in micro-batches; return the batch's mean loss.
@@ -249,19 +218,6 @@ class Trainer:
                 run(Event.AFTER_BACKWARD, state)
             total = loss.detach() if total is None else total + loss.detach()
         return total
-
-    def _shrink_microbatches(self, batch_size: int) -> None:
-        """After running out of memory on some rank: drop this attempt's gradients, halve, say so."""
-        state, microbatching = self.state, self.settings.microbatching
-        state.optimizer.zero_grad(set_to_none=True)
-        state.outputs = state.loss = None
-        if state.device.type == "cuda":
-            torch.cuda.empty_cache()
-        before = microbatching.shrink(batch_size)
-        state.notice(
-            f"device_train_microbatch_size=auto: out of memory at {before} samples per micro-batch, "
-            f"retrying the step with {microbatching.size}"
-        )
 
     def _after_step(self) -> None:
         state, settings = self.state, self.settings

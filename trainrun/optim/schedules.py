@@ -1,8 +1,8 @@
 """Learning-rate schedules as pure functions of the optimizer step, applied every batch.
 
-Times may be written in any unit. ``scale_schedule_ratio`` stretches every time written in
-``ep``/``ba``/``sp`` (the warmup too, unless ``scale_warmup`` is off, as Composer had it when the
-published recipe points were measured); ``dur`` times follow the already-scaled run length.
+Times may be written in any unit. The timeline's scale-schedule ratio stretches every time written
+in ``ep``/``ba``/``sp`` (the warmup too, unless ``scale_warmup`` is off, as Composer had it when
+the published recipe points were measured); ``dur`` times follow the already-scaled run length.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from trainrun.core.time import Time, Timeline, TimeUnit
+from trainrun.core.time import Timeline
 from trainrun.schema import SchedulerConfig
 
 
@@ -55,19 +55,12 @@ def multiplier(
     raise ValueError(f"unknown schedule '{shape}'")
 
 
-def stretched_batches(time: str, timeline: Timeline, ratio: float) -> int:
-    """Steps spanned by ``time`` once the run is stretched by ``ratio``."""
-    parsed = Time.parse(time)
-    batches = timeline.to_batches(parsed)
-    return batches if parsed.unit is TimeUnit.DURATION else int(batches * ratio)
-
-
-def warmup_batches(config: SchedulerConfig, timeline: Timeline, ratio: float) -> int:
+def warmup_batches(config: SchedulerConfig, timeline: Timeline) -> int:
     """Steps of linear warmup in this run."""
-    return stretched_batches(config.t_warmup, timeline, ratio if config.scale_warmup else 1.0)
+    return timeline.stretched_batches(config.t_warmup) if config.scale_warmup else timeline.to_batches(config.t_warmup)
 
 
-def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float) -> Callable[[int], float]:
+def schedule_function(config: SchedulerConfig, timeline: Timeline) -> Callable[[int], float]:
     """The multiplier of ``config`` as a function of the step, for this run.
 
     Steps are converted when it is called, so a budgeted run's re-planned timeline applies.
@@ -77,12 +70,12 @@ def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float)
         return multiplier(
             batch,
             shape=config.name,
-            warmup=warmup_batches(config, timeline, ratio),
+            warmup=warmup_batches(config, timeline),
             total=timeline.max_batches,
             alpha_f=config.alpha_f,
-            step_size=stretched_batches(config.step_size, timeline, ratio),
+            step_size=timeline.stretched_batches(config.step_size),
             gamma=config.gamma,
-            milestones=[stretched_batches(milestone, timeline, ratio) for milestone in config.milestones],
+            milestones=[timeline.stretched_batches(milestone) for milestone in config.milestones],
             fraction=timeline.fraction,
         )
 
@@ -90,7 +83,7 @@ def schedule_function(config: SchedulerConfig, timeline: Timeline, ratio: float)
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, config: SchedulerConfig, timeline: Timeline, ratio: float
+    optimizer: torch.optim.Optimizer, config: SchedulerConfig, timeline: Timeline
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` stepped once per optimizer step."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(config, timeline, ratio))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(config, timeline))
