@@ -15,7 +15,7 @@ same for every variant (so MFU compares them): per sequence of n real tokens wit
 forward 2·n·(4·h² + 2·h·i) + 4·n²·h per layer plus 2·m·(h² + h·v) for the head, times 3 with the
 backward pass (h hidden, i intermediate, v vocabulary). ``--compile`` adds the whole model
 through ``torch.compile``; ``--attention sdpa varlen flex`` adds the unpadded + masked-head step
-with each attention path (``model.attention``; varlen and flex need a GPU), ``--alibi`` runs every
+with each attention path (``model.bert.attention``; varlen and flex need a GPU), ``--alibi`` runs every
 model with ALiBi's biases. The step is a run's: trainrun's fused AdamW, and under ``amp`` the
 gradient scaler; fp32 matrix products run in fp32 (torch's default, as in a run), so fp32 MFU is
 against the device's fp32 peak, not TF32's. On a GPU the default model is BERT-Base (BERT-Tiny
@@ -40,11 +40,11 @@ from trainrun.core.precision import resolve_precision
 from trainrun.data.masked_text import IGNORED, collate_masked, text_datasets
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
+from trainrun.schema import BertConfig, DataConfig, OptimizerConfig, TextConfig
 from trainrun.tasks.masked_lm import masked_cross_entropy
 from trainrun.validation import validate
 
-VARIANTS = {  # name: (unpadding, masked head, model: eager, fused layers or compiled, model.attention)
+VARIANTS = {  # name: (unpadding, masked head, model: eager, fused layers or compiled, model.bert.attention)
     "padded": (False, False, "eager", "auto"),
     "padded + masked head": (False, True, "eager", "auto"),
     "unpadded": (True, False, "eager", "auto"),
@@ -61,8 +61,10 @@ VOCAB = 8192
 
 def corpus_lengths(seq: int) -> torch.Tensor:
     """The lengths of the built-in corpus's samples padded to ``seq`` (``data=stdlib_docs``,
-    ``data.packing=pad``: each document cut into pieces, ``[CLS]`` and ``[SEP]`` added)."""
-    samples, _ = text_datasets(DataConfig(name="text", corpus="stdlib_docs", max_seq_len=seq, packing="pad"))
+    ``data.text.packing=pad``: each document cut into pieces, ``[CLS]`` and ``[SEP]`` added)."""
+    samples, _ = text_datasets(
+        DataConfig(name="text", text=TextConfig(corpus="stdlib_docs", max_seq_len=seq, packing="pad"))
+    )
     return torch.from_numpy(samples.ends - samples.starts + 2)
 
 
@@ -144,7 +146,7 @@ def host_syncs(models, data, precision, variant: tuple[bool, bool, str, str]) ->
     return "none"
 
 
-def model_flops_per_sequence(config: ModelConfig, data: list[dict[str, torch.Tensor]]) -> float:
+def model_flops_per_sequence(config: BertConfig, data: list[dict[str, torch.Tensor]]) -> float:
     """Forward and backward FLOPs the real tokens need, per sequence (the formula in the docstring)."""
     hidden, inner, layers = config.hidden_size, config.intermediate_size, config.layers
     total = 0.0
@@ -176,25 +178,25 @@ def main() -> None:
         nargs="+",
         default=[],
         choices=["sdpa", "varlen", "flex"],
-        help="also the unpadded + masked head step with each of these model.attention paths",
+        help="also the unpadded + masked head step with each of these model.bert.attention paths",
     )
     parser.add_argument("--alibi", action="store_true", help="every model with ALiBi (the alibi algorithm)")
     parser.add_argument("--check-syncs", action="store_true", help="on a GPU, a column naming any wait for the device")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak, if not in gpu_throughput.py's table")
     args = parser.parse_args()
     device = torch.device(args.device)
-    overrides = ["task=masked_lm", "data=stdlib_docs", f"model={args.model}", "model.hidden_dropout=0"]
-    config = validate(compose([*overrides, "model.attention_dropout=0"]), files=False)
+    overrides = ["task=masked_lm", "data=stdlib_docs", f"model={args.model}", "model.bert.hidden_dropout=0"]
+    config = validate(compose([*overrides, "model.bert.attention_dropout=0"]), files=False)
     variants = {**VARIANTS, **(COMPILED_VARIANTS if args.compile else {})}
     for path in args.attention:
         variants[f"unpadded + masked head, attention={path}"] = (True, True, "eager", path)
     models = {}
     for kind in sorted({kind for _, _, kind, _ in variants.values()}):
         torch.manual_seed(0)
-        bert = build_bert(config.model, VOCAB).to(device)
+        bert = build_bert(config.model.bert, VOCAB).to(device)
         if args.alibi:
             remove_learned_positions(bert, args.seq)
-            bert.alibi_slopes = alibi_slopes(config.model.heads).to(device)
+            bert.alibi_slopes = alibi_slopes(config.model.bert.heads).to(device)
         if kind == "fused":
             fuse_layers(bert)
         model = torch.compile(bert, dynamic=True) if kind == "compiled" else bert
@@ -204,7 +206,7 @@ def main() -> None:
     corpus = corpus_lengths(args.seq) if args.lengths == "corpus" else None
     data = batches(4, args.batch, args.seq, args.fill, device, corpus)
     real_tokens = sum(int(b["attention_mask"].sum()) for b in data) / sum(len(b["input_ids"]) for b in data)
-    flops = model_flops_per_sequence(config.model, data)
+    flops = model_flops_per_sequence(config.model.bert, data)
     for variant in variants.values():  # warm-up: allocator, kernels, autotuning, compilation
         step_rate(models, data, precision, variant, 2, device)
     syncs = {name: host_syncs(models, data, precision, v) for name, v in variants.items()} if args.check_syncs else {}

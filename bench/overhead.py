@@ -32,7 +32,15 @@ from trainrun.data.masked_text import text_datasets
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.schema import (
+    BertConfig,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    SmallResNetConfig,
+    TextConfig,
+)
 from trainrun.tasks import Task
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import soft_cross_entropy
@@ -65,7 +73,9 @@ def image_workload(batch: int, resolution: int) -> Workload:
         images, targets = loaded
         return soft_cross_entropy(model(data.prepare(images)), targets)
 
-    config = ModelConfig(name="resnet_small", num_classes=10, width=32, blocks=[1, 1, 1])
+    config = ModelConfig(
+        name="resnet_small", num_classes=10, resnet_small=SmallResNetConfig(width=32, blocks=[1, 1, 1])
+    )
     return Workload(
         data,
         lambda: build_model(config),
@@ -79,7 +89,7 @@ def image_workload(batch: int, resolution: int) -> Workload:
 
 def text_workload(batch: int, seq: int) -> Workload:
     """The built-in corpus's token store (written once into the cache), BERT-Tiny, AdamW."""
-    config = DataConfig(name="text", corpus="stdlib_docs", max_seq_len=seq)
+    config = DataConfig(name="text", text=TextConfig(corpus="stdlib_docs", max_seq_len=seq))
     train, val = text_datasets(config)
     data = TorchData(config, train, val, batch, batch, seed=0)
 
@@ -93,7 +103,7 @@ def text_workload(batch: int, seq: int) -> Workload:
             {"labels": loaded["labels"], "predicted": loaded["predicted_labels"], "counts": loaded["predict_counts"]},
         )
 
-    model = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)
+    model = ModelConfig(name="bert", bert=BertConfig(layers=2, hidden_size=128, heads=2, intermediate_size=512))
     optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.01)
     return Workload(
         data,

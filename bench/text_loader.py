@@ -31,12 +31,12 @@ from trainrun.data.torch_loader import TorchData
 from trainrun.models import build_model
 from trainrun.models.weights import hugging_face_tokenizer
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
+from trainrun.schema import BertConfig, DataConfig, ModelConfig, OptimizerConfig, TextConfig
 from trainrun.tasks.masked_lm import masked_cross_entropy
 
 MODELS = {  # Turc et al.'s small BERTs
-    "BERT-Tiny": ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512),
-    "BERT-Mini": ModelConfig(name="bert", layers=4, hidden_size=256, heads=4, intermediate_size=1024),
+    "BERT-Tiny": ModelConfig(name="bert", bert=BertConfig(layers=2, hidden_size=128, heads=2, intermediate_size=512)),
+    "BERT-Mini": ModelConfig(name="bert", bert=BertConfig(layers=4, hidden_size=256, heads=4, intermediate_size=1024)),
 }
 
 
@@ -101,12 +101,14 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import DataCollatorForLanguageModeling
 
-    config = DataConfig(name="text", corpus="stdlib_docs", max_seq_len=args.seq, num_workers=args.workers)
+    config = DataConfig(
+        name="text", num_workers=args.workers, text=TextConfig(corpus="stdlib_docs", max_seq_len=args.seq)
+    )
     train, val = text_datasets(config)
     store = TorchData(config, train, val, args.batch, args.batch, seed=0)
-    documents, _ = split_documents(read_documents(config.corpus), config.val_fraction, config.split_seed)
+    documents, _ = split_documents(read_documents(config.text.corpus), config.val_fraction, config.split_seed)
     tokenizer = hugging_face_tokenizer(cached_store(config, SINGLE_PROCESS) / "tokenizer.json")
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.mlm_probability)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.text.mlm_probability)
     on_the_fly = DataLoader(
         TokenizedOnTheFly(documents, tokenizer, args.seq),
         batch_size=args.batch,
@@ -120,7 +122,7 @@ def main() -> None:
         rates["tokenized on the fly"].append(tokens_per_second(on_the_fly, args.batches))
         rates["token store"].append(tokens_per_second(store.train_batches(round_index), args.batches))
     print(
-        f"{len(documents):,} training documents of {config.corpus}, seq {args.seq}, batch {args.batch}, "
+        f"{len(documents):,} training documents of {config.text.corpus}, seq {args.seq}, batch {args.batch}, "
         f"{args.workers} workers, {args.batches} batches x {args.rounds} rounds, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 # Small enough for a 2-core CPU: a narrow ResNet on digits (torch loader) for two epochs.
-TINY = ["data=digits", "model.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
+TINY = ["data=digits", "model.resnet_small.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

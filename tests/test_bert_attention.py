@@ -12,7 +12,7 @@ import trainrun.models.bert as bert_module
 from trainrun.algorithms.alibi import alibi_slopes, remove_learned_positions
 from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.models.bert import MaskedLanguageModel, build_bert
-from trainrun.schema import ModelConfig
+from trainrun.schema import BertConfig
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, masked_cross_entropy
 
 LENGTHS = [9, 4, 6, 1]
@@ -21,7 +21,7 @@ WIDTH = 9
 
 def tiny_bert(alibi: bool = False, dropout: float = 0.0) -> MaskedLanguageModel:
     torch.manual_seed(0)
-    config = ModelConfig(name="bert", layers=2, hidden_size=16, heads=2, intermediate_size=32)
+    config = BertConfig(layers=2, hidden_size=16, heads=2, intermediate_size=32)
     config.hidden_dropout = config.attention_dropout = dropout
     model = build_bert(config, vocab_size=50)
     if alibi:
@@ -146,7 +146,7 @@ def test_auto_attention_takes_each_path_where_it_applies_and_a_forced_one_is_che
     model.attention = "varlen"
     from trainrun.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^bad value for 'model.attention': 'varlen' needs a CUDA device"):
+    with pytest.raises(ConfigError, match=r"^bad value for 'model.bert.attention': 'varlen' needs a CUDA device"):
         model.attention_path(cpu, torch.bfloat16)
 
 

@@ -28,7 +28,7 @@ from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.errors import ConfigError
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import ModelConfig, OptimizerConfig
+from trainrun.schema import BertConfig, OptimizerConfig
 from trainrun.tasks.masked_lm import MaskedLanguageModeling
 
 
@@ -160,7 +160,7 @@ def test_the_loader_sends_real_token_and_prediction_counts_and_the_predicted_slo
 
 # ---------------------------------------------------------------------------------- gated linear units
 def tiny_bert(layers=2):
-    config = ModelConfig(name="bert", layers=layers, hidden_size=16, heads=2, intermediate_size=32)
+    config = BertConfig(layers=layers, hidden_size=16, heads=2, intermediate_size=32)
     config.hidden_dropout = config.attention_dropout = 0.0
     return build_bert(config, vocab_size=50)
 
@@ -307,7 +307,13 @@ def test_the_low_precision_layernorm_algorithm_says_when_it_changes_nothing():
 @pytest.mark.slow
 def test_a_tiny_bert_trains_with_every_language_method_and_lamb(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.max_seq_len=32", "data.packing=pack"]
+    args = [
+        "task=masked_lm",
+        "data=stdlib_docs",
+        "model=bert_tiny",
+        "data.text.max_seq_len=32",
+        "data.text.packing=pack",
+    ]
     args += ["optimizer=lamb", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=40ba", "eval_interval=20ba"]
     args += ["precision=bf16", "scheduler.t_warmup=0.1dur", "data.num_samples=2048"]
     language = "seq_length_warmup,alibi,unpadding,gated_linear_units,low_precision_layernorm,masked_head,fused_layers"
@@ -385,7 +391,7 @@ def test_alibi_keeps_the_checkpoint_keys_and_the_models_device_and_refuses_other
 
 
 def test_alibi_runs_sequences_longer_than_the_learned_positions_allowed():
-    config = ModelConfig(name="bert", layers=1, hidden_size=16, heads=2, intermediate_size=32)
+    config = BertConfig(layers=1, hidden_size=16, heads=2, intermediate_size=32)
     config.max_position_embeddings = 16
     model = build_bert(config, vocab_size=50)
     long = {"input_ids": torch.randint(0, 50, (1, 40)), "attention_mask": torch.ones(1, 40, dtype=torch.long)}

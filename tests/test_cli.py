@@ -167,6 +167,7 @@ BAD_INPUTS = [
     (["algorithms=[nosuch]"], "unknown option 'nosuch' for 'algorithms'"),
     (["--algorithms", "ema", "nosuch"], "unknown option 'nosuch' for 'algorithms'"),
     (["optimizer.lrr=0.1"], "unknown config key 'optimizer.lrr'"),
+    (["model.hidden_size=64"], "unknown config key 'model.hidden_size': it is now 'model.bert.hidden_size'"),
     (["optimizer.lr=fast"], "bad value for 'optimizer.lr'"),
     (["max_duration=10epochs"], "bad value for 'max_duration'"),
     (["max_duration=0.5dur"], "bad value for 'max_duration'"),
@@ -270,3 +271,22 @@ def test_metrics_of_a_shared_run(trained_run):
     ):
         assert key in records[0]
     assert records[0]["train_seconds"] <= records[0]["wall_seconds"]
+
+
+def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
+    from omegaconf import OmegaConf
+
+    from trainrun.errors import ConfigError
+    from trainrun.schema import moved_keys
+    from trainrun.validation import validate
+
+    moved = moved_keys()
+    assert (
+        moved["data.max_seq_len"] == "data.text.max_seq_len"
+        and moved["data.batches_ahead"] == "data.ffcv.batches_ahead"
+    )
+    assert moved["model.width"] == "model.resnet_small.width" and len(moved) == 21
+    for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
+        group, key = old.split(".")
+        with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):
+            validate(OmegaConf.create({group: {key: 1}}), files=False)

@@ -14,7 +14,7 @@ from conftest import TINY, metrics_without_timing, read_metrics, run_cli
 
 from trainrun.core.checkpoint import load_checkpoint
 
-MNIST = ["data=mnist5k", "model.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
+MNIST = ["data=mnist5k", "model.resnet_small.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
 
 
 def _start(*args):

@@ -19,7 +19,7 @@ from trainrun.data import build_data, datasets
 from trainrun.data.ffcv import FFCVData, check_beton
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, FFCVConfig
 
 RAW = WriteSettings(mode="raw", max_resolution=64, num_workers=1)
 
@@ -188,7 +188,7 @@ def test_two_ranks_split_each_epoch_without_overlap(indexed_betons):
 def test_quasi_random_with_ranks_is_a_clear_error(indexed_betons):
     with pytest.raises(ConfigError, match="quasi_random cannot be combined"):
         FFCVData(
-            beton_config(*indexed_betons, 64, order="quasi_random"),
+            beton_config(*indexed_betons, 64, ffcv=FFCVConfig(order="quasi_random")),
             8,
             8,
             0,
@@ -274,7 +274,7 @@ def test_write_command_and_training_on_betons(tmp_path):
         "data.eval_resize=20",
         "data.num_workers=1",
         "model=resnet_small",
-        "model.width=8",
+        "model.resnet_small.width=8",
         "train_batch_size=4",
         "eval_batch_size=4",
         "max_duration=2ep",

@@ -37,7 +37,7 @@ from trainrun.schema import DataConfig, LauncherConfig, OptimizerConfig
 from trainrun.tasks.losses import binary_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_RUN = ["data=digits", "model.width=8", "train_batch_size=64", "progress=false"]
+TINY_RUN = ["data=digits", "model.resnet_small.width=8", "train_batch_size=64", "progress=false"]
 
 
 def free_port() -> int:

@@ -17,7 +17,13 @@ from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, r
 from trainrun.schema import LauncherConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-EXACT = ["data=digits", "data.hflip=true", "model.width=8", "model.norm=group", "max_duration=1ep"]
+EXACT = [
+    "data=digits",
+    "data.hflip=true",
+    "model.resnet_small.width=8",
+    "model.resnet_small.norm=group",
+    "max_duration=1ep",
+]
 EXACT += ["train_batch_size=64", "progress=false"]
 
 

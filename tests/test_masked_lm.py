@@ -32,7 +32,7 @@ from trainrun.data.torch_loader import AugmentedDataset
 from trainrun.errors import ConfigError, DataError
 from trainrun.models import build_model
 from trainrun.models.bert import build_bert
-from trainrun.schema import DataConfig, ModelConfig
+from trainrun.schema import BertConfig, DataConfig, ModelConfig, TextConfig
 from trainrun.tasks.masked_lm import MaskedTokenEvaluator, masked_cross_entropy
 
 DOCUMENTS = [
@@ -198,7 +198,7 @@ def test_masked_head_gives_the_full_heads_loss_and_gradient_for_a_fraction_of_it
         key: batch[key] for key in ("input_ids", "attention_mask", "lengths", "predict_positions", "predict_counts")
     }
     targets = {"labels": batch["labels"], "predicted": batch["predicted_labels"], "counts": batch["predict_counts"]}
-    config = ModelConfig(name="bert", hidden_dropout=0.0, attention_dropout=0.0)
+    config = BertConfig(hidden_dropout=0.0, attention_dropout=0.0)
     model = build_bert(config, data.vocab_size)
     results = []
     for masked in (False, True):
@@ -247,13 +247,16 @@ LANGUAGE = ["task=masked_lm", "data=text", "model=bert_tiny"]
     [
         (["task=masked_lm"], "bad value for 'data.name': 'digits' (with task=masked_lm it must be text)"),
         (
-            [*LANGUAGE, "data.corpus=stdlib_docs", "algorithms=[blurpool]"],
+            [*LANGUAGE, "data.text.corpus=stdlib_docs", "algorithms=[blurpool]"],
             "'blurpool' does not apply to task masked_lm",
         ),
         (["algorithms=[masked_head]"], "algorithm 'masked_head' does not apply to task image_classification"),
-        ([*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=1024"], "'data.max_seq_len': 1024 is more than"),
+        (
+            [*LANGUAGE, "data.text.corpus=stdlib_docs", "data.text.max_seq_len=1024"],
+            "'data.text.max_seq_len': 1024 is more than",
+        ),
         (LANGUAGE, "data=text needs 'data.path'"),
-        ([*LANGUAGE, "data.corpus=stdlib_docs", "loss=bce"], "bad value for 'loss': 'bce'"),
+        ([*LANGUAGE, "data.text.corpus=stdlib_docs", "loss=bce"], "bad value for 'loss': 'bce'"),
     ],
 )
 def test_bad_language_configs_are_one_line_errors(overrides, message):
@@ -271,7 +274,7 @@ def test_write_text_and_train_a_tiny_bert(tmp_path):
     again = run_cli("write-text", str(corpus), str(tmp_path / "store"))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
     run_dir = tmp_path / "run"
-    args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.max_seq_len=32", "data.packing=pack"]
+    args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.text.max_seq_len=32", "data.text.packing=pack"]
     args += ["optimizer=adamw", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=60ba", "eval_interval=30ba"]
     args += ["algorithms=[masked_head]", "device_train_microbatch_size=16"]  # the head's rows split too
     result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
@@ -295,8 +298,8 @@ def _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_d
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf_model")
     encoded = tokenizer(["Return the number of items in a container."], return_tensors="pt")
     assert tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])[0] == "[CLS]"
-    config = ModelConfig(name="bert", layers=2, hidden_size=128, heads=2, intermediate_size=512)
-    ours = build_bert(config, tokenizer.vocab_size).eval()
+    config = ModelConfig(name="bert", bert=BertConfig(layers=2, hidden_size=128, heads=2, intermediate_size=512))
+    ours = build_bert(config.bert, tokenizer.vocab_size).eval()
     ours.load_state_dict(trained)
     with torch.no_grad():
         expected = ours({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
@@ -307,7 +310,8 @@ def _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_d
         dataclasses.replace(config, weights=str(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])),
         tokenizer.vocab_size,
     )
-    wider = dataclasses.replace(config, hidden_size=64, heads=2, weights=str(run_dir / "hf_model"))
+    wider_bert = dataclasses.replace(config.bert, hidden_size=64, heads=2)
+    wider = dataclasses.replace(config, bert=wider_bert, weights=str(run_dir / "hf_model"))
     with pytest.raises(ConfigError, match="'model.weights': '.*hf_model' has another shape for the model's weight"):
         build_model(wider, tokenizer.vocab_size)
     with pytest.raises(ConfigError, match="'model.weights': '.*' is a Hugging Face folder; only model=bert"):
@@ -327,8 +331,8 @@ def test_two_ranks_train_the_bert_one_rank_trains(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(read_documents("stdlib_docs")[:300]))
     assert run_cli("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "800").returncode == 0
-    args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.max_seq_len=32", "data.packing=pack"]
-    args += ["model.hidden_dropout=0", "model.attention_dropout=0", "optimizer=adamw", "optimizer.lr=2e-3"]
+    args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.text.max_seq_len=32", "data.text.packing=pack"]
+    args += ["model.bert.hidden_dropout=0", "model.bert.attention_dropout=0", "optimizer=adamw", "optimizer.lr=2e-3"]
     args += ["train_batch_size=32", "max_duration=20ba", "eval_interval=20ba", "progress=false"]
     one = run_cli(*args, f"hydra.run.dir={tmp_path / 'one'}")
     two = run_cli(*args, "launcher.devices=2", f"hydra.run.dir={tmp_path / 'two'}")
@@ -343,7 +347,13 @@ def test_two_ranks_train_the_bert_one_rank_trains(tmp_path):
 def test_a_bert_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_path):
     """Dropout on, masks drawn per (seed, epoch, sample): resuming at step 6 of a 700-step epoch
     gives the uninterrupted run's weights bit for bit, and its metrics."""
-    args = [*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=32", "data.packing=pack", "optimizer=adamw"]
+    args = [
+        *LANGUAGE,
+        "data.text.corpus=stdlib_docs",
+        "data.text.max_seq_len=32",
+        "data.text.packing=pack",
+        "optimizer=adamw",
+    ]
     args += ["optimizer.lr=2e-3", "train_batch_size=16", "max_duration=10ba", "eval_interval=5ba"]
     args += ["checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
@@ -364,7 +374,13 @@ def test_a_bert_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_
 @pytest.mark.slow
 def test_sweep_and_report_draw_the_trade_off_curve_of_masked_accuracy(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [*LANGUAGE, "data.corpus=stdlib_docs", "data.max_seq_len=32", "data.packing=pack", "optimizer=adamw"]
+    args = [
+        *LANGUAGE,
+        "data.text.corpus=stdlib_docs",
+        "data.text.max_seq_len=32",
+        "data.text.packing=pack",
+        "optimizer=adamw",
+    ]
     args += ["optimizer.lr=2e-3", "scheduler.t_warmup=1ba", "train_batch_size=16", "max_duration=12ba"]
     result = run_cli("sweep", *args, "budgets=[0.5,1.0]", "seeds=[0]", f"out={sweep}")
     assert result.returncode == 0, result.stderr
@@ -382,7 +398,7 @@ def _node_store(rank, cache_dirs, port, queue):
     """One rank of a 2-node run (each its node's local rank 0, each node its own cache)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=300, cache_dir=cache_dirs[rank])
+    config = DataConfig(name="text", cache_dir=cache_dirs[rank], text=TextConfig(corpus="stdlib_docs", vocab_size=300))
     path = cached_store(config, Placement(rank=rank, world_size=2, local_rank=0))
     queue.put((rank, str(path), (path / "tokenizer.json").read_text()))
     dist.barrier()
@@ -394,7 +410,7 @@ def _node_store(rank, cache_dirs, port, queue):
 def test_every_node_writes_the_built_in_corpus_with_rank_0s_tokenizer(tmp_path):
     """A node whose cache holds the corpus under another vocabulary rewrites it with rank 0's."""
     cache_dirs = [str(tmp_path / "node0"), str(tmp_path / "node1")]
-    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=300, cache_dir=cache_dirs[1])
+    config = DataConfig(name="text", cache_dir=cache_dirs[1], text=TextConfig(corpus="stdlib_docs", vocab_size=300))
     stale = cached_store(config, SINGLE_PROCESS)
     train, val = split_documents(DOCUMENTS, 0.1, seed=0)
     write_token_store(train, val, stale, vocab_size=300)  # the same place, another vocabulary
@@ -415,8 +431,8 @@ def test_text_datasets_read_a_store_with_the_configs_lengths_packing_and_masking
     from trainrun.data.masked_text import text_datasets
 
     store = _store_with(tmp_path, "store", DOCUMENTS[:40], DOCUMENTS[40:44])
-    config = DataConfig(name="text", path=str(store), max_seq_len=24, packing="pack")
-    config.mlm_probability, config.eval_mlm_probability = 0.3, 0.2
+    config = DataConfig(name="text", path=str(store), text=TextConfig(max_seq_len=24, packing="pack"))
+    config.text.mlm_probability, config.text.eval_mlm_probability = 0.3, 0.2
     train, val = text_datasets(config)
     assert (train.max_seq_len, train.packing, train.mlm_probability, train.fixed_masks) == (24, "pack", 0.3, False)
     assert (val.max_seq_len, val.packing, val.mlm_probability, val.fixed_masks) == (24, "pack", 0.2, True)
@@ -442,12 +458,15 @@ def small_builtin_corpus(monkeypatch):
 def test_a_built_in_corpus_is_written_once_per_identity_into_the_cache(tmp_path, small_builtin_corpus):
     from trainrun.data.masked_text import text_datasets
 
-    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path / "cache"))
+    config = DataConfig(
+        name="text", cache_dir=str(tmp_path / "cache"), text=TextConfig(corpus="stdlib_docs", vocab_size=100)
+    )
     path = cached_store(config, SINGLE_PROCESS)
     assert path.parent == tmp_path / "cache" and path.name.endswith("-tokens")
     written = (path / "store.json").stat().st_mtime_ns
     assert cached_store(config, SINGLE_PROCESS) == path and (path / "store.json").stat().st_mtime_ns == written
-    assert cached_store(dataclasses.replace(config, vocab_size=90), SINGLE_PROCESS) != path  # another vocabulary
+    other_vocabulary = dataclasses.replace(config, text=dataclasses.replace(config.text, vocab_size=90))
+    assert cached_store(other_vocabulary, SINGLE_PROCESS) != path  # another vocabulary
     assert cached_store(dataclasses.replace(config, split_seed=1), SINGLE_PROCESS) != path  # another split
     train, val = text_datasets(config)
     assert train.store.path == val.store.path == path
@@ -477,7 +496,9 @@ class Collectives:
 
 
 def test_another_nodes_cache_is_rewritten_with_rank_0s_tokenizer(tmp_path, monkeypatch, small_builtin_corpus):
-    node0 = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path / "node0"))
+    node0 = DataConfig(
+        name="text", cache_dir=str(tmp_path / "node0"), text=TextConfig(corpus="stdlib_docs", vocab_size=100)
+    )
     node1 = dataclasses.replace(node0, cache_dir=str(tmp_path / "node1"))
     stale = cached_store(node1, SINGLE_PROCESS)
     write_token_store(DOCUMENTS[40:80], DOCUMENTS[:2], stale, vocab_size=60)  # the same place, another vocabulary
@@ -508,7 +529,7 @@ def test_another_nodes_cache_is_rewritten_with_rank_0s_tokenizer(tmp_path, monke
 def test_the_built_in_corpus_cache_is_named_by_corpus_and_python_version(tmp_path, monkeypatch, small_builtin_corpus):
     import sys
 
-    config = DataConfig(name="text", corpus="stdlib_docs", vocab_size=100, cache_dir=str(tmp_path))
+    config = DataConfig(name="text", cache_dir=str(tmp_path), text=TextConfig(corpus="stdlib_docs", vocab_size=100))
     monkeypatch.setattr(sys, "version", "3.11.9 (main, Apr  2 2024) [GCC 12.2.0]")
     older = cached_store(config, SINGLE_PROCESS)
     monkeypatch.setattr(sys, "version", "3.12.1 (main, Apr  2 2024) [GCC 12.2.0]")

@@ -119,7 +119,13 @@ def test_without_auto_out_of_memory_is_raised():
         train(RunsOutOfMemory(group_norm_model(), limit=0), Microbatching(64, auto=True))
 
 
-EXACT = ["data=digits", "data.hflip=true", "model.width=8", "model.norm=group", "max_duration=1ep"]
+EXACT = [
+    "data=digits",
+    "data.hflip=true",
+    "model.resnet_small.width=8",
+    "model.resnet_small.norm=group",
+    "max_duration=1ep",
+]
 EXACT += ["train_batch_size=64", "progress=false", "checkpoint.interval=null"]
 
 

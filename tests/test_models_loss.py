@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from trainrun.models import build_model
-from trainrun.schema import ModelConfig
+from trainrun.schema import ModelConfig, SmallResNetConfig
 from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy
 
 
@@ -17,7 +17,9 @@ def test_torchvision_resnets_build_with_the_head_size(name):
 
 @pytest.mark.parametrize("size", [8, 16, 28, 32])
 def test_small_resnet_takes_8_to_32_px(size):
-    model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=8, blocks=[1, 1]))
+    model = build_model(
+        ModelConfig(name="resnet_small", num_classes=10, resnet_small=SmallResNetConfig(width=8, blocks=[1, 1]))
+    )
     assert model(torch.zeros(2, 3, size, size)).shape == (2, 10)
 
 
@@ -32,7 +34,7 @@ def test_initializers():
 
 
 def test_initial_sigmoid_outputs_are_near_one_over_classes():
-    model = build_model(ModelConfig(name="resnet_small", num_classes=10, width=8))
+    model = build_model(ModelConfig(name="resnet_small", num_classes=10, resnet_small=SmallResNetConfig(width=8)))
     model.fc.weight.data.zero_()
     assert torch.allclose(
         torch.sigmoid(model(torch.randn(2, 3, 8, 8))), torch.full((2, 10), 1 / 11)

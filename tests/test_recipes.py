@@ -118,15 +118,15 @@ def test_bert_base_carries_mosaic_bert_bases_published_values():
     cfg = compose(["recipe=bert_base", "data.path=/data/store"])
     published = {
         "task.name": "masked_lm",
-        "model.layers": 12,
-        "model.hidden_size": 768,
-        "model.heads": 12,
-        "model.intermediate_size": 3072,
-        "model.hidden_dropout": 0.1,
-        "model.attention_dropout": 0.0,
-        "data.max_seq_len": 128,
-        "data.mlm_probability": 0.3,
-        "data.eval_mlm_probability": 0.15,
+        "model.bert.layers": 12,
+        "model.bert.hidden_size": 768,
+        "model.bert.heads": 12,
+        "model.bert.intermediate_size": 3072,
+        "model.bert.hidden_dropout": 0.1,
+        "model.bert.attention_dropout": 0.0,
+        "data.text.max_seq_len": 128,
+        "data.text.mlm_probability": 0.3,
+        "data.text.eval_mlm_probability": 0.15,
         "optimizer.name": "adamw",
         "optimizer.lr": 5e-4,
         "optimizer.betas": [0.9, 0.98],
@@ -152,7 +152,7 @@ def test_bert_base_carries_mosaic_bert_bases_published_values():
 @pytest.mark.slow
 def test_bert_base_runs_a_few_steps_at_a_tiny_size(tmp_path):
     args = ["recipe=bert_base", "data=stdlib_docs", "model=bert_tiny", "train_batch_size=16", "eval_batch_size=16"]
-    args += ["device_train_microbatch_size=8", "max_duration=4ba", "eval_interval=4ba", "data.max_seq_len=32"]
+    args += ["device_train_microbatch_size=8", "max_duration=4ba", "eval_interval=4ba", "data.text.max_seq_len=32"]
     result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 4
@@ -166,15 +166,15 @@ def test_bert_large_carries_mosaics_mlperf_values_and_lamb_the_references():
     cfg = compose(["recipe=bert_large", "data.path=/data/store"])
     published = {
         "task.name": "masked_lm",
-        "model.layers": 24,
-        "model.hidden_size": 1024,
-        "model.heads": 16,
-        "model.intermediate_size": 4096,
-        "model.hidden_dropout": 0.0,
-        "model.attention_dropout": 0.0,
-        "data.max_seq_len": 512,
-        "data.mlm_probability": 0.2,
-        "data.eval_mlm_probability": 0.15,
+        "model.bert.layers": 24,
+        "model.bert.hidden_size": 1024,
+        "model.bert.heads": 16,
+        "model.bert.intermediate_size": 4096,
+        "model.bert.hidden_dropout": 0.0,
+        "model.bert.attention_dropout": 0.0,
+        "data.text.max_seq_len": 512,
+        "data.text.mlm_probability": 0.2,
+        "data.text.eval_mlm_probability": 0.15,
         "optimizer.name": "adamw",
         "optimizer.lr": 1e-4,
         "optimizer.betas": [0.9, 0.98],
@@ -205,7 +205,7 @@ def test_bert_large_carries_mosaics_mlperf_values_and_lamb_the_references():
         "scheduler.t_warmup": "0ba",
         "scheduler.alpha_f": 0.0,
         "max_duration": "6700ba",
-        "data.max_seq_len": 512,
+        "data.text.max_seq_len": 512,
         "train_batch_size": 448,
         "stop_at": 0.72,
         "name": "bert_large_lamb",
@@ -216,7 +216,13 @@ def test_bert_large_carries_mosaics_mlperf_values_and_lamb_the_references():
 
 @pytest.mark.slow
 def test_bert_large_runs_at_a_tiny_size_from_a_finished_runs_weights(tmp_path):
-    args = ["data=stdlib_docs", "model=bert_tiny", "train_batch_size=16", "eval_batch_size=16", "data.max_seq_len=32"]
+    args = [
+        "data=stdlib_docs",
+        "model=bert_tiny",
+        "train_batch_size=16",
+        "eval_batch_size=16",
+        "data.text.max_seq_len=32",
+    ]
     first = run_cli("task=masked_lm", *args, "optimizer=adamw", "max_duration=2ba", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
     assert "wrote " in first.stdout and (tmp_path / "a" / "hf_model" / "model.safetensors").is_file()

@@ -156,5 +156,5 @@ def test_a_built_in_corpus_holds_out_what_write_text_holds_out():
 
     for path in (PACKAGE.parent / "conf" / "data").glob("*.yaml"):
         option = yaml.safe_load(path.read_text()) or {}
-        if option.get("corpus"):
+        if (option.get("text") or {}).get("corpus"):
             assert option["val_fraction"] == TEXT_VAL_FRACTION, path.name

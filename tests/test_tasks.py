@@ -161,11 +161,11 @@ def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_p
     from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
     from trainrun.data.token_store import write_token_store
     from trainrun.models.bert import build_bert
-    from trainrun.schema import ModelConfig
+    from trainrun.schema import BertConfig
 
     documents = ["a short document about tokens", "another document, a little longer than the first"] * 10
     store = write_token_store(documents, documents[:2], tmp_path / "store", vocab_size=80)
-    model = build_bert(ModelConfig(name="bert", layers=1, hidden_size=16, heads=2, intermediate_size=32), 80)
+    model = build_bert(BertConfig(layers=1, hidden_size=16, heads=2, intermediate_size=32), 80)
     state = SimpleNamespace(raw_model=model, data=SimpleNamespace(tokenizer_file=store / "tokenizer.json"))
     lines = MaskedLanguageModeling().export(state, tmp_path / "run")
     folder = tmp_path / "run" / "hf_model"

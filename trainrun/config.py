@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainrun.algorithms.specs import SPECS
 from trainrun.errors import ConfigError
 from trainrun.schema import TrainConfig, list_keys
-from trainrun.validation import describe_omegaconf_error, validate
+from trainrun.validation import describe_omegaconf_error, unknown_key_message, validate
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -244,7 +244,7 @@ def _composition_message(error: Exception, source: ConfigSource) -> str:
     text = " ".join(str(error).split())
     if "not in struct" in text or "To append to your config use" in text:
         key = text.split("'")[1] if "'" in text else text
-        return f"unknown config key '{key}'"
+        return unknown_key_message(key)
     return str(error).strip().splitlines()[0]
 
 

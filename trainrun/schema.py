@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainrun.core.time import Time, TimeUnit
-from trainrun.fields import choice_field, interval_field, non_negative_field, positive_field, time_field
+from trainrun.fields import (
+    choice_field,
+    fraction_field,
+    interval_field,
+    non_negative_field,
+    positive_field,
+    positive_fraction_field,
+    time_field,
+)
 
 MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101", "bert")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
@@ -30,28 +38,65 @@ class TaskConfig:
 
 
 @dataclass
-class ModelConfig:
-    """Which network to build and how to initialise it."""
+class SmallResNetConfig:
+    """``model=resnet_small``: a ResNet for 8-32 px images."""
 
-    name: str = choice_field("resnet_small", *MODEL_NAMES)
-    num_classes: int = positive_field(10)
-    initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
-    width: int = positive_field(32)  # resnet_small only: channels of the first stage
-    blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # resnet_small: blocks per stage
-    norm: str = choice_field("batch", "batch", "group")  # resnet_small: group norm is independent of the batch
-    # bert: Hugging Face's BertForMaskedLM built from these (no download); vocabulary from the token store
+    width: int = positive_field(32)  # channels of the first stage
+    blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # blocks per stage
+    norm: str = choice_field("batch", "batch", "group")  # group norm is independent of the batch
+
+
+@dataclass
+class BertConfig:
+    """``model=bert_*``: Hugging Face's BertForMaskedLM built from these (no download); the
+    vocabulary comes from the token store."""
+
     layers: int = positive_field(2)
     hidden_size: int = positive_field(128)
     heads: int = positive_field(2)
     intermediate_size: int = positive_field(512)
     max_position_embeddings: int = positive_field(512)
-    hidden_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
-    attention_dropout: float = field(default=0.1, metadata={"min": 0, "max": 1})
-    # bert: auto | sdpa | varlen | flex (trainrun/models/bert.py says which runs where)
+    hidden_dropout: float = fraction_field(0.1)
+    attention_dropout: float = fraction_field(0.1)
+    # auto | sdpa | varlen | flex (trainrun/models/bert.py says which runs where)
     attention: str = choice_field("auto", "auto", "sdpa", "varlen", "flex")
+
+
+@dataclass
+class ModelConfig:
+    """Which network to build and how to initialise it; each kind's own settings under its name."""
+
+    name: str = choice_field("resnet_small", *MODEL_NAMES)
+    num_classes: int = positive_field(10)
+    initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
     # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert),
     # a torch.save'd state dict, or a trainrun checkpoint
     weights: str | None = None
+    resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
+    bert: BertConfig = field(default_factory=BertConfig)
+
+
+@dataclass
+class FFCVConfig:
+    """``data.loader=ffcv``: how FFCV's loader reads .beton files."""
+
+    order: str = choice_field("random", "random", "quasi_random", "sequential")  # training order
+    os_cache: bool = True  # read through the page cache (False: FFCV's own in-process cache)
+    batches_ahead: int = non_negative_field(3)
+    drop_last: bool = True  # training
+
+
+@dataclass
+class TextConfig:
+    """``data=text``: masked-language-model data from a token store at ``data.path``, or a built-in
+    corpus written once to ``data.cache_dir``."""
+
+    corpus: str | None = None  # built-in corpus (stdlib_docs) used when data.path is unset
+    vocab_size: int = positive_field(8192)  # WordPiece vocabulary trained for a built-in corpus
+    max_seq_len: int = field(default=128, metadata={"min": 3})  # [CLS] + tokens + [SEP]
+    packing: str = choice_field("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
+    mlm_probability: float = positive_fraction_field(0.15)  # tokens masked
+    eval_mlm_probability: float = positive_fraction_field(0.15)
 
 
 @dataclass
@@ -60,14 +105,14 @@ class DataConfig:
 
     name: str = choice_field("digits", *DATA_NAMES)
     loader: str = choice_field("torch", "torch", "ffcv")
-    path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees
+    path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees; text: a token store
     train: str | None = None  # beton: the training .beton file
     val: str | None = None  # beton: the validation .beton file
-    cache_dir: str = "~/.cache/trainrun"  # ffcv: where built-in sets are written once
+    cache_dir: str = "~/.cache/trainrun"  # where built-in sets (.beton files, token stores) are written once
     num_classes: int = positive_field(10)
     resolution: int = positive_field(8)  # training image side
     eval_resolution: int = positive_field(8)  # evaluation image side (center crop)
-    eval_resize: int | None = None  # folder: shorter side before the center crop
+    eval_resize: int | None = None  # shorter side before the center crop
     val_fraction: float = positive_field(0.2)  # digits, mnist5k, built-in corpora: held-out share, fixed by split_seed
     split_seed: int = 0
     num_samples: int = positive_field(2048)  # synthetic: training images
@@ -84,17 +129,8 @@ class DataConfig:
     pin_memory: bool | None = None  # torch loader: null = pinned when training on CUDA
     persistent_workers: bool = True  # torch loader: workers live on across epochs and evaluations (no re-fork)
     prefetch_factor: int | None = None
-    order: str = choice_field("random", "random", "quasi_random", "sequential")  # ffcv: training order
-    os_cache: bool = True  # ffcv: read through the page cache (False: FFCV's own in-process cache)
-    batches_ahead: int = non_negative_field(3)  # ffcv
-    drop_last: bool = True  # ffcv: training
-    # text (masked-language-model data): a token store at `path`, or a built-in corpus written once
-    corpus: str | None = None  # built-in corpus (stdlib_docs) stored in cache_dir when path is unset
-    vocab_size: int = positive_field(8192)  # WordPiece vocabulary trained for a built-in corpus
-    max_seq_len: int = field(default=128, metadata={"min": 3})  # [CLS] + tokens + [SEP]
-    packing: str = choice_field("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
-    mlm_probability: float = field(default=0.15, metadata={"exclusive_min": 0, "max": 1})  # tokens masked
-    eval_mlm_probability: float = field(default=0.15, metadata={"exclusive_min": 0, "max": 1})
+    ffcv: FFCVConfig = field(default_factory=FFCVConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
 
 @dataclass
@@ -215,6 +251,17 @@ def budget_seconds(config: TrainConfig) -> float:
         return budget.wall_seconds
     price = config.hardware.price_per_hour
     return budget.value / (price * config.launcher.nnodes) * 3600
+
+
+def moved_keys() -> dict[str, str]:
+    """Each key that moved under its kind's section (``model.hidden_size``) and where it is now
+    (``model.bert.hidden_size``): the old spelling is refused with a line naming the new one."""
+    moved = {}
+    for group, section in (("model", ModelConfig), ("data", DataConfig)):
+        for kind, hint in typing.get_type_hints(section).items():
+            if dataclasses.is_dataclass(hint):
+                moved |= {f"{group}.{spec.name}": f"{group}.{kind}.{spec.name}" for spec in dataclasses.fields(hint)}
+    return moved
 
 
 def list_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:

@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainrun.algorithms.specs import SPECS, check_methods, sequence_limit
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
-from trainrun.schema import INITIALIZERS, LOGGER_NAMES, LauncherConfig, TrainConfig
+from trainrun.schema import INITIALIZERS, LOGGER_NAMES, LauncherConfig, TrainConfig, moved_keys
 
 
 def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
@@ -40,12 +40,20 @@ def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
     return config
 
 
+def unknown_key_message(key: str) -> str:
+    """The line for a key the schema does not have, naming where it went if it moved."""
+    moved = moved_keys().get(key)
+    if moved:
+        return f"unknown config key '{key}': it is now '{moved}' (the settings of one kind sit under its name)"
+    return f"unknown config key '{key}'"
+
+
 def describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     """One line naming the key OmegaConf refused and why."""
     key = getattr(error, "full_key", None) or getattr(error, "key", None)
     message = str(error).splitlines()[0]
     if "not in struct" in message or "Key '" in message and "not" in message:
-        return f"unknown config key '{key}'"
+        return unknown_key_message(str(key))
     if key:
         return f"bad value for '{key}': {message}"
     return message
@@ -185,21 +193,21 @@ def _check_masked_lm(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'loss': '{config.loss}' (task masked_lm trains with cross-entropy, soft_ce)")
     if config.data.loader != "torch":
         raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
-    if not config.data.path and not config.data.corpus:
+    if not config.data.path and not config.data.text.corpus:
         raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
     positions, key = sequence_limit(config.algorithms) or (
-        config.model.max_position_embeddings,
-        "model.max_position_embeddings",
+        config.model.bert.max_position_embeddings,
+        "model.bert.max_position_embeddings",
     )
-    if config.data.max_seq_len > positions:
+    if config.data.text.max_seq_len > positions:
         raise ConfigError(
-            f"bad value for 'data.max_seq_len': {config.data.max_seq_len} is more than the model's "
+            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
             f"{positions} positions ({key})"
         )
-    if config.model.hidden_size % config.model.heads:
+    bert = config.model.bert
+    if bert.hidden_size % bert.heads:
         raise ConfigError(
-            f"bad value for 'model.heads': {config.model.heads} does not divide model.hidden_size "
-            f"{config.model.hidden_size}"
+            f"bad value for 'model.bert.heads': {bert.heads} does not divide model.bert.hidden_size {bert.hidden_size}"
         )
 
 

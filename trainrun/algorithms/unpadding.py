@@ -5,7 +5,7 @@ LayerNorm and dropout on ``B·S`` rows, pads included. At INIT this switches tra
 unpadded forward: the encoder keeps only the real tokens' rows (from ``attention_mask``) and
 re-pads them only inside attention, whose kernel takes dense (batch, heads, sequence) tensors. The
 outputs and gradients are the padded model's; the per-token work falls by the padding fraction,
-which is large for documents padded to ``max_seq_len`` (``data.packing=pad``) and nil for packed
+which is large for documents padded to ``max_seq_len`` (``data.text.packing=pad``) and nil for packed
 sequences. The weights stay Hugging Face BERT's own.
 """
 

@@ -81,8 +81,8 @@ def systems_options(config: TrainConfig, cpu_count: int) -> tuple[dict[str, str]
     start["data.num_workers"] = str(config.data.num_workers)
     options["data.num_workers"] = [str(w) for w in workers]
     if config.data.loader == "ffcv":
-        start["data.batches_ahead"] = str(config.data.batches_ahead)
-        options["data.batches_ahead"] = sorted({"1", "3", "5", str(config.data.batches_ahead)}, key=int)
+        start["data.ffcv.batches_ahead"] = str(config.data.ffcv.batches_ahead)
+        options["data.ffcv.batches_ahead"] = sorted({"1", "3", "5", str(config.data.ffcv.batches_ahead)}, key=int)
     return start, options
 
 

@@ -94,10 +94,10 @@ def _label_pipeline(device: torch.device) -> list:
 def _beton_files(config: DataConfig, placement: Placement) -> tuple[Path, Path, int]:
     """The training and validation files (the user's, or built-in sets written once), checked,
     and the validation set's size."""
-    if config.order == "quasi_random" and placement.world_size > 1:
+    if config.ffcv.order == "quasi_random" and placement.world_size > 1:
         raise ConfigError(
-            "data.order=quasi_random cannot be combined with distributed training (FFCV has no "
-            "distributed quasi-random order); use data.order=random"
+            "data.ffcv.order=quasi_random cannot be combined with distributed training (FFCV has no "
+            "distributed quasi-random order); use data.ffcv.order=random"
         )
     if config.name == "beton":
         train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
@@ -141,12 +141,12 @@ class FFCVData(DataSpec):
             str(train_path),
             batch_size=per_rank_batch,
             num_workers=workers,
-            order=OrderOption[config.order.upper()],
-            os_cache=config.os_cache,
-            drop_last=config.drop_last,
+            order=OrderOption[config.ffcv.order.upper()],
+            os_cache=config.ffcv.os_cache,
+            drop_last=config.ffcv.drop_last,
             distributed=placement.world_size > 1,
             seed=seed,
-            batches_ahead=config.batches_ahead,
+            batches_ahead=config.ffcv.batches_ahead,
             pipelines={"image": self._train_pipeline(config, device), "label": _label_pipeline(device)},
         )
         self.eval = Loader(
@@ -154,10 +154,10 @@ class FFCVData(DataSpec):
             batch_size=eval_batch,
             num_workers=workers,
             order=OrderOption.SEQUENTIAL,
-            os_cache=config.os_cache,
+            os_cache=config.ffcv.os_cache,
             drop_last=False,
             indices=list(range(placement.rank, val_count, placement.world_size)),
-            batches_ahead=config.batches_ahead,
+            batches_ahead=config.ffcv.batches_ahead,
             pipelines={"image": _eval_pipeline(config, device), "label": _label_pipeline(device)},
         )
         self.batches_per_epoch = len(self.train)

@@ -140,9 +140,10 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> 
     train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
     if len(train.tokens) == 0 or len(val.tokens) == 0:
         raise DataError(f"token store '{path}' has no {'training' if len(train.tokens) == 0 else 'validation'} text")
+    text = config.text
     return (
-        MaskedSequences(train, config.max_seq_len, config.packing, config.mlm_probability),
-        MaskedSequences(val, config.max_seq_len, config.packing, config.eval_mlm_probability, fixed_masks=True),
+        MaskedSequences(train, text.max_seq_len, text.packing, text.mlm_probability),
+        MaskedSequences(val, text.max_seq_len, text.packing, text.eval_mlm_probability, fixed_masks=True),
     )
 
 
@@ -150,20 +151,22 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
     """A built-in corpus's store in ``cache_dir``, written once per node, every node's with global
     rank 0's tokenizer: WordPiece training is not deterministic upstream, so nodes that trained
     their own would give the same word different ids."""
-    identity = {k: getattr(config, k) for k in ("corpus", "vocab_size", "val_fraction", "split_seed")}
+    corpus, vocab_size = config.text.corpus, config.text.vocab_size
+    identity = {"corpus": corpus, "vocab_size": vocab_size, "val_fraction": config.val_fraction}
+    identity["split_seed"] = config.split_seed
     identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
-    prefix = cache_prefix(config.cache_dir, config.corpus, identity)
+    prefix = cache_prefix(config.cache_dir, corpus, identity)
     path = prefix.with_name(f"{prefix.name}-tokens")
     tokenizer_file = path / "tokenizer.json"
 
     def write(tokenizer: str | None = None) -> None:
-        train, val = split_documents(read_documents(config.corpus), config.val_fraction, config.split_seed)
+        train, val = split_documents(read_documents(corpus), config.val_fraction, config.split_seed)
         with tempfile.TemporaryDirectory() as folder:
             given = None
             if tokenizer is not None:
                 given = Path(folder) / "tokenizer.json"
                 given.write_text(tokenizer)
-            write_token_store(train, val, path, config.vocab_size, given)
+            write_token_store(train, val, path, vocab_size, given)
 
     if placement.rank == 0 and not tokenizer_file.is_file():
         write()

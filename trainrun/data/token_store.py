@@ -24,7 +24,7 @@ import numpy as np
 
 from trainrun.errors import ConfigError, DataError
 from trainrun.files import atomic_directory
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, TextConfig
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -238,7 +238,7 @@ def write_text_command(argv: list[str]) -> int:
     )
     parser.add_argument("corpus", help="a file, a folder, or " + " | ".join(BUILTIN_CORPORA))
     parser.add_argument("out", type=Path, help="the token store (a folder) to write, atomically")
-    parser.add_argument("--vocab-size", type=int, default=DataConfig.vocab_size, help="WordPiece vocabulary to train")
+    parser.add_argument("--vocab-size", type=int, default=TextConfig.vocab_size, help="WordPiece vocabulary to train")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
     parser.add_argument(
         "--val-fraction", type=float, default=TEXT_VAL_FRACTION, help="documents held out for evaluation"

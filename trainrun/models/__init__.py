@@ -17,9 +17,10 @@ def build_model(config: ModelConfig, vocab_size: int | None = None) -> nn.Module
     if config.name == "bert":
         from trainrun.models.bert import build_bert
 
-        model = build_bert(config, vocab_size)
+        model = build_bert(config.bert, vocab_size)
     elif config.name == "resnet_small":
-        model = SmallResNet(config.num_classes, width=config.width, blocks=config.blocks, norm=config.norm)
+        small = config.resnet_small
+        model = SmallResNet(config.num_classes, width=small.width, blocks=small.blocks, norm=small.norm)
     else:
         model = build_resnet(config.name, config.num_classes)
     if config.name != "bert":

@@ -12,7 +12,7 @@ forward pass is trainrun's, calling the same layers in the same order, so that
 - a step reads nothing back from the device: the loader sends the real-token count per sequence
   (``lengths``, kept on the host) and the positions to predict (``predict_positions``).
 
-Attention (``model.attention``): ``sdpa`` is ``scaled_dot_product_attention`` on the padded
+Attention (``model.bert.attention``): ``sdpa`` is ``scaled_dot_product_attention`` on the padded
 (batch, heads, length, length) layout with a padding mask (unpadded rows are re-padded for it);
 ``varlen`` is torch's variable-length Flash kernel on the packed real tokens (CUDA, fp16/bf16, no
 attention dropout, no bias); ``flex`` is FlexAttention, compiled, with a document mask over the
@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend
 
 from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
-from trainrun.schema import ModelConfig
+from trainrun.schema import BertConfig
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -105,7 +105,8 @@ class MaskedLanguageModel(nn.Module):
         if self.attention != "auto":
             if not usable[self.attention]:
                 raise ConfigError(
-                    f"bad value for 'model.attention': '{self.attention}' needs a CUDA device, no attention dropout"
+                    f"bad value for 'model.bert.attention': '{self.attention}' needs a CUDA device, "
+                    "no attention dropout"
                     + (", fp16/bf16, unpadding and no ALiBi" if self.attention == "varlen" else "")
                 )
             return self.attention
@@ -262,10 +263,11 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=True)
 
 
-def build_bert(config: ModelConfig, vocab_size: int) -> MaskedLanguageModel:
-    from transformers import BertConfig, BertForMaskedLM
+def build_bert(config: BertConfig, vocab_size: int) -> MaskedLanguageModel:
+    from transformers import BertConfig as HuggingFaceBertConfig
+    from transformers import BertForMaskedLM
 
-    settings = BertConfig(
+    settings = HuggingFaceBertConfig(
         vocab_size=vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.layers,
