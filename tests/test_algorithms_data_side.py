@@ -150,6 +150,8 @@ def test_colout_keeps_rows_and_columns_in_order():
             same = all(torch.equal(order[0], order[i]) for i in range(4))
             assert same == batch  # batch mode: the same rows and columns for every sample
     assert kept(2, 10, 0.5, torch.device("meta")).device.type == "meta"  # drawn on the images' device
+    for batch in (True, False):  # images on a GPU keep their rows and columns there
+        assert colout(torch.empty(2, 3, 8, 8, device="meta"), 0.25, 0.5, batch).shape == (2, 3, 6, 4)
 
 
 def test_the_colout_algorithm_drops_rows_and_columns_at_their_own_rates_per_sample_or_per_batch():

@@ -464,6 +464,7 @@ def test_selective_backprop_keeps_high_loss_examples_and_leaves_bn_alone():
     losses = torch.tensor([0.1, 5.0, 0.2, 3.0, 0.05, 1.0, 0.3, 2.0])
     weights = selection_weights(losses, keep=0.5)
     assert weights.argmax() == 1 and weights.argmin() == 4  # highest and lowest loss
+    assert selection_weights(losses.to("meta"), keep=0.5).device.type == "meta"  # losses on a GPU stay there
     torch.manual_seed(0)
     picks = torch.stack([select(losses, 0.5) for _ in range(500)])
     assert picks.shape == (500, 4)

@@ -1,6 +1,7 @@
 """trainrun's BERT attention paths: the padded model's numbers on the real tokens alone, ALiBi inside
 the kernel, and a training step that reads nothing back from the device."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import trainrun.models.bert as bert_module
 from trainrun.algorithms.alibi import alibi_slopes, remove_learned_positions
+from trainrun.core.precision import Precision
 from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.models.bert import MaskedLanguageModel, build_bert
 from trainrun.schema import BertConfig
@@ -195,3 +197,15 @@ def test_the_start_up_banner_names_the_attention_each_path_runs(monkeypatch):
     model.alibi_slopes = alibi_slopes(2)
     expected = "FlexAttention (compiled) on the real tokens only, ALiBi in its score_mod"
     assert model.attention_kernels(12, torch.bfloat16, cuda) == expected
+
+
+def test_the_masked_lm_task_says_which_attention_its_bert_gets_at_the_datas_length():
+    model = tiny_bert()
+    state = SimpleNamespace(raw_model=model, precision=Precision("fp32", "cpu"), device=torch.device("cpu"))
+    state.data = SimpleNamespace(max_seq_len=32)
+    (line,) = MaskedLanguageModeling().startup_notes(state)
+    assert re.fullmatch(r"attention: scaled_dot_product_attention \(\w+\) on batches padded to their length", line)
+    state.raw_model = SimpleNamespace(attention_kernels=lambda length, dtype, device: f"{length} {dtype} {device}")
+    assert MaskedLanguageModeling().startup_notes(state) == ["attention: 32 torch.float32 cpu"]  # fp32: no autocast
+    state.precision = Precision("bf16", "cpu", torch.bfloat16)
+    assert MaskedLanguageModeling().startup_notes(state) == ["attention: 32 torch.bfloat16 cpu"]

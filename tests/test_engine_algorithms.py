@@ -112,8 +112,10 @@ def test_an_unknown_algorithm_name_is_the_error():
 def test_every_algorithm_has_a_schema_a_module_and_a_yaml():
     yaml_names = {path.stem for path in (CONF / "algorithms").glob("*.yaml")}
     assert yaml_names == set(SPECS)
-    built = build_algorithms({name: spec.config() for name, spec in SPECS.items()})
+    configs = {name: spec.config() for name, spec in SPECS.items()}
+    built = build_algorithms(configs)
     assert {a.name for a in built} == set(SPECS)
+    assert all(method.config is configs[method.name] for method in built)  # every method is Method(config)
 
 
 def test_blurpool_on_resnet50_replaces_the_strided_convs_and_the_maxpool():
@@ -199,6 +201,15 @@ def test_a_surgery_that_finds_nothing_to_change_says_so(name, finds):
     state = make_state(resnet50())
     method.apply(Event.INIT, state)
     assert not state.notices  # a ResNet-50 has what each of them changes
+
+
+def test_a_method_that_changed_nothing_says_nothing_more():
+    (layernorm,) = build_algorithms({"low_precision_layernorm": SPECS["low_precision_layernorm"].config()})
+    state = make_state(torch.nn.Linear(2, 2))  # fp32, and no LayerNorm
+    layernorm.apply(Event.INIT, state)
+    assert [(n["level"], n["text"]) for n in state.notices] == [
+        ("warning", "low_precision_layernorm: the model has no LayerNorm; nothing changed")
+    ]  # not also that fp32 makes it a no-op
 
 
 def test_channels_last_survives_every_model_surgery():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from trainrun.data.masked_text import IGNORED
 from trainrun.tasks import build_task
 from trainrun.tasks.image_classification import ClassificationEvaluator, ImageClassification
-from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator
+from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, scored_labels
 
 
 class AnotherRank:
@@ -154,6 +154,8 @@ def test_text_batches_go_to_the_device_with_their_labels_and_real_token_counts_s
         inputs["lengths"].device.type == inputs["predict_counts"].device.type == targets["counts"].device.type == "cpu"
     )
     assert inputs["lengths"].tolist() == [3] and inputs["predict_counts"].tolist() == [1]
+    labels = scored_labels(torch.empty(1, 8, device="meta"), targets)  # as with a model on a GPU
+    assert labels.device.type == "meta" and labels.shape == (1,)
 
 
 def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_path):

@@ -66,3 +66,14 @@ def test_timeline_edges_zero_times_one_step_runs_sample_budgets_and_their_errors
         Timeline.for_run(Time.parse("0.5dur"), 10, 8)
     with pytest.raises(ValueError, match=r"^a budget's timeline is planned as the run goes: use Timeline\.for_budget$"):
         Timeline.for_run(Time.parse("30s"), 10, 8)
+
+
+def test_the_scale_schedule_ratio_stretches_schedule_times_and_a_fixed_run_but_never_a_budget():
+    assert Timeline(10, 8, 100).stretched_batches("10ba") == 10  # no ratio: as written
+    plain = Timeline.for_run(Time.parse("2ep"), 10, 8)
+    assert plain.stretch == 1.0 and plain.max_batches == 20
+    stretched = Timeline.for_run(Time.parse("2ep"), 10, 8, stretch=1.5)
+    assert stretched.max_batches == 30 and stretched.stretched_batches("4ba") == 6
+    assert stretched.stretched_batches("1ep") == 15 and stretched.stretched_batches("0.5dur") == 15
+    budget = Timeline.for_budget(10, 8, stretch=0.5)
+    assert budget.stretched_batches("10ba") == 5 and Timeline.for_budget(10, 8).stretched_batches("10ba") == 10

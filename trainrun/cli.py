@@ -110,8 +110,8 @@ def _run_hydra(args: list[str], debug: bool, source: ConfigSource) -> int:
 
 # Each subcommand's entry point, imported when it runs: (module, function taking argv).
 SUBCOMMANDS = {
-    "write": ("trainrun.data.write", "write_command"),  # an image folder or built-in set to a .beton
-    "write-text": ("trainrun.data.token_store", "write_text_command"),  # a corpus to a token store
+    "write": ("trainrun.data.commands", "write_command"),  # an image folder or built-in set to a .beton
+    "write-text": ("trainrun.data.commands", "write_text_command"),  # a corpus to a token store
     "sweep": ("trainrun.sweep", "run_sweep"),  # a recipe over budgets and seeds
     "report": ("trainrun.report.command", "report_command"),  # trade-off curves, time and cost to accuracy
 }

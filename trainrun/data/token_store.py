@@ -10,7 +10,6 @@ written to a temporary folder beside its target and renamed into place when comp
 
 from __future__ import annotations
 
-import argparse
 import ast
 import gc
 import hashlib
@@ -24,7 +23,6 @@ import numpy as np
 
 from trainrun.errors import ConfigError, DataError
 from trainrun.files import atomic_directory
-from trainrun.schema import DataConfig, TextConfig
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -224,50 +222,3 @@ class TokenStore:
     def documents(self) -> Iterator[np.ndarray]:
         for start, end in zip(self.offsets[:-1], self.offsets[1:]):
             yield self.tokens[start:end]
-
-
-def write_text_command(argv: list[str]) -> int:
-    """``trainrun write-text CORPUS STORE``: a text corpus to a token store for masked-LM training."""
-    from rich.console import Console
-
-    parser = argparse.ArgumentParser(
-        prog="trainrun write-text",
-        description="Tokenize a corpus (a .txt file of blank-line-separated documents, a .jsonl file of "
-        f'{{"text": ...}} lines, a folder of such files, or {", ".join(BUILTIN_CORPORA)}) into a token store: '
-        "a WordPiece tokenizer trained on the training documents (or --tokenizer), token ids per split.",
-    )
-    parser.add_argument("corpus", help="a file, a folder, or " + " | ".join(BUILTIN_CORPORA))
-    parser.add_argument("out", type=Path, help="the token store (a folder) to write, atomically")
-    parser.add_argument("--vocab-size", type=int, default=TextConfig.vocab_size, help="WordPiece vocabulary to train")
-    parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
-    parser.add_argument(
-        "--val-fraction", type=float, default=TEXT_VAL_FRACTION, help="documents held out for evaluation"
-    )
-    parser.add_argument("--split-seed", type=int, default=DataConfig.split_seed)
-    parser.add_argument(
-        "--dtype", choices=["auto", *TOKEN_DTYPES], default="auto", help="token id type (auto: the smallest that fits)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    args = parser.parse_args(argv)
-    if args.out.exists() and not args.overwrite:
-        raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
-    if args.dtype != "auto" and args.tokenizer is None:
-        check_token_dtype(args.vocab_size, args.dtype)
-    if not 0 < args.val_fraction < 1:
-        raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
-    if args.vocab_size < 16:
-        raise ConfigError(f"bad value for '--vocab-size': {args.vocab_size} (at least 16)")
-    if args.tokenizer is not None and not args.tokenizer.is_file():
-        raise ConfigError(f"bad value for '--tokenizer': '{args.tokenizer}' does not exist")
-    console = Console(highlight=False)
-    console.print(f"reading {args.corpus}")
-    documents = read_documents(args.corpus)
-    train, val = split_documents(documents, args.val_fraction, args.split_seed)
-    console.print(f"tokenizing {len(train):,} training and {len(val):,} validation documents")
-    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype)
-    meta = json.loads((args.out / "store.json").read_text())
-    console.print(
-        f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "
-        f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}"
-    )
-    return 0

@@ -8,7 +8,6 @@ Progress is a rich bar on a terminal and a line when a write starts and ends any
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import socket
@@ -24,7 +23,7 @@ from PIL import Image
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from trainrun.errors import ConfigError, DataError
+from trainrun.errors import DataError
 
 
 @dataclass
@@ -160,51 +159,3 @@ def source_dataset(source: str, split: str, builtin: Any) -> Any:
         return ImageFolder(str(root))
     except (FileNotFoundError, RuntimeError) as error:
         raise DataError(f"no images in source folder '{root}': {str(error).splitlines()[0]}") from None
-
-
-def write_command(argv: list[str]) -> int:
-    """``trainrun write SRC OUT.beton``: an image folder or a built-in set to an FFCV file."""
-    defaults = WriteSettings()
-    parser = argparse.ArgumentParser(
-        prog="trainrun write",
-        description="Write an ImageFolder tree (SRC/<class>/*.jpg) or a built-in set (digits, mnist5k, "
-        "synthetic) to an FFCV .beton with an RGB 'image' and an integer 'label' field.",
-    )
-    parser.add_argument("source", help="a folder of class folders, or digits | mnist5k | synthetic")
-    parser.add_argument("out", type=Path, help="the .beton file to write (atomically)")
-    parser.add_argument("--mode", choices=["raw", "jpg", "proportion"], default=defaults.mode)
-    parser.add_argument("--max-resolution", type=int, default=defaults.max_resolution)
-    parser.add_argument("--jpeg-quality", type=int, default=defaults.jpeg_quality)
-    parser.add_argument("--compress-probability", type=float, default=defaults.compress_probability)
-    parser.add_argument("--workers", type=int, default=defaults.num_workers)
-    parser.add_argument("--split", choices=["train", "val"], default="train", help="built-in sets: which split")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("overrides", nargs="*", help="data.* overrides for built-in sets, e.g. data.num_samples=4096")
-    args = parser.parse_args(argv)
-    if args.out.exists() and not args.overwrite:
-        raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
-    if not 0 <= args.compress_probability <= 1:
-        raise ConfigError(f"bad value for '--compress-probability': {args.compress_probability} (0 to 1)")
-    settings = WriteSettings(
-        mode=args.mode,
-        max_resolution=args.max_resolution,
-        jpeg_quality=args.jpeg_quality,
-        compress_probability=args.compress_probability,
-        num_workers=args.workers,
-    )
-    console = Console(highlight=False)
-    builtin = _builtin_data_config(args.source, args.overrides)
-    console.print(f"reading {args.source} ({args.split} split)" if builtin else f"reading image folder {args.source}")
-    write_beton(source_dataset(args.source, args.split, builtin), args.out, settings, console)
-    return 0
-
-
-def _builtin_data_config(source: str, overrides: list[str]):
-    """The data config of built-in set ``source`` (None for a folder), with ``data.*`` overrides."""
-    from trainrun.config import compose
-    from trainrun.schema import DATA_NAMES
-    from trainrun.validation import validate
-
-    if source not in DATA_NAMES:
-        return None
-    return validate(compose([f"data={source}", *overrides])).data

@@ -39,13 +39,13 @@ class MethodSpec:
         return self.tasks is None or task in self.tasks
 
 
-def _discover() -> dict[str, MethodSpec]:
+def discover_specs() -> dict[str, MethodSpec]:
     """Each ``SPEC`` under this package, in order of position."""
     found = [importlib.import_module(f"{__name__}.{module.name}").SPEC for module in pkgutil.iter_modules(__path__)]
     return {spec.name: spec for spec in sorted(found, key=lambda spec: spec.position)}
 
 
-SPECS: dict[str, MethodSpec] = _discover()
+SPECS: dict[str, MethodSpec] = discover_specs()
 METHOD_ORDER: tuple[str, ...] = tuple(SPECS)
 
 
