@@ -12,6 +12,9 @@ import pytest
 
 # Small enough for a 2-core CPU: a narrow ResNet on digits (torch loader) for two epochs.
 TINY = ["data=digits", "model.resnet_small.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
+# a run whose numbers one process and two ranks must agree on: group norm (no batch statistics), flips
+EXACT = ["data=digits", "data.hflip=true", "model.resnet_small.width=8", "model.resnet_small.norm=group"]
+EXACT += ["max_duration=1ep", "train_batch_size=64", "progress=false"]
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics, run_cli
+from conftest import EXACT, read_metrics, run_cli
 from hydra import compose, initialize_config_dir
 
 from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers
 from trainrun.schema import LauncherConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-EXACT = [
-    "data=digits",
-    "data.hflip=true",
-    "model.resnet_small.width=8",
-    "model.resnet_small.norm=group",
-    "max_duration=1ep",
-]
-EXACT += ["train_batch_size=64", "progress=false"]
 
 
 def rank_one_fails() -> None:

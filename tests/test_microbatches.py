@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import read_metrics, run_cli
+from conftest import EXACT, read_metrics, run_cli
 from test_algorithms_training import fixed_batch_state
 
 from trainrun.algorithms import build_algorithms
@@ -119,14 +119,7 @@ def test_without_auto_out_of_memory_is_raised():
         train(RunsOutOfMemory(group_norm_model(), limit=0), Microbatching(64, auto=True))
 
 
-EXACT = [
-    "data=digits",
-    "data.hflip=true",
-    "model.resnet_small.width=8",
-    "model.resnet_small.norm=group",
-    "max_duration=1ep",
-]
-EXACT += ["train_batch_size=64", "progress=false", "checkpoint.interval=null"]
+EXACT = [*EXACT, "checkpoint.interval=null"]
 
 
 @pytest.mark.slow

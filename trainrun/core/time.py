@@ -125,7 +125,7 @@ class Timeline:
         self.samples_per_batch = samples_per_batch
         self.stretch = stretch
         self.knots: list[tuple[int, float]] = [(0, 0.0), (max_batches, 1.0)]
-        self._steps: dict[Time | str, int] = {}  # conversions for the current knots (read every step)
+        self._steps: dict[Time | str | tuple[str, Time | str], int] = {}  # conversions for the current knots
 
     @classmethod
     def for_run(
@@ -178,10 +178,17 @@ class Timeline:
 
     def stretched_batches(self, time: Time | str) -> int:
         """Steps a schedule time spans: ep, ba and sp stretched by the scale-schedule ratio; ``dur``
-        follows the (already stretched) run."""
-        parsed = Time.parse(time)
-        steps = self.to_batches(parsed)
-        return steps if parsed.unit is TimeUnit.DURATION else int(steps * self.stretch)
+        follows the (already stretched) run. Remembered like :meth:`to_batches` (the LR schedule
+        asks every step)."""
+        key = ("stretched", time)
+        steps = self._steps.get(key)
+        if steps is None:
+            parsed = Time.parse(time)
+            steps = self.to_batches(parsed)
+            if parsed.unit is not TimeUnit.DURATION:
+                steps = int(steps * self.stretch)
+            self._steps[key] = steps
+        return steps
 
     def _convert(self, time: Time) -> int:
         if time.unit is TimeUnit.EPOCH:
