@@ -8,8 +8,9 @@ STAMP := $(VENV)/.trainrun-installed
 run: $(STAMP)
 	$(VENV)/bin/trainrun
 
+# two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check trainrun tests bench scripts

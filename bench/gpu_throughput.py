@@ -45,7 +45,7 @@ from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data.spec import DataSpec
+from trainrun.data.interface import DataSpec
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
@@ -139,6 +139,9 @@ def model_step_rate(args: argparse.Namespace, setting: Setting, device: torch.de
     return args.steps * setting.batch / (time.perf_counter() - started), float(counter.get_total_flops())
 
 
+IMAGENET = DataConfig(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])  # the normalisation ImageNet runs use
+
+
 class DeviceBatches(DataSpec):
     """The same in-device uint8 batch every step: the trainer without any loading cost.
 
@@ -147,7 +150,6 @@ class DeviceBatches(DataSpec):
     """
 
     def __init__(self, setting: Setting, classes: int, device: torch.device, steps: int) -> None:
-        super().__init__(DataConfig(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]))
         shape = (setting.batch, 3, setting.resolution, setting.resolution)
         self.full = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
         self.images = self.full
@@ -191,12 +193,11 @@ def full_step_rate(args: argparse.Namespace, setting: Setting, device: torch.dev
     classes = model.fc.out_features
     per_epoch = args.warmup + args.steps
     data = DeviceBatches(setting, classes, device, per_epoch)
-    data.to(device)
     precision, _ = resolve_precision(setting.precision, device)
     timeline = Timeline(per_epoch, setting.batch, SCHEDULE_EPOCHS * per_epoch)
     state = State(
-        model, None, timeline, device, precision, loss_fn=binary_cross_entropy, task=ImageClassification(), data=data,
-        num_classes=classes,
+        model, None, timeline, device, precision, loss_fn=binary_cross_entropy, data=data,
+        task=ImageClassification(IMAGENET), num_classes=classes,
         train_resolution=setting.resolution,
     )  # fmt: skip
     names = recipe_algorithms(args.recipe, setting.channels_last)
@@ -258,12 +259,12 @@ def loader_rate(
     from loaders import trainrun_data  # bench/loaders.py, beside this script
 
     data = trainrun_data(Path(path), resolution, batch_size, workers, num_classes, device)
-    data.to(device)
+    task = ImageClassification()
 
     def epoch(number: int) -> tuple[float, int]:
         started, images = time.perf_counter(), 0
         for batch, _labels in data.train_batches(number):
-            data.prepare(batch.to(device, non_blocking=True), torch.channels_last)
+            task.normalise(batch.to(device, non_blocking=True), torch.channels_last)
             images += len(batch)
         sync(device)
         return time.perf_counter() - started, images

@@ -253,7 +253,7 @@ def hot_loaders(work: Path, args: argparse.Namespace) -> dict[str, Callable[[], 
             overrides = [f"data.path={root}", f"data.num_classes={CLASSES}", f"data.resolution={args.resolution}"]
             overrides += [f"data.num_workers={args.workers}", f"data.decode={decode}"]
             config = check(["data=folder", *overrides])[0].data
-            data = TorchData(config, *folder_datasets(config), args.batch, args.batch, seed=0)
+            data = TorchData(config, folder_datasets(config), args.batch, args.batch, seed=0)
             if augment:
                 data.add_train_transform(randaugment)
             name = f"trainrun folder, decode={decode}" + (" + RandAugment" if augment else "")

@@ -26,7 +26,7 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import TorchData
+from trainrun.data import Datasets, TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
 from trainrun.data.masked_text import text_datasets
 from trainrun.models import build_model
@@ -67,11 +67,12 @@ def image_workload(batch: int, resolution: int) -> Workload:
     images = torch.stack([source[i][0] for i in range(count)])
     labels = torch.tensor([source[i][1] for i in range(count)])
     dataset = TensorImageDataset(images, labels)
-    data = TorchData(DataConfig(), dataset, dataset, batch, batch, seed=0)
+    data = TorchData(DataConfig(), Datasets(dataset, dataset), batch, batch, seed=0)
+    task = ImageClassification()
 
     def step(model: nn.Module, loaded) -> torch.Tensor:
         images, targets = loaded
-        return soft_cross_entropy(model(data.prepare(images)), targets)
+        return soft_cross_entropy(model(task.normalise(images)), targets)
 
     config = ModelConfig(
         name="resnet_small", num_classes=10, resnet_small=SmallResNetConfig(width=32, blocks=[1, 1, 1])
@@ -80,7 +81,7 @@ def image_workload(batch: int, resolution: int) -> Workload:
         data,
         lambda: build_model(config),
         OptimizerConfig(lr=0.1),
-        ImageClassification(),
+        task,
         soft_cross_entropy,
         step,
         "img",
@@ -90,8 +91,8 @@ def image_workload(batch: int, resolution: int) -> Workload:
 def text_workload(batch: int, seq: int) -> Workload:
     """The built-in corpus's token store (written once into the cache), BERT-Tiny, AdamW."""
     config = DataConfig(name="text", text=TextConfig(corpus="stdlib_docs", max_seq_len=seq))
-    train, val = text_datasets(config)
-    data = TorchData(config, train, val, batch, batch, seed=0)
+    sets = text_datasets(config)
+    data = TorchData(config, sets, batch, batch, seed=0)
 
     def step(model: nn.Module, loaded) -> torch.Tensor:
         inputs = {
@@ -107,7 +108,7 @@ def text_workload(batch: int, seq: int) -> Workload:
     optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.01)
     return Workload(
         data,
-        lambda: build_model(model, train.vocab_size),
+        lambda: build_model(model, sets.text.vocab_size),
         optimizer,
         MaskedLanguageModeling(),
         masked_cross_entropy,

@@ -72,7 +72,7 @@ def tokens_per_second(batches: Iterable, count: int) -> float:
 def training_tokens_per_second(config: ModelConfig, data: TorchData, steps: int) -> float:
     """Real tokens per second of BERT training steps on batches already loaded."""
     torch.manual_seed(0)
-    model = build_model(config, data.vocab_size)
+    model = build_model(config, data.text.vocab_size)
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-4), data.per_rank_batch)
     loaded = [batch for batch, _ in zip(data.train_batches(0), range(steps))]
     tokens, started = 0, None
@@ -104,8 +104,7 @@ def main() -> None:
     config = DataConfig(
         name="text", num_workers=args.workers, text=TextConfig(corpus="stdlib_docs", max_seq_len=args.seq)
     )
-    train, val = text_datasets(config)
-    store = TorchData(config, train, val, args.batch, args.batch, seed=0)
+    store = TorchData(config, text_datasets(config), args.batch, args.batch, seed=0)
     documents, _ = split_documents(read_documents(config.text.corpus), config.val_fraction, config.split_seed)
     tokenizer = hugging_face_tokenizer(cached_store(config, SINGLE_PROCESS) / "tokenizer.json")
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.text.mlm_probability)

@@ -15,9 +15,9 @@ from trainrun.algorithms.specs.randaugment import RandAugmentConfig
 from trainrun.algorithms.specs.trivialaugment import TrivialAugmentConfig
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
-from trainrun.data import TorchData
+from trainrun.data import Datasets, TorchData
 from trainrun.data.builtin import builtin_datasets
-from trainrun.data.spec import DataSpec
+from trainrun.data.interface import DataSpec
 from trainrun.errors import ConfigError
 from trainrun.schema import DataConfig
 
@@ -80,7 +80,6 @@ class Decoding(DataSpec):
     """A loader that can decode at any size, recording the sizes asked for (as FFCV's can)."""
 
     def __init__(self):
-        super().__init__(DataConfig())
         self.sizes = []
 
     def train_batches(self, epoch, skip=0):
@@ -259,7 +258,7 @@ def test_fixres_trains_below_the_evaluation_resolution_and_progressive_resizing_
 def test_per_image_augmentation_joins_the_torch_training_pipeline(config):
     data_config = DataConfig(name="digits")
     train_set, val_set = builtin_datasets(data_config, augment=False)
-    data = TorchData(data_config, train_set, val_set, 64, 64, seed=0)
+    data = TorchData(data_config, Datasets(train_set, val_set), 64, 64, seed=0)
     plain, _ = next(data.train_batches(0))
     (augment,) = build_algorithms({config.__class__.__name__.removesuffix("Config").lower(): config})
     state = make_state()

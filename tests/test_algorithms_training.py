@@ -2,6 +2,7 @@
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ from torchvision.models import resnet18, resnet50
 from torchvision.ops import SqueezeExcitation
 
 from trainrun.algorithms import build_algorithms
-from trainrun.algorithms.bce_loss import classifier
 from trainrun.algorithms.ghost_batchnorm import GhostBatchNorm2d, apply_ghost_batchnorm
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.algorithms.layer_freezing import freeze_leading, frozen_fraction, layers
@@ -30,9 +30,9 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data.spec import DataSpec
-from trainrun.errors import ConfigError
-from trainrun.schema import DataConfig
+from trainrun.data.interface import DataSpec
+from trainrun.models import build_model
+from trainrun.schema import ModelConfig
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy
 
@@ -43,7 +43,6 @@ class FixedBatches(DataSpec):
     batches_per_epoch = 1
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        super().__init__(DataConfig())
         self.batch = (images, labels)
 
     def train_batches(self, epoch, skip=0):
@@ -92,7 +91,33 @@ def train(model, algorithms, steps, lr=0.1, callbacks=(), labels=None):
 
     trainer = Trainer(state, optimization, Engine(algorithms, callbacks), TrainerSettings("1000ba", 1))
     trainer.fit()
-    return state, state.data.prepare(images.float()), labels
+    return state, state.task.normalise(images.float()), labels
+
+
+class ScriptedQuality(ImageClassification):
+    """Reports the next of ``values`` as the top-1 of each evaluation."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = iter(values)
+
+    def evaluator(self, state):
+        value = next(self.values)
+        return SimpleNamespace(update=lambda outputs, targets: None, compute=lambda: {"top1": value, "eval_loss": 1.0})
+
+
+@pytest.mark.parametrize(("second", "stops_at"), [(0.5, 2), (0.4999, 3)])
+def test_a_quality_exactly_at_stop_at_ends_the_run_there(second, stops_at):
+    images, labels = torch.randint(0, 256, (4, 3, 2, 2), dtype=torch.uint8), torch.tensor([0, 1, 2, 0])
+    state = fixed_batch_state(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), images, labels, 5, num_classes=3)
+    state.task = ScriptedQuality([0.25, second, 0.75, 0.8, 0.9])
+
+    def optimization(final_model):
+        optimizer = torch.optim.SGD(final_model.parameters(), lr=0.1)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    Trainer(state, optimization, Engine([]), TrainerSettings("1ba", 1, stop_at=0.5)).fit()
+    assert (state.batch, state.stop_reason) == (stops_at, "target_reached")
 
 
 def cpu_state(model, samples_per_batch=4, **fields) -> State:
@@ -446,18 +471,10 @@ def test_squeeze_excite_gates_exactly_the_large_convs_of_resnet50():
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
 
 
-def test_bce_loss_replaces_the_loss_and_starts_sigmoids_at_one_over_c():
-    model = resnet18(num_classes=10)
-    (bce,) = build_algorithms({"bce_loss": SPECS["bce_loss"].config()})
-    state = cpu_state(model, samples_per_batch=4, loss_fn=soft_cross_entropy, num_classes=10)
-    bce.apply(Event.INIT, state)
-    assert state.loss_fn is binary_cross_entropy and classifier(model) is model.fc
+def test_bce_is_the_loss_choice_and_the_default_initialisers_start_sigmoids_at_one_over_c():
+    assert ImageClassification().loss("bce") is binary_cross_entropy
+    model = build_model(ModelConfig(name="resnet18", num_classes=10))
     assert torch.allclose(model.fc.bias, torch.full((10,), -math.log(10)))
-    convolutional = cpu_state(nn.Sequential(nn.Conv2d(3, 10, 1), nn.Flatten()), loss_fn=soft_cross_entropy)
-    with pytest.raises(
-        ConfigError, match=r"^algorithm 'bce_loss' with bias_init=true needs a linear classifier; Sequential has none$"
-    ):
-        bce.apply(Event.INIT, convolutional)
 
 
 def test_selective_backprop_keeps_high_loss_examples_and_leaves_bn_alone():

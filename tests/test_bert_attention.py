@@ -202,7 +202,7 @@ def test_the_start_up_banner_names_the_attention_each_path_runs(monkeypatch):
 def test_the_masked_lm_task_says_which_attention_its_bert_gets_at_the_datas_length():
     model = tiny_bert()
     state = SimpleNamespace(raw_model=model, precision=Precision("fp32", "cpu"), device=torch.device("cpu"))
-    state.data = SimpleNamespace(max_seq_len=32)
+    state.data = SimpleNamespace(text=SimpleNamespace(max_seq_len=32))
     (line,) = MaskedLanguageModeling().startup_notes(state)
     assert re.fullmatch(r"attention: scaled_dot_product_attention \(\w+\) on batches padded to their length", line)
     state.raw_model = SimpleNamespace(attention_kernels=lambda length, dtype, device: f"{length} {dtype} {device}")

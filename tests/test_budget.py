@@ -109,6 +109,15 @@ def test_changing_step_cost_still_ends_within_half_a_step_with_schedules_done():
     assert all(b >= a for a, b in zip(progress, progress[1:]))
 
 
+def test_the_rate_is_the_mean_step_of_the_last_16_steps():
+    # 2 s for the first step, 0.1 s up to step 40, then 0.3 s: after step 48 the last 16 steps
+    # are 8 of each, 0.2 s a step; 100.05 - (2 + 39 x 0.1 + 8 x 0.3) = 91.75 s left = 458.75 steps
+    cost = lambda step: 2.0 if step == 1 else 0.1 if step <= 40 else 0.3  # noqa: E731
+    state, _, _ = simulate(100.05, cost, steps_cap=48)
+    assert state.batch == 48 and state.timeline.max_batches == 48 + 459
+    # (a window of 15 steps would plan 444 more, of 17 steps 473, the last step alone 306)
+
+
 def test_a_budget_shorter_than_the_first_step_is_refused():
     with pytest.raises(ConfigError, match=r"'max_duration': 0.5s .* is shorter than one training step here"):
         simulate(0.5, lambda step: 1.0)

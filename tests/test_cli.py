@@ -70,7 +70,7 @@ def test_help_lists_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in (
-        "algorithms: alibi, bce_loss, blurpool, channels_last, colout, cutmix, ema, fixres, fused_layers, "
+        "algorithms: alibi, blurpool, channels_last, colout, cutmix, ema, fixres, fused_layers, "
         "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
         "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, resnet101, resnet18, resnet34, resnet50",
@@ -166,6 +166,7 @@ def _empty_folder(tmp_path):
 BAD_INPUTS = [
     (["algorithms=[nosuch]"], "unknown option 'nosuch' for 'algorithms'"),
     (["--algorithms", "ema", "nosuch"], "unknown option 'nosuch' for 'algorithms'"),
+    (["algorithms=[bce_loss]"], "unknown option 'bce_loss' for 'algorithms': it is now 'loss=bce' (the classifier"),
     (["optimizer.lrr=0.1"], "unknown config key 'optimizer.lrr'"),
     (["model.hidden_size=64"], "unknown config key 'model.hidden_size': it is now 'model.bert.hidden_size'"),
     (["optimizer.lr=fast"], "bad value for 'optimizer.lr'"),

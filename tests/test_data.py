@@ -1,3 +1,6 @@
+import threading
+import time
+
 import pytest
 import torch
 from PIL import Image
@@ -5,6 +8,7 @@ from PIL import Image
 from trainrun.core.distributed import Placement
 from trainrun.data import build_data
 from trainrun.data.builtin import SyntheticImages, builtin_datasets, split_indices
+from trainrun.data.cache import write_once
 from trainrun.data.sampling import ResumableSampler, ShardSampler
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
@@ -166,3 +170,25 @@ def test_minus_one_loader_workers_are_this_processs_share_of_the_nodes_cores(mon
     assert cores_per_process() == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert cores_per_process() == 96
+
+
+def test_runs_that_find_a_cold_cache_together_write_it_once(tmp_path):
+    prefix, target = tmp_path / "cache" / "digits-0123456789", tmp_path / "cache" / "digits-0123456789-train.beton"
+    writes, together = [], threading.Barrier(2)
+
+    def write():
+        writes.append(threading.get_ident())
+        time.sleep(0.2)  # the other run finds the cache missing meanwhile
+        target.write_text("written")
+
+    def run():
+        together.wait()
+        write_once(prefix, target.is_file, write)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(writes) == 1 and target.read_text() == "written"
+    assert (tmp_path / "cache" / "digits-0123456789.lock").is_file()

@@ -139,7 +139,7 @@ def test_flags_algorithms_and_schedules_run_together(tmp_path):
 
 
 ALL_TOGETHER = [  # every method but the one of each incompatible pair (cutmix, trivialaugment)
-    "blurpool", "channels_last", "label_smoothing", "bce_loss", "progressive_resizing", "fixres", "ema", "mixup",
+    "blurpool", "channels_last", "label_smoothing", "progressive_resizing", "fixres", "ema", "mixup",
     "sam", "randaugment", "stochastic_depth", "colout", "squeeze_excite", "ghost_batchnorm", "layer_freezing",
     "swa", "selective_backprop", "gradient_clipping",
 ]  # fmt: skip
@@ -160,6 +160,7 @@ def test_every_method_together_on_resnet50_at_small_resolution(tmp_path):
         "eval_interval=4ba",
         "progress=false",
         f"algorithms=[{','.join(ALL_TOGETHER)}]",
+        "loss=bce",
         "algorithms.fixres.train_resolution=24",
         "algorithms.ghost_batchnorm.ghost_batch_size=4",
         "algorithms.selective_backprop.start=0",

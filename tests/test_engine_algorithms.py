@@ -235,16 +235,20 @@ def test_ema_equals_the_closed_form():
     s = smoothing(2, 10)
     assert s == pytest.approx(2**-0.2)
     expected = [t.detach().clone().float() for t in model.state_dict().values()]
+    matched = []
     for step in range(1, 9):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
             model(torch.randn(4, 3))  # moves the BN running statistics
         state.batch = step
-        if ema.match(Event.BATCH_END, state):
+        matched.append(ema.match(Event.BATCH_END, state))
+        if matched[-1]:
             ema.apply(Event.BATCH_END, state)
+        if step in (2, 4, 6, 8):  # every 2 steps, written out here rather than taken from ema.match
             current = [t.float() for t in model.state_dict().values()]
             expected = [s * e + (1 - s) * c for e, c in zip(expected, current)]
+    assert matched == [False, True] * 4
     averaged = list(ema.average.module.state_dict().values())
     for got, want, key in zip(averaged, expected, model.state_dict()):
         if "num_batches" not in key:

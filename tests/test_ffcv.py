@@ -20,6 +20,7 @@ from trainrun.data.ffcv import FFCVData, check_beton
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError
 from trainrun.schema import DataConfig, FFCVConfig
+from trainrun.tasks.image_classification import ImageClassification
 
 RAW = WriteSettings(mode="raw", max_resolution=64, num_workers=1)
 
@@ -68,10 +69,11 @@ def test_digits_labels_round_trip_exactly(tmp_path):
     assert torch.equal(torch.cat(labels), train.labels)
     assert torch.equal(torch.cat(images), train.images)  # raw mode at native size: pixel-exact
     assert images[0].is_contiguous(memory_format=torch.channels_last)  # views of FFCV's NHWC buffers
-    prepared = data.prepare(images[0])
+    task = ImageClassification(config)
+    prepared = task.normalise(images[0])
     assert prepared.is_contiguous()  # NCHW, made while normalising
-    assert torch.allclose(prepared, (images[0].float() - data.mean) / data.std)
-    nhwc = data.prepare(images[0], torch.channels_last)  # a channels-last run: the same values, NHWC
+    assert torch.allclose(prepared, (images[0].float() - task.mean) / task.std)
+    nhwc = task.normalise(images[0], torch.channels_last)  # a channels-last run: the same values, NHWC
     assert nhwc.is_contiguous(memory_format=torch.channels_last) and torch.equal(nhwc, prepared)
 
 
@@ -299,7 +301,7 @@ def test_write_command_and_training_on_betons(tmp_path):
 
 def test_writing_on_a_terminal_shows_a_rich_progress_bar(tmp_path, capsys):
     screen = io.StringIO()
-    write_beton(Indexed(300), tmp_path / "t.beton", RAW, Console(file=screen, force_terminal=True, width=100))
+    write_beton(Indexed(300), tmp_path / "t.beton", RAW, Console(file=screen, force_terminal=True, width=300))
     shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).replace("\n", "")  # colours and cursor moves
     assert f"writing 300 images to {tmp_path / 't.beton'}" in shown and "━" in shown  # rich's bar
     assert "wrote 300 images" in shown

@@ -403,15 +403,15 @@ def test_gpu_bench_times_the_full_step_in_steady_state_at_the_rows_format(monkey
 @pytest.mark.slow
 def test_gpu_bench_loader_rate_includes_the_device_copy_and_normalisation(monkeypatch, tmp_path):
     from trainrun.data import datasets
-    from trainrun.data.ffcv import FFCVData
     from trainrun.data.write import WriteSettings, write_beton
+    from trainrun.tasks.image_classification import ImageClassification
 
     bench = gpu_bench()
     train, _ = datasets(DataConfig(name="digits"), augment=False)
     write_beton(train, tmp_path / "digits.beton", WriteSettings(mode="raw", max_resolution=8))
     prepared = []
-    original = FFCVData.prepare
-    monkeypatch.setattr(FFCVData, "prepare", lambda self, *a: prepared.append(a[1]) or original(self, *a))
+    original = ImageClassification.normalise
+    monkeypatch.setattr(ImageClassification, "normalise", lambda self, *a: prepared.append(a[1]) or original(self, *a))
     rate = bench.loader_rate(str(tmp_path / "digits.beton"), 8, 64, 1, 10, torch.device("cpu"))
     assert rate > 0 and len(prepared) == 2 * (len(train) // 64)  # every batch of both epochs
     assert set(prepared) == {torch.channels_last}

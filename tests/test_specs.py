@@ -40,7 +40,7 @@ def test_the_methods_run_in_the_documented_order():
     assert METHOD_ORDER == (
         "stochastic_depth", "blurpool", "squeeze_excite", "ghost_batchnorm", "fixres", "progressive_resizing",
         "colout", "selective_backprop", "seq_length_warmup", "mixup", "cutmix", "randaugment", "trivialaugment",
-        "bce_loss", "label_smoothing", "sam", "gradient_clipping", "layer_freezing", "ema", "swa", "alibi",
+        "label_smoothing", "sam", "gradient_clipping", "layer_freezing", "ema", "swa", "alibi",
         "unpadding", "masked_head", "gated_linear_units", "low_precision_layernorm", "fused_layers", "channels_last",
     )  # fmt: skip
     found = discover_specs()  # each specs/<name>.py's SPEC, read again

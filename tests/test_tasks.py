@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainrun.data.masked_text import IGNORED
+from trainrun.schema import DataConfig
 from trainrun.tasks import build_task
 from trainrun.tasks.image_classification import ClassificationEvaluator, ImageClassification
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, scored_labels
@@ -76,18 +77,17 @@ def test_evaluators_keep_their_sums_on_the_runs_device():
 
 
 def test_image_batches_go_to_the_device_normalised_in_the_runs_memory_format():
-    formats = []
-
-    class Data:
-        def prepare(self, images, memory_format):
-            formats.append((images.device.type, memory_format))
-            return images.float()
-
-    state = SimpleNamespace(device=torch.device("meta"), data=Data(), memory_format=torch.channels_last)
+    task = ImageClassification(DataConfig(mean=[0.5, 0.25, 0.0], std=[0.5, 0.25, 1.0]))
+    state = SimpleNamespace(device=torch.device("meta"), memory_format=torch.channels_last)
     images, labels = torch.zeros(3, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1, 2])
-    inputs, targets, count = ImageClassification().batch((images, labels), state)
-    assert formats == [("meta", torch.channels_last)] and count == 3
-    assert inputs.device.type == targets.device.type == "meta"
+    inputs, targets, count = task.batch((images, labels), state)
+    assert count == 3 and inputs.device.type == targets.device.type == "meta"
+    assert inputs.dtype == torch.float32 and inputs.is_contiguous(memory_format=torch.channels_last)
+    state.device = torch.device("cpu")
+    images[:, :, 0, 0] = 255
+    inputs, _, _ = task.batch((images, labels), state)  # the constants follow the images back to the CPU
+    assert inputs.is_contiguous(memory_format=torch.channels_last)
+    assert inputs[0, :, 0, 0].tolist() == [1.0, 3.0, 1.0] and inputs[0, :, 1, 1].tolist() == [-1.0, -1.0, 0.0]
 
 
 def test_masked_token_metrics_accumulate_over_batches_and_ranks(monkeypatch):
@@ -168,7 +168,9 @@ def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_p
     documents = ["a short document about tokens", "another document, a little longer than the first"] * 10
     store = write_token_store(documents, documents[:2], tmp_path / "store", vocab_size=80)
     model = build_bert(BertConfig(layers=1, hidden_size=16, heads=2, intermediate_size=32), 80)
-    state = SimpleNamespace(raw_model=model, data=SimpleNamespace(tokenizer_file=store / "tokenizer.json"))
+    state = SimpleNamespace(
+        raw_model=model, data=SimpleNamespace(text=SimpleNamespace(tokenizer_file=store / "tokenizer.json"))
+    )
     lines = MaskedLanguageModeling().export(state, tmp_path / "run")
     folder = tmp_path / "run" / "hf_model"
     assert lines == [f"wrote {folder} (BertForMaskedLM and its tokenizer, for transformers' from_pretrained)"]

@@ -217,6 +217,12 @@ def _sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+# options that are gone, and what a config says instead
+RETIRED_OPTIONS = {
+    ("algorithms", "bce_loss"): "'loss=bce' (the classifier bias starts at -ln C through model.initializers)",
+}
+
+
 def group_options(group: str, source: ConfigSource | None = None) -> list[str]:
     """The options of config group ``group`` (file names under <dir>/<group>/ of every directory)."""
     directories = (source or ConfigSource()).directories
@@ -232,7 +238,8 @@ def _composition_message(error: Exception, source: ConfigSource) -> str:
             searched = ", ".join(str(directory) for directory in source.directories)
             return f"bad value for '--config-name': no config '{option}.yaml' in {searched}"
         options = ", ".join(group_options(group, source))
-        return f"unknown option '{option}' for '{group}' (choose from: {options})"
+        moved = f": it is now {RETIRED_OPTIONS[group, option]}" if (group, option) in RETIRED_OPTIONS else ""
+        return f"unknown option '{option}' for '{group}'{moved} (choose from: {options})"
     if isinstance(error, OverrideParseException):
         detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
         return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
+from trainrun.atomic_io import atomic_write_text
 from trainrun.core import checkpoint, distributed
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
@@ -29,14 +30,14 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import DataSpec, build_data
-from trainrun.files import atomic_write_text
 from trainrun.loggers.console import ConsoleLogger
-from trainrun.loggers.steps import StepTimeLogger
+from trainrun.loggers.step_times import StepTimeLogger
 from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
+from trainrun.registry import builder
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.tasks import Task, build_task
 
@@ -56,7 +57,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
     model = build_seeded_model(config, data, placement.rank)
     timeline, budget = plan_timeline(config, data)
-    task = build_task(config.task.name)
+    task = build_task(config.task.name, config.data)
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
     logs = RunLogs.build(config, run_dir, task, placement, device, console, stop_after, budget)
     state = build_state(config, model, data, task, timeline, precision, placement, device)
@@ -92,7 +93,7 @@ def build_precision(name: str, device: torch.device, console: Console) -> Precis
 def build_seeded_model(config: TrainConfig, data: DataSpec, rank: int) -> torch.nn.Module:
     """The model with the same initial weights on every rank; then each rank seeds its own draws."""
     seed_everything(config.seed)
-    model = build_model(config.model, data.vocab_size)
+    model = build_model(config.model, data.text.vocab_size if data.text else None)
     seed_everything(config.seed + rank)  # each rank its own dropout, mixing, ...
     return model
 
@@ -151,10 +152,8 @@ class RunLogs:
         callbacks: list[Callback] = []
         if rank == 0:
             callbacks = [quality, steps, ConsoleLogger(quality, live=config.progress, console=console)]
-        if rank == 0 and "tensorboard" in config.loggers:
-            from trainrun.loggers.tensorboard import TensorBoardLogger
-
-            callbacks.append(TensorBoardLogger(run_dir, config.log_interval))
+        if rank == 0:
+            callbacks += [builder("logger", name)(run_dir, config.log_interval) for name in config.loggers]
         return cls(quality, steps, callbacks, rank)
 
     def resume_from(self, batch: int) -> None:

@@ -22,19 +22,16 @@ from trainrun.fields import (
     positive_fraction_field,
     time_field,
 )
+from trainrun.registry import names
 
-MODEL_NAMES = ("resnet_small", "resnet18", "resnet34", "resnet50", "resnet101", "bert")
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
-DATA_NAMES = ("digits", "mnist5k", "synthetic", "folder", "beton", "text")
-TASK_NAMES = ("image_classification", "masked_lm")
-LOGGER_NAMES = ("tensorboard",)  # beside metrics.jsonl, steps.jsonl and the console, which every run has
 
 
 @dataclass
 class TaskConfig:
     """The kind of problem (conf/task/, trainrun/tasks/): inputs, losses, metrics and the quality metric."""
 
-    name: str = choice_field("image_classification", *TASK_NAMES)
+    name: str = choice_field("image_classification", *names("task"))
 
 
 @dataclass
@@ -66,7 +63,7 @@ class BertConfig:
 class ModelConfig:
     """Which network to build and how to initialise it; each kind's own settings under its name."""
 
-    name: str = choice_field("resnet_small", *MODEL_NAMES)
+    name: str = choice_field("resnet_small", *names("model"))
     num_classes: int = positive_field(10)
     initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
     # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert),
@@ -103,7 +100,7 @@ class TextConfig:
 class DataConfig:
     """Where images or text come from and how they are cut, augmented (or masked) and batched."""
 
-    name: str = choice_field("digits", *DATA_NAMES)
+    name: str = choice_field("digits", *names("data"))
     loader: str = choice_field("torch", "torch", "ffcv")
     path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees; text: a token store
     train: str | None = None  # beton: the training .beton file
@@ -239,7 +236,8 @@ class TrainConfig:
     log_interval: int = positive_field(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
     profile_prefix: str | None = time_field(None)  # train only this much of the schedule; extrapolate the time
-    loggers: list[str] = field(default_factory=list)  # extra loggers: tensorboard
+    # loggers beside metrics.jsonl, steps.jsonl and the console, which every run has: tensorboard
+    loggers: list[str] = field(default_factory=list)
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
 
 

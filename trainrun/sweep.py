@@ -21,10 +21,10 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from trainrun.atomic_io import atomic_write_json
 from trainrun.config import ConfigSource, override_key, override_value
 from trainrun.core.time import Time, TimeUnit, budget_size, is_budget
 from trainrun.errors import ConfigError
-from trainrun.files import atomic_write_json
 from trainrun.schema import TrainConfig
 
 SWEEP_KEYS = ("budgets", "seeds", "out")

@@ -15,7 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 from trainrun.algorithms.specs import SPECS, check_methods, sequence_limit
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
-from trainrun.schema import INITIALIZERS, LOGGER_NAMES, LauncherConfig, TrainConfig, moved_keys
+from trainrun.registry import names
+from trainrun.schema import INITIALIZERS, LauncherConfig, TrainConfig, moved_keys
 
 
 def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
@@ -152,8 +153,8 @@ def _check_run(config: TrainConfig) -> None:
     if config.profile_prefix is not None and Time.parse(config.profile_prefix).value <= 0:
         raise ConfigError(f"bad value for 'profile_prefix': '{config.profile_prefix}' (must be above 0)")
     for name in config.loggers:
-        if name not in LOGGER_NAMES:
-            raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(LOGGER_NAMES)})")
+        if name not in names("logger"):
+            raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(names('logger'))})")
     if config.stop_at is not None and not 0 < config.stop_at <= 1:
         raise ConfigError(f"bad value for 'stop_at': {config.stop_at} (a fraction in (0, 1] of the quality metric)")
     for target in config.accuracy_targets:

@@ -34,7 +34,6 @@ class EMA(Algorithm):
 
     def __init__(self, config: EMAConfig) -> None:
         super().__init__(config)
-        self.half_life, self.update_interval = config.half_life, config.update_interval
         self.average: AveragedModel | None = None
         self.interval = 1
         self._stash: list[torch.Tensor] = []
@@ -58,8 +57,8 @@ class EMA(Algorithm):
 
     def _start(self, state: State) -> None:
         timeline = state.timeline
-        self.interval = max(timeline.to_batches(self.update_interval), 1)
-        decay = smoothing(self.interval, max(timeline.to_batches(self.half_life), 1))
+        self.interval = max(timeline.to_batches(self.config.update_interval), 1)
+        decay = smoothing(self.interval, max(timeline.to_batches(self.config.half_life), 1))
         self.average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.average.update_parameters(state.raw_model)  # start from the current weights
 

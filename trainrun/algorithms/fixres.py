@@ -22,22 +22,19 @@ from trainrun.core.state import State
 class FixRes(TrainingResolution):
     name = "fixres"
     events = frozenset({Event.INIT, *TrainingResolution.events})
-
-    def __init__(self, config: FixResConfig) -> None:
-        super().__init__(config)
-        self.train_resolution = config.train_resolution
+    config: FixResConfig
 
     def match(self, event: Event, state: State) -> bool:
         return event is Event.INIT or super().match(event, state)
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.INIT:
-            state.train_resolution = self.train_resolution
+            state.train_resolution = self.config.train_resolution
         else:
             super().apply(event, state)
 
     def target_size(self, state: State) -> int:
-        return self.train_resolution
+        return self.config.train_resolution
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True)

@@ -34,16 +34,13 @@ def adaptive_clip(parameters: list[torch.nn.Parameter], threshold: float, eps: f
 class GradientClipping(Algorithm):
     name = "gradient_clipping"
     events = frozenset({Event.BEFORE_OPTIMIZER_STEP})
-
-    def __init__(self, config: GradientClippingConfig) -> None:
-        super().__init__(config)
-        self.type, self.threshold = config.type, config.threshold
+    config: GradientClippingConfig
 
     def apply(self, event: Event, state: State) -> None:
         parameters = [p for p in state.model.parameters() if p.grad is not None]
-        if self.type == "norm":
-            torch.nn.utils.clip_grad_norm_(parameters, self.threshold)
-        elif self.type == "value":
-            torch.nn.utils.clip_grad_value_(parameters, self.threshold)
+        if self.config.type == "norm":
+            torch.nn.utils.clip_grad_norm_(parameters, self.config.threshold)
+        elif self.config.type == "value":
+            torch.nn.utils.clip_grad_value_(parameters, self.config.threshold)
         else:
-            adaptive_clip(parameters, self.threshold)
+            adaptive_clip(parameters, self.config.threshold)

@@ -20,12 +20,11 @@ class LabelSmoothing(Algorithm):
 
     def __init__(self, config: LabelSmoothingConfig) -> None:
         super().__init__(config)
-        self.smoothing = config.smoothing
         self._original = None
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.BEFORE_LOSS:
             self._original = state.targets
-            state.targets = smooth(state.targets, state.outputs.shape[1], self.smoothing, torch.float32)
+            state.targets = smooth(state.targets, state.outputs.shape[1], self.config.smoothing, torch.float32)
         else:
             state.targets = self._original

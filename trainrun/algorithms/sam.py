@@ -36,11 +36,10 @@ class SAM(Algorithm):
 
     def __init__(self, config: SAMConfig) -> None:
         super().__init__(config)
-        self.rho, self.epsilon, self.interval = config.rho, config.epsilon, config.interval
         self._loss_targets = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event in self.events and state.batch % self.interval == 0
+        return event in self.events and state.batch % self.config.interval == 0
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.BEFORE_FORWARD:
@@ -66,9 +65,9 @@ class SAM(Algorithm):
         norm = torch.nn.utils.get_total_norm(grads)  # of the scaled gradient under fp16
         if scaler is not None:
             loss_scale = scaler._get_scale_async()  # the scale tensor itself; get_scale() syncs
-            scale = self.rho / (norm / loss_scale + self.epsilon) / loss_scale
+            scale = self.config.rho / (norm / loss_scale + self.config.epsilon) / loss_scale
         else:
-            scale = self.rho / (norm + self.epsilon)
+            scale = self.config.rho / (norm + self.config.epsilon)
         buffers = list(state.raw_model.buffers())
         with torch.no_grad():
             weights = torch._foreach_mul(params, 1.0)  # a copy of w (one foreach kernel), restored after

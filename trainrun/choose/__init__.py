@@ -28,10 +28,10 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from trainrun.atomic_io import atomic_write_json
 from trainrun.choose.recipes import choose_recipe
 from trainrun.choose.systems import choose_systems
 from trainrun.config import AUTO_RECIPE, ConfigSource, config_dir
-from trainrun.files import atomic_write_json
 
 
 def before_run(overrides: list[str], source: ConfigSource, optimize: bool, console: Console) -> list[str]:

@@ -10,9 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainrun.atomic_io import read_jsonl
 from trainrun.config import ConfigSource, override_key
 from trainrun.core.accounts import train_seconds
-from trainrun.files import read_jsonl
 
 
 @dataclass(frozen=True)

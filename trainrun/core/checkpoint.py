@@ -10,8 +10,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from trainrun.atomic_io import atomic_write
 from trainrun.errors import CheckpointError
-from trainrun.files import atomic_write
 
 FORMAT = "trainrun/1"  # a checkpoint payload's "format"
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")

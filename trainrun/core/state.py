@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -12,6 +13,42 @@ from torch.nn.parallel import DistributedDataParallel
 from trainrun.core.accounts import TimeAccounts
 from trainrun.core.precision import Precision
 from trainrun.core.time import Timeline
+
+LossFunction = Callable[[Any, Any], torch.Tensor]  # (outputs, targets) -> the batch's loss
+
+
+class RunEvaluator(Protocol):
+    """One evaluation pass, as the trainer drives it (:class:`trainrun.tasks.Evaluator`)."""
+
+    def update(self, outputs: Any, targets: Any) -> None: ...
+
+    def compute(self) -> dict[str, float]: ...
+
+
+class RunTask(Protocol):
+    """What the loop asks of the run's task (:class:`trainrun.tasks.Task`): batches to inputs and
+    targets on the device, an evaluation pass, and the metric time-to-quality is measured in."""
+
+    quality: str
+    metrics: Mapping[str, str]
+
+    def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]: ...
+
+    def evaluator(self, state: State) -> RunEvaluator: ...
+
+
+class RunData(Protocol):
+    """What the loop and the methods ask of the run's data (:class:`trainrun.data.DataSpec`)."""
+
+    batches_per_epoch: int
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator: ...
+
+    def eval_batches(self) -> Iterable: ...
+
+    def add_train_transform(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> bool: ...
+
+    def set_train_resolution(self, size: int) -> bool: ...
 
 
 @dataclass
@@ -35,9 +72,9 @@ class State:
     targets: Any = None
     outputs: Any = None
     loss: Any = None
-    loss_fn: Any = None
-    task: Any = None  # the run's Task: batches to inputs and targets, evaluation, quality
-    data: Any = None  # the run's DataSpec
+    loss_fn: LossFunction | None = None
+    task: RunTask | None = None
+    data: RunData | None = None
     num_classes: int = 0
     memory_format: torch.memory_format = torch.contiguous_format  # of the model and its input batches
     train_resolution: int | None = None  # full training resolution; algorithms may train lower

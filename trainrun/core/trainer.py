@@ -92,7 +92,6 @@ class Trainer:
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
-        state.data.to(state.device)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)

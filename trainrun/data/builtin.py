@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.interface import Datasets
 from trainrun.schema import DataConfig
 
 Transform = Callable[[torch.Tensor], torch.Tensor] | None
@@ -80,12 +82,12 @@ def eval_transform(config: DataConfig, native: int) -> Transform:
     return v2.Resize(config.eval_resolution, antialias=True) if config.eval_resolution != native else None
 
 
-def builtin_datasets(config: DataConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+def builtin_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
     """Train and validation sets of ``digits`` or ``mnist5k``; without transforms if not ``augment``."""
     images, labels = load_arrays(config.name)
     train, val = split_indices(len(labels), config.val_fraction, config.split_seed)
     native = images.shape[-1]
-    return (
+    return Datasets(
         TensorImageDataset(images[train], labels[train], train_transform(config, native) if augment else None),
         TensorImageDataset(images[val], labels[val], eval_transform(config, native) if augment else None),
     )
@@ -116,10 +118,12 @@ class SyntheticImages(Dataset):
         return torch.from_numpy(image.astype(np.uint8)), label
 
 
-def synthetic_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
-    """Train and validation synthetic sets drawing from the same class patterns."""
+def synthetic_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
+    """Train and validation synthetic sets drawing from the same class patterns (made, never augmented)."""
 
     def make(count: int, resolution: int, offset: int) -> SyntheticImages:
         return SyntheticImages(count, resolution, config.num_classes, config.split_seed, offset)
 
-    return make(config.num_samples, config.resolution, 0), make(config.val_samples, config.eval_resolution, 1 << 30)
+    return Datasets(
+        make(config.num_samples, config.resolution, 0), make(config.val_samples, config.eval_resolution, 1 << 30)
+    )

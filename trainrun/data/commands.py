@@ -66,10 +66,10 @@ def write_command(argv: list[str]) -> int:
 def _builtin_data_config(source: str, overrides: list[str]):
     """The data config of built-in set ``source`` (None for a folder), with ``data.*`` overrides."""
     from trainrun.config import compose
-    from trainrun.schema import DATA_NAMES
+    from trainrun.registry import names
     from trainrun.validation import validate
 
-    if source not in DATA_NAMES:
+    if source not in names("data"):
         return None
     return validate(compose([f"data={source}", *overrides])).data
 

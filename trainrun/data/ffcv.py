@@ -4,8 +4,8 @@ Training: random-resized-crop decoder at the configured resolution (its ``output
 change between epochs), optional translate and flip, to tensor, to the device (non-blocking; no step on
 the CPU), to a torch image. Evaluation: center-crop decoder with ratio ``eval_resolution / eval_resize``.
 Batches are (N, 3, H, W) views of FFCV's (N, H, W, 3) buffers, so channels-last in memory:
-no copy on the loader's thread. :meth:`DataSpec.prepare` converts them to the run's memory
-format on the device in the same pass that normalises them. Built-in sets are written once to
+no copy on the loader's thread. The image task converts them to the run's memory format on
+the device in the same pass that normalises them. Built-in sets are written once to
 ``data.cache_dir`` and reused.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
 from trainrun.data.cache import cache_prefix, write_once_per_node
-from trainrun.data.spec import DataSpec
+from trainrun.data.interface import DataSpec
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError
 from trainrun.schema import DataConfig
@@ -65,14 +65,14 @@ def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]
     paths = prefix.with_name(f"{prefix.name}-train.beton"), prefix.with_name(f"{prefix.name}-val.beton")
 
     def write() -> None:
-        from trainrun.data.sources import datasets
+        from trainrun.data.interface import datasets
 
         settings = WriteSettings(mode="raw", max_resolution=max(config.resolution, config.eval_resolution))
         for dataset, path in zip(datasets(config, augment=False), paths):
             if not path.is_file():
                 write_beton(dataset, path, settings)
 
-    write_once_per_node(lambda: all(path.is_file() for path in paths), write, placement)
+    write_once_per_node(prefix, lambda: all(path.is_file() for path in paths), write, placement)
     return paths
 
 
@@ -91,6 +91,11 @@ def _label_pipeline(device: torch.device) -> list:
     return [IntDecoder(), ToTensor(), Squeeze(), *_device_stage(device)]
 
 
+def beton_files(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> tuple[Path, Path]:
+    """``data=beton``: the user's training and validation files, already in FFCV's format."""
+    return Path(config.train).expanduser(), Path(config.val).expanduser()
+
+
 def _beton_files(config: DataConfig, placement: Placement) -> tuple[Path, Path, int]:
     """The training and validation files (the user's, or built-in sets written once), checked,
     and the validation set's size."""
@@ -99,10 +104,8 @@ def _beton_files(config: DataConfig, placement: Placement) -> tuple[Path, Path, 
             "data.ffcv.order=quasi_random cannot be combined with distributed training (FFCV has no "
             "distributed quasi-random order); use data.ffcv.order=random"
         )
-    if config.name == "beton":
-        train_path, val_path = Path(config.train).expanduser(), Path(config.val).expanduser()
-    else:
-        train_path, val_path = cached_betons(config, placement)
+    files = beton_files if config.name == "beton" else cached_betons
+    train_path, val_path = files(config, placement)
     check_beton(train_path, config.num_classes)
     return train_path, val_path, check_beton(val_path, config.num_classes)
 
@@ -133,7 +136,6 @@ class FFCVData(DataSpec):
 
         from trainrun.data.ffcv_keyed import SampleKeys
 
-        super().__init__(config)
         train_path, val_path, val_count = _beton_files(config, placement)
         self.keys = SampleKeys(seed)  # augmentation keyed to (seed, epoch, sample): reproducible runs
         workers = {0: -1, -1: cores_per_process()}.get(config.num_workers, config.num_workers)  # FFCV's -1: every core

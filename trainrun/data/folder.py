@@ -16,12 +16,13 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.interface import Datasets
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
@@ -70,8 +71,8 @@ def _image_folder(root: Path, transform: v2.Transform, lazy: bool) -> ImageFolde
     return dataset
 
 
-def folder_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
-    """Random-resized-crop + flip for training; resize + center crop for evaluation."""
+def folder_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
+    """Random-resized-crop + flip for training; resize + center crop for evaluation (decoding needs both)."""
     root = Path(config.path).expanduser()
     scale, ratio = tuple(config.crop_scale), tuple(config.crop_ratio)
     eval_resize = config.eval_resize or config.eval_resolution
@@ -92,4 +93,4 @@ def folder_datasets(config: DataConfig) -> tuple[Dataset, Dataset]:
         )
     if train.classes != val.classes:
         raise DataError(f"class folders of '{root / 'train'}' and '{root / 'val'}' differ")
-    return train, val
+    return Datasets(train, val)

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
-from trainrun.data.cache import cache_prefix
+from trainrun.data.cache import cache_prefix, write_once
+from trainrun.data.interface import Datasets, TextFacts
 from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents, write_token_store
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
@@ -131,19 +132,20 @@ class MaskedSequences(Dataset):
         positions = chosen.nonzero().squeeze(1)
         return {"input_ids": inputs, "attention_mask": attention, "labels": labels, "predict_positions": positions}
 
-    collate = staticmethod(collate_masked)  # the torch loader's collate_fn
 
-
-def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> tuple[MaskedSequences, MaskedSequences]:
-    """Training and evaluation samples of the store at ``data.path`` or of a built-in corpus."""
+def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
+    """Training and evaluation samples of the store at ``data.path`` or of a built-in corpus (masks are
+    drawn per epoch either way)."""
     path = Path(config.path).expanduser() if config.path else cached_store(config, placement)
     train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
     if len(train.tokens) == 0 or len(val.tokens) == 0:
         raise DataError(f"token store '{path}' has no {'training' if len(train.tokens) == 0 else 'validation'} text")
     text = config.text
-    return (
+    return Datasets(
         MaskedSequences(train, text.max_seq_len, text.packing, text.mlm_probability),
         MaskedSequences(val, text.max_seq_len, text.packing, text.eval_mlm_probability, fixed_masks=True),
+        collate_masked,  # predicted positions padded per batch
+        TextFacts(train.vocab_size, text.max_seq_len, path / "tokenizer.json"),
     )
 
 
@@ -168,8 +170,8 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
                 given.write_text(tokenizer)
             write_token_store(train, val, path, vocab_size, given)
 
-    if placement.rank == 0 and not tokenizer_file.is_file():
-        write()
+    if placement.rank == 0:
+        write_once(prefix, tokenizer_file.is_file, write)
     if placement.world_size > 1:
         shared = [tokenizer_file.read_text() if placement.rank == 0 else None]
         dist.broadcast_object_list(shared, src=0, device=torch.device("cpu"))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainrun.atomic_io import atomic_directory
 from trainrun.errors import ConfigError, DataError
-from trainrun.files import atomic_directory
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

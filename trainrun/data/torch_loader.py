@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
+from trainrun.data.interface import Datasets, DataSpec
 from trainrun.data.sampling import ResumableSampler, ShardSampler
-from trainrun.data.spec import DataSpec
 from trainrun.schema import DataConfig
 
 
@@ -74,16 +74,15 @@ class TorchData(DataSpec):
     def __init__(
         self,
         config: DataConfig,
-        train_set: Dataset,
-        val_set: Dataset,
+        sets: Datasets,
         per_rank_batch: int,
         eval_batch: int,
         seed: int,
         placement: Placement = SINGLE_PROCESS,
         device: torch.device | None = None,
     ) -> None:
-        super().__init__(config)
         rank, world_size = placement.rank, placement.world_size
+        train_set, val_set, self.text = sets.train, sets.val, sets.text
         self.train_set = AugmentedDataset(train_set, seed)
         self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         # pinned host batches let the trainer's non-blocking copies overlap the previous step
@@ -95,7 +94,7 @@ class TorchData(DataSpec):
             "pin_memory": pin_memory,
             "persistent_workers": config.persistent_workers and count > 0,
             "prefetch_factor": config.prefetch_factor if count > 0 else None,
-            "collate_fn": getattr(train_set, "collate", None),  # text: predicted positions padded per batch
+            "collate_fn": sets.collate,
         }
         # Own generator: iterator creation must not draw from the global RNG the model's own random
         # draws use, or a run resumed mid-epoch would continue differently from the uninterrupted one.
@@ -113,9 +112,6 @@ class TorchData(DataSpec):
         )
         self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)
-        self.vocab_size = getattr(train_set, "vocab_size", None)  # text: the token store's vocabulary
-        self.tokenizer_file = getattr(train_set, "tokenizer_file", None)  # text: the store's tokenizer.json
-        self.max_seq_len = getattr(train_set, "max_seq_len", None)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         self.sampler.set_epoch(epoch, skip=skip * self.per_rank_batch)

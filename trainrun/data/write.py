@@ -146,7 +146,7 @@ def _progress_instead_of_tqdm(console: Console, label: str) -> Iterator[None]:
 def source_dataset(source: str, split: str, builtin: Any) -> Any:
     """The dataset ``trainrun write`` reads: built-in set ``builtin`` or an ImageFolder at ``source``."""
     if builtin is not None:
-        from trainrun.data.sources import datasets
+        from trainrun.data.interface import datasets
 
         train, val = datasets(builtin, augment=False)
         return train if split == "train" else val

@@ -16,10 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trainrun.atomic_io import atomic_write_json, atomic_write_text, read_jsonl
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.files import atomic_write_json, atomic_write_text, read_jsonl
 from trainrun.report.bottleneck import Bottleneck, find_bottleneck
 from trainrun.tasks import Task
 

@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend
 
 from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
-from trainrun.schema import BertConfig
+from trainrun.schema import BertConfig, ModelConfig
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -279,3 +279,12 @@ def build_bert(config: BertConfig, vocab_size: int) -> MaskedLanguageModel:
         attn_implementation="sdpa",
     )
     return MaskedLanguageModel(BertForMaskedLM(settings), config.attention)
+
+
+def build(config: ModelConfig, vocab_size: int | None = None) -> MaskedLanguageModel:
+    """``model=bert_*``: a BERT of ``model.bert``'s shape over the token store's vocabulary."""
+    if vocab_size is None:
+        raise ConfigError(
+            "model.name=bert needs text data (data=text or data=stdlib_docs): its vocabulary sizes the model"
+        )
+    return build_bert(config.bert, vocab_size)

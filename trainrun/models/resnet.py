@@ -3,14 +3,13 @@
 from torch import nn
 from torchvision.models import resnet
 
-RESNETS = {
-    "resnet18": resnet.resnet18,
-    "resnet34": resnet.resnet34,
-    "resnet50": resnet.resnet50,
-    "resnet101": resnet.resnet101,
-}
+from trainrun.models.initializers import initialize
+from trainrun.schema import ModelConfig
 
 
-def build_resnet(name: str, num_classes: int) -> nn.Module:
-    """torchvision ResNet ``name`` with a ``num_classes``-way head and random weights."""
-    return RESNETS[name](weights=None, num_classes=num_classes)
+def build(config: ModelConfig, vocab_size: int | None = None) -> nn.Module:
+    """``model=resnet18|34|50|101`` (:data:`trainrun.registry.RESNETS`): torchvision's network with a
+    ``num_classes``-way head, random weights initialised with ``model.initializers``."""
+    model = getattr(resnet, config.name)(weights=None, num_classes=config.num_classes)
+    initialize(model, config.initializers, config.num_classes)
+    return model

@@ -13,6 +13,9 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
+from trainrun.models.initializers import initialize
+from trainrun.schema import ModelConfig
+
 
 def group_norm(channels: int) -> nn.GroupNorm:
     """Group normalisation with up to 8 groups: per-sample, so independent of how a batch is split."""
@@ -59,3 +62,11 @@ class SmallResNet(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.layers(self.relu(self.bn1(self.conv1(images))))
         return self.fc(torch.flatten(self.avgpool(features), 1))
+
+
+def build(config: ModelConfig, vocab_size: int | None = None) -> SmallResNet:
+    """``model=resnet_small``, initialised with ``model.initializers``."""
+    small = config.resnet_small
+    model = SmallResNet(config.num_classes, width=small.width, blocks=small.blocks, norm=small.norm)
+    initialize(model, config.initializers, config.num_classes)
+    return model

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainrun.atomic_io import atomic_directory
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from trainrun.errors import ConfigError
-from trainrun.files import atomic_directory
 
 KEY = "model.weights"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from trainrun.atomic_io import atomic_write_text
 from trainrun.errors import ConfigError
-from trainrun.files import atomic_write_text
 from trainrun.report import curves
 from trainrun.report.plots import plot_tradeoff
 from trainrun.report.runs import Pricing, find_runs, load_run

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainrun.files import atomic_write
+from trainrun.atomic_io import atomic_write
 from trainrun.report import curves
 from trainrun.report.curves import Point
 from trainrun.report.runs import AUTO

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from trainrun.atomic_io import read_jsonl
 from trainrun.core.accounts import train_seconds
 from trainrun.core.time import budget_size, is_budget
 from trainrun.errors import ConfigError
-from trainrun.files import read_jsonl
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 AUTO = "auto"  # the label of runs whose recipe recipe=auto chose

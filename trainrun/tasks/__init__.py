@@ -3,23 +3,19 @@
 A task turns a loader's batch into model inputs and targets on the device, names the losses a
 run can choose, evaluates (metrics reduced over ranks), and says which metric is the run's
 *quality*, the one time-to-quality is measured in. The trainer, checkpoints, loggers, reports,
-sweeps and bottleneck accounting speak only through it. ``conf/task/<name>.yaml`` selects
-``trainrun/tasks/<name>.py``; that module's ``build`` returns the task.
+sweeps and bottleneck accounting speak only through it. ``conf/task/<name>.yaml`` selects it by
+name from :mod:`trainrun.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-
-from trainrun.core.state import State
-
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from trainrun.core.state import LossFunction, State
+from trainrun.registry import builder
+from trainrun.schema import DataConfig
 
 
 class Evaluator(ABC):
@@ -65,6 +61,6 @@ class Task(ABC):
         return []
 
 
-def build_task(name: str) -> Task:
-    """The task of ``conf/task/<name>.yaml``, from ``trainrun.tasks.<name>.build``."""
-    return importlib.import_module(f"trainrun.tasks.{name}").build()
+def build_task(name: str, data: DataConfig | None = None) -> Task:
+    """The task ``task.name`` names (:mod:`trainrun.registry`), for data read as ``data`` says."""
+    return builder("task", name)(data or DataConfig())

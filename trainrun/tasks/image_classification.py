@@ -1,8 +1,9 @@
 """Image classification: uint8 images normalised on the device, class labels, top-1 as quality.
 
-Batches are ``(images, labels)`` with images uint8 (N, 3, H, W); the data side normalises them
-into the run's memory format. Evaluation: top-1 and top-5 accuracy (torchmetrics, synchronised
-over ranks) and the mean cross-entropy.
+Batches are ``(images, labels)`` with images uint8 (N, 3, H, W), on the CPU or already on the
+device, whichever loader read them; the task normalises them on the device with ``data.mean`` and
+``data.std``, straight into the run's memory format. Evaluation: top-1 and top-5 accuracy
+(torchmetrics, synchronised over ranks) and the mean cross-entropy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainrun.core.state import State
+from trainrun.schema import DataConfig
 from trainrun.tasks import Evaluator, LossFunction, Task
 from trainrun.tasks.losses import LOSSES
 
@@ -50,9 +52,25 @@ class ImageClassification(Task):
     metrics = {"top1": "top-1", "top5": "top-5"}
     unit = "img"
 
+    def __init__(self, data: DataConfig | None = None) -> None:
+        data = data or DataConfig()
+        self.mean = (torch.tensor(data.mean) * 255.0).view(1, 3, 1, 1)
+        self.std = (torch.tensor(data.std) * 255.0).view(1, 3, 1, 1)
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def normalise(
+        self, images: torch.Tensor, memory_format: torch.memory_format = torch.contiguous_format
+    ) -> torch.Tensor:
+        """uint8 images (on the device) to normalised float32 in ``memory_format``, in one copy."""
+        constants = self._on_device.get(images.device)
+        if constants is None:  # once per device: the constants follow the images
+            constants = self._on_device[images.device] = (self.mean.to(images.device), self.std.to(images.device))
+        mean, std = constants
+        return images.to(torch.float32, memory_format=memory_format).sub_(mean).div_(std)
+
     def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
         images, labels = batch
-        images = state.data.prepare(images.to(state.device, non_blocking=True), state.memory_format)
+        images = self.normalise(images.to(state.device, non_blocking=True), state.memory_format)
         return images, labels.to(state.device, non_blocking=True), len(labels)
 
     def loss(self, name: str) -> LossFunction:
@@ -62,5 +80,5 @@ class ImageClassification(Task):
         return ClassificationEvaluator(state.num_classes, state.device, state.world_size)
 
 
-def build() -> ImageClassification:
-    return ImageClassification()
+def build(data: DataConfig) -> ImageClassification:
+    return ImageClassification(data)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.data.masked_text import IGNORED, predicted_slots
+from trainrun.schema import DataConfig
 from trainrun.tasks import Evaluator, LossFunction, Task
 
 
@@ -112,7 +113,7 @@ class MaskedLanguageModeling(Task):
     def startup_notes(self, state: State) -> list[str]:
         """Which fused attention kernel the device gives this run's BERT at the data's length."""
         dtype = state.precision.dtype or torch.float32
-        kernels = state.raw_model.attention_kernels(state.data.max_seq_len, dtype, state.device)
+        kernels = state.raw_model.attention_kernels(state.data.text.max_seq_len, dtype, state.device)
         return [f"attention: {kernels}"]
 
     def export(self, state: State, run_dir: Path) -> list[str]:
@@ -120,10 +121,10 @@ class MaskedLanguageModeling(Task):
         from trainrun.models.weights import export_pretrained
 
         directory = run_dir / "hf_model"
-        caveats = export_pretrained(state.raw_model, state.data.tokenizer_file, directory)
+        caveats = export_pretrained(state.raw_model, state.data.text.tokenizer_file, directory)
         lines = [f"wrote {directory} (BertForMaskedLM and its tokenizer, for transformers' from_pretrained)"]
         return lines + [f"note: {directory.name}: {caveat}" for caveat in caveats]
 
 
-def build() -> MaskedLanguageModeling:
+def build(data: DataConfig) -> MaskedLanguageModeling:
     return MaskedLanguageModeling()

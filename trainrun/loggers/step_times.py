@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainrun.atomic_io import atomic_write_text, read_jsonl
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.files import atomic_write_text, read_jsonl
 
 
 class StepTimeLogger(Callback):
