@@ -30,7 +30,7 @@ def test_algorithm_bench_measures_every_method():
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "ms / step" not in line]
     rows = [row for row in rows if not row.startswith("| ---")]
-    assert len(rows) == 1 + 20  # none + every method
+    assert len(rows) == 1 + 19  # none + every image method
 
 
 @pytest.mark.slow
