@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from trainrun.data.cache import write_once
+
 # Small enough for a 2-core CPU: a narrow ResNet on digits (torch loader) for two epochs.
 TINY = ["data=digits", "model.resnet_small.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
 # a run whose numbers one process and two ranks must agree on: group norm (no batch statistics), flips
@@ -42,10 +44,25 @@ def metrics_without_timing(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
 
 
+def shared_by_workers(tmp_path_factory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this session sees (one worker: its own temporary root)."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / name
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
-    """One completed tiny run with a checkpoint every epoch, shared by read-only tests."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = run_cli(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=1ep", "checkpoint.keep=5")
-    assert result.returncode == 0, result.stderr
+    """One completed tiny run with a checkpoint every epoch, shared by read-only tests: made once per
+    session, by the first worker that needs it (the others wait on the cache's lock, then read it)."""
+    run_dir = shared_by_workers(tmp_path_factory, "trained-run")
+
+    def train() -> None:
+        result = run_cli(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=1ep", "checkpoint.keep=5")
+        assert result.returncode == 0, result.stderr
+
+    def finished() -> bool:  # summary.json is written during the run too
+        summary = run_dir / "summary.json"
+        return summary.is_file() and json.loads(summary.read_text()).get("status") == "completed"
+
+    write_once(run_dir, finished, train)
     return run_dir

@@ -20,6 +20,7 @@ from trainrun.algorithms.specs.masked_head import MaskedHeadConfig
 from trainrun.config import check
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.core.events import Event
+from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store, collate_masked
 from trainrun.data.token_store import (
     TokenStore,
@@ -433,7 +434,12 @@ def test_text_datasets_read_a_store_with_the_configs_lengths_packing_and_masking
     store = _store_with(tmp_path, "store", DOCUMENTS[:40], DOCUMENTS[40:44])
     config = DataConfig(name="text", path=str(store), text=TextConfig(max_seq_len=24, packing="pack"))
     config.text.mlm_probability, config.text.eval_mlm_probability = 0.3, 0.2
-    train, val = text_datasets(config)
+    sets = text_datasets(config)
+    train, val = sets
+    assert sets.collate is collate_masked  # predicted positions padded per batch
+    assert sets.text == TextFacts(
+        vocab_size=train.store.vocab_size, max_seq_len=24, tokenizer_file=store / "tokenizer.json"
+    )
     assert (train.max_seq_len, train.packing, train.mlm_probability, train.fixed_masks) == (24, "pack", 0.3, False)
     assert (val.max_seq_len, val.packing, val.mlm_probability, val.fixed_masks) == (24, "pack", 0.2, True)
     assert train.store.offsets[-1] > val.store.offsets[-1] > 0 and train.tokenizer_file == store / "tokenizer.json"

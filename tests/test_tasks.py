@@ -30,6 +30,10 @@ class AnotherRank:
 def test_build_task_finds_each_task_by_its_config_name():
     assert isinstance(build_task("image_classification"), ImageClassification)
     assert isinstance(build_task("masked_lm"), MaskedLanguageModeling)
+    default = build_task("image_classification")  # the data config's default normalisation
+    assert default.mean.flatten().tolist() == [127.5] * 3 and default.std.flatten().tolist() == [63.75] * 3
+    imagenet = build_task("image_classification", DataConfig(mean=[0.5, 0.25, 0.0], std=[0.5, 0.25, 1.0]))
+    assert imagenet.mean.flatten().tolist() == [127.5, 63.75, 0.0] and imagenet.std.shape == (1, 3, 1, 1)
 
 
 def test_classification_metrics_accumulate_over_batches_with_top5_and_a_mean_loss():
@@ -82,6 +86,7 @@ def test_image_batches_go_to_the_device_normalised_in_the_runs_memory_format():
     images, labels = torch.zeros(3, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1, 2])
     inputs, targets, count = task.batch((images, labels), state)
     assert count == 3 and inputs.device.type == targets.device.type == "meta"
+    assert {t.device.type for t in task._on_device[torch.device("meta")]} == {"meta"}  # a GPU refuses CPU constants
     assert inputs.dtype == torch.float32 and inputs.is_contiguous(memory_format=torch.channels_last)
     state.device = torch.device("cpu")
     images[:, :, 0, 0] = 255
