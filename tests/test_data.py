@@ -1,6 +1,7 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -192,3 +193,15 @@ def test_runs_that_find_a_cold_cache_together_write_it_once(tmp_path):
         thread.join()
     assert len(writes) == 1 and target.read_text() == "written"
     assert (tmp_path / "cache" / "digits-0123456789.lock").is_file()
+
+
+def test_digits_are_scikit_learns_digits_read_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    from trainrun.data.builtin import _load_digits
+
+    images, labels = _load_digits()
+    digits = load_digits()
+    assert images.dtype == np.uint8 and images.shape == (1797, 8, 8) and images.max() == 255
+    assert np.array_equal(images, np.rint(digits.images * (255 / 16)).astype(np.uint8))
+    assert np.array_equal(labels, digits.target)
