@@ -86,7 +86,7 @@ def test_image_batches_go_to_the_device_normalised_in_the_runs_memory_format():
     images, labels = torch.zeros(3, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1, 2])
     inputs, targets, count = task.batch((images, labels), state)
     assert count == 3 and inputs.device.type == targets.device.type == "meta"
-    assert {t.device.type for t in task._on_device[torch.device("meta")]} == {"meta"}  # a GPU refuses CPU constants
+    assert {t.device.type for t in task._device_constants} == {"meta"}  # a GPU refuses CPU constants
     assert inputs.dtype == torch.float32 and inputs.is_contiguous(memory_format=torch.channels_last)
     state.device = torch.device("cpu")
     images[:, :, 0, 0] = 255

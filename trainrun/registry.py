@@ -10,13 +10,13 @@ Speed-up methods follow the same rule by file: ``algorithms/specs/<name>.py`` ho
 What each kind's builder takes:
 
 - ``task``: the :class:`~trainrun.schema.DataConfig` (what the batches hold: the image task's
-  normalisation); returns the :class:`~trainrun.tasks.Task`.
+  normalisation; ``None``: the schema's defaults); returns the :class:`~trainrun.tasks.Task`.
 - ``model``: the :class:`~trainrun.schema.ModelConfig` and the data's vocabulary size (text);
   returns the initialised ``nn.Module``.
 - ``data``: the :class:`~trainrun.schema.DataConfig`, the rank's placement and whether to augment;
   returns the training and validation datasets. ``beton`` is the one source that is files already
   in the FFCV loader's format: its builder returns the two paths.
-- ``logger``: the run directory; returns a callback that rank 0 adds to the run.
+- ``logger``: the run directory and ``log_interval``; returns a callback that rank 0 adds to the run.
 """
 
 from __future__ import annotations

@@ -141,12 +141,10 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, aug
     if len(train.tokens) == 0 or len(val.tokens) == 0:
         raise DataError(f"token store '{path}' has no {'training' if len(train.tokens) == 0 else 'validation'} text")
     text = config.text
-    return Datasets(
-        MaskedSequences(train, text.max_seq_len, text.packing, text.mlm_probability),
-        MaskedSequences(val, text.max_seq_len, text.packing, text.eval_mlm_probability, fixed_masks=True),
-        collate_masked,  # predicted positions padded per batch
-        TextFacts(train.vocab_size, text.max_seq_len, path / "tokenizer.json"),
-    )
+    training = MaskedSequences(train, text.max_seq_len, text.packing, text.mlm_probability)
+    facts = TextFacts(training.vocab_size, training.max_seq_len, training.tokenizer_file)
+    evaluation = MaskedSequences(val, text.max_seq_len, text.packing, text.eval_mlm_probability, fixed_masks=True)
+    return Datasets(training, evaluation, collate_masked, facts)  # predicted positions padded per batch
 
 
 def cached_store(config: DataConfig, placement: Placement) -> Path:

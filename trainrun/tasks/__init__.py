@@ -63,4 +63,4 @@ class Task(ABC):
 
 def build_task(name: str, data: DataConfig | None = None) -> Task:
     """The task ``task.name`` names (:mod:`trainrun.registry`), for data read as ``data`` says."""
-    return builder("task", name)(data or DataConfig())
+    return builder("task", name)(data)

@@ -54,18 +54,17 @@ class ImageClassification(Task):
 
     def __init__(self, data: DataConfig | None = None) -> None:
         data = data or DataConfig()
-        self.mean = (torch.tensor(data.mean) * 255.0).view(1, 3, 1, 1)
+        self.mean = (torch.tensor(data.mean) * 255.0).view(1, 3, 1, 1)  # on the host; a copy follows the images
         self.std = (torch.tensor(data.std) * 255.0).view(1, 3, 1, 1)
-        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._device_constants = self.mean, self.std
 
     def normalise(
         self, images: torch.Tensor, memory_format: torch.memory_format = torch.contiguous_format
     ) -> torch.Tensor:
         """uint8 images (on the device) to normalised float32 in ``memory_format``, in one copy."""
-        constants = self._on_device.get(images.device)
-        if constants is None:  # once per device: the constants follow the images
-            constants = self._on_device[images.device] = (self.mean.to(images.device), self.std.to(images.device))
-        mean, std = constants
+        mean, std = self._device_constants
+        if mean.device != images.device:  # once per run (per device a test moves to)
+            mean, std = self._device_constants = self.mean.to(images.device), self.std.to(images.device)
         return images.to(torch.float32, memory_format=memory_format).sub_(mean).div_(std)
 
     def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -80,5 +79,5 @@ class ImageClassification(Task):
         return ClassificationEvaluator(state.num_classes, state.device, state.world_size)
 
 
-def build(data: DataConfig) -> ImageClassification:
+def build(data: DataConfig | None = None) -> ImageClassification:
     return ImageClassification(data)

@@ -126,5 +126,5 @@ class MaskedLanguageModeling(Task):
         return lines + [f"note: {directory.name}: {caveat}" for caveat in caveats]
 
 
-def build(data: DataConfig) -> MaskedLanguageModeling:
+def build(data: DataConfig | None = None) -> MaskedLanguageModeling:
     return MaskedLanguageModeling()
