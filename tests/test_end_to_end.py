@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import TINY, metrics_without_timing, read_metrics, run_cli
 
+from trainrun.launch import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -210,7 +212,7 @@ def test_ema_and_swa_state_survive_a_resume(tmp_path):
 def test_two_gloo_ranks_run_ema_sam_and_blurpool(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         "-m", "trainrun", *TINY, "algorithms=[ema,sam,blurpool]", "algorithms.sam.interval=2",
         "algorithms.ema.half_life=10ba", "algorithms.ema.update_interval=2ba", f"hydra.run.dir={tmp_path}",
     ]  # fmt: skip
@@ -234,7 +236,7 @@ def test_two_gloo_ranks_share_the_global_batch(tmp_path):
         "--nproc_per_node",
         "2",
         "--master_port",
-        "29517",
+        str(free_port()),
         "-m",
         "trainrun",
         *TINY,
