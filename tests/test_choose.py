@@ -3,7 +3,10 @@ real recipe=auto run end to end."""
 
 import csv
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import TINY, run_cli
@@ -170,8 +173,7 @@ def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithm
 
 @pytest.mark.slow
 def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_budget(tmp_path):
-    # named unlike any packaged recipe: Hydra finds the packaged one first (a "baseline" here was
-    # trainrun's ResNet-50 at 224 pixels, minutes per step on a CPU without fast bfloat16)
+    # named unlike any packaged recipe (a user's own of the same name would be read, with a note)
     # "fast" is better at every epoch count, inside the table and extrapolated either way (lines 0.3 x
     # and 0.05 + 0.45 x), so the choice does not hang on how many epochs this machine affords in 4 s
     rows = [("plain", 0.5, 1, 0.30), ("plain", 1.0, 2, 0.60), ("fast", 0.5, 1, 0.50), ("fast", 1.0, 2, 0.95)]
@@ -208,3 +210,39 @@ def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_b
     report = run_cli("report", str(run_dir), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "recipe=auto against the swept frontier" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_killed_recipe_auto_takes_its_profiling_child_with_it(tmp_path):
+    """CI kills only the process it started: SIGKILL to trainrun while it profiles a candidate ends
+    the profiling child too (it asked for SIGTERM on its parent's death)."""
+    table = write_table(tmp_path / "table.csv", [("plain", 0.5, 1, 0.3), ("plain", 1.0, 2, 0.6)])
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "plain.yaml").write_text("# @package _global_\nname: plain\n")
+    arguments = [*TINY, "--config-dir", str(tmp_path), "recipe=auto", "max_duration=1h", f"auto.table={table}"]
+    arguments += ["auto.profile_steps=100000", f"hydra.run.dir={tmp_path / 'run'}"]
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "trainrun", *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    children_file = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    deadline = time.monotonic() + 120
+    while not children_file.read_text().split() and time.monotonic() < deadline:
+        assert parent.poll() is None, "trainrun ended before it profiled"
+        time.sleep(0.2)
+    (child,) = map(int, children_file.read_text().split())
+    time.sleep(2)  # the child is training now, past its imports
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(child), "the profiling child outlived its parent"
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status

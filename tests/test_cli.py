@@ -3,11 +3,12 @@
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import TINY, read_metrics, run_cli
 
-from trainrun.config import check, locate, translate
+from trainrun.config import check, config_dir, locate, translate
 from trainrun.errors import ConfigError
 
 
@@ -139,6 +140,25 @@ def test_own_recipes_and_configs_from_a_folder_or_a_path(tmp_path):
         check(overrides, source=source)
     printed = run_cli("-cd", ".", "recipe=quick", "--info", "searchpath", cwd=tmp_path)
     assert printed.returncode == 0 and f"file://{tmp_path}" in printed.stdout, printed.stderr
+
+
+def test_a_users_recipe_named_like_a_packaged_one_is_the_one_read_and_said_so(tmp_path, capsys):
+    """``recipe/mild.yaml`` in --config-dir (or given by path) wins over trainrun's own mild, as a
+    user expects; one line on stderr names both files."""
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "mild.yaml").write_text(MY_RECIPE.replace("quick", "my_mild"))
+    source, _, overrides = locate(["-cd", str(tmp_path)], ["recipe=mild"])
+    (config,) = check(overrides, source=source)
+    assert (config.name, config.max_duration, config.optimizer.lr) == ("my_mild", "1ep", 0.3)
+    shipped = Path(config_dir()) / "recipe" / "mild.yaml"
+    mine = tmp_path / "recipe" / "mild.yaml"
+    assert capsys.readouterr().err.splitlines() == [
+        f"trainrun: note: recipe=mild is read from '{mine}', not trainrun's own '{shipped}'"
+    ]
+    (config,) = check(["recipe=mild"], files=False)  # without the folder: the packaged recipe
+    assert config.name == "mild"
+    source, _, overrides = locate([], [f"recipe={tmp_path / 'recipe' / 'mild.yaml'}"])  # by path: the file given
+    assert check(overrides, source=source)[0].name == "my_mild"
 
 
 def _snapshot(directory):

@@ -90,7 +90,8 @@ def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
     assert data.batches_per_epoch == 4
 
 
-def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons):
+def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons, monkeypatch):
+    """... and a resume at batch 2 of 4 reads only the remaining 32 samples, in the epoch's order."""
     train, val = indexed_betons
     data = build_data(beton_config(train, val, 64), 16, 8, seed=3)
     first = torch.cat([labels.clone() for _, labels in data.train_batches(0)])
@@ -99,8 +100,16 @@ def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons):
     assert not torch.equal(first, second)
     again = torch.cat([labels.clone() for _, labels in data.train_batches(0)])
     assert torch.equal(first, again)  # an epoch's order depends on the seed and epoch only
+    import ffcv.loader.loader as ffcv_loader
+
+    decoded = []  # what FFCV's epoch iterator is given is what it reads and decodes
+    real_iterator = ffcv_loader.EpochIterator
+    monkeypatch.setattr(
+        ffcv_loader, "EpochIterator", lambda loader, order: decoded.append(len(order)) or real_iterator(loader, order)
+    )
     resumed = torch.cat([labels.clone() for _, labels in data.train_batches(0, skip=2)])
-    assert torch.equal(resumed, first[32:])
+    assert torch.equal(resumed, first[32:]) and decoded == [32]
+    assert torch.equal(torch.cat([labels.clone() for _, labels in data.train_batches(0)]), first)  # skip: once
 
 
 class Patterned:

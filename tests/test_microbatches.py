@@ -13,6 +13,8 @@ from trainrun.algorithms.specs.mixup import MixUpConfig
 from trainrun.core.engine import Engine
 from trainrun.core.microbatches import Microbatching, microbatch_slices, take
 from trainrun.core.trainer import Trainer, TrainerSettings
+from trainrun.tasks import Evaluator
+from trainrun.tasks.image_classification import ImageClassification
 
 
 def group_norm_model() -> torch.nn.Module:
@@ -110,6 +112,50 @@ def test_auto_halves_on_out_of_memory_and_keeps_the_step_exact():
         "device_train_microbatch_size=auto: out of memory at 64 samples per micro-batch, retrying the step with 32",
         "device_train_microbatch_size=auto: out of memory at 32 samples per micro-batch, retrying the step with 16",
     ]
+
+
+class UnscoredLabels(ImageClassification):
+    """Samples labelled -100 are not scored: each batch's mean loss is over another number of
+    terms, as a language model's over its predicted tokens."""
+
+    def loss_terms(self, targets: torch.Tensor) -> torch.Tensor:
+        return (targets != -100).sum()
+
+    def evaluator(self, state):
+        return NoEvaluation()  # -100 is no class to score
+
+
+class NoEvaluation(Evaluator):
+    def update(self, outputs, targets):
+        pass
+
+    def compute(self):
+        return {"top1": 0.0}
+
+
+def test_micro_batches_weigh_their_mean_loss_by_their_share_of_the_steps_scored_terms():
+    """Micro-batches of 16 scoring 2, 16, 16 and 9 samples: weighed by samples, the first's 2 terms
+    would count as much as 16; weighed by terms, the step is the whole batch's mean over 43."""
+    torch.manual_seed(1)
+    images = torch.randint(0, 256, (64, 3, 4, 4), dtype=torch.uint8)
+    labels = torch.randint(0, 5, (64,))
+    labels[2:16], labels[55:] = -100, -100
+
+    def trained(microbatching):
+        state = fixed_batch_state(group_norm_model(), images, labels, 3, num_classes=5)
+        state.task, state.loss_fn = UnscoredLabels(), torch.nn.CrossEntropyLoss(ignore_index=-100)
+
+        def optimization(final_model):
+            optimizer = torch.optim.SGD(final_model.parameters(), lr=0.5, momentum=0.9)
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+        Trainer(state, optimization, Engine([], []), TrainerSettings("1000ba", 1, microbatching=microbatching)).fit()
+        return state
+
+    whole, parts = trained(Microbatching()), trained(Microbatching(16))
+    for a, b in zip(weights(whole), weights(parts), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert float(parts.loss) == pytest.approx(float(whole.loss), rel=1e-6)  # the reported loss too
 
 
 def test_without_auto_out_of_memory_is_raised():

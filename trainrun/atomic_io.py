@@ -1,4 +1,5 @@
-"""Atomic writes: a reader sees the old file or the whole new one, never half of it."""
+"""Atomic writes (a reader sees the old file or the whole new one, never half of it), and reads
+that name the file, and the line, when one is damaged or of the wrong kind."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from trainrun.errors import FileFormatError
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
@@ -50,8 +53,57 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+def read_text(path: Path) -> str:
+    """``path``'s text (UTF-8); :class:`FileFormatError` naming it if it is not text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise FileFormatError(f"'{path}' is not a text file (byte {error.start} is not UTF-8)") from None
+    except IsADirectoryError:
+        raise FileFormatError(f"'{path}' is a folder, not a file") from None
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document in ``path``; :class:`FileFormatError` naming the file and line if it is not one."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise FileFormatError(
+            f"'{path}' is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+            "it may have been cut short: write it again"
+        ) from None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a JSON-lines file; an empty list if it does not exist."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise FileFormatError(f"'{path}' line {number} is not a JSON record ({error.msg})") from None
+    return records
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; :class:`FileFormatError` naming the file and line if it is not one."""
+    import yaml
+
+    try:
+        return yaml.safe_load(read_text(path))
+    except yaml.YAMLError as error:
+        raise FileFormatError(yaml_error_message(error, path)) from None
+
+
+def yaml_error_message(error: Exception, path: Path | str | None = None) -> str:
+    """One line for a YAML parse error: the file, the line and column, what is wrong."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    name = path or (mark.name if mark is not None else "?")
+    where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    since = f" ({context} that starts at line {start.line + 1})" if context and start is not None else ""
+    return f"'{name}' is not valid YAML:{where} {problem}{since}"

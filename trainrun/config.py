@@ -7,15 +7,18 @@ torch nor the trainer, so a bad key, value or path fails at once with one line a
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trainrun.algorithms.specs import SPECS
+from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
 from trainrun.schema import TrainConfig, list_keys
 from trainrun.validation import describe_omegaconf_error, unknown_key_message, validate
@@ -144,21 +147,49 @@ def locate(hydra_args: list[str], overrides: list[str]) -> tuple[ConfigSource, l
             source = replace(source, extra=(*source.extra, directory))
         else:
             source = replace(source, primary=directory)
-    if source.primary != config_dir():
-        source = replace(source, extra=(*source.extra, config_dir()))
-    holding = [d for d in source.directories if (d / f"{source.name}.yaml").is_file()]
-    if holding and holding[0] != source.primary:  # Hydra looks for the primary config in one place
-        others = tuple(d for d in source.directories if d != holding[0])
-        source = replace(source, primary=holding[0], extra=others)
-    located = []
+    located, copied = [], []
     for override in overrides:
         key, _, value = override.partition("=")
         if key == "recipe" and value.endswith((".yaml", ".yml")):
             copies = [_recipe_copy(Path(path)) for path in value.split(",")]
-            source = replace(source, extra=(*source.extra, *(folder for folder, _ in copies)))
+            copied += [folder for folder, _ in copies]
             override = "recipe=" + ",".join(name for _, name in copies)
         located.append(override)
-    return source, rest, located
+    return _users_first(source, copied), rest, located
+
+
+def _users_first(source: ConfigSource, copied: list[Path]) -> ConfigSource:
+    """``source`` searching the user's folders (then recipes given by path) before trainrun's own
+    ``conf/``, so that a user's ``recipe/mild.yaml`` is the ``mild`` a run gets.
+
+    Hydra searches the primary config's folder first; when that is trainrun's own, a private
+    folder holding a copy of its ``config.yaml`` takes its place. Each option of the user's that
+    takes the place of one of trainrun's is named in one line on stderr.
+    """
+    own = config_dir()
+    users = [d for d in source.directories if d != own]
+    holding = [d for d in (*users, own) if (d / f"{source.name}.yaml").is_file()]
+    primary = holding[0] if holding else source.primary  # Hydra looks for the primary config in one place
+    if primary == own and (users or copied):
+        primary = _primary_copy(own / f"{source.name}.yaml")
+    searched = [d for d in (*users, *copied) if d != primary]
+    for directory in (primary, *searched):
+        for path in sorted(directory.glob("*/*.yaml")) if directory not in (own, *copied) else []:
+            shadowed = own / path.parent.name / path.name
+            if shadowed.is_file():
+                option = f"{path.parent.name}={path.stem}"
+                print(
+                    f"trainrun: note: {option} is read from '{path}', not trainrun's own '{shadowed}'", file=sys.stderr
+                )
+    return replace(source, primary=primary, extra=(*searched, own))
+
+
+def _primary_copy(config: Path) -> Path:
+    """A private folder holding a copy of ``config`` (gone when the process ends)."""
+    folder = Path(tempfile.mkdtemp(prefix="trainrun-config-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    shutil.copy(config, folder / config.name)
+    return folder
 
 
 def _recipe_copy(path: Path) -> tuple[Path, str]:
@@ -169,6 +200,7 @@ def _recipe_copy(path: Path) -> tuple[Path, str]:
     """
     if not path.is_file():
         raise ConfigError(f"bad value for 'recipe': file '{path}' not found")
+    read_yaml(path)  # a file that is not YAML is named as the user wrote it, not by its copy
     text = path.read_text()
     if not any(line.startswith("# @package") for line in text.splitlines()[:5]):
         text = "# @package _global_\n" + text
@@ -243,6 +275,9 @@ def _composition_message(error: Exception, source: ConfigSource) -> str:
     if isinstance(error, OverrideParseException):
         detail = [line for line in str(error).splitlines() if line and not line.startswith(("Error", "See "))]
         return f"cannot parse override '{error.override.lstrip('+')}'" + (f": {detail[0]}" if detail else "")
+    parse_error = _yaml_error_in(error)
+    if parse_error is not None:  # a config file (--config-name, a recipe, an option) that is not YAML
+        return yaml_error_message(parse_error)
     cause = error.__cause__
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
@@ -253,6 +288,18 @@ def _composition_message(error: Exception, source: ConfigSource) -> str:
         key = text.split("'")[1] if "'" in text else text
         return unknown_key_message(key)
     return str(error).strip().splitlines()[0]
+
+
+def _yaml_error_in(error: BaseException) -> Exception | None:
+    """The YAML parse error behind ``error`` (Hydra re-raises it without the file), if any."""
+    import yaml
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, yaml.YAMLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def compose(overrides: list[str], source: ConfigSource | None = None) -> DictConfig:
@@ -273,14 +320,39 @@ def check(
     overrides: list[str], multirun: bool = False, files: bool = True, source: ConfigSource | None = None
 ) -> list[TrainConfig]:
     """Compose and validate every job of a (multi)run; the first bad one raises. ``files=False``
-    leaves out whether the data and checkpoint files exist (printing a config needs none)."""
+    leaves out whether the data and checkpoint files exist and the output folder can be made
+    (printing a config needs none)."""
     try:
         jobs = _sweep_jobs(overrides, multirun)
     except Exception as error:
         raise ConfigError(" ".join(str(error).split())) from error
     for job in jobs:
         _refuse_repeated_algorithms(job)
-    return [validate(compose(job, source), files) for job in jobs]
+    configs = [validate(compose(job, source), files) for job in jobs]
+    if files:
+        check_output_dir(overrides, multirun, source or ConfigSource())
+    return configs
+
+
+def check_output_dir(overrides: list[str], multirun: bool, source: ConfigSource) -> None:
+    """The folder Hydra will write the run (or sweep) into can be made: no part of it is a file,
+    and the deepest existing folder is writable (Hydra would fail with a traceback)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    with initialize_config_dir(config_dir=str(source.primary), version_base="1.3"):
+        composed = hydra_compose(
+            config_name=source.name, overrides=source.overrides(overrides), return_hydra_config=True
+        )
+    folder = Path(str(OmegaConf.select(composed, key))).expanduser().absolute()
+    for parent in [folder, *folder.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"bad value for '{key}': '{folder}' cannot be made: '{parent}' is a file")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ConfigError(f"bad value for '{key}': '{folder}' cannot be made: '{parent}' is not writable")
+            return
 
 
 def _refuse_repeated_algorithms(overrides: list[str]) -> None:

@@ -21,6 +21,10 @@ class CheckpointError(TrainrunError):
     """A checkpoint cannot be found or read."""
 
 
+class FileFormatError(TrainrunError):
+    """A file trainrun reads is damaged or not the kind of file it should be."""
+
+
 class TrainingDiverged(TrainrunError):
     """The loss became NaN or infinite."""
 

@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from trainrun.core import checkpoint
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size, validate
@@ -208,6 +209,11 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     started_elsewhere = "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings)
     processes = device_count(settings.devices)
     ranks = int(os.environ["WORLD_SIZE"]) if started_elsewhere else processes * settings.nnodes
+    resume_path = checkpoint.resolve_resume(config.resume, checkpoint.directory(run_dir))
+    if resume_path is not None:  # any number of ranks that divides the checkpoint's global batch
+        checkpoint.check_topology(
+            checkpoint.load_checkpoint(resume_path, mmap=True), config.train_batch_size, ranks, resume_path
+        )
     check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):

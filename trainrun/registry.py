@@ -16,7 +16,8 @@ What each kind's builder takes:
 - ``data``: the :class:`~trainrun.schema.DataConfig`, the rank's placement and whether to augment;
   returns the training and validation datasets. ``beton`` is the one source that is files already
   in the FFCV loader's format: its builder returns the two paths.
-- ``logger``: the run directory and ``log_interval``; returns a callback that rank 0 adds to the run.
+- ``logger``: the run directory and the run's :class:`~trainrun.schema.TrainConfig`; returns a
+  callback that rank 0 adds to the run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ BUILDERS: dict[str, dict[str, str]] = {
     },
     "logger": {
         "tensorboard": "trainrun.loggers.tensorboard:TensorBoardLogger",
+        "mlflow": "trainrun.loggers.mlflow:MlflowLogger",
     },
 }
 

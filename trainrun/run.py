@@ -7,12 +7,10 @@ loggers, the state, the trainer; resume; say what will run; fit. Each step is a 
 from __future__ import annotations
 
 import contextlib
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
@@ -26,6 +24,7 @@ from trainrun.core.distributed import Placement
 from trainrun.core.engine import Callback, Engine
 from trainrun.core.microbatches import Microbatching
 from trainrun.core.precision import Precision, resolve_precision
+from trainrun.core.seeding import seed_everything
 from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
@@ -42,20 +41,13 @@ from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.tasks import Task, build_task
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
-    model = build_seeded_model(config, data, placement.rank)
+    model = build_seeded_model(config, data)
     timeline, budget = plan_timeline(config, data)
     task = build_task(config.task.name, config.data)
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
@@ -90,12 +82,11 @@ def build_precision(name: str, device: torch.device, console: Console) -> Precis
     return precision
 
 
-def build_seeded_model(config: TrainConfig, data: DataSpec, rank: int) -> torch.nn.Module:
-    """The model with the same initial weights on every rank; then each rank seeds its own draws."""
+def build_seeded_model(config: TrainConfig, data: DataSpec) -> torch.nn.Module:
+    """The model with the same initial weights on every rank (and the same surgery at INIT); each
+    training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`)."""
     seed_everything(config.seed)
-    model = build_model(config.model, data.text.vocab_size if data.text else None)
-    seed_everything(config.seed + rank)  # each rank its own dropout, mixing, ...
-    return model
+    return build_model(config.model, data.text.vocab_size if data.text else None)
 
 
 def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:
@@ -153,7 +144,7 @@ class RunLogs:
         if rank == 0:
             callbacks = [quality, steps, ConsoleLogger(quality, live=config.progress, console=console)]
         if rank == 0:
-            callbacks += [builder("logger", name)(run_dir, config.log_interval) for name in config.loggers]
+            callbacks += [builder("logger", name)(run_dir, config) for name in config.loggers]
         return cls(quality, steps, callbacks, rank)
 
     def resume_from(self, batch: int) -> None:
@@ -167,6 +158,9 @@ class RunLogs:
             status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
             with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
                 self.quality.write_summary(state, status, str(error) or type(error).__name__)
+            for callback in self.callbacks:
+                with contextlib.suppress(Exception):  # nor a tracker that cannot be reached
+                    callback.run_failed(state, error)
 
 
 def build_state(
@@ -215,11 +209,12 @@ def trainer_settings(
     return TrainerSettings(
         eval_interval=config.eval_interval,
         log_interval=config.log_interval,
-        checkpoint_dir=run_dir / "checkpoints",
+        checkpoint_dir=checkpoint.directory(run_dir),
         checkpoint_interval=config.checkpoint.interval,
         checkpoint_keep=config.checkpoint.keep,
         checkpoint_final=config.checkpoint.save_final,
         compile=config.compile,
+        seed=config.seed,
         stop_after=stop_after,
         stop_at=config.stop_at,
         microbatching=Microbatching.parse(config.device_train_microbatch_size),

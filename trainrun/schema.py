@@ -185,6 +185,15 @@ class LauncherConfig:
 
 
 @dataclass
+class MlflowConfig:
+    """Where ``loggers=[mlflow]`` logs (trainrun.loggers.mlflow)."""
+
+    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite mlflow.db beside the run directory
+    experiment: str = "trainrun"
+    run_name: str | None = None  # null: the run directory's name
+
+
+@dataclass
 class AutoConfig:
     """Settings of the choices measured before a run: ``recipe=auto`` and ``-o1``."""
 
@@ -236,8 +245,9 @@ class TrainConfig:
     log_interval: int = positive_field(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
     profile_prefix: str | None = time_field(None)  # train only this much of the schedule; extrapolate the time
-    # loggers beside metrics.jsonl, steps.jsonl and the console, which every run has: tensorboard
+    # loggers beside metrics.jsonl, steps.jsonl and the console, which every run has: tensorboard, mlflow
     loggers: list[str] = field(default_factory=list)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
 
 

@@ -11,9 +11,6 @@ interrupted one resumes from its newest checkpoint. Every job is composed and va
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +18,8 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from trainrun.atomic_io import atomic_write_json
+from trainrun.atomic_io import atomic_write_json, read_json, read_yaml
+from trainrun.children import run_trainrun
 from trainrun.config import ConfigSource, override_key, override_value
 from trainrun.core.time import Time, TimeUnit, budget_size, is_budget
 from trainrun.errors import ConfigError
@@ -116,14 +114,15 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
     if not saved_path.is_file():
         return False
     # a key the saved run's version of trainrun did not have yet: that run had its default
-    saved, wanted = _schema_defaults() | _comparable(saved_path.read_text()), _comparable(config_yaml)
+    saved = _schema_defaults() | _comparable(read_yaml(saved_path))
+    wanted = _comparable(yaml.safe_load(config_yaml))
     if saved != wanted:
         key = next(k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k))
         raise ConfigError(
             f"'{job.run_dir}' holds a run with another config ({key}: {saved.get(key)} there, "
             f"{wanted.get(key)} now); choose another out= or remove it"
         )
-    return summary_path.is_file() and json.loads(summary_path.read_text()).get("status") in ("completed", "profiled")
+    return summary_path.is_file() and read_json(summary_path).get("status") in ("completed", "profiled")
 
 
 def run_sweep(argv: list[str]) -> int:
@@ -167,7 +166,7 @@ def run_sweep(argv: list[str]) -> int:
 def _train(job: SweepJob, source: ConfigSource) -> int:
     arguments = [*source.flags(), *source.overrides(list(job.overrides)), f"hydra.run.dir={job.run_dir}"]
     arguments += ["progress=false", "resume=auto"]
-    return subprocess.run([sys.executable, "-m", "trainrun", *arguments]).returncode
+    return run_trainrun(arguments).returncode
 
 
 def _record(budgets, seeds, overrides, statuses) -> dict:
@@ -177,11 +176,11 @@ def _record(budgets, seeds, overrides, statuses) -> dict:
 @functools.cache
 def _schema_defaults() -> dict[str, object]:
     """Every schema default as flat dotted keys, once per process."""
-    return _comparable(OmegaConf.to_yaml(OmegaConf.structured(TrainConfig)))
+    return _comparable(yaml.safe_load(OmegaConf.to_yaml(OmegaConf.structured(TrainConfig))))
 
 
-def _comparable(config_yaml: str) -> dict[str, object]:
-    """A config as flat dotted keys, without the keys a rerun may change."""
+def _comparable(config: object) -> dict[str, object]:
+    """A config (as YAML reads it) as flat dotted keys, without the keys a rerun may change."""
     flat: dict[str, object] = {}
 
     def walk(node: object, prefix: str) -> None:
@@ -191,7 +190,7 @@ def _comparable(config_yaml: str) -> dict[str, object]:
         else:
             flat[prefix[:-1]] = node
 
-    walk(yaml.safe_load(config_yaml), "")
+    walk(config, "")
     return {k: v for k, v in flat.items() if k not in RUN_ONLY_KEYS}
 
 

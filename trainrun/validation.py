@@ -101,6 +101,8 @@ def _check_time(key: str, value: str, meta: dict) -> None:
 def check_files(config: TrainConfig) -> None:
     """The files and folders a run reads exist: checked before a run, not to print a config."""
     data = config.data
+    if data.name == "text" and not data.path and not data.text.corpus:
+        raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
     if data.name == "folder" and not data.path:
         raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
     weights = config.model.weights
@@ -194,8 +196,6 @@ def _check_masked_lm(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'loss': '{config.loss}' (task masked_lm trains with cross-entropy, soft_ce)")
     if config.data.loader != "torch":
         raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
-    if not config.data.path and not config.data.text.corpus:
-        raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
     positions, key = sequence_limit(config.algorithms) or (
         config.model.bert.max_position_embeddings,
         "model.bert.max_position_embeddings",

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainrun.atomic_io import read_jsonl
+from trainrun.atomic_io import read_json, read_jsonl
+from trainrun.children import run_trainrun
 from trainrun.config import ConfigSource, override_key
 from trainrun.core.accounts import train_seconds
 
@@ -60,12 +58,12 @@ class Profiler:
         settings += ["eval_interval=1000000000ba", "progress=false", "checkpoint.save_final=false"]
         settings += ["checkpoint.interval=null", f"hydra.run.dir={run_dir}"]
         arguments = [*self.source.flags(), *self.source.overrides([*kept, *settings])]
-        result = subprocess.run([sys.executable, "-m", "trainrun", *arguments], capture_output=True, text=True)
+        result = run_trainrun(arguments, capture_output=True, text=True)
         summary_path = run_dir / "summary.json"
         if result.returncode != 0 or not summary_path.is_file():
             lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no output"]
             raise ProfileFailed(lines[-1].removeprefix("trainrun: error: "))
-        summary = json.loads(summary_path.read_text())
+        summary = read_json(summary_path)
         first_step = train_seconds(read_jsonl(run_dir / "steps.jsonl")[0])
         per_step = (summary["train_seconds"] - first_step) / max(summary["batches"] - 1, 1)
         return Profile(per_step, summary["batches_per_epoch"])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import random
 import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
 
 from trainrun.atomic_io import atomic_write
@@ -15,6 +13,11 @@ from trainrun.errors import CheckpointError
 
 FORMAT = "trainrun/1"  # a checkpoint payload's "format"
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+
+
+def directory(run_dir: Path) -> Path:
+    """Where a run keeps its checkpoints."""
+    return run_dir / "checkpoints"
 
 
 def checkpoint_name(epoch: int, batch: int) -> str:
@@ -65,54 +68,52 @@ class _FailureRecordingWriter:
         self.handle.flush()
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`atomic_torch_save`, tensors on the CPU."""
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`atomic_torch_save`, tensors on the CPU (``mmap``: read
+    from the file only when used, so a launcher checks a large checkpoint's entries in milliseconds)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # torch raises many types for damaged files
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(f"checkpoint '{path}' is corrupt or not a trainrun checkpoint: {reason}") from None
+        raise CheckpointError(
+            f"checkpoint '{path}' is corrupt or not a trainrun checkpoint: {load_failure(error)}"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint '{path}' is not a trainrun checkpoint")
     return payload
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's random states (Python, NumPy, torch CPU and its own GPU's) in a ``weights_only`` form.
-
-    Only the current GPU's state is kept: the run draws on no other, and a resume may see another
-    set of GPUs (a rank of 8 on a node, then a lone process on one GPU).
-    """
-    numpy_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "python": random.getstate(),
-        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
-    }
+def load_failure(error: Exception) -> str:
+    """What in ``torch.load``'s ``error`` names the problem, in one line (not its advice on
+    loading untrusted files without ``weights_only``)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Unsupported global" in line or "Unsupported operand" in line]
+    if named:
+        return named[0].split("error: ", 1)[-1].split(". ")[0]
+    if not lines:
+        return type(error).__name__
+    return lines[0] if type(error).__name__ in lines[0] or len(lines[0]) > 40 else f"{type(error).__name__} {lines[0]}"
 
 
-def restore_rng_state(saved: dict[str, Any]) -> None:
-    """Continue the random streams :func:`rng_state` recorded."""
-    torch.set_rng_state(saved["torch"])
-    if isinstance(saved["cuda"], torch.Tensor) and torch.cuda.is_available():
-        torch.cuda.set_rng_state(saved["cuda"])  # the current device's
-    random.setstate(saved["python"])
-    name, keys, *rest = saved["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-
-
-def rank_rng_state(saved: dict[str, Any] | list[dict[str, Any]], rank: int, world_size: int) -> dict[str, Any]:
-    """Rank ``rank``'s entry of a checkpoint's per-rank random states (one dict: a one-rank run's)."""
-    per_rank = saved if isinstance(saved, list) else [saved]
-    if len(per_rank) != world_size:
+def check_topology(payload: dict[str, Any], global_batch: int, ranks: int, path: Path | None = None) -> None:
+    """A checkpoint continues on ``ranks`` processes when its global batch is this run's and divides
+    among them (its own number of ranks does not matter: nothing in it is per rank)."""
+    topology = payload.get("topology")
+    if topology is None:  # written before checkpoints recorded it
+        return
+    name = f"checkpoint '{path}'" if path else "the checkpoint"
+    saved = topology["global_batch"]
+    if saved != global_batch:
         raise CheckpointError(
-            f"the checkpoint holds the random state of {len(per_rank)} rank(s) and this run has {world_size}: "
-            f"resume with {len(per_rank)} process(es)"
+            f"{name} was trained with a global batch of {saved} (train_batch_size); this run has {global_batch}: "
+            f"resume with train_batch_size={saved}"
         )
-    return per_rank[rank]
+    if saved % ranks:
+        raise CheckpointError(
+            f"{name} has a global batch of {saved}, which does not divide among {ranks} processes; resume on a "
+            f"number of processes that divides {saved} (it was written by {topology['world_size']})"
+        )
 
 
 def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:

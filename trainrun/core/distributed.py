@@ -10,11 +10,9 @@ guessing ``rank % GPUs``.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -136,20 +134,3 @@ def average_buffers(module: torch.nn.Module, world_size: int) -> None:
     dist.all_reduce(flat)
     flat /= world_size
     torch._foreach_copy_(buffers, torch._utils._unflatten_dense_tensors(flat, buffers))
-
-
-def gather_to_main(value: Any, rank: int, world_size: int) -> list[Any] | None:
-    """Every rank's ``value`` (what ``torch.save`` writes) on rank 0, in rank order; None elsewhere.
-
-    Values travel as ``torch.save`` bytes, read back with ``weights_only``: tensors pickled
-    directly by ``gather_object`` do not unpickle on the receiving side.
-    """
-    if world_size == 1:
-        return [value]
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object(buffer.getvalue(), gathered, dst=0)  # through gloo: objects live in CPU memory
-    if gathered is None:
-        return None
-    return [torch.load(io.BytesIO(data), weights_only=True) for data in gathered]

@@ -43,6 +43,9 @@ class Callback:
     def run_event(self, event: Event, state: State) -> None:
         """Called at every event."""
 
+    def run_failed(self, state: State, error: BaseException) -> None:
+        """Called once if the run ends with ``error`` (FIT_END never comes): close what is open."""
+
 
 class Engine:
     """Fires events to algorithms (in the order given; reversed on closing events) and then

@@ -30,6 +30,7 @@ from trainrun.core.microbatches import (
     microbatch_slices,
     take,
 )
+from trainrun.core.seeding import seed_step
 from trainrun.core.state import State
 from trainrun.errors import TrainingDiverged, WriteError
 
@@ -54,6 +55,7 @@ class TrainerSettings:
     checkpoint_keep: int = 2
     checkpoint_final: bool = True
     compile: bool = False  # torch.compile the model after the algorithms' surgery
+    seed: int = 0  # each step's random draws on each rank are keyed to (seed, step, rank)
     stop_after: int | None = None  # profile a prefix: stop after this many steps of the full schedule
     stop_at: float | None = None  # stop at the first evaluation whose quality metric reaches this
     microbatching: Microbatching = field(default_factory=Microbatching)  # gradient accumulation per process
@@ -92,6 +94,7 @@ class Trainer:
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
+        self._step_terms: torch.Tensor | None = None  # the step's loss terms on all ranks, when they vary
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)
@@ -148,6 +151,7 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 break
+            seed_step(self.settings.seed, state.batch, state.rank, state.device)
             self.engine.run(Event.BATCH_START, state)
             accounts.switch("to_device")
             state.inputs, state.targets, samples = state.task.batch(batch, state)
@@ -171,6 +175,7 @@ class Trainer:
         accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
         inputs, targets = state.inputs, state.targets
+        self._step_terms = self._terms_on_all_ranks(targets)
         loss = microbatching.run_step(state, inputs, targets, self._accumulate_gradients)
         state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
@@ -185,12 +190,33 @@ class Trainer:
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
 
+    def _terms_on_all_ranks(self, targets: Any) -> torch.Tensor | None:
+        """The step's loss terms over every rank when the task's vary by batch (one all-reduce of a
+        count, on the device: nothing waits on the host); None when there is one per sample."""
+        state = self.state
+        terms = state.task.loss_terms(targets)
+        if terms is not None and state.world_size > 1:
+            terms = terms.clone()
+            dist.all_reduce(terms)
+        return terms
+
+    def _loss_share(self, part: slice, batch_size: int, parts: int) -> torch.Tensor | float | None:
+        """What a micro-batch's mean loss is multiplied by so that the ranks' gradients, which DDP
+        averages, are those of the mean over every term of the step: its share of the samples, or
+        of the step's terms on all ranks (times the ranks); None: the loss as it is."""
+        state, terms = self.state, self._step_terms
+        if terms is None:
+            return None if parts == 1 else (part.stop - part.start) / batch_size
+        if parts == 1 and state.world_size == 1:
+            return None
+        return state.task.loss_terms(state.targets) * state.world_size / terms
+
     def _accumulate_gradients(self, inputs: Any, targets: Any, by_hand: bool = False) -> torch.Tensor:
         """Forward and backward over the batch in micro-batches; return the batch's mean loss.
 
         Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD and its loss counts by its share
-        of the batch. DDP synchronises gradients in the last micro-batch's backward pass only
-        (in none ``by_hand``: the caller averages them after every rank finished).
+        of the batch (:meth:`_loss_share`). DDP synchronises gradients in the last micro-batch's
+        backward pass only (in none ``by_hand``: the caller averages them after every rank finished).
         """
         state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler = state.precision.scaler
@@ -212,7 +238,8 @@ class Trainer:
                     run(Event.AFTER_LOSS, state)
                 accounts.switch("backward")
                 run(Event.BEFORE_BACKWARD, state)
-                loss = state.loss if len(parts) == 1 else state.loss * ((part.stop - part.start) / batch_size)
+                share = self._loss_share(part, batch_size, len(parts))
+                loss = state.loss if share is None else state.loss * share
                 (scaler.scale(loss) if scaler else loss).backward()
                 run(Event.AFTER_BACKWARD, state)
             total = loss.detach() if total is None else total + loss.detach()
@@ -320,11 +347,11 @@ class Trainer:
         self._flush_losses()  # the window saved holds every step's loss, not only those of past log intervals
         previous = state.accounts.switch("checkpoint")
         distributed.average_buffers(state.raw_model, state.world_size)  # as an evaluation here would see them
-        rng = distributed.gather_to_main(checkpoint.rng_state(), state.rank, state.world_size)
+        window = self._global_window()
         if state.is_main:
             path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
             try:
-                checkpoint.atomic_torch_save(self._checkpoint_payload(rng), path)
+                checkpoint.atomic_torch_save(self._checkpoint_payload(window), path)
             except OSError as error:  # disk full, quota, permissions: the older checkpoints are untouched
                 raise WriteError(
                     f"could not write checkpoint '{path}': {error.strerror or error}; the checkpoints written "
@@ -334,7 +361,19 @@ class Trainer:
         distributed.wait_for_all(state.world_size)
         state.accounts.switch(previous)
 
-    def _checkpoint_payload(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+    def _global_window(self) -> Window:
+        """The window with every rank's losses summed: what a resume on any number of ranks continues."""
+        window, world_size = self._window, self.state.world_size
+        if world_size == 1:
+            return window
+        losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64)
+        dist.all_reduce(losses)  # through gloo: the window lives on the host
+        return Window(float(losses[0]), int(losses[1]), window.samples, window.started)
+
+    def _checkpoint_payload(self, window: Window) -> dict[str, Any]:
+        """What a run continues from, on any number of ranks that divides its global batch: no
+        per-rank state (each step's draws are keyed to (seed, step, rank); the samples' order and
+        augmentation to (seed, epoch) and the sample)."""
         state = self.state
         return {
             "format": checkpoint.FORMAT,
@@ -344,15 +383,16 @@ class Trainer:
             "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
             "algorithms": self.engine.state_dict(),
             "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
+            "topology": {"world_size": state.world_size, "global_batch": state.timeline.samples_per_batch},
             "timeline": state.timeline.state_dict() if self.settings.budget else None,  # a budgeted run's plan
             "accounts": state.accounts.state_dict(),
-            "window": asdict(self._window),
-            "rng": rng,  # one entry per rank: each rank continues its own streams
+            "window": asdict(window),
         }
 
     def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Restore a payload from :meth:`_checkpoint_payload`; return the time accounts to continue."""
         state = self.state
+        checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.world_size)
         state.raw_model.load_state_dict(payload["model"])
         state.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
@@ -364,6 +404,8 @@ class Trainer:
         if self.settings.budget and payload.get("timeline"):
             state.timeline.load_state_dict(payload["timeline"])
             self.settings.budget.resume(state, train_seconds(payload["accounts"]["wall"]))
-        self._window = Window(**payload["window"])
-        checkpoint.restore_rng_state(checkpoint.rank_rng_state(payload["rng"], state.rank, state.world_size))
+        window = Window(**payload["window"])
+        if not state.is_main:  # the saved losses are every rank's: counted once, by rank 0
+            window.loss_sum, window.loss_count = 0.0, 0
+        self._window = window
         return payload["accounts"]

@@ -7,11 +7,11 @@ the writers in :mod:`trainrun.data.write` (.beton files) and :mod:`trainrun.data
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 
+from trainrun.atomic_io import read_json
 from trainrun.data.token_store import (
     BUILTIN_CORPORA,
     TEXT_VAL_FRACTION,
@@ -111,7 +111,7 @@ def write_text_command(argv: list[str]) -> int:
     train, val = split_documents(documents, args.val_fraction, args.split_seed)
     console.print(f"tokenizing {len(train):,} training and {len(val):,} validation documents")
     write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype)
-    meta = json.loads((args.out / "store.json").read_text())
+    meta = read_json(args.out / "store.json")
     console.print(
         f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "
         f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}"

@@ -11,8 +11,9 @@ the device in the same pass that normalises them. Built-in sets are written once
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,6 +121,22 @@ def _eval_pipeline(config: DataConfig, device: torch.device) -> list:
     return [decoder, ToTensor(), *_device_stage(device), ToTorchImage()]
 
 
+class ResumableOrder:
+    """FFCV's traversal order of a loader, started ``skip`` samples into the epoch.
+
+    FFCV decodes every sample of the order it is given; an order that starts at a mid-epoch
+    resume's first sample reads nothing twice (FFCV's Loader takes no start position). The order
+    itself is FFCV's (seeded by epoch; split among ranks), so the remaining batches are the
+    uninterrupted run's.
+    """
+
+    def __init__(self, order: Any) -> None:
+        self.order, self.skip = order, 0
+
+    def sample_order(self, epoch: int) -> Sequence[int]:
+        return self.order.sample_order(epoch)[self.skip :]
+
+
 class FFCVData(DataSpec):
     """FFCV loaders for one rank."""
 
@@ -162,6 +179,9 @@ class FFCVData(DataSpec):
             batches_ahead=config.ffcv.batches_ahead,
             pipelines={"image": _eval_pipeline(config, device), "label": _label_pipeline(device)},
         )
+        self.order = ResumableOrder(self.train.traversal_order)
+        self.train.traversal_order = self.order
+        self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)
         if self.batches_per_epoch == 0:
             raise DataError(
@@ -182,13 +202,14 @@ class FFCVData(DataSpec):
         return [self.decoder, *augment, ToTensor(), *_device_stage(device), ToTorchImage()]
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
-        """Epoch ``epoch``'s batches; skipped ones are decoded and dropped (FFCV cannot seek)."""
+        """Epoch ``epoch``'s batches from batch ``skip`` on: the skipped ones are never read."""
         self.train.next_epoch = epoch
         self.keys.set_epoch(epoch)
-        batches = iter(self.train)
-        for _ in range(skip):
-            next(batches)
-        return batches
+        self.order.skip = skip * self.per_rank_batch
+        try:
+            return iter(self.train)  # takes the epoch's order now
+        finally:
+            self.order.skip = 0
 
     def eval_batches(self) -> Iterable:
         return self.eval

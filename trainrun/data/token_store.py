@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainrun.atomic_io import atomic_directory
-from trainrun.errors import ConfigError, DataError
+from trainrun.atomic_io import atomic_directory, read_json
+from trainrun.errors import ConfigError, DataError, FileFormatError
 
 FORMAT = "trainrun-tokens/1"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -90,13 +90,40 @@ def read_documents(source: str) -> list[str]:
         except UnicodeDecodeError as error:
             raise DataError(f"corpus file '{path}' is not UTF-8 (byte {error.start})") from None
         if path.suffix == ".jsonl":
-            documents += [json.loads(line)["text"] for line in text.splitlines() if line.strip()]
+            documents += [_jsonl_text(path, number, line) for number, line in enumerate(text.splitlines(), 1)]
         else:
             documents += [block.strip() for block in text.split("\n\n")]
     documents = [document for document in documents if document.strip()]
     if not documents:
         raise DataError(f"corpus '{source}' has no text")
     return documents
+
+
+def _jsonl_text(path: Path, number: int, line: str) -> str:
+    """The ``text`` of line ``number`` of a JSON-lines corpus ('' for a blank line)."""
+    if not line.strip():
+        return ""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"corpus file '{path}' line {number} is not a JSON record ({error.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise DataError(f'corpus file \'{path}\' line {number} has no "text" string (one {{"text": ...}} per line)')
+    return record["text"]
+
+
+STORE_KEYS = ("format", "dtype", "vocab_size", "special", "tokenizer_sha256")  # what store.json must hold
+
+
+def load_tokenizer(path: Path):
+    """The ``tokenizers`` tokenizer saved at ``path`` (a ``tokenizer.json``), or one line naming the file."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises its own exception types, one per parse failure
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise FileFormatError(f"'{path}' is not a tokenizer.json of the tokenizers library ({reason})") from None
 
 
 def split_documents(documents: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -144,10 +171,8 @@ def write_token_store(
     """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically) with a WordPiece vocabulary
     of ``vocab_size`` trained on ``train``, or the tokenizer at ``tokenizer_path`` (whatever its
     size); token ids as ``dtype`` (``auto``: the smallest type that fits); return ``out``."""
-    from tokenizers import Tokenizer
-
     if tokenizer_path is not None:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        tokenizer = load_tokenizer(tokenizer_path)
         missing = [token for token in SPECIAL_TOKENS if tokenizer.token_to_id(token) is None]
         if missing:
             raise DataError(f"tokenizer '{tokenizer_path}' lacks the special token(s) {', '.join(missing)}")
@@ -184,6 +209,17 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _offsets(path: Path) -> np.ndarray:
+    """A store's document offsets (``.idx.npy``): rising integers from 0; one line naming the file if not."""
+    try:
+        offsets = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise FileFormatError(f"'{path}' is not a token store index (a NumPy .npy file): {error}") from None
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) == 0 or offsets[0] != 0:
+        raise FileFormatError(f"'{path}' is not a token store index (rising document offsets from 0)")
+    return offsets
+
+
 @dataclass
 class TokenStore:
     """An opened store: one split's tokens (memory-mapped) and document offsets, and its metadata."""
@@ -199,14 +235,23 @@ class TokenStore:
         meta_path = path / "store.json"
         if not meta_path.is_file():
             raise DataError(f"'{path}' is not a token store (no store.json; write one with 'trainrun write-text')")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise DataError(f"'{path}' is a token store of another format ({meta.get('format')})")
+        meta = read_json(meta_path)
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise DataError(f"'{meta_path}' is not a trainrun token store's description ({found})")
+        missing = [key for key in STORE_KEYS if key not in meta]
+        if missing:
+            raise DataError(
+                f"'{meta_path}' lacks {', '.join(missing)}: write the store again with 'trainrun write-text'"
+            )
+        for name in ("tokenizer.json", f"{split}.idx.npy", f"{split}.bin"):
+            if not (path / name).is_file():
+                raise DataError(f"token store '{path}' has no {name}: write it again with 'trainrun write-text'")
         if _sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
             raise DataError(f"'{path / 'tokenizer.json'}' is not the tokenizer the store was written with")
         if meta["vocab_size"] > TOKEN_DTYPES.get(meta["dtype"], 0):
             raise DataError(f"'{meta_path}': a vocabulary of {meta['vocab_size']:,} does not fit {meta['dtype']} ids")
-        offsets = np.load(path / f"{split}.idx.npy")
+        offsets = _offsets(path / f"{split}.idx.npy")
         tokens = np.memmap(path / f"{split}.bin", dtype=meta["dtype"], mode="r") if offsets[-1] else np.zeros(0)
         if len(tokens) != offsets[-1]:
             raise DataError(f"'{path / f'{split}.bin'}' holds {len(tokens)} tokens, its index says {offsets[-1]}")

@@ -5,28 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
+from trainrun.core.seeding import keyed_seed
 from trainrun.data.interface import Datasets, DataSpec
 from trainrun.data.sampling import ResumableSampler, ShardSampler
 from trainrun.schema import DataConfig
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The seed of one sample's augmentation in one epoch (numpy's SeedSequence mixes the three)."""
-    return int(np.random.SeedSequence((seed % 2**64, epoch, index)).generate_state(1, np.uint64)[0])
 
 
 class AugmentedDataset(Dataset):
     """A training set whose random draws (augmentation, masking) depend only on (seed, epoch, sample).
 
     Items are asked for by ``(epoch, index)`` (:class:`EpochKeys`); torch's default generator,
-    which torchvision's transforms draw from, is seeded with :func:`sample_seed` for the item and
-    restored after it. A sample is then augmented alike whichever rank or loader worker reads it,
-    so the number of ranks does not change what is trained, and the model's own random draws
+    which torchvision's transforms draw from, is seeded with the ``keyed_seed`` of (seed, epoch,
+    sample) and restored after it. A sample is then augmented alike whichever rank or loader
+    worker reads it, so the number of ranks does not change what is trained, and the model's own random draws
     (dropout, stochastic depth, mixing) do not depend on how many images were loaded. Algorithms
     add per-image transforms to ``transforms``.
     """
@@ -42,7 +37,7 @@ class AugmentedDataset(Dataset):
         epoch, index = key
         generator = torch.default_generator
         saved = generator.get_state()
-        generator.manual_seed(sample_seed(self.seed, epoch, index))
+        generator.manual_seed(keyed_seed(self.seed, epoch, index))
         try:
             item = self.dataset[index]
             if self.transforms:

@@ -16,11 +16,12 @@ from torch.utils.tensorboard import SummaryWriter
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.schema import TrainConfig
 
 
 class TensorBoardLogger(Callback):
-    def __init__(self, run_dir: Path, log_interval: int) -> None:
-        self.run_dir, self.log_interval = run_dir, log_interval
+    def __init__(self, run_dir: Path, config: TrainConfig) -> None:
+        self.run_dir, self.log_interval = run_dir, config.log_interval
         self.writer: SummaryWriter | None = None
 
     def run_event(self, event: Event, state: State) -> None:

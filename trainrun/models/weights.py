@@ -19,6 +19,7 @@ from torch import nn
 
 from trainrun.atomic_io import atomic_directory
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from trainrun.core.checkpoint import load_failure
 from trainrun.errors import ConfigError
 
 KEY = "model.weights"
@@ -34,14 +35,28 @@ def load_weights(model: nn.Module, path: str) -> None:
         state = _hugging_face_state(bert, source)
         model = bert
     else:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT:
-            state = state["model"]
+        state = _weights_file(source, path)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
         problem = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None
+
+
+def _weights_file(source: Path, path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: a trainrun checkpoint's model, or a saved state dict."""
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for damaged or foreign files
+        raise ConfigError(
+            f"bad value for '{KEY}': '{path}' is not a weights file (a trainrun checkpoint or a torch.save'd "
+            f"state dict; torch.load says {load_failure(error)})"
+        ) from None
+    if isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT:
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise ConfigError(f"bad value for '{KEY}': '{path}' holds no state dict (names to tensors)")
+    return state
 
 
 def _hugging_face_state(bert: nn.Module, source: Path) -> dict[str, torch.Tensor]:
@@ -101,11 +116,12 @@ def hugging_face_tokenizer(tokenizer_file: Path):
     """A token store's tokenizer as ``transformers``' fast BERT tokenizer: its special tokens named,
     ``[CLS] … [SEP]`` added as BERT's tokenizer adds them (trainrun's data adds them itself, so the
     store's tokenizer has no template)."""
-    from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    from trainrun.data.token_store import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_file)
     ids = {token: tokenizer.token_to_id(token) for token in ("[CLS]", "[SEP]")}
     tokenizer.post_processor = TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=list(ids.items())

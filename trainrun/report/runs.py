@@ -6,14 +6,11 @@ Hydra multiruns and single runs are all found by walking the directories given.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainrun.atomic_io import read_jsonl
+from trainrun.atomic_io import read_json, read_jsonl, read_yaml
 from trainrun.core.accounts import train_seconds
 from trainrun.core.time import budget_size, is_budget
 from trainrun.errors import ConfigError
@@ -78,9 +75,9 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing | None = None) -> tuple[Run, str | None]:
     """The run in ``path`` and, when a timing rule could not be applied, a note saying why."""
-    summary = json.loads((path / "summary.json").read_text())
+    summary = read_json(path / "summary.json")
     config_path = path / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    config = (read_yaml(config_path) if config_path.is_file() else None) or {}
     hardware = config.get("hardware") or {}
     seconds, source, note = summary.get("train_seconds"), MEASURED, None
     metric = summary.get("quality_metric", "top1")  # runs written before tasks measured top-1
@@ -96,7 +93,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
     max_duration = str(config.get("max_duration", ""))
     budgeted = is_budget(max_duration)
     auto_path = path / "auto.json"
-    auto = json.loads(auto_path.read_text()) if auto_path.is_file() else None
+    auto = read_json(auto_path) if auto_path.is_file() else None
     run = Run(
         path=path,
         label=AUTO if auto else (config.get("name") or "unnamed"),

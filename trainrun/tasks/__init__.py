@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
+
 from trainrun.core.state import LossFunction, State
 from trainrun.registry import builder
 from trainrun.schema import DataConfig
@@ -46,6 +48,15 @@ class Task(ABC):
     @abstractmethod
     def loss(self, name: str) -> LossFunction:
         """The training loss called ``name`` in the config."""
+
+    def loss_terms(self, targets: Any) -> torch.Tensor | None:
+        """How many terms the loss of ``targets`` averages, on the device, where that varies from
+        batch to batch (the predicted tokens of a language model); None: one term per sample.
+
+        The trainer weighs each rank's and micro-batch's mean loss by its share of the step's terms
+        over all ranks, so that the step's loss is the mean over all of them, whatever the split.
+        """
+        return None
 
     @abstractmethod
     def evaluator(self, state: State) -> Evaluator:

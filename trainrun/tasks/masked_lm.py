@@ -107,6 +107,10 @@ class MaskedLanguageModeling(Task):
     def loss(self, name: str) -> LossFunction:
         return masked_cross_entropy
 
+    def loss_terms(self, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The predicted tokens (what is cut off by sequence-length warmup is not)."""
+        return (targets["labels"] != IGNORED).sum()
+
     def evaluator(self, state: State) -> MaskedTokenEvaluator:
         return MaskedTokenEvaluator(state.device, state.world_size)
 

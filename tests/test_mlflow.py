@@ -1,0 +1,165 @@
+"""loggers=[mlflow]: what a run logs, read back with MlflowClient from the SQLite store and from a
+real ``mlflow server`` over HTTP; a resumed run continues its MLflow run; reports log beside runs."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import TINY, run_cli
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+from trainrun.loggers.mlflow_store import flatten, tracking_uri  # noqa: E402
+from trainrun.schema import OptimizerConfig  # noqa: E402
+
+TRACKED = [*TINY, "loggers=[mlflow,tensorboard]", "checkpoint.interval=1ep", "accuracy_targets=[0.05,0.99]"]
+
+
+def only_run(client: MlflowClient, experiment: str = "trainrun"):
+    found = client.get_experiment_by_name(experiment)
+    (run,) = client.search_runs([found.experiment_id], filter_string="attributes.run_name != 'report'")
+    return run
+
+
+def test_the_store_is_the_configs_the_environments_or_a_sqlite_file_beside_the_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri(None, tmp_path) == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking_uri(None, tmp_path) == "http://127.0.0.1:5000"
+    assert tracking_uri("sqlite:///x.db", tmp_path) == "sqlite:///x.db"
+    flat = flatten({"optimizer": OptimizerConfig(name="adamw"), "loggers": ["mlflow"], "resume": None})
+    assert flat["optimizer.name"] == "adamw" and flat["loggers"] == "['mlflow']" and flat["resume"] == "None"
+    assert flat["optimizer.lr"] == str(OptimizerConfig().lr)
+
+
+@pytest.mark.slow
+def test_a_run_logs_config_metrics_and_files_and_a_resume_continues_its_mlflow_run(tmp_path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "a"
+    first = run_cli(*TRACKED, "max_duration=1ep", f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.stderr
+    assert "mlflow" not in first.stderr.lower()  # the store's set-up is not announced
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    run = only_run(client)
+    assert run.info.status == "FINISHED" and run.info.run_name == "a"
+    params = run.data.params
+    assert params["train_batch_size"] == "64" and params["model.resnet_small.width"] == "8"
+    assert params["loggers"] == "['mlflow', 'tensorboard']" and len(params) > 100
+    tags = run.data.tags
+    assert tags["trainrun.run_dir"] == str(run_dir) and tags["trainrun.devices"] == "1"
+    assert tags["trainrun.torch"] and "hydra.run.dir" in tags["trainrun.command"]
+    again = run_cli(*TRACKED, "max_duration=2ep", f"hydra.run.dir={run_dir}", "resume=auto")
+    assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr
+    run = only_run(client)  # the same MLflow run, continued
+    assert run.info.status == "FINISHED" and run.data.tags["trainrun.resumed_at_step"] == "22"
+    history = client.get_metric_history(run.info.run_id, "top1")
+    records = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert [m.step for m in history] == [22, 44] and len(records) == 2
+    for name in ("train_loss", "throughput", "eval_loss", "top5", "epoch"):
+        assert len(client.get_metric_history(run.info.run_id, name)) == 2, name
+    metrics = run.data.metrics
+    assert metrics["summary.batches"] == 44 and metrics["time_to_accuracy.0.05.train_seconds"] > 0
+    assert "time_to_accuracy.0.99.train_seconds" not in metrics  # not reached
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "summary.json", "metrics.jsonl"} <= artifacts
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id,
+        artifact_path="summary.json",
+        tracking_uri=client.tracking_uri,
+        dst_path=str(tmp_path / "dl"),
+    )
+    assert open(local).read() == (run_dir / "summary.json").read_text()
+    assert list(run_dir.glob("events.out.tfevents.*"))  # tensorboard beside it
+    report = run_cli("report", str(runs), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    assert "logged the report to MLflow run" in report.stdout
+    experiment = client.get_experiment_by_name("trainrun").experiment_id
+    (logged,) = client.search_runs([experiment], filter_string="attributes.run_name = 'report'")
+    assert {"report.md", "report.csv"} <= {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert logged.data.tags["trainrun.runs"] == run.info.run_id
+    assert run_cli("report", str(runs), "--out", str(tmp_path / "report")).returncode == 0
+    assert len(client.search_runs([experiment], filter_string="attributes.run_name = 'report'")) == 1  # updated
+
+
+@pytest.mark.slow
+def test_a_failed_run_ends_its_mlflow_run_failed(tmp_path):
+    result = run_cli(*TRACKED, "optimizer.lr=1e30", "max_duration=4ba", f"hydra.run.dir={tmp_path / 'a'}")
+    assert result.returncode == 3, result.stderr
+    assert only_run(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")).info.status == "FAILED"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_run_logs_to_a_real_mlflow_server_over_http(tmp_path):
+    """``mlflow server`` on 127.0.0.1 (its own SQLite store, artifacts proxied): a 1-epoch run logs
+    to it through MLFLOW_TRACKING_URI, and the server has its metrics and files."""
+    port = free_port()
+    server_command = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or "mlflow"
+    server = subprocess.Popen(
+        [
+            server_command,
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "art"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        env_run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainrun",
+                *TINY,
+                "loggers=[mlflow]",
+                "max_duration=1ep",
+                "mlflow.experiment=team",
+                f"hydra.run.dir={tmp_path / 'run'}",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+            timeout=300,
+        )
+        assert env_run.returncode == 0, env_run.stderr
+        client = MlflowClient(uri)
+        run = only_run(client, "team")
+        assert run.info.status == "FINISHED" and [
+            m.step for m in client.get_metric_history(run.info.run_id, "top1")
+        ] == [22]
+        assert {"config.yaml", "summary.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert not (tmp_path / "mlflow.db").exists()  # nothing in the local default store
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
