@@ -8,20 +8,25 @@ round of each is compared: noise from other work on the machine only ever slows 
 Target: trainer / plain >= 0.98.
 
     .venv/bin/python bench/overhead.py [--task masked_lm] [--steps 30] [--rounds 5] [--batch N]
-        [--resolution 32] [--seq 128]
+        [--resolution 32] [--seq 128] [--mlflow]
+
+``--mlflow`` compares the Trainer with and without ``loggers=[mlflow]`` instead (target >= 0.99).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from trainrun.core.engine import Engine
+from trainrun.core.engine import Callback, Engine
+from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
@@ -145,6 +150,45 @@ def plain_loop(steps: int, work: Workload) -> float:
     return steps * work.data.train.batch_size / (time.perf_counter() - started)
 
 
+class FitEndClock(Callback):
+    """Notes when FIT_END fires, before the callbacks after it close their files."""
+
+    def run_event(self, event: Event, state: State) -> None:
+        if event is Event.FIT_END:
+            self.at = time.perf_counter()
+
+
+def tracked_loop(steps: int, work: Workload, eval_every: int, store: Path | None) -> float:
+    """Samples/s of the Trainer evaluating every ``eval_every`` steps, to the start of FIT_END
+    (evaluations included), with an MLflow logger on a SQLite store in ``store`` if given."""
+    model, optimizer, scheduler, timeline = components(steps, work)
+    state = State(
+        model,
+        optimizer,
+        timeline,
+        torch.device("cpu"),
+        Precision("fp32", "cpu"),
+        loss_fn=work.loss,
+        task=work.task,
+        data=work.data,
+        num_classes=10,
+    )
+    clock = FitEndClock()
+    callbacks: list[Callback] = [clock]
+    if store is not None:  # built before the clock starts, as a run builds it before training
+        from trainrun.loggers.mlflow import MlflowLogger
+        from trainrun.schema import MlflowConfig, TrainConfig
+
+        run_dir = Path(tempfile.mkdtemp(dir=store))
+        config = TrainConfig(mlflow=MlflowConfig(tracking_uri=f"sqlite:///{store / 'mlflow.db'}"))
+        callbacks.append(MlflowLogger(run_dir, config))
+    settings = TrainerSettings(eval_interval=f"{eval_every}ba", log_interval=10)
+    trainer = Trainer(state, lambda _: (optimizer, scheduler), Engine([], callbacks), settings)
+    started = time.perf_counter()
+    trainer.fit()
+    return steps * work.data.train.batch_size / (clock.at - started)
+
+
 def trainer_loop(steps: int, work: Workload) -> float:
     """Samples/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
     model, optimizer, scheduler, timeline = components(steps, work)
@@ -175,6 +219,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="default: 128 images or 32 sequences")
     parser.add_argument("--resolution", type=int, default=32, help="image_classification: pixels")
     parser.add_argument("--seq", type=int, default=128, help="masked_lm: tokens per sequence")
+    parser.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="instead: the Trainer with loggers=[mlflow] (a SQLite store) against without, evaluating every 10 steps",
+    )
     args = parser.parse_args()
     if args.task == "masked_lm":
         args.batch = args.batch or 32
@@ -183,6 +232,9 @@ def main() -> None:
         args.batch = args.batch or 128
         work, shape = image_workload(args.batch, args.resolution), f"{args.resolution}px"
     plain_loop(5, work)  # warm-up: allocator, kernels
+    if args.mlflow:
+        compare_mlflow(args, work, shape)
+        return
     plain, trainer = [], []
     for _ in range(args.rounds):
         plain.append(plain_loop(args.steps, work))
@@ -195,6 +247,24 @@ def main() -> None:
     for name, rounds in (("plain loop", plain), ("trainer", trainer)):
         print(f"{name:<11}: {max(rounds):8.1f} {work.unit}/s best  (rounds: {', '.join(f'{v:.1f}' for v in rounds)})")
     print(f"ratio trainer/plain: {ratio:.3f}  (target >= 0.98)")
+
+
+def compare_mlflow(args: argparse.Namespace, work: Workload, shape: str) -> None:
+    """The MLflow logger's cost: rounds alternate without and with it; best of each."""
+    with tempfile.TemporaryDirectory() as folder:
+        store = Path(folder)
+        tracked_loop(5, work, 5, store)  # the store's tables made once, as the first run in a folder does
+        without, tracked = [], []
+        for _ in range(args.rounds):
+            without.append(tracked_loop(args.steps, work, 10, None))
+            tracked.append(tracked_loop(args.steps, work, 10, store))
+    print(
+        f"{args.task}: device cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
+        f"{shape}, {args.steps} steps x {args.rounds} rounds, an evaluation every 10 steps"
+    )
+    for name, rounds in (("trainer", without), ("+ mlflow", tracked)):
+        print(f"{name:<11}: {max(rounds):8.1f} {work.unit}/s best  (rounds: {', '.join(f'{v:.1f}' for v in rounds)})")
+    print(f"ratio with/without mlflow: {max(tracked) / max(without):.3f}  (target >= 0.99)")
 
 
 if __name__ == "__main__":

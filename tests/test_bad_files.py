@@ -108,6 +108,10 @@ CASES = {
         lambda ctx: [*TINY, f"hydra.run.dir={ctx.write('file', '')}/run"],
         r"bad value for 'hydra\.run\.dir': '.*/file/run' cannot be made: '.*/file' is a file",
     ),
+    "multirun dir under a file": (
+        lambda ctx: ["-m", *TINY, "seed=1,2", f"hydra.sweep.dir={ctx.write('file', '')}/sweep"],
+        r"bad value for 'hydra\.sweep\.dir': '.*/file/sweep' cannot be made: '.*/file' is a file",
+    ),
     "metrics.jsonl of a resumed run": (
         resumed_with_damaged_metrics,
         r"'.*/metrics\.jsonl' line 1 is not a JSON record \(Unterminated string",

@@ -329,8 +329,8 @@ def check(
     for job in jobs:
         _refuse_repeated_algorithms(job)
     configs = [validate(compose(job, source), files) for job in jobs]
-    if files:
-        check_output_dir(overrides, multirun, source or ConfigSource())
+    if files:  # a sweep's jobs share the sweep's folder: the first job's config says where it is
+        check_output_dir(jobs[0], multirun, source or ConfigSource())
     return configs
 
 

@@ -236,9 +236,10 @@ class TokenStore:
         if not meta_path.is_file():
             raise DataError(f"'{path}' is not a token store (no store.json; write one with 'trainrun write-text')")
         meta = read_json(meta_path)
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-            raise DataError(f"'{meta_path}' is not a trainrun token store's description ({found})")
+        if not isinstance(meta, dict):
+            raise DataError(f"'{meta_path}' is not a trainrun token store's description ({type(meta).__name__})")
+        if meta.get("format") != FORMAT:
+            raise DataError(f"'{path}' is a token store of another format ({meta.get('format')})")
         missing = [key for key in STORE_KEYS if key not in meta]
         if missing:
             raise DataError(
