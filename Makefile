@@ -23,6 +23,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/algorithms.py
 	$(VENV)/bin/python bench/bert.py
 	$(VENV)/bin/python bench/text_loader.py
+	$(VENV)/bin/python bench/overhead.py --mlflow
+	$(VENV)/bin/python bench/resume.py
 
 # Mutation testing (docs/testing.md): not part of make test. One thread per mutant process and
 # torch.compile's inductor compiling in-process: torch's thread pool and inductor's compile workers
