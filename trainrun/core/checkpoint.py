@@ -91,9 +91,7 @@ def load_failure(error: Exception) -> str:
     named = [line for line in lines if "Unsupported global" in line or "Unsupported operand" in line]
     if named:
         return named[0].split("error: ", 1)[-1].split(". ")[0]
-    if not lines:
-        return type(error).__name__
-    return lines[0] if type(error).__name__ in lines[0] or len(lines[0]) > 40 else f"{type(error).__name__} {lines[0]}"
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def check_topology(payload: dict[str, Any], global_batch: int, ranks: int, path: Path | None = None) -> None:
