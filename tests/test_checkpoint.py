@@ -10,6 +10,7 @@ from trainrun.core.checkpoint import (
     atomic_torch_save,
     check_topology,
     checkpoint_name,
+    directory,
     list_checkpoints,
     load_checkpoint,
     prune,
@@ -100,6 +101,9 @@ def test_a_checkpoint_resumes_on_any_number_of_ranks_that_divides_its_global_bat
     with pytest.raises(CheckpointError, match=r"global batch of 96 \(train_batch_size\); this run has 64: resume with"):
         check_topology(payload, 64, 2)
     check_topology({"format": "trainrun/1"}, 64, 5)  # written before checkpoints recorded it: not checked
+    with pytest.raises(CheckpointError, match=r"^the checkpoint has a global batch of 96, which does not divide"):
+        check_topology(payload, 96, 7)
+    assert directory(Path("runs/a")) == Path("runs/a/checkpoints")
 
 
 def test_resume_auto_takes_the_newest_checkpoint_and_a_path_must_exist(tmp_path):

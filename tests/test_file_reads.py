@@ -1,11 +1,20 @@
 """Reads that name a damaged file: JSON, JSON lines, YAML, text, and torch.load's failures, by message."""
 
+import io
 import pickle
 
 import pytest
 import torch
 
-from trainrun.atomic_io import read_json, read_jsonl, read_text, read_yaml, yaml_error_message
+from trainrun.atomic_io import (
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+    read_text,
+    read_yaml,
+    yaml_error_message,
+)
 from trainrun.core.checkpoint import load_failure
 from trainrun.errors import FileFormatError
 
@@ -81,3 +90,38 @@ def test_torch_load_failures_are_one_line_without_the_advice(tmp_path):
     assert load_failure(pickle.UnpicklingError("invalid load key, 'h'.\n\nadvice")) == (
         "UnpicklingError: invalid load key, 'h'."
     )
+
+
+def test_a_composed_configs_yaml_error_names_the_file_its_mark_names():
+    """Hydra hands over the parse error alone: the file is the one the error's mark names, from
+    where the problem is or else where the construct began."""
+    import yaml
+
+    try:
+        yaml.safe_load(io.StringIO("a: [1, 2\n"))
+    except yaml.YAMLError as error:
+        error.problem_mark.name = "/conf/recipe/mine.yaml"
+        assert yaml_error_message(error).startswith("'/conf/recipe/mine.yaml' is not valid YAML: line 2, column 1: ")
+        error.context_mark.name, error.problem_mark = "/conf/other.yaml", None  # only where it began
+        assert yaml_error_message(error).startswith("'/conf/other.yaml' is not valid YAML: line 1, column 4: ")
+    assert yaml_error_message(yaml.YAMLError("bad")) == "'?' is not valid YAML: bad"  # nothing to name
+
+
+def test_torch_load_lines_naming_the_problem_are_cut_to_it():
+    advice = (
+        "Weights only load failed.\n\nWeightsUnpickler error: Unsupported operand 149. Please file an issue: error: x"
+    )
+    assert load_failure(pickle.UnpicklingError(advice)) == "Unsupported operand 149"
+    assert (
+        load_failure(pickle.UnpicklingError("Unsupported global: GLOBAL a.B. Add it"))
+        == "Unsupported global: GLOBAL a.B"
+    )
+
+
+def test_writes_make_missing_folders_and_json_is_sorted_and_indented(tmp_path):
+    nested = tmp_path / "a" / "b" / "c.json"
+    atomic_write_json(nested, {"b": 1, "a": [1, 2]})
+    assert nested.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+    assert sorted(p.name for p in nested.parent.iterdir()) == ["c.json"]  # no temporary file left
+    atomic_write_text(tmp_path / "d" / "e.txt", "café")
+    assert (tmp_path / "d" / "e.txt").read_bytes() == "café".encode()

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import torch
 
-from trainrun.core.seeding import keyed_seed, seed_step
+from trainrun.core.seeding import keyed_seed, seed_everything, seed_step
 
 
 def test_keyed_seeds_are_numpys_seed_sequence_of_the_keys_and_tell_nearby_keys_apart():
@@ -36,3 +36,10 @@ def test_a_step_seeds_its_own_gpus_generator_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "default_generators", generators)
     seed_step(7, 30, 3, torch.device("cuda", 3))
     assert [g.initial_seed() for g in generators] == [100, 101, 102, keyed_seed(7, 1, 30, 3), 104, 105, 106, 107]
+
+
+def test_seed_everything_seeds_python_numpy_and_torch():
+    seed_everything(2**32 + 5)  # NumPy takes 32 bits: the seed modulo 2**32
+    drawn = (random.random(), np.random.rand(), torch.rand(1))
+    assert drawn[0] == random.Random(2**32 + 5).random() and drawn[1] == np.random.RandomState(5).rand()
+    assert torch.equal(drawn[2], torch.rand(1, generator=torch.Generator().manual_seed(2**32 + 5)))

@@ -15,6 +15,7 @@ from trainrun.choose.profiling import Profile, ProfileFailed, Profiler
 from trainrun.config import AUTO_RECIPE, ConfigSource, compose, group_options, override_key
 from trainrun.core.time import Time
 from trainrun.errors import ConfigError
+from trainrun.quality import TOP1, Quality
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.validation import validate
 
@@ -98,9 +99,10 @@ class Candidate:
     error: str | None = None
 
 
-def best_candidate(candidates: Iterable[Candidate]) -> Candidate:
-    """The rule: the highest predicted quality; among equals an interpolated prediction before an
-    extrapolated one, then the cheaper epoch. Candidates that could not be timed are skipped."""
+def best_candidate(candidates: Iterable[Candidate], rule: Quality = TOP1) -> Candidate:
+    """The rule: the best predicted quality (highest accuracy, lowest loss: ``rule``); among equals
+    an interpolated prediction before an extrapolated one, then the cheaper epoch. Candidates that
+    could not be timed are skipped."""
     timed = [c for c in candidates if c.predicted_quality is not None]
     if not timed:
         raise ConfigError(
@@ -108,7 +110,8 @@ def best_candidate(candidates: Iterable[Candidate]) -> Candidate:
             + "; ".join(f"{c.recipe}: {c.error}" for c in candidates if c.error)
         )
     return max(
-        timed, key=lambda c: (round(c.predicted_quality, 9), c.prediction == "interpolated", -c.seconds_per_epoch)
+        timed,
+        key=lambda c: (round(rule.key(c.predicted_quality), 9), c.prediction == "interpolated", -c.seconds_per_epoch),
     )
 
 
@@ -134,7 +137,8 @@ def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) 
             "give wall-clock time or money, e.g. max_duration=30min or max_duration=50usd"
         )
     table_path, table_name = _table(config)
-    metric = _quality_metric(config)
+    rule = _quality_rule(config)
+    metric = rule.metric
     table = read_table(table_path, metric)
     recipes = group_options("recipe", source)
     wanted = config.auto.candidates or sorted(table)
@@ -162,12 +166,12 @@ def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) 
                 candidate.error = str(failure)
                 continue
             plan_candidate(candidate, table[candidate.recipe], timing, seconds)
-    chosen = best_candidate(candidates)
+    chosen = best_candidate(candidates, rule)
     decision = {
         "budget": config.max_duration,
         "budget_seconds": seconds,
         "table": table_name,
-        "rule": "the highest predicted quality at the epochs the budget affords here; among equals an "
+        "rule": f"the best predicted quality ({rule.direction}) at the epochs the budget affords here; among equals an "
         "interpolated prediction before an extrapolated one, then the cheaper epoch",
         "candidates": [asdict(c) for c in candidates],
         "chosen": chosen.recipe,
@@ -175,17 +179,17 @@ def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) 
         "predicted_quality": chosen.predicted_quality,
         "quality_metric": metric,
     }
-    console.print(_recipe_table(candidates, chosen, metric))
+    console.print(_recipe_table(candidates, chosen, rule))
     if chosen.prediction != "interpolated":
         console.print(f"[yellow]note:[/] {chosen.recipe}'s quality is {chosen.prediction}", highlight=False)
     run = [o for o in rest if not o.startswith("recipe=")]
     return [*run, f"recipe={chosen.recipe}", f"scale_schedule_ratio={chosen.scale_schedule_ratio}"], decision
 
 
-def _quality_metric(config: TrainConfig) -> str:
+def _quality_rule(config: TrainConfig) -> Quality:
     from trainrun.tasks import build_task
 
-    return build_task(config.task.name).quality
+    return build_task(config.task.name).quality_rule
 
 
 def _table(config: TrainConfig) -> tuple[Path, str]:
@@ -204,9 +208,9 @@ def _table(config: TrainConfig) -> tuple[Path, str]:
     return published, f"the published table {published.name}"
 
 
-def _recipe_table(candidates: list[Candidate], chosen: Candidate, metric: str) -> Table:
+def _recipe_table(candidates: list[Candidate], chosen: Candidate, rule: Quality) -> Table:
     table = Table(title="recipe=auto", title_justify="left")
-    for column in ("recipe", "s / epoch here", "epochs affordable", "ssr", f"predicted {metric}", "how", ""):
+    for column in ("recipe", "s / epoch here", "epochs affordable", "ssr", f"predicted {rule.metric}", "how", ""):
         table.add_column(column)
     for c in candidates:
         if c.error:
@@ -217,7 +221,7 @@ def _recipe_table(candidates: list[Candidate], chosen: Candidate, metric: str) -
             f"{c.seconds_per_epoch:.3g}",
             f"{c.affordable_epochs:.3g}",
             f"{c.scale_schedule_ratio:g}",
-            f"{c.predicted_quality:.2%}",
+            rule.format(c.predicted_quality),
             c.prediction,
             "chosen" if c is chosen else "",
         )

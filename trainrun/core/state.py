@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainrun.core.accounts import TimeAccounts
 from trainrun.core.precision import Precision
 from trainrun.core.time import Timeline
+from trainrun.quality import Quality
 
 LossFunction = Callable[[Any, Any], torch.Tensor]  # (outputs, targets) -> the batch's loss
 
@@ -31,6 +32,7 @@ class RunTask(Protocol):
 
     quality: str
     metrics: Mapping[str, str]
+    quality_rule: Quality
 
     def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]: ...
 

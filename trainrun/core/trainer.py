@@ -259,14 +259,14 @@ class Trainer:
                 self.save_checkpoint()
 
     def _stop_if_target_reached(self) -> None:
-        """MLPerf's clock: the run ends at the first evaluation that reaches ``stop_at``. Every rank
+        """MLPerf's clock: the run ends at the first evaluation that reaches ``stop_at`` (at or above
+        it, or at or below for a quality where lower is better: a loss). Every rank
         sees the same metrics (reduced over ranks), so every rank stops at the same step."""
-        state, target = self.state, self.settings.stop_at
-        quality = state.task.quality
-        if target is not None and state.eval_metrics[quality] >= target:
+        state, target, rule = self.state, self.settings.stop_at, self.state.task.quality_rule
+        value = state.eval_metrics[rule.metric]
+        if target is not None and rule.reached(value, target):
             state.stop_reason = "target_reached"
-            label, value = state.task.metrics[quality], state.eval_metrics[quality]
-            state.notice(f"{label} {value:.2%} reached stop_at={target:g}: training stops here")
+            state.notice(f"{rule.label} {rule.format(value)} reached stop_at={target:g}: training stops here")
 
     def _flush_losses(self) -> None:
         """Check the losses of the steps since the last flush; stop with the step of a NaN/inf.

@@ -19,6 +19,7 @@ class ConsoleLogger(Callback):
         self.quality_log = quality_log
         task = quality_log.task
         self.quality, self.quality_label, self.unit = task.quality, task.metrics[task.quality], task.unit
+        self.rule = task.quality_rule
         self.console = console or Console()
         self.live = live and self.console.is_terminal
         self.progress: Progress | None = None
@@ -86,8 +87,9 @@ class ConsoleLogger(Callback):
         if record is None:
             return
         if self.progress is not None:
-            self.progress.update(self.task, quality=f"{record[self.quality]:.2%}")
-        metrics = "  ".join(f"{label} {record[name]:.2%}" for name, label in self.quality_log.task.metrics.items())
+            self.progress.update(self.task, quality=self.rule.format(record[self.quality]))
+        shown = self.quality_log.task.metrics.items()
+        metrics = "  ".join(f"{label} {self.rule.format(record[name])}" for name, label in shown)
         self.console.print(
             f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  eval loss {record['eval_loss']:.4f}  "
             f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} {self.unit}/s",
@@ -114,23 +116,23 @@ class ConsoleLogger(Callback):
             )
 
     def closing_table(self, state: State) -> Table:
-        """Time to each accuracy target, with final and best accuracy."""
+        """Time to each quality target, with the final and best quality."""
         table = Table(title="time to accuracy", title_justify="left")
         for column in (f"target {self.quality_label}", "train seconds", "wall seconds", "epoch", "batch"):
             table.add_column(column, justify="right")
         for target, reached in self.quality_log.time_to_targets().items():
             if reached is None:
-                table.add_row(f"{float(target):.1%}", "not reached", "-", "-", "-")
+                table.add_row(self.rule.format(float(target)), "not reached", "-", "-", "-")
             else:
                 table.add_row(
-                    f"{float(target):.1%}",
+                    self.rule.format(float(target)),
                     f"{reached['train_seconds']:.1f}",
                     f"{reached['wall_seconds']:.1f}",
                     f"{reached['epoch']:.2f}",
                     str(reached["batch"]),
                 )
         records, label = self.quality_log.records, self.quality_label
-        best = max((r[self.quality] for r in records), default=float("nan"))
-        final = records[-1][self.quality] if records else float("nan")
-        table.caption = f"final {label} {final:.2%}, best {best:.2%}, train {state.accounts.train_seconds():.1f}s"
+        best = self.rule.format(self.rule.best(r[self.quality] for r in records))
+        final = self.rule.format(records[-1][self.quality] if records else None)
+        table.caption = f"final {label} {final}, best {best}, train {state.accounts.train_seconds():.1f}s"
         return table

@@ -39,8 +39,8 @@ class TimeToAccuracyLogger(Callback):
     ) -> None:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary_path = run_dir / "summary.json"
-        self.task, self.quality = task, task.quality
-        self.targets = sorted(targets)
+        self.task, self.quality, self.rule = task, task.quality, task.quality_rule
+        self.targets = sorted(targets, reverse=not task.higher_is_better)  # the first reached first
         self.profile_prefix = profile_prefix
         self.varying_cost = varying_cost or []  # algorithms whose step cost changes along the schedule
         self.provenance = provenance or {}  # what made the run: versions, commit, device, command
@@ -89,7 +89,7 @@ class TimeToAccuracyLogger(Callback):
         """For each target, the first record that reached it (train seconds, epoch, batch) or None."""
         reached: dict[str, dict[str, Any] | None] = {}
         for target in self.targets:
-            first = next((r for r in self.records if r[self.quality] >= target), None)
+            first = next((r for r in self.records if self.rule.reached(r[self.quality], target)), None)
             reached[f"{target:g}"] = (
                 {k: first[k] for k in ("train_seconds", "wall_seconds", "epoch", "batch", "samples")} if first else None
             )
@@ -103,10 +103,9 @@ class TimeToAccuracyLogger(Callback):
             "status": status,
             "error": error,
             "task": self.task.name,
-            "quality_metric": quality,
-            "quality_label": self.task.metrics[quality],
+            **self.rule.as_summary(),
             **{f"final_{name}": last.get(name) for name in self.task.metrics},
-            f"best_{quality}": max((r[quality] for r in self.records), default=None),
+            f"best_{quality}": self.rule.best(r[quality] for r in self.records),
             "time_to_accuracy": self.time_to_targets(),
             "epochs": state.batch / state.timeline.batches_per_epoch if state else None,
             "batches": state.batch if state else None,

@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from trainrun.quality import Quality
 from trainrun.report.runs import Run
 
 
@@ -44,6 +45,10 @@ class Point:
     @property
     def quality(self) -> float:
         return statistics.fmean(r.quality for r in self.runs)
+
+    @property
+    def rule(self) -> Quality:
+        return self.runs[0].rule
 
     @property
     def quality_spread(self) -> float:
@@ -89,20 +94,21 @@ def points(runs: Iterable[Run]) -> list[Point]:
 
 
 def pareto(candidates: Iterable[Point], axis: Callable[[Point], float | None]) -> list[Point]:
-    """The points no other point beats (cheaper or equal on ``axis`` with higher accuracy), cheapest first."""
-    ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.quality))
+    """The points no other point beats (cheaper or equal on ``axis`` with better quality: higher
+    accuracy, lower loss), cheapest first."""
+    ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.rule.key(p.quality)))
     frontier: list[Point] = []
     for point in ordered:
-        if not frontier or point.quality > frontier[-1].quality:
+        if not frontier or point.rule.better(point.quality, frontier[-1].quality):
             frontier.append(point)
     return frontier
 
 
 def reach(curve: list[Point], target: float, axis: Callable[[Point], float | None]) -> Reach | None:
-    """The ``axis`` value at which ``curve`` (one recipe's points) first reaches ``target`` accuracy."""
+    """The ``axis`` value at which ``curve`` (one recipe's points) first reaches ``target`` quality."""
     frontier = pareto(curve, axis)
     for index, point in enumerate(frontier):
-        if point.quality >= target:
+        if point.rule.reached(point.quality, target):
             if index == 0:
                 return Reach(axis(point), at_most=True)
             before = frontier[index - 1]

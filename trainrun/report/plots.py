@@ -28,17 +28,19 @@ def plot_tradeoff(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    scale = 100 if report.rule.percent else 1  # fractions drawn as percentages
     figure, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for label, curve in curves.by_label(points).items():
         ordered = sorted(curve, key=lambda p: p.budget)
         if label == AUTO:
-            _draw_auto(ax, axis, ordered)
+            _draw_auto(ax, axis, ordered, scale)
         else:
-            _draw_recipe(ax, axis, label, ordered)
-    _draw_frontier(ax, axis, curves.pareto([p for p in points if p.label != AUTO], axis))
+            _draw_recipe(ax, axis, label, ordered, scale)
+    _draw_frontier(ax, axis, curves.pareto([p for p in points if p.label != AUTO], axis), scale)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"final {report.quality_label} (%)")
-    ax.set_title("accuracy vs " + xlabel.split(" (")[0] + " (points named by budget)")
+    rule = report.rule
+    ax.set_ylabel(f"final {rule.label} ({'%, ' if rule.percent else ''}{rule.direction})")
+    ax.set_title(f"{rule.label} vs " + xlabel.split(" (")[0] + " (points named by budget)")
     ax.grid(alpha=0.3)
     ax.legend()
     figure.tight_layout()
@@ -49,15 +51,15 @@ def plot_tradeoff(
     return path
 
 
-def _draw_auto(ax: Any, axis: Axis, ordered: list[Point]) -> None:
+def _draw_auto(ax: Any, axis: Axis, ordered: list[Point], scale: float) -> None:
     """Where recipe=auto landed: stars named by the recipe chosen."""
-    qualities = [p.quality * 100 for p in ordered]
+    qualities = [p.quality * scale for p in ordered]
     ax.scatter([axis(p) for p in ordered], qualities, marker="*", s=160, zorder=5, color="crimson", label="recipe=auto")
     for p in ordered:
         chosen = "/".join(sorted({r.auto["chosen"] for r in p.runs}))
         ax.annotate(
             f"auto: {chosen} ({p.budget_text})",
-            (axis(p), p.quality * 100),
+            (axis(p), p.quality * scale),
             textcoords="offset points",
             xytext=(6, 6),
             fontsize=7,
@@ -65,25 +67,27 @@ def _draw_auto(ax: Any, axis: Axis, ordered: list[Point]) -> None:
         )
 
 
-def _draw_recipe(ax: Any, axis: Axis, label: str, ordered: list[Point]) -> None:
+def _draw_recipe(ax: Any, axis: Axis, label: str, ordered: list[Point], scale: float) -> None:
     """One recipe's points, seed spread as error bars, each named by its budget."""
     ax.errorbar(
         [axis(p) for p in ordered],
-        [p.quality * 100 for p in ordered],
-        yerr=[p.quality_spread * 100 for p in ordered],
+        [p.quality * scale for p in ordered],
+        yerr=[p.quality_spread * scale for p in ordered],
         xerr=[p.seconds_spread for p in ordered] if axis is curves.seconds else None,
         marker="o",
         capsize=3,
         label=label,
     )
     for p in ordered:
-        ax.annotate(p.budget_text, (axis(p), p.quality * 100), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        ax.annotate(
+            p.budget_text, (axis(p), p.quality * scale), textcoords="offset points", xytext=(4, -10), fontsize=7
+        )
 
 
-def _draw_frontier(ax: Any, axis: Axis, frontier: list[Point]) -> None:
+def _draw_frontier(ax: Any, axis: Axis, frontier: list[Point], scale: float) -> None:
     ax.plot(
         [axis(p) for p in frontier],
-        [p.quality * 100 for p in frontier],
+        [p.quality * scale for p in frontier],
         linestyle="--",
         color="black",
         marker="s",

@@ -14,6 +14,7 @@ from trainrun.atomic_io import read_json, read_jsonl, read_yaml
 from trainrun.core.accounts import train_seconds
 from trainrun.core.time import budget_size, is_budget
 from trainrun.errors import ConfigError
+from trainrun.quality import Quality
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 AUTO = "auto"  # the label of runs whose recipe recipe=auto chose
@@ -50,6 +51,11 @@ class Run:
     budgeted: bool = False  # trained to a wall-clock or cost budget rather than a schedule ratio
     epochs: float | None = None
     auto: dict[str, Any] | None = field(default=None, repr=False)  # recipe=auto's decision (auto.json)
+
+    @property
+    def rule(self) -> Quality:
+        """The run's quality metric and its direction, as its summary records them."""
+        return Quality.from_summary(self.summary)
 
     @property
     def cost(self) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from trainrun.quality import Quality
 from trainrun.report import curves
 from trainrun.report.bottleneck import bound_text
 from trainrun.report.curves import Point
@@ -38,6 +39,10 @@ class Report:
         return self.runs[0].quality_label
 
     @property
+    def rule(self) -> Quality:
+        return self.runs[0].rule
+
+    @property
     def swept_points(self) -> list[Point]:
         """The points of recipes as trained; recipe=auto's runs are judged against them."""
         return [p for p in self.points if p.label != AUTO]
@@ -63,7 +68,7 @@ def build_sections(report: Report) -> list[Section]:
 
 
 def _points_section(report: Report) -> Section:
-    on_time, on_cost = report.on_time_frontier, report.on_cost_frontier
+    on_time, on_cost, shown = report.on_time_frontier, report.on_cost_frontier, report.rule.format
     rows = []
     for p in report.points:
         low, high = p.quality_range
@@ -73,7 +78,8 @@ def _points_section(report: Report) -> Section:
                 p.label,
                 p.budget_text,
                 str(p.seeds),
-                f"{p.quality:.2%} ± {p.quality_spread:.2%}" + (f" ({low:.2%}-{high:.2%})" if p.seeds > 1 else ""),
+                f"{shown(p.quality)} ± {shown(p.quality_spread)}"
+                + (f" ({shown(low)}-{shown(high)})" if p.seeds > 1 else ""),
                 f"{p.seconds:.1f} ± {p.seconds_spread:.1f}",
                 _dollars(p.cost),
                 p.time_source,
@@ -86,7 +92,7 @@ def _points_section(report: Report) -> Section:
             "recipe",
             "budget",
             "seeds",
-            f"{report.quality_label} (mean ± sd, range)",
+            f"{report.quality_label} (mean ± sd, range; {report.rule.direction})",
             "train s (mean ± sd)",
             "cost",
             "time",
@@ -108,8 +114,8 @@ def _reach_section(report: Report) -> Section:
             row.append("not reached" if time_ is None else f"{_reach_text(time_, 's')} / {_reach_money(money)}")
         rows.append(row)
     return Section(
-        "time / cost to accuracy",
-        ["recipe", *(f"{report.quality_label} {t:.2%}" for t in report.targets)],
+        "time / cost to accuracy" if report.rule.percent else f"time / cost to {report.quality_label}",
+        ["recipe", *(f"{report.quality_label} {report.rule.format(t)}" for t in report.targets)],
         rows,
         "read off each recipe's frontier, interpolating between measured budgets; '<=' = its cheapest point",
     )
@@ -125,7 +131,7 @@ def _speedup_section(report: Report) -> Section:
         for base in reference:
             mine = curves.reach(curve, base.quality, curves.seconds)
             theirs = curves.reach(reference, base.quality, curves.seconds)
-            row = [label, base.budget_text, f"{base.quality:.2%}", f"{theirs.value:.1f}"]
+            row = [label, base.budget_text, report.rule.format(base.quality), f"{theirs.value:.1f}"]
             if mine is None:
                 rows.append([*row, "not reached", "-"])
             else:
@@ -140,9 +146,10 @@ def _speedup_section(report: Report) -> Section:
 
 
 def best_within(points: list[Point], seconds: float) -> Point | None:
-    """The most accurate point that trained in at most ``seconds`` (the frontier at that time)."""
+    """The best point (most accurate; lowest loss) that trained in at most ``seconds`` (the
+    frontier at that time)."""
     affordable = [p for p in points if p.seconds <= seconds]
-    return max(affordable, key=lambda p: p.quality, default=None)
+    return max(affordable, key=lambda p: p.rule.key(p.quality), default=None)
 
 
 def _auto_section(report: Report) -> Section:
@@ -151,14 +158,18 @@ def _auto_section(report: Report) -> Section:
         if not run.auto or run.quality is None or run.train_seconds is None:
             continue
         best = best_within(report.swept_points, run.auto["budget_seconds"])
-        row = [run.budget_text, str(run.seed), run.auto["chosen"], f"{run.auto['predicted_quality']:.2%}"]
-        row += [f"{run.quality:.2%}", f"{run.train_seconds:.1f}"]
+        shown = run.rule.format
+        row = [run.budget_text, str(run.seed), run.auto["chosen"], shown(run.auto["predicted_quality"])]
+        row += [shown(run.quality), f"{run.train_seconds:.1f}"]
         if best is None:
             rows.append([*row, "no swept point within the budget", "-"])
             continue
         spread = max(best.quality_spread, 0.0)
-        verdict = "yes" if run.quality >= best.quality - spread else f"no ({run.quality - best.quality:+.2%})"
-        best_text = f"{best.label} {best.budget_text}: {best.quality:.2%} ± {spread:.2%} in {best.seconds:.1f} s"
+        rule = run.rule
+        within = rule.reached(run.quality, best.quality - spread if rule.higher_is_better else best.quality + spread)
+        gap = run.quality - best.quality
+        verdict = "yes" if within else f"no ({gap:+.2%})" if rule.percent else f"no ({gap:+.4f})"
+        best_text = f"{best.label} {best.budget_text}: {shown(best.quality)} ± {shown(spread)} in {best.seconds:.1f} s"
         rows.append([*row, best_text, verdict])
     return Section(
         "recipe=auto against the swept frontier",
@@ -209,7 +220,7 @@ def _runs_section(report: Report) -> Section:
             extrapolated = run.summary["extrapolated"]
             time_text += f" (extrapolated from {extrapolated['from_batches']}/{extrapolated['to_batches']} steps"
             time_text += "; step cost varies along the schedule)" if extrapolated.get("caveat") else ")"
-        quality = "-" if run.quality is None else f"{run.quality:.2%}"
+        quality = run.rule.format(run.quality)
         row = [run.label, run.budget_text, str(run.seed), run.status, quality, time_text, _dollars(run.cost)]
         rows.append([*row, run.pricing.hardware, str(run.path)])
     return Section(

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from trainrun.core.state import LossFunction, State
+from trainrun.quality import Quality
 from trainrun.registry import builder
 from trainrun.schema import DataConfig
 
@@ -40,6 +41,13 @@ class Task(ABC):
     quality: ClassVar[str]  # the metric accuracy targets, stop-at-target and reports use
     metrics: ClassVar[dict[str, str]]
     unit: ClassVar[str]  # what one sample is called in throughputs ("img" for images/s)
+    higher_is_better: ClassVar[bool] = True  # of the quality metric (False: a loss)
+    percent: ClassVar[bool] = True  # the metrics are fractions, shown as percentages
+
+    @property
+    def quality_rule(self) -> Quality:
+        """The quality metric with its direction: what targets, stop_at and reports compare by."""
+        return Quality(self.quality, self.metrics[self.quality], self.higher_is_better, self.percent)
 
     @abstractmethod
     def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:
