@@ -74,12 +74,12 @@ def test_help_lists_groups_and_options(tmp_path):
         "algorithms: alibi, blurpool, channels_last, colout, cutmix, ema, fixres, fused_layers, "
         "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
         "low_precision_layernorm, masked_head",
-        "model: bert_base, bert_large, bert_mini, bert_tiny, resnet101, resnet18, resnet34, resnet50",
+        "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline, bert_base, bert_large, bert_large_lamb, hot, medium, mild",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step",
-        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, synthetic, "
-        "synthetic_ffcv, text",
-        "task: image_classification, masked_lm",
+        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, stdlib_stream, "
+        "synthetic, synthetic_ffcv, text, token_stream",
+        "task: causal_lm, image_classification, masked_lm",
     ):
         assert line in result.stdout
 
@@ -306,7 +306,8 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
         moved["data.max_seq_len"] == "data.text.max_seq_len"
         and moved["data.batches_ahead"] == "data.ffcv.batches_ahead"
     )
-    assert moved["model.width"] == "model.resnet_small.width" and len(moved) == 21
+    assert moved["model.width"] == "model.resnet_small.width" and moved["model.layers"] == "model.bert.layers"
+    assert moved["model.qk_norm"] == "model.gpt.qk_norm" and len(moved) == 29
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):

@@ -40,7 +40,8 @@ def test_each_direction_reaches_ranks_and_shows_its_values():
 class ScriptedLoss(ScriptedQuality):
     """Reports the next of ``values`` as a loss that is the quality (lower is better)."""
 
-    quality, metrics, higher_is_better, percent = "eval_loss", {"eval_loss": "validation loss"}, False, False
+    quality, metrics = "eval_loss", {"eval_loss": "validation loss"}
+    quality_rule = LOSS
 
     def evaluator(self, state):
         value = next(self.values)

@@ -72,3 +72,11 @@ class Quality:
 
 
 TOP1 = Quality("top1", "top-1")  # what runs, tables and choices were measured in before tasks said
+
+# Each task's quality, here so that the config's checks (stop_at, accuracy_targets) read it before
+# anything heavy is imported; each task class names the same metric (a test says so).
+QUALITY_OF_TASK = {
+    "image_classification": TOP1,
+    "masked_lm": Quality("masked_accuracy", "masked-token accuracy"),
+    "causal_lm": Quality("eval_loss", "validation loss", higher_is_better=False, percent=False),
+}

@@ -32,11 +32,13 @@ BUILDERS: dict[str, dict[str, str]] = {
     "task": {
         "image_classification": "trainrun.tasks.image_classification:build",
         "masked_lm": "trainrun.tasks.masked_lm:build",
+        "causal_lm": "trainrun.tasks.causal_lm:build",
     },
     "model": {
         "resnet_small": "trainrun.models.small:build",
         **{name: "trainrun.models.resnet:build" for name in RESNETS},
         "bert": "trainrun.models.bert:build",
+        "gpt": "trainrun.models.gpt:build",
     },
     "data": {
         "digits": "trainrun.data.builtin:builtin_datasets",
@@ -45,6 +47,7 @@ BUILDERS: dict[str, dict[str, str]] = {
         "folder": "trainrun.data.folder:folder_datasets",
         "beton": "trainrun.data.ffcv:beton_files",
         "text": "trainrun.data.masked_text:text_datasets",
+        "token_stream": "trainrun.data.causal_text:stream_datasets",
     },
     "logger": {
         "tensorboard": "trainrun.loggers.tensorboard:TensorBoardLogger",

@@ -60,6 +60,24 @@ class BertConfig:
 
 
 @dataclass
+class GPTConfig:
+    """``model=gpt_*``: trainrun's GPT (trainrun/models/gpt.py); the vocabulary comes from the token store."""
+
+    layers: int = positive_field(2)
+    heads: int = positive_field(2)
+    width: int = positive_field(128)
+    max_seq_len: int = positive_field(256)  # the longest window (learned positions, rotary tables)
+    positions: str = choice_field("learned", "learned", "rotary")
+    norm: str = choice_field("layernorm", "layernorm", "rmsnorm")
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before attention
+    mlp: str = choice_field("gelu", "gelu", "relu2")
+    tie_head: bool = True  # the output head shares the token embedding
+    logit_softcap: float | None = field(default=None, metadata={"exclusive_min": 0})  # c * tanh(logits / c)
+    zero_init: bool = False  # attention and MLP output projections start at zero
+    bias: bool = False  # biases in the linear layers (nanoGPT's GPT-2 124M run has none)
+
+
+@dataclass
 class ModelConfig:
     """Which network to build and how to initialise it; each kind's own settings under its name."""
 
@@ -71,6 +89,7 @@ class ModelConfig:
     weights: str | None = None
     resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
     bert: BertConfig = field(default_factory=BertConfig)
+    gpt: GPTConfig = field(default_factory=GPTConfig)
 
 
 @dataclass
@@ -264,11 +283,12 @@ def budget_seconds(config: TrainConfig) -> float:
 def moved_keys() -> dict[str, str]:
     """Each key that moved under its kind's section (``model.hidden_size``) and where it is now
     (``model.bert.hidden_size``): the old spelling is refused with a line naming the new one."""
-    moved = {}
+    moved: dict[str, str] = {}
     for group, section in (("model", ModelConfig), ("data", DataConfig)):
         for kind, hint in typing.get_type_hints(section).items():
-            if dataclasses.is_dataclass(hint):
-                moved |= {f"{group}.{spec.name}": f"{group}.{kind}.{spec.name}" for spec in dataclasses.fields(hint)}
+            if dataclasses.is_dataclass(hint):  # the first kind with a name keeps it: the one it moved from
+                for spec in dataclasses.fields(hint):
+                    moved.setdefault(f"{group}.{spec.name}", f"{group}.{kind}.{spec.name}")
     return moved
 
 

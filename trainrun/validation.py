@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainrun.algorithms.specs import SPECS, check_methods, sequence_limit
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
+from trainrun.quality import QUALITY_OF_TASK
 from trainrun.registry import names
 from trainrun.schema import INITIALIZERS, LauncherConfig, TrainConfig, moved_keys
 
@@ -101,8 +102,8 @@ def _check_time(key: str, value: str, meta: dict) -> None:
 def check_files(config: TrainConfig) -> None:
     """The files and folders a run reads exist: checked before a run, not to print a config."""
     data = config.data
-    if data.name == "text" and not data.path and not data.text.corpus:
-        raise ConfigError("data=text needs 'data.path' (a token store written by 'trainrun write-text')")
+    if data.name in ("text", "token_stream") and not data.path and not data.text.corpus:
+        raise ConfigError(f"data={data.name} needs 'data.path' (a token store written by 'trainrun write-text')")
     if data.name == "folder" and not data.path:
         raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
     weights = config.model.weights
@@ -157,11 +158,7 @@ def _check_run(config: TrainConfig) -> None:
     for name in config.loggers:
         if name not in names("logger"):
             raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(names('logger'))})")
-    if config.stop_at is not None and not 0 < config.stop_at <= 1:
-        raise ConfigError(f"bad value for 'stop_at': {config.stop_at} (a fraction in (0, 1] of the quality metric)")
-    for target in config.accuracy_targets:
-        if not 0 < target <= 1:
-            raise ConfigError(f"bad value for 'accuracy_targets': {target} (a fraction in (0, 1])")
+    _check_quality_values(config)
     if config.data.name == "beton" and config.data.loader != "ffcv":
         raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
     if config.data.name == "folder" and config.data.loader == "ffcv":
@@ -174,6 +171,9 @@ def _check_run(config: TrainConfig) -> None:
     if config.task.name == "masked_lm" or config.data.name == "text" or config.model.name == "bert":
         _check_masked_lm(config)
         return
+    if config.task.name == "causal_lm" or config.data.name == "token_stream" or config.model.name == "gpt":
+        _check_causal_lm(config)
+        return
     if config.model.num_classes != config.data.num_classes:
         raise ConfigError(
             f"bad value for 'model.num_classes': {config.model.num_classes} but data "
@@ -181,21 +181,52 @@ def _check_run(config: TrainConfig) -> None:
         )
 
 
-def _check_masked_lm(config: TrainConfig) -> None:
-    """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
-    parts = {
-        "task": (config.task.name, "masked_lm"),
-        "data": (config.data.name, "text"),
-        "model": (config.model.name, "bert"),
-    }
+def _check_quality_values(config: TrainConfig) -> None:
+    """``stop_at`` and ``accuracy_targets`` are values the task's quality can take: fractions in
+    (0, 1] for an accuracy, positive numbers for a loss."""
+    rule = QUALITY_OF_TASK[config.task.name]
+    kind = "a fraction in (0, 1]" if rule.percent else f"a positive {rule.label}"
+    for key, values in (
+        ("stop_at", [] if config.stop_at is None else [config.stop_at]),
+        ("accuracy_targets", config.accuracy_targets),
+    ):
+        for value in values:
+            if not 0 < value <= (1 if rule.percent else float("inf")):
+                raise ConfigError(f"bad value for '{key}': {value:g} ({kind} of the quality metric, {rule.metric})")
+
+
+def _check_language_run(config: TrainConfig, task: str, data: str, model: str) -> None:
+    """A language task's data and model chosen together, trained with cross-entropy from the torch loader."""
+    parts = {"task": (config.task.name, task), "data": (config.data.name, data), "model": (config.model.name, model)}
     for key, (chosen, needed) in parts.items():
         if chosen != needed:
             others = ", ".join(f"{k}={v}" for k, (c, v) in parts.items() if c == v)
             raise ConfigError(f"bad value for '{key}.name': '{chosen}' (with {others} it must be {needed})")
     if config.loss != "soft_ce":
-        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task masked_lm trains with cross-entropy, soft_ce)")
+        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task {task} trains with cross-entropy, soft_ce)")
     if config.data.loader != "torch":
         raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
+
+
+def _check_causal_lm(config: TrainConfig) -> None:
+    """A causal language run: a token stream, a GPT and the causal-LM task together."""
+    _check_language_run(config, "causal_lm", "token_stream", "gpt")
+    gpt = config.model.gpt
+    if gpt.width % gpt.heads or (gpt.width // gpt.heads) % 2:
+        raise ConfigError(
+            f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
+            "into heads of an even size"
+        )
+    if config.data.text.max_seq_len > gpt.max_seq_len:
+        raise ConfigError(
+            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
+            f"model.gpt.max_seq_len {gpt.max_seq_len}"
+        )
+
+
+def _check_masked_lm(config: TrainConfig) -> None:
+    """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
+    _check_language_run(config, "masked_lm", "text", "bert")
     positions, key = sequence_limit(config.algorithms) or (
         config.model.bert.max_position_embeddings,
         "model.bert.max_position_embeddings",

@@ -90,8 +90,10 @@ class ConsoleLogger(Callback):
             self.progress.update(self.task, quality=self.rule.format(record[self.quality]))
         shown = self.quality_log.task.metrics.items()
         metrics = "  ".join(f"{label} {self.rule.format(record[name])}" for name, label in shown)
+        if "eval_loss" not in self.quality_log.task.metrics:  # a loss as the quality is shown once
+            metrics += f"  eval loss {record['eval_loss']:.4f}"
         self.console.print(
-            f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  eval loss {record['eval_loss']:.4f}  "
+            f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  "
             f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} {self.unit}/s",
             highlight=False,
             soft_wrap=True,

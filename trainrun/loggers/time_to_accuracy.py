@@ -40,7 +40,7 @@ class TimeToAccuracyLogger(Callback):
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary_path = run_dir / "summary.json"
         self.task, self.quality, self.rule = task, task.quality, task.quality_rule
-        self.targets = sorted(targets, reverse=not task.higher_is_better)  # the first reached first
+        self.targets = sorted(targets, reverse=not self.rule.higher_is_better)  # the first reached first
         self.profile_prefix = profile_prefix
         self.varying_cost = varying_cost or []  # algorithms whose step cost changes along the schedule
         self.provenance = provenance or {}  # what made the run: versions, commit, device, command

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from trainrun.core.state import LossFunction, State
-from trainrun.quality import Quality
+from trainrun.quality import QUALITY_OF_TASK, Quality
 from trainrun.registry import builder
 from trainrun.schema import DataConfig
 
@@ -41,13 +41,12 @@ class Task(ABC):
     quality: ClassVar[str]  # the metric accuracy targets, stop-at-target and reports use
     metrics: ClassVar[dict[str, str]]
     unit: ClassVar[str]  # what one sample is called in throughputs ("img" for images/s)
-    higher_is_better: ClassVar[bool] = True  # of the quality metric (False: a loss)
-    percent: ClassVar[bool] = True  # the metrics are fractions, shown as percentages
 
     @property
     def quality_rule(self) -> Quality:
-        """The quality metric with its direction: what targets, stop_at and reports compare by."""
-        return Quality(self.quality, self.metrics[self.quality], self.higher_is_better, self.percent)
+        """The quality metric with its direction and display (:data:`trainrun.quality.QUALITY_OF_TASK`):
+        what targets, stop_at and reports compare by."""
+        return QUALITY_OF_TASK[self.name]
 
     @abstractmethod
     def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:

@@ -1,0 +1,140 @@
+"""Causal language modelling: the GPT's switches by numbers, causal masking, token windows with
+document separators, the task's shift and sums, and a real run whose quality is a loss."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_cli
+
+from trainrun.data.causal_text import TokenWindows
+from trainrun.models.gpt import GPT, apply_rotary, padded_vocabulary, rotary_tables
+from trainrun.quality import QUALITY_OF_TASK
+from trainrun.registry import builder, names
+from trainrun.schema import GPTConfig
+from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator
+
+
+def gpt(**switches) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(layers=2, heads=2, width=16, max_seq_len=12, **switches), vocab_size=50).eval()
+
+
+def test_rotary_turns_each_pair_by_position_times_its_frequency():
+    cos, sin = rotary_tables(5, 4, base=100.0)
+    x = torch.randn(1, 1, 5, 4)
+    rotated = apply_rotary(x, cos, sin)
+    for p in range(5):
+        for i in range(2):  # pairs (x_i, x_{i+2}), frequency 100^(-2i/4)
+            angle = p * 100.0 ** (-2 * i / 4)
+            a, b = x[0, 0, p, i].item(), x[0, 0, p, i + 2].item()
+            expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
+            assert rotated[0, 0, p, i].item() == pytest.approx(expected[0], abs=1e-5)
+            assert rotated[0, 0, p, i + 2].item() == pytest.approx(expected[1], abs=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_no_position_sees_a_later_token(positions):
+    model, tokens = gpt(positions=positions), torch.randint(0, 50, (2, 10))
+    changed = tokens.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 50
+    before, after = model(tokens), model(changed)
+    assert torch.equal(before[:, :6], after[:, :6]) and not torch.allclose(before[:, 6:], after[:, 6:])
+
+
+def test_softcap_bounds_logits_as_c_tanh_of_the_raw_ones():
+    raw, capped = gpt(), gpt(logit_softcap=2.0)
+    tokens = torch.randint(0, 50, (1, 8))
+    torch.testing.assert_close(capped(tokens), 2.0 * torch.tanh(raw(tokens) / 2.0))
+    assert capped(tokens).shape == (1, 8, 50)  # the padded vocabulary cut back to the store's
+
+
+def test_relu_squared_mlp_zero_init_and_residual_init():
+    model = gpt(mlp="relu2", zero_init=True)
+    mlp = model.blocks[0].mlp
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(mlp(x), mlp.proj(F.relu(mlp.up(x)).square()))
+    assert all(not block.attention.proj.weight.any() and not block.mlp.proj.weight.any() for block in model.blocks)
+    torch.manual_seed(0)
+    wide = GPT(GPTConfig(layers=8, heads=4, width=256, max_seq_len=8), vocab_size=64)
+    assert wide.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
+    assert wide.blocks[0].mlp.up.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert wide.head.weight is wide.embed.weight and wide.embed.weight.shape[0] == padded_vocabulary(64) == 64
+    assert padded_vocabulary(50257) == 50304  # nanoGPT's GPT-2 vocabulary
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    model, tokens = gpt(qk_norm=True, norm="rmsnorm"), torch.randint(0, 50, (1, 8))
+    before = model(tokens)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attention.qkv.weight[:32] *= 7.0  # the query and key rows
+    torch.testing.assert_close(model(tokens), before, rtol=1e-4, atol=1e-5)
+    plain = gpt()
+    with torch.no_grad():
+        plain.blocks[0].attention.qkv.weight[:32] *= 7.0
+    assert not torch.allclose(plain(tokens), gpt()(tokens), atol=1e-3)  # without it the scale matters
+
+
+class Store:
+    """A token store's parts the windows read: documents [1 2 3] and [4 5], [SEP] = 9."""
+
+    tokens = np.array([1, 2, 3, 4, 5], dtype=np.uint16)
+    offsets = np.array([0, 3, 5])
+
+    def special(self, token):
+        return {"[SEP]": 9}[token]
+
+
+def test_windows_cut_the_stream_of_documents_and_separators():
+    windows = TokenWindows(Store(), 2)  # stream 1 2 3 9 4 5 9: (7 - 1) // 2 = 3 windows of 3
+    assert len(windows) == 3
+    assert [windows[i].tolist() for i in range(3)] == [[1, 2, 3], [3, 9, 4], [4, 5, 9]]
+    assert windows[0].dtype == torch.int64
+    with pytest.raises(IndexError):
+        windows[3]
+
+
+def test_the_task_scores_each_position_on_the_next_token_summed_over_batches():
+    task = CausalLanguageModeling()
+    state = type("S", (), {"device": torch.device("cpu"), "world_size": 1})()
+    inputs, targets, count = task.batch(torch.tensor([[1, 2, 3], [4, 5, 6]]), state)
+    assert inputs.tolist() == [[1, 2], [4, 5]] and targets.tolist() == [[2, 3], [5, 6]] and count == 2
+    evaluator = task.evaluator(state)
+    logits = torch.randn(2, 2, 7)
+    evaluator.update(logits[:1], targets[:1])
+    evaluator.update(logits[1:], targets[1:])
+    mean = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+    assert evaluator.compute() == {"eval_loss": pytest.approx(mean), "perplexity": pytest.approx(math.exp(mean))}
+    assert isinstance(evaluator, NextTokenEvaluator) and task.quality_rule.higher_is_better is False
+
+
+def test_every_task_names_the_quality_metric_its_table_entry_names():
+    for name in names("task"):
+        task = builder("task", name)()
+        rule = QUALITY_OF_TASK[name]
+        assert (task.quality, task.metrics[task.quality]) == (rule.metric, rule.label), name
+
+
+@pytest.mark.slow
+def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path):
+    args = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=32"]
+    args += ["train_batch_size=16", "eval_batch_size=64", "max_duration=40ba", "eval_interval=10ba", "progress=false"]
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", "optimizer=adamw", "optimizer.lr=3e-3")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["eval_loss"] for r in records]
+    assert len(losses) == 4 and losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.5  # it learns
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["quality_metric"], summary["quality_higher_is_better"]) == ("eval_loss", False)
+    assert summary["best_eval_loss"] == min(losses)
+    target = losses[1] + 1e-6  # the second evaluation reaches it: lower is better
+    stopped = run_cli(
+        *args, f"hydra.run.dir={tmp_path / 'stop'}", "optimizer=adamw", "optimizer.lr=3e-3", f"stop_at={target}"
+    )
+    assert stopped.returncode == 0, stopped.stderr
+    summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
+    assert summary["status"] == "target_reached" and summary["batches"] == 20

@@ -1,0 +1,147 @@
+"""A GPT (decoder-only transformer) for causal language modelling, in one readable file.
+
+The block is nanoGPT's GPT-2 (pre-norm, causal self-attention, 4x MLP, tied head, residual
+projections initialised with std 0.02 / sqrt(2 x layers)); each of the speedrun's changes is a
+switch under ``model.gpt``: ``positions`` learned or rotary (RoPE, base 10,000, on the two halves
+of each head), ``norm`` LayerNorm or RMSNorm, ``qk_norm`` (queries and keys RMS-normalised per
+head before attention), ``mlp`` GELU or ReLU² (``relu(x)²``), ``tie_head``, ``logit_softcap``
+(``c · tanh(logits / c)``) and ``zero_init`` (attention and MLP output projections start at zero).
+Attention is ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient
+kernels on a GPU, the math kernel on a CPU. Written here, not taken from transformers, so that
+every switch is one readable line (nanoGPT's reason); a model with GPT-2's shape has GPT-2's
+parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainrun.schema import GPTConfig, ModelConfig
+
+VOCAB_MULTIPLE = 64  # the embedding and head are padded to a multiple of this (nanoGPT's 50304)
+
+
+def padded_vocabulary(vocab_size: int) -> int:
+    return math.ceil(vocab_size / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def rotary_tables(length: int, head_dim: int, base: float = 10_000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of angle ``p · base^(-2i/d)`` for position p and pair i, each (length, head_dim / 2)."""
+    frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), frequencies)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x_i, x_{i + d/2}) of ``x`` (batch, heads, length, d) by its position's angle."""
+    first, second = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+def norm_layer(kind: str, size: int) -> nn.Module:
+    return nn.RMSNorm(size) if kind == "rmsnorm" else nn.LayerNorm(size)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim = config.heads, config.width // config.heads
+        self.qkv = nn.Linear(config.width, 3 * config.width, bias=config.bias)
+        self.proj = nn.Linear(config.width, config.width, bias=config.bias)
+        self.qk_norm = config.qk_norm
+        self.rotary = config.positions == "rotary"
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(context.transpose(1, 2).reshape(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.width, 4 * config.width, bias=config.bias)
+        self.proj = nn.Linear(4 * config.width, config.width, bias=config.bias)
+        self.relu_squared = config.mlp == "relu2"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.up(x)
+        hidden = F.relu(hidden).square() if self.relu_squared else F.gelu(hidden)
+        return self.proj(hidden)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.attention_norm, self.mlp_norm = (
+            norm_layer(config.norm, config.width),
+            norm_layer(config.norm, config.width),
+        )
+        self.attention, self.mlp = CausalSelfAttention(config), MLP(config)
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rotary)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    """Token ids (batch, length) to next-token logits (batch, length, vocabulary)."""
+
+    def __init__(self, config: GPTConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.config, self.vocab_size = config, vocab_size
+        padded = padded_vocabulary(vocab_size)
+        self.embed = nn.Embedding(padded, config.width)
+        self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.final_norm = norm_layer(config.norm, config.width)
+        self.head = nn.Linear(config.width, padded, bias=False)
+        if config.tie_head:
+            self.head.weight = self.embed.weight
+        if config.positions == "rotary":
+            cos, sin = rotary_tables(config.max_seq_len, config.width // config.heads)
+            self.register_buffer("rotary_cos", cos, persistent=False)
+            self.register_buffer("rotary_sin", sin, persistent=False)
+        self._initialise()
+
+    def _initialise(self) -> None:
+        """nanoGPT's: normal(0, 0.02) weights, zero biases, output projections at 0.02 / sqrt(2 x
+        layers) (or zero with ``zero_init``)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(".proj") else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if name.endswith(".proj") and self.config.zero_init:
+                    nn.init.zeros_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        x = self.embed(tokens)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(length, device=tokens.device))
+        rotary = (self.rotary_cos[:length], self.rotary_sin[:length]) if self.config.positions == "rotary" else None
+        for block in self.blocks:
+            x = block(x, rotary)
+        logits = self.head(self.final_norm(x))[..., : self.vocab_size].float()
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def build(config: ModelConfig, vocab_size: int | None = None) -> GPT:
+    """``model=gpt_*``: a GPT over the data's vocabulary (padded to a multiple of 64)."""
+    if vocab_size is None:
+        raise ValueError("a GPT needs the token store's vocabulary size")
+    return GPT(config.gpt, vocab_size)

@@ -1,0 +1,64 @@
+"""Causal-language-model pretraining: predict every next token; the validation loss is the quality,
+and lower is better.
+
+Batches are (batch, max_seq_len + 1) token windows from :mod:`trainrun.data.causal_text`: the
+model reads the first ``max_seq_len`` tokens and is scored on the next token at each position, in
+fp32. Evaluation sums the cross-entropy and the token count over every rank's windows (a fixed,
+sequential set), so ``eval_loss`` is the mean per token and ``perplexity`` its exponential.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainrun.core.state import State
+from trainrun.schema import DataConfig
+from trainrun.tasks import Evaluator, LossFunction, Task
+
+
+def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (batch, length, vocabulary) against the next tokens, in fp32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class NextTokenEvaluator(Evaluator):
+    def __init__(self, device: torch.device, world_size: int) -> None:
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
+        self.world_size = world_size
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.sums[0] += F.cross_entropy(outputs.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+        self.sums[1] += targets.numel()
+
+    def compute(self) -> dict[str, float]:
+        if self.world_size > 1:
+            dist.all_reduce(self.sums)
+        loss, count = (float(value) for value in self.sums)
+        mean = loss / count if count else float("nan")
+        return {"eval_loss": mean, "perplexity": math.exp(mean) if mean < 50 else float("inf")}
+
+
+class CausalLanguageModeling(Task):
+    name = "causal_lm"
+    quality = "eval_loss"
+    metrics = {"eval_loss": "validation loss"}
+    unit = "seq"
+
+    def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
+        windows = batch.to(state.device, non_blocking=True)
+        return windows[:, :-1], windows[:, 1:], len(windows)
+
+    def loss(self, name: str) -> LossFunction:
+        return next_token_cross_entropy
+
+    def evaluator(self, state: State) -> NextTokenEvaluator:
+        return NextTokenEvaluator(state.device, state.world_size)
+
+
+def build(data: DataConfig | None = None) -> CausalLanguageModeling:
+    return CausalLanguageModeling()
