@@ -94,7 +94,7 @@ class Trainer:
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
-        self._step_terms: torch.Tensor | None = None  # the step's loss terms on all ranks, when they vary
+        self._step_terms: torch.Tensor | None = None  # several ranks: the step's loss terms on all, when they vary
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)
@@ -191,25 +191,28 @@ class Trainer:
         accounts.switch("other")
 
     def _terms_on_all_ranks(self, targets: Any) -> torch.Tensor | None:
-        """The step's loss terms over every rank when the task's vary by batch (one all-reduce of a
-        count, on the device: nothing waits on the host); None when there is one per sample."""
+        """On several ranks, the step's loss terms over all of them when the task's vary by batch:
+        one all-reduce of a count, on the device (nothing waits on the host), taken before the
+        step's passes so that every rank makes it at the same point. None on one rank (its own
+        count is taken only when the batch is split) and when there is one term per sample."""
         state = self.state
+        if state.world_size == 1:
+            return None
         terms = state.task.loss_terms(targets)
-        if terms is not None and state.world_size > 1:
+        if terms is not None:
             terms = terms.clone()
             dist.all_reduce(terms)
         return terms
 
-    def _loss_share(self, part: slice, batch_size: int, parts: int) -> torch.Tensor | float | None:
+    def _loss_share(
+        self, part: slice, batch_size: int, parts: int, terms: torch.Tensor | None
+    ) -> torch.Tensor | float | None:
         """What a micro-batch's mean loss is multiplied by so that the ranks' gradients, which DDP
-        averages, are those of the mean over every term of the step: its share of the samples, or
-        of the step's terms on all ranks (times the ranks); None: the loss as it is."""
-        state, terms = self.state, self._step_terms
+        averages, are those of the mean over every term of the step: its share of the step's
+        ``terms`` (times the ranks), or without them of the samples; None: the loss as it is."""
         if terms is None:
             return None if parts == 1 else (part.stop - part.start) / batch_size
-        if parts == 1 and state.world_size == 1:
-            return None
-        return state.task.loss_terms(state.targets) * state.world_size / terms
+        return self.state.task.loss_terms(self.state.targets) * self.state.world_size / terms
 
     def _accumulate_gradients(self, inputs: Any, targets: Any, by_hand: bool = False) -> torch.Tensor:
         """Forward and backward over the batch in micro-batches; return the batch's mean loss.
@@ -222,6 +225,9 @@ class Trainer:
         scaler = state.precision.scaler
         batch_size = batch_size_of(inputs)
         parts = microbatch_slices(batch_size, self.settings.microbatching.size)
+        terms = self._step_terms
+        if terms is None and len(parts) > 1:  # one rank, a split batch: the batch's own count
+            terms = state.task.loss_terms(targets)
         total = None
         for index, part in enumerate(parts):
             if len(parts) > 1:
@@ -238,7 +244,7 @@ class Trainer:
                     run(Event.AFTER_LOSS, state)
                 accounts.switch("backward")
                 run(Event.BEFORE_BACKWARD, state)
-                share = self._loss_share(part, batch_size, len(parts))
+                share = self._loss_share(part, batch_size, len(parts), terms)
                 loss = state.loss if share is None else state.loss * share
                 (scaler.scale(loss) if scaler else loss).backward()
                 run(Event.AFTER_BACKWARD, state)
