@@ -32,6 +32,7 @@ def test_each_direction_reaches_ranks_and_shows_its_values():
     assert TOP1.best([0.5, 0.9, 0.7]) == 0.9 and LOSS.best([3.5, 3.1, 3.3]) == 3.1 and LOSS.best([]) is None
     assert sorted([3.5, 3.1, 3.3], key=LOSS.key, reverse=True) == [3.1, 3.3, 3.5]
     assert (TOP1.format(0.7654), LOSS.format(3.28), LOSS.format(None)) == ("76.54%", "3.2800", "-")
+    assert (TOP1.format(-0.004, signed=True), LOSS.format(0.02, signed=True)) == ("-0.40%", "+0.0200")
     assert (TOP1.direction, LOSS.direction) == ("higher is better", "lower is better")
     assert Quality.from_summary(LOSS_SUMMARY) == LOSS
     assert Quality.from_summary({}) == TOP1  # a run from before the direction was recorded

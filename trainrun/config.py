@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from trainrun.algorithms.specs import SPECS
@@ -302,8 +302,9 @@ def _yaml_error_in(error: BaseException) -> Exception | None:
     return None
 
 
-def compose(overrides: list[str], source: ConfigSource | None = None) -> DictConfig:
-    """The config Hydra composes for ``overrides``; composition errors become :class:`ConfigError`."""
+def compose(overrides: list[str], source: ConfigSource | None = None, with_hydra: bool = False) -> DictConfig:
+    """The config Hydra composes for ``overrides`` (``with_hydra``: with Hydra's own settings under
+    ``hydra``, as a run gets them); composition errors become :class:`ConfigError`."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -311,7 +312,9 @@ def compose(overrides: list[str], source: ConfigSource | None = None) -> DictCon
     register_schema()
     try:
         with initialize_config_dir(config_dir=str(source.primary), version_base="1.3"):
-            return hydra_compose(config_name=source.name, overrides=source.overrides(overrides))
+            return hydra_compose(
+                config_name=source.name, overrides=source.overrides(overrides), return_hydra_config=with_hydra
+            )
     except Exception as error:  # hydra raises several types; all mean a bad override
         raise ConfigError(_composition_message(error, source)) from error
 
@@ -328,24 +331,23 @@ def check(
         raise ConfigError(" ".join(str(error).split())) from error
     for job in jobs:
         _refuse_repeated_algorithms(job)
-    configs = [validate(compose(job, source), files) for job in jobs]
-    if files:  # a sweep's jobs share the sweep's folder: the first job's config says where it is
-        check_output_dir(jobs[0], multirun, source or ConfigSource())
+    configs, output_key, output = [], "hydra.sweep.dir" if multirun else "hydra.run.dir", None
+    for index, job in enumerate(jobs):
+        composed = compose(job, source, with_hydra=files and index == 0)
+        if "hydra" in composed:  # a sweep's jobs share the sweep's folder: the first job's says where
+            output = str(OmegaConf.select(composed, output_key))
+            with open_dict(composed):
+                del composed["hydra"]
+        configs.append(validate(composed, files))
+    if output is not None:
+        check_output_dir(output_key, output)
     return configs
 
 
-def check_output_dir(overrides: list[str], multirun: bool, source: ConfigSource) -> None:
-    """The folder Hydra will write the run (or sweep) into can be made: no part of it is a file,
-    and the deepest existing folder is writable (Hydra would fail with a traceback)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    with initialize_config_dir(config_dir=str(source.primary), version_base="1.3"):
-        composed = hydra_compose(
-            config_name=source.name, overrides=source.overrides(overrides), return_hydra_config=True
-        )
-    folder = Path(str(OmegaConf.select(composed, key))).expanduser().absolute()
+def check_output_dir(key: str, value: str) -> None:
+    """The folder Hydra will write the run (or sweep) into, ``key`` = ``value``, can be made: no part
+    of it is a file, and the deepest existing folder is writable (Hydra would fail with a traceback)."""
+    folder = Path(value).expanduser().absolute()
     for parent in [folder, *folder.parents]:
         if parent.exists():
             if not parent.is_dir():

@@ -40,11 +40,13 @@ class Quality:
         """A sort key under which larger is better, whichever the direction."""
         return value if self.higher_is_better else -value
 
-    def format(self, value: float | None) -> str:
-        """``76.60%`` for a fraction, ``3.2800`` for a loss, ``-`` for nothing."""
+    def format(self, value: float | None, signed: bool = False) -> str:
+        """``76.60%`` for a fraction, ``3.2800`` for a loss, ``-`` for nothing; ``signed``: a
+        difference, ``+0.40%`` or ``-0.0200``."""
         if value is None:
             return "-"
-        return f"{value:.2%}" if self.percent else f"{value:.4f}"
+        sign = "+" if signed else ""
+        return f"{value:{sign}.2%}" if self.percent else f"{value:{sign}.4f}"
 
     @property
     def direction(self) -> str:

@@ -181,7 +181,6 @@ class FFCVData(DataSpec):
         )
         self.order = ResumableOrder(self.train.traversal_order)
         self.train.traversal_order = self.order
-        self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)
         if self.batches_per_epoch == 0:
             raise DataError(
@@ -205,7 +204,7 @@ class FFCVData(DataSpec):
         """Epoch ``epoch``'s batches from batch ``skip`` on: the skipped ones are never read."""
         self.train.next_epoch = epoch
         self.keys.set_epoch(epoch)
-        self.order.skip = skip * self.per_rank_batch
+        self.order.skip = skip * self.train.batch_size
         try:
             return iter(self.train)  # takes the epoch's order now
         finally:

@@ -18,8 +18,7 @@ class ConsoleLogger(Callback):
     def __init__(self, quality_log: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
         self.quality_log = quality_log
         task = quality_log.task
-        self.quality, self.quality_label, self.unit = task.quality, task.metrics[task.quality], task.unit
-        self.rule = task.quality_rule
+        self.rule, self.unit = task.quality_rule, task.unit
         self.console = console or Console()
         self.live = live and self.console.is_terminal
         self.progress: Progress | None = None
@@ -54,7 +53,7 @@ class ConsoleLogger(Callback):
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn(
-                f"loss {{task.fields[loss]}}  {self.quality_label} {{task.fields[quality]}}  "
+                f"loss {{task.fields[loss]}}  {self.rule.label} {{task.fields[quality]}}  "
                 f"{{task.fields[speed]}} {self.unit}/s"
             ),
             TimeRemainingColumn(),
@@ -87,7 +86,7 @@ class ConsoleLogger(Callback):
         if record is None:
             return
         if self.progress is not None:
-            self.progress.update(self.task, quality=self.rule.format(record[self.quality]))
+            self.progress.update(self.task, quality=self.rule.format(record[self.rule.metric]))
         shown = self.quality_log.task.metrics.items()
         metrics = "  ".join(f"{label} {self.rule.format(record[name])}" for name, label in shown)
         if "eval_loss" not in self.quality_log.task.metrics:  # a loss as the quality is shown once
@@ -120,7 +119,7 @@ class ConsoleLogger(Callback):
     def closing_table(self, state: State) -> Table:
         """Time to each quality target, with the final and best quality."""
         table = Table(title="time to accuracy", title_justify="left")
-        for column in (f"target {self.quality_label}", "train seconds", "wall seconds", "epoch", "batch"):
+        for column in (f"target {self.rule.label}", "train seconds", "wall seconds", "epoch", "batch"):
             table.add_column(column, justify="right")
         for target, reached in self.quality_log.time_to_targets().items():
             if reached is None:
@@ -133,8 +132,8 @@ class ConsoleLogger(Callback):
                     f"{reached['epoch']:.2f}",
                     str(reached["batch"]),
                 )
-        records, label = self.quality_log.records, self.quality_label
-        best = self.rule.format(self.rule.best(r[self.quality] for r in records))
-        final = self.rule.format(records[-1][self.quality] if records else None)
-        table.caption = f"final {label} {final}, best {best}, train {state.accounts.train_seconds():.1f}s"
+        records, rule = self.quality_log.records, self.rule
+        best = rule.format(rule.best(r[rule.metric] for r in records))
+        final = rule.format(records[-1][rule.metric] if records else None)
+        table.caption = f"final {rule.label} {final}, best {best}, train {state.accounts.train_seconds():.1f}s"
         return table

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from trainrun.atomic_io import atomic_write_text
 from trainrun.errors import ConfigError
-from trainrun.loggers.mlflow_store import RUN_FILE, log_report
+from trainrun.loggers.mlflow_store import log_report
 from trainrun.report import curves
 from trainrun.report.plots import plot_tradeoff
 from trainrun.report.runs import Pricing, find_runs, load_run
@@ -53,9 +53,8 @@ def report_command(argv: list[str]) -> int:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     written = write_report(report, sections, out)
     console.print(f"wrote {', '.join(str(path) for path in written)}", highlight=False)
-    if any((run.path / RUN_FILE).is_file() for run in runs):  # tracked in MLflow: the report goes there too
-        for line in log_report([run.path for run in runs], out, written):
-            console.print(line, highlight=False)
+    for line in log_report([run.path for run in runs], out, written):  # runs tracked in MLflow: it goes there too
+        console.print(line, highlight=False)
     return 0
 
 

@@ -167,8 +167,7 @@ def _auto_section(report: Report) -> Section:
         spread = max(best.quality_spread, 0.0)
         rule = run.rule
         within = rule.reached(run.quality, best.quality - spread if rule.higher_is_better else best.quality + spread)
-        gap = run.quality - best.quality
-        verdict = "yes" if within else f"no ({gap:+.2%})" if rule.percent else f"no ({gap:+.4f})"
+        verdict = "yes" if within else f"no ({rule.format(run.quality - best.quality, signed=True)})"
         best_text = f"{best.label} {best.budget_text}: {shown(best.quality)} ± {shown(spread)} in {best.seconds:.1f} s"
         rows.append([*row, best_text, verdict])
     return Section(

@@ -9,6 +9,7 @@ name from :mod:`trainrun.registry`.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -77,6 +78,13 @@ class Task(ABC):
         """Write the trained model in its ecosystem's own format under ``run_dir``, if the task has
         one; return lines for the console (what was written, what it leaves out)."""
         return []
+
+
+def token_loss_metrics(loss_sum: float, tokens: float) -> dict[str, float]:
+    """``eval_loss`` (mean cross-entropy per scored token) and its exponential, ``perplexity``
+    (infinite past e^50 rather than overflowing); NaN for no tokens."""
+    mean = loss_sum / tokens if tokens else float("nan")
+    return {"eval_loss": mean, "perplexity": math.exp(mean) if mean < 50 else float("inf")}
 
 
 def build_task(name: str, data: DataConfig | None = None) -> Task:

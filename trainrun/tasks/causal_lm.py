@@ -9,7 +9,6 @@ sequential set), so ``eval_loss`` is the mean per token and ``perplexity`` its e
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task
+from trainrun.tasks import Evaluator, LossFunction, Task, token_loss_metrics
 
 
 def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -38,9 +37,7 @@ class NextTokenEvaluator(Evaluator):
     def compute(self) -> dict[str, float]:
         if self.world_size > 1:
             dist.all_reduce(self.sums)
-        loss, count = (float(value) for value in self.sums)
-        mean = loss / count if count else float("nan")
-        return {"eval_loss": mean, "perplexity": math.exp(mean) if mean < 50 else float("inf")}
+        return token_loss_metrics(*(float(value) for value in self.sums))
 
 
 class CausalLanguageModeling(Task):

@@ -9,7 +9,6 @@ over every rank's masked tokens.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 from trainrun.core.state import State
 from trainrun.data.masked_text import IGNORED, predicted_slots
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task
+from trainrun.tasks import Evaluator, LossFunction, Task, token_loss_metrics
 
 
 def masked_cross_entropy(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -59,12 +58,7 @@ class MaskedTokenEvaluator(Evaluator):
         if self.world_size > 1:
             dist.all_reduce(self.sums)
         loss, correct, count = (float(value) for value in self.sums)
-        mean = loss / count if count else float("nan")
-        return {
-            "masked_accuracy": correct / count if count else float("nan"),
-            "eval_loss": mean,
-            "perplexity": math.exp(mean) if mean < 50 else float("inf"),
-        }
+        return {"masked_accuracy": correct / count if count else float("nan"), **token_loss_metrics(loss, count)}
 
 
 class MaskedLanguageModeling(Task):
