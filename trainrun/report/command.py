@@ -34,7 +34,7 @@ def report_command(argv: list[str]) -> int:
         run, note = load_run(path, args.first_epoch_as_second, pricing)
         runs.append(run)
         notes += [note] if note else []
-    metrics = sorted({run.quality_metric for run in runs})
+    metrics = sorted({run.rule.metric for run in runs})
     if len(metrics) > 1:
         raise ConfigError(f"the runs measure different quality metrics ({', '.join(metrics)}): report each task apart")
     all_points = curves.points(r for r in runs if r.status == "completed")
@@ -138,7 +138,7 @@ def _points_csv(report: Report) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
         ["recipe", "budget", "epochs_mean", "seeds"]
-        + [f"{report.quality_metric}_{stat}" for stat in ("mean", "sd", "min", "max")]
+        + [f"{report.rule.metric}_{stat}" for stat in ("mean", "sd", "min", "max")]
         + ["train_seconds_mean"]
         + ["train_seconds_sd", "cost_mean", "hardware", "time_source", "pareto_time", "pareto_cost"]
     )

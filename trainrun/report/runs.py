@@ -38,9 +38,7 @@ class Run:
     budget: float  # the scale-schedule ratio, or a budgeted run's training seconds (or dollars)
     seed: int
     status: str
-    quality_metric: str  # the task's quality metric, e.g. top1
-    quality_label: str  # the same for people, e.g. top-1
-    quality: float | None  # its final value
+    quality: float | None  # the final value of its quality metric (:attr:`rule`)
     train_seconds: float | None
     time_source: str
     nodes: int
@@ -86,7 +84,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
     config = (read_yaml(config_path) if config_path.is_file() else None) or {}
     hardware = config.get("hardware") or {}
     seconds, source, note = summary.get("train_seconds"), MEASURED, None
-    metric = summary.get("quality_metric", "top1")  # runs written before tasks measured top-1
+    metric = Quality.from_summary(summary).metric
     if summary.get("status") == "profiled" and summary.get("extrapolated"):
         seconds, source = summary["extrapolated"]["train_seconds"], EXTRAPOLATED
     elif first_epoch_as_second and seconds is not None:
@@ -106,8 +104,6 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
         budget=budget_size(max_duration) if budgeted else ratio,
         seed=config.get("seed", 0),
         status=summary.get("status", "unknown"),
-        quality_metric=metric,
-        quality_label=summary.get("quality_label", "top-1" if metric == "top1" else metric),
         quality=summary.get(f"final_{metric}"),
         train_seconds=seconds,
         time_source=source,

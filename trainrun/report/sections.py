@@ -31,15 +31,8 @@ class Report:
     notes: list[str]
 
     @property
-    def quality_metric(self) -> str:
-        return self.runs[0].quality_metric
-
-    @property
-    def quality_label(self) -> str:
-        return self.runs[0].quality_label
-
-    @property
     def rule(self) -> Quality:
+        """The runs' quality metric (one for all: the report command refuses a mix)."""
         return self.runs[0].rule
 
     @property
@@ -92,7 +85,7 @@ def _points_section(report: Report) -> Section:
             "recipe",
             "budget",
             "seeds",
-            f"{report.quality_label} (mean ± sd, range; {report.rule.direction})",
+            f"{report.rule.label} (mean ± sd, range; {report.rule.direction})",
             "train s (mean ± sd)",
             "cost",
             "time",
@@ -114,8 +107,8 @@ def _reach_section(report: Report) -> Section:
             row.append("not reached" if time_ is None else f"{_reach_text(time_, 's')} / {_reach_money(money)}")
         rows.append(row)
     return Section(
-        "time / cost to accuracy" if report.rule.percent else f"time / cost to {report.quality_label}",
-        ["recipe", *(f"{report.quality_label} {report.rule.format(t)}" for t in report.targets)],
+        "time / cost to accuracy" if report.rule.percent else f"time / cost to {report.rule.label}",
+        ["recipe", *(f"{report.rule.label} {report.rule.format(t)}" for t in report.targets)],
         rows,
         "read off each recipe's frontier, interpolating between measured budgets; '<=' = its cheapest point",
     )
@@ -139,7 +132,7 @@ def _speedup_section(report: Report) -> Section:
                 rows.append([*row, f"{mine.value:.1f}", speedup])
     return Section(
         f"speed-up over '{report.baseline}' at equal accuracy",
-        ["recipe", "baseline budget", f"baseline {report.quality_label}", "baseline s", "recipe s", "speed-up"],
+        ["recipe", "baseline budget", f"baseline {report.rule.label}", "baseline s", "recipe s", "speed-up"],
         rows,
         "time each recipe needs for the accuracy the baseline reached at each of its budgets",
     )
@@ -172,7 +165,7 @@ def _auto_section(report: Report) -> Section:
         rows.append([*row, best_text, verdict])
     return Section(
         "recipe=auto against the swept frontier",
-        ["budget", "seed", "chosen", "predicted", report.quality_label, "train s", "best swept point within budget"]
+        ["budget", "seed", "chosen", "predicted", report.rule.label, "train s", "best swept point within budget"]
         + ["within its seed spread"],
         rows,
         "the best swept point is the most accurate one whose training time fits the budget",
@@ -229,7 +222,7 @@ def _runs_section(report: Report) -> Section:
             "budget",
             "seed",
             "status",
-            f"final {report.quality_label}",
+            f"final {report.rule.label}",
             "train s",
             "cost",
             "hardware",
