@@ -150,6 +150,24 @@ def plain_loop(steps: int, work: Workload) -> float:
     return steps * work.data.train.batch_size / (time.perf_counter() - started)
 
 
+def trainer_for(steps: int, work: Workload, eval_interval: str, callbacks: list[Callback] | None = None) -> Trainer:
+    """trainrun's Trainer on ``work`` (the plain loop's model, optimizer and schedule), fp32, one process."""
+    model, optimizer, scheduler, timeline = components(steps, work)
+    state = State(
+        model,
+        optimizer,
+        timeline,
+        torch.device("cpu"),
+        Precision("fp32", "cpu"),
+        loss_fn=work.loss,
+        task=work.task,
+        data=work.data,
+        num_classes=10,
+    )
+    settings = TrainerSettings(eval_interval=eval_interval, log_interval=10)
+    return Trainer(state, lambda _: (optimizer, scheduler), Engine([], callbacks or []), settings)
+
+
 class FitEndClock(Callback):
     """Notes when FIT_END fires, before the callbacks after it close their files."""
 
@@ -161,18 +179,6 @@ class FitEndClock(Callback):
 def tracked_loop(steps: int, work: Workload, eval_every: int, store: Path | None) -> float:
     """Samples/s of the Trainer evaluating every ``eval_every`` steps, to the start of FIT_END
     (evaluations included), with an MLflow logger on a SQLite store in ``store`` if given."""
-    model, optimizer, scheduler, timeline = components(steps, work)
-    state = State(
-        model,
-        optimizer,
-        timeline,
-        torch.device("cpu"),
-        Precision("fp32", "cpu"),
-        loss_fn=work.loss,
-        task=work.task,
-        data=work.data,
-        num_classes=10,
-    )
     clock = FitEndClock()
     callbacks: list[Callback] = [clock]
     if store is not None:  # built before the clock starts, as a run builds it before training
@@ -182,8 +188,7 @@ def tracked_loop(steps: int, work: Workload, eval_every: int, store: Path | None
         run_dir = Path(tempfile.mkdtemp(dir=store))
         config = TrainConfig(mlflow=MlflowConfig(tracking_uri=f"sqlite:///{store / 'mlflow.db'}"))
         callbacks.append(MlflowLogger(run_dir, config))
-    settings = TrainerSettings(eval_interval=f"{eval_every}ba", log_interval=10)
-    trainer = Trainer(state, lambda _: (optimizer, scheduler), Engine([], callbacks), settings)
+    trainer = trainer_for(steps, work, f"{eval_every}ba", callbacks)
     started = time.perf_counter()
     trainer.fit()
     return steps * work.data.train.batch_size / (clock.at - started)
@@ -191,23 +196,10 @@ def tracked_loop(steps: int, work: Workload, eval_every: int, store: Path | None
 
 def trainer_loop(steps: int, work: Workload) -> float:
     """Samples/s of trainrun's Trainer on the same work, its one final evaluation subtracted."""
-    model, optimizer, scheduler, timeline = components(steps, work)
-    state = State(
-        model,
-        optimizer,
-        timeline,
-        torch.device("cpu"),
-        Precision("fp32", "cpu"),
-        loss_fn=work.loss,
-        task=work.task,
-        data=work.data,
-        num_classes=10,
-    )
-    settings = TrainerSettings(eval_interval=f"{steps + 1}ba", log_interval=10)
-    trainer = Trainer(state, lambda _: (optimizer, scheduler), Engine([]), settings)
+    trainer = trainer_for(steps, work, f"{steps + 1}ba")
     started = time.perf_counter()
     trainer.fit()
-    seconds = time.perf_counter() - started - state.accounts.seconds["eval"]  # timed from outside
+    seconds = time.perf_counter() - started - trainer.state.accounts.seconds["eval"]  # timed from outside
     return steps * work.data.train.batch_size / seconds
 
 

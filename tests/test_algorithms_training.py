@@ -106,17 +106,23 @@ class ScriptedQuality(ImageClassification):
         return SimpleNamespace(update=lambda outputs, targets: None, compute=lambda: {"top1": value, "eval_loss": 1.0})
 
 
-@pytest.mark.parametrize(("second", "stops_at"), [(0.5, 2), (0.4999, 3)])
-def test_a_quality_exactly_at_stop_at_ends_the_run_there(second, stops_at):
+def run_to_stop_at(task, stop_at: float) -> State:
+    """Five one-batch steps, an evaluation after each, scripted by ``task``, with ``stop_at``."""
     images, labels = torch.randint(0, 256, (4, 3, 2, 2), dtype=torch.uint8), torch.tensor([0, 1, 2, 0])
     state = fixed_batch_state(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), images, labels, 5, num_classes=3)
-    state.task = ScriptedQuality([0.25, second, 0.75, 0.8, 0.9])
+    state.task = task
 
     def optimization(final_model):
         optimizer = torch.optim.SGD(final_model.parameters(), lr=0.1)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
-    Trainer(state, optimization, Engine([]), TrainerSettings("1ba", 1, stop_at=0.5)).fit()
+    Trainer(state, optimization, Engine([]), TrainerSettings("1ba", 1, stop_at=stop_at)).fit()
+    return state
+
+
+@pytest.mark.parametrize(("second", "stops_at"), [(0.5, 2), (0.4999, 3)])
+def test_a_quality_exactly_at_stop_at_ends_the_run_there(second, stops_at):
+    state = run_to_stop_at(ScriptedQuality([0.25, second, 0.75, 0.8, 0.9]), 0.5)
     assert (state.batch, state.stop_reason) == (stops_at, "target_reached")
 
 

@@ -19,12 +19,17 @@ from trainrun.core.checkpoint import load_failure
 from trainrun.errors import FileFormatError
 
 
+def refusal(read, path) -> str:
+    """The one line ``read(path)`` refuses ``path`` with."""
+    with pytest.raises(FileFormatError) as caught:
+        read(path)
+    return str(caught.value)
+
+
 def test_json_names_the_file_line_and_column(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text('{\n  "status": "completed",\n  "train_seconds": \n')
-    with pytest.raises(FileFormatError) as caught:
-        read_json(path)
-    assert str(caught.value) == (
+    assert refusal(read_json, path) == (
         f"'{path}' is not valid JSON (line 4, column 1: Expecting value); it may have been cut short: write it again"
     )
     path.write_text('{"a": [1, 2]}')
@@ -53,9 +58,7 @@ def test_text_that_is_not_utf8_or_a_folder_is_named(tmp_path):
 def test_yaml_names_the_file_the_line_and_where_the_construct_began(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("name: run\nalgorithms: [ema,\n  sam\n")
-    with pytest.raises(FileFormatError) as caught:
-        read_yaml(path)
-    assert str(caught.value) == (
+    assert refusal(read_yaml, path) == (
         f"'{path}' is not valid YAML: line 4, column 1: expected ',' or ']', but got '<stream end>' "
         "(while parsing a flow sequence that starts at line 2)"
     )

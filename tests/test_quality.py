@@ -7,15 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from test_algorithms_training import ScriptedQuality, fixed_batch_state
+from test_algorithms_training import ScriptedQuality, run_to_stop_at
 from test_report import _run
-from torch import nn
 
 from trainrun.choose.recipes import Candidate, best_candidate
-from trainrun.core.engine import Engine
-from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.quality import TOP1, Quality
 from trainrun.report import curves
 from trainrun.report.command import report_command
@@ -51,15 +47,7 @@ class ScriptedLoss(ScriptedQuality):
 
 @pytest.mark.parametrize(("second", "stops_at"), [(3.28, 2), (3.2801, 3)])
 def test_stop_at_a_loss_ends_at_the_first_evaluation_at_or_below_it(second, stops_at):
-    images, labels = torch.randint(0, 256, (4, 3, 2, 2), dtype=torch.uint8), torch.tensor([0, 1, 2, 0])
-    state = fixed_batch_state(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), images, labels, 5, num_classes=3)
-    state.task = ScriptedLoss([3.9, second, 3.2, 3.1, 3.0])
-
-    def optimization(final_model):
-        optimizer = torch.optim.SGD(final_model.parameters(), lr=0.1)
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-
-    Trainer(state, optimization, Engine([]), TrainerSettings("1ba", 1, stop_at=3.28)).fit()
+    state = run_to_stop_at(ScriptedLoss([3.9, second, 3.2, 3.1, 3.0]), 3.28)
     assert (state.batch, state.stop_reason) == (stops_at, "target_reached")
     stopped_at = [3.9, second, 3.2][stops_at - 1]
     assert state.notices[-1]["text"] == f"validation loss {stopped_at:.4f} reached stop_at=3.28: training stops here"
