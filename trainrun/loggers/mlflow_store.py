@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,6 @@ class ExperimentRun:
         )
 
     def log_metrics(self, metrics: dict[str, float], step: int, synchronous: bool = False) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
