@@ -28,6 +28,7 @@ measures kernel launches there).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -207,8 +208,10 @@ def main() -> None:
     data = batches(4, args.batch, args.seq, args.fill, device, corpus)
     real_tokens = sum(int(b["attention_mask"].sum()) for b in data) / sum(len(b["input_ids"]) for b in data)
     flops = model_flops_per_sequence(config.model.bert, data)
-    for variant in variants.values():  # warm-up: allocator, kernels, autotuning, compilation
+    for name, variant in variants.items():  # warm-up: allocator, kernels, autotuning, compilation
+        started = time.perf_counter()
         step_rate(models, data, precision, variant, 2, device)
+        print(f"warm-up {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     syncs = {name: host_syncs(models, data, precision, v) for name, v in variants.items()} if args.check_syncs else {}
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):

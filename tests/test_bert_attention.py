@@ -132,15 +132,18 @@ def test_auto_attention_takes_each_path_where_it_applies_and_a_forced_one_is_che
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     model.unpad = True
     assert model.attention_path(cuda, torch.bfloat16) == "varlen"
-    assert model.attention_path(cuda, torch.float32) == "flex"  # the Flash kernel has no fp32
+    assert model.attention_path(cuda, torch.float32) == "sdpa"  # the Flash kernel has no fp32
     assert model.attention_path(cpu, torch.bfloat16) == "sdpa"
     monkeypatch.setattr(bert_module, "has_varlen_attention", lambda: False)  # a torch without varlen_attn
-    assert model.attention_path(cuda, torch.bfloat16) == "flex"
+    assert model.attention_path(cuda, torch.bfloat16) == "sdpa"
     monkeypatch.undo()
     model.unpad = False
     assert model.attention_path(cuda, torch.bfloat16) == "sdpa"
     model.alibi_slopes = alibi_slopes(2)
-    assert model.attention_path(cuda, torch.bfloat16) == "flex"  # the bias inside the kernel
+    assert model.attention_path(cuda, torch.bfloat16) == "sdpa"  # measured faster than flex on an H100
+    model.attention = "flex"
+    assert model.attention_path(cuda, torch.bfloat16) == "flex"  # the bias inside the kernel, when asked for
+    model.attention = "auto"
     dropping = tiny_bert(dropout=0.1)
     dropping.unpad = True
     assert dropping.attention_path(cuda, torch.bfloat16) == "sdpa"  # neither kernel has attention dropout
@@ -194,7 +197,7 @@ def test_the_start_up_banner_names_the_attention_each_path_runs(monkeypatch):
     assert model.attention_kernels(12, torch.float32, cpu).startswith("scaled_dot_product_attention (")
     model.unpad = True
     assert model.attention_kernels(12, torch.bfloat16, cuda) == "varlen_attn (Flash) on the real tokens only"
-    model.alibi_slopes = alibi_slopes(2)
+    model.alibi_slopes, model.attention = alibi_slopes(2), "flex"
     expected = "FlexAttention (compiled) on the real tokens only, ALiBi in its score_mod"
     assert model.attention_kernels(12, torch.bfloat16, cuda) == expected
 

@@ -8,7 +8,7 @@ forward pass is trainrun's, calling the same layers in the same order, so that
   variable-length kernel, runs on the real tokens only;
 - Q, K and V come from one matrix product per layer;
 - ALiBi's distance bias is applied inside the attention kernel (FlexAttention's ``score_mod``)
-  rather than built as a (batch, heads, length, length) tensor, wherever FlexAttention runs;
+  rather than built as a (batch, heads, length, length) tensor where FlexAttention is chosen;
 - a step reads nothing back from the device: the loader sends the real-token count per sequence
   (``lengths``, kept on the host) and the positions to predict (``predict_positions``).
 
@@ -17,7 +17,10 @@ Attention (``model.bert.attention``): ``sdpa`` is ``scaled_dot_product_attention
 ``varlen`` is torch's variable-length Flash kernel on the packed real tokens (CUDA, fp16/bf16, no
 attention dropout, no bias); ``flex`` is FlexAttention, compiled, with a document mask over the
 packed tokens (or a padding mask) and ALiBi as a score modification (CUDA, no attention dropout).
-``auto`` takes ``varlen`` for unpadded runs, ``flex`` for ALiBi, where they apply, else ``sdpa``.
+``auto`` takes ``varlen`` for unpadded runs where it applies, else ``sdpa``: on an H100 (torch 2.11,
+bf16, ``bench/bert.py``, docs/benchmarks.md) compiled FlexAttention ran BERT-Base's step 1.30x
+slower than ``sdpa`` with ALiBi's materialised bias at 128 tokens and 1.31x slower than ``sdpa`` on
+unpadded 512-token batches, so it runs only when asked for.
 Why by hand: Hugging Face's BERT has no unpadded path, masks by materialised tensors and reads
 ``padding_mask.all()`` back from the device every forward.
 """
@@ -110,9 +113,7 @@ class MaskedLanguageModel(nn.Module):
                     + (", fp16/bf16, unpadding and no ALiBi" if self.attention == "varlen" else "")
                 )
             return self.attention
-        if usable["varlen"]:
-            return "varlen"
-        return "flex" if usable["flex"] and (alibi or self.unpad) else "sdpa"
+        return "varlen" if usable["varlen"] else "sdpa"
 
     def attention_kernels(self, length: int, dtype: torch.dtype, device: torch.device) -> str:
         """What training attention runs for batches padded to ``length`` tokens, for the start-up
