@@ -102,7 +102,7 @@ def optimization(config: TrainConfig, timeline: Timeline):
     """What the trainer calls with the final model (after surgery) to get its optimizer and schedule."""
 
     def build(final_model: torch.nn.Module):
-        optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size)
+        optimizer = build_optimizer(final_model, config.optimizer, config.train_batch_size, timeline)
         return optimizer, build_scheduler(optimizer, config.scheduler, timeline)
 
     return build

@@ -150,10 +150,23 @@ class DataConfig:
 
 
 @dataclass
-class OptimizerConfig:
-    """Decoupled SGDW, AdamW, or LAMB (MLPerf BERT's closed-division optimizer)."""
+class MuonConfig:
+    """``optimizer=muon``: which parameters Adam takes and at what rates (trainrun/optim/muon.py);
+    Muon takes the other 2-D matrices at ``optimizer.lr``."""
 
-    name: str = choice_field("sgdw", "sgdw", "adamw", "lamb")
+    embedding_lr: float = positive_field(0.6)  # Adam: every nn.Embedding table (a tied head too)
+    head_lr: float = positive_field(0.008)  # Adam: parameters of the modules named in head_modules
+    scalar_lr: float = positive_field(0.04)  # Adam: every parameter below 2-D (norm gains, biases)
+    head_modules: list[str] = field(default_factory=lambda: ["head"])  # the output projection's module names
+    momentum_start: float = fraction_field(0.85)  # Muon's momentum warms from this to optimizer.momentum
+    momentum_warmup: str = time_field("300ba")  # over this long
+
+
+@dataclass
+class OptimizerConfig:
+    """Decoupled SGDW, AdamW, LAMB (MLPerf BERT's closed-division optimizer) or Muon with Adam."""
+
+    name: str = choice_field("sgdw", "sgdw", "adamw", "lamb", "muon")
     lr: float = positive_field(0.2)
     momentum: float = non_negative_field(0.9)
     dampening: float = non_negative_field(0.0)
@@ -165,15 +178,17 @@ class OptimizerConfig:
     lr_scaling: str = choice_field("none", "none", "linear")  # linear: lr x train_batch_size / reference_batch_size
     reference_batch_size: int = positive_field(256)  # the global batch that ``lr`` was tuned for
     max_grad_norm: float | None = field(default=None, metadata={"exclusive_min": 0})  # lamb: global-norm clip
+    muon: MuonConfig = field(default_factory=MuonConfig)
 
 
 @dataclass
 class SchedulerConfig:
     """Linear warmup, then one decay shape; every time in any unit, applied every step."""
 
-    name: str = choice_field("cosine", "cosine", "linear", "step", "multistep", "constant")
+    name: str = choice_field("cosine", "cosine", "linear", "step", "multistep", "constant", "wsd")
     t_warmup: str = time_field("1ep")
-    alpha_f: float = non_negative_field(0.0)  # final multiplier of cosine / linear decay
+    alpha_f: float = non_negative_field(0.0)  # final multiplier of cosine / linear / wsd decay
+    cooldown: float = positive_fraction_field(0.4)  # wsd: the run's last share, decaying linearly to alpha_f
     step_size: str = interval_field("30ep")  # step: decay every step_size
     gamma: float = positive_field(0.1)  # step, multistep: factor per step / per milestone
     milestones: list[str] = field(default_factory=list, metadata={"time": True})  # multistep: times of x gamma

@@ -174,6 +174,11 @@ def _check_run(config: TrainConfig) -> None:
     if config.task.name == "causal_lm" or config.data.name == "token_stream" or config.model.name == "gpt":
         _check_causal_lm(config)
         return
+    if config.optimizer.name == "muon":
+        raise ConfigError(
+            f"bad value for 'optimizer.name': 'muon' takes 2-D matrices; model '{config.model.name}' has "
+            "convolutions (use it with model=gpt or model=bert)"
+        )
     if config.model.num_classes != config.data.num_classes:
         raise ConfigError(
             f"bad value for 'model.num_classes': {config.model.num_classes} but data "

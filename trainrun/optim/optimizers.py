@@ -1,5 +1,6 @@
 """SGD with decoupled weight decay (Loshchilov & Hutter, 2019), and the optimizer factory
-(torch's AdamW; timm's LAMB, which behaves as NVIDIA's FusedLAMB that MLPerf BERT runs).
+(torch's AdamW; timm's LAMB, which behaves as NVIDIA's FusedLAMB that MLPerf BERT runs; Muon with
+Adam, trainrun/optim/muon.py).
 
 torch's ``SGD`` adds ``weight_decay * w`` to the gradient, so the decay is scaled by the learning
 rate and by momentum. Here the decay is applied to the weights directly and follows the
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from trainrun.core.time import Timeline
+from trainrun.optim.muon import build_muon
 from trainrun.schema import OptimizerConfig
 
 
@@ -56,15 +59,22 @@ def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
     return [{"params": decayed}, {"params": exempt, "decoupled_weight_decay": 0.0, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, config: OptimizerConfig, global_batch_size: int) -> torch.optim.Optimizer:
-    """Decoupled SGDW, torch's AdamW or timm's LAMB over the model's trainable parameters.
+def build_optimizer(
+    model: nn.Module, config: OptimizerConfig, global_batch_size: int, timeline: Timeline | None = None
+) -> torch.optim.Optimizer:
+    """Decoupled SGDW, torch's AdamW, timm's LAMB or Muon with Adam over the model's trainable
+    parameters (``timeline`` converts Muon's momentum warmup to steps; none: no warmup).
 
     LAMB applies its trust ratio only where weight decay is on, so with ``exclude_norm_and_bias``
     norm and bias parameters get neither, as the MLPerf reference has it.
 
     With ``lr_scaling=linear`` the learning rate is ``lr · global_batch_size / reference_batch_size``.
     """
-    lr = config.lr * (global_batch_size / config.reference_batch_size if config.lr_scaling == "linear" else 1.0)
+    factor = global_batch_size / config.reference_batch_size if config.lr_scaling == "linear" else 1.0
+    if config.name == "muon":
+        warmup = timeline.to_batches(config.muon.momentum_warmup) if timeline is not None else 0
+        return build_muon(model, config, factor, warmup)
+    lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)
     if config.name == "sgdw":
         return DecoupledSGDW(

@@ -1,0 +1,155 @@
+"""Muon with Adam (optimizer=muon) and the warmup-stable-decay schedule, checked by numbers."""
+
+import copy as copy_module
+
+import pytest
+import torch
+from conftest import run_cli
+
+from trainrun.core.time import Time, Timeline
+from trainrun.errors import ConfigError
+from trainrun.models.gpt import GPT
+from trainrun.optim.muon import parameter_roles
+from trainrun.optim.optimizers import build_optimizer
+from trainrun.optim.schedules import multiplier, schedule_function
+from trainrun.schema import GPTConfig, MuonConfig, OptimizerConfig, SchedulerConfig
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the speedrun's quintic Newton-Schulz iteration
+
+
+def gpt(tie_head: bool = False) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(layers=2, heads=2, width=16, max_seq_len=8, tie_head=tie_head, bias=True)
+    return GPT(config, vocab_size=40)
+
+
+def muon_config(**muon) -> OptimizerConfig:
+    return OptimizerConfig(
+        name="muon", lr=0.05, momentum=0.95, nesterov=True, weight_decay=0.0, betas=[0.8, 0.95], eps=1e-10,
+        muon=MuonConfig(**muon),
+    )  # fmt: skip
+
+
+def reference_muon_update(grad: torch.Tensor, momentum: float) -> torch.Tensor:
+    """Keller Jordan's Muon on a first step (zero buffer), written from its published definition,
+    in float64 (Muon iterates in bfloat16: the two differ by its rounding)."""
+    buffer = (1 - momentum) * grad  # buf.lerp_(g, 1 - β) from zero
+    update = grad + momentum * (buffer - grad)  # Nesterov: g.lerp_(buf, β)
+    x = update.double()
+    transposed = x.shape[0] > x.shape[1]
+    x = x.T if transposed else x
+    x = x / (x.norm() + 1e-7)
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(5):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    x = x.T if transposed else x
+    return x.float() * max(1.0, grad.shape[0] / grad.shape[1]) ** 0.5
+
+
+def test_the_split_sends_hidden_matrices_to_muon_and_the_rest_to_adam_by_role():
+    roles = {role: [name for name, _ in params] for role, params in parameter_roles(gpt(), ["head"]).items()}
+    assert roles["embeddings"] == ["embed.weight", "positions.weight"]
+    assert roles["head"] == ["head.weight"]
+    assert sorted(roles["matrices"]) == sorted(
+        f"blocks.{i}.{name}.weight"
+        for i in range(2)
+        for name in ("attention.qkv", "attention.proj", "mlp.up", "mlp.proj")
+    )
+    assert "blocks.0.attention_norm.weight" in roles["scalars"] and "blocks.1.mlp.up.bias" in roles["scalars"]
+    assert "final_norm.bias" in roles["scalars"] and len(roles["scalars"]) == 2 * (4 + 4) + 2
+    tied = parameter_roles(gpt(tie_head=True), ["head"])
+    assert [name for name, _ in tied["embeddings"]] == ["embed.weight", "positions.weight"] and not tied["head"]
+    total = sum(len(params) for params in tied.values())
+    assert total == len(list(gpt(tie_head=True).parameters()))  # each parameter once, the tied one too
+
+
+def test_one_step_is_keller_jordans_muon_on_matrices_and_adam_at_each_roles_rate_elsewhere():
+    model = gpt()
+    optimizer = build_optimizer(model, muon_config(momentum_warmup="0ba"), 8)
+    rates = {group["role"]: group["lr"] for group in optimizer.param_groups}
+    assert rates == {"matrices": 0.05, "embeddings": 0.6, "head": 0.008, "scalars": 0.04}
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    model(torch.randint(0, 40, (2, 8))).square().mean().backward()
+    grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+    optimizer.step()
+    qkv = "blocks.0.attention.qkv.weight"  # 48 x 16: a tall matrix, scaled by sqrt(48 / 16)
+    update = (before[qkv] - model.get_parameter(qkv).detach()) / 0.05
+    reference = reference_muon_update(grads[qkv], 0.95)
+    assert (update - reference).norm() / reference.norm() < 0.1  # bfloat16's rounding: 0.08 here
+    singular = torch.linalg.svdvals(update / 3**0.5)  # orthogonalised: ten directions within (0.6, 1.2)
+    assert singular.max() < 1.2 and singular[9] > 0.6
+    spread = torch.linalg.svdvals(grads[qkv])
+    assert spread[0] / spread[9] > 10  # where the gradient's were 100 times apart
+    # Adam's first step moves each element by lr · sign(g) (bias-corrected m / sqrt(v)), no decay
+    for name, rate in (("head.weight", 0.008), ("embed.weight", 0.6), ("final_norm.weight", 0.04)):
+        moved = before[name] - model.get_parameter(name).detach()
+        torch.testing.assert_close(moved, rate * grads[name].sign(), rtol=1e-3, atol=1e-5)
+
+
+def test_muons_momentum_warms_linearly_then_holds_and_a_restored_optimizer_continues_it():
+    timeline = Timeline.for_run(Time.parse("1000ba"), 100, 8)
+    model = gpt()
+    optimizer = build_optimizer(model, muon_config(momentum_start=0.85, momentum_warmup="300ba"), 8, timeline)
+    assert [optimizer.momentum_at(step) for step in (0, 150, 299, 300, 900)] == pytest.approx(
+        [0.85, 0.90, 0.85 + 0.1 * 299 / 300, 0.95, 0.95]
+    )
+    for _ in range(3):
+        model(torch.randint(0, 40, (2, 8))).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert optimizer.muon.param_groups[0]["momentum"] == pytest.approx(0.85 + 0.1 * 2 / 300)  # used by the third step
+    copy = gpt()
+    copy.load_state_dict(model.state_dict())
+    restored = build_optimizer(copy, muon_config(momentum_start=0.85, momentum_warmup="300ba"), 8, timeline)
+    restored.load_state_dict(copy_module.deepcopy(optimizer.state_dict()))  # as from a file: no shared tensors
+    assert restored.steps == 3 and [g["lr"] for g in restored.param_groups] == [g["lr"] for g in optimizer.param_groups]
+    batch = torch.randint(0, 40, (2, 8))
+    for net, opt in ((model, optimizer), (copy, restored)):
+        net(batch).sum().backward()
+        opt.step()
+    for (name, mine), theirs in zip(model.named_parameters(), copy.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)
+
+
+def test_a_schedule_scales_every_group_and_linear_scaling_every_rate():
+    model = gpt()
+    optimizer = build_optimizer(model, muon_config(), 512)
+    scaled = build_optimizer(model, OptimizerConfig(**{**vars(muon_config()), "lr_scaling": "linear"}), 512)
+    assert [g["lr"] for g in scaled.param_groups] == pytest.approx([2 * g["lr"] for g in optimizer.param_groups])
+    timeline = Timeline.for_run(Time.parse("100ba"), 10, 8)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, schedule_function(SchedulerConfig(name="wsd", t_warmup="0ba"), timeline)
+    )
+    for _ in range(80):
+        optimizer.step()
+        scheduler.step()
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.05 * 0.5, 0.6 * 0.5, 0.008 * 0.5, 0.04 * 0.5])
+    assert optimizer.muon.param_groups[0]["lr"] == pytest.approx(0.025)  # the inner optimizers see the schedule
+
+
+def test_muon_refuses_a_model_with_convolutions_in_one_line():
+    with pytest.raises(ConfigError, match=r"'muon' takes 2-D matrices, and 0.weight is 4-D"):
+        parameter_roles(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), ["head"])
+    result = run_cli("optimizer=muon", "max_duration=1ba")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "trainrun: error: bad value for 'optimizer.name': 'muon' takes 2-D matrices; model 'resnet_small' has "
+        "convolutions (use it with model=gpt or model=bert)"
+    ]
+
+
+@pytest.mark.parametrize("step", [0, 30, 59, 60, 61, 75, 80, 99, 100])
+def test_warmup_stable_decay_is_the_speedruns_schedule(step):
+    """lr = w + (1 - w) · 0.1 with w = min((1 - step / steps) / 0.4, 1): the speedrun's own formula."""
+    w = min((1 - step / 100) / 0.4, 1.0)
+    expected = w * 1.0 + (1 - w) * 0.1
+    assert multiplier(step, shape="wsd", warmup=0, total=100, alpha_f=0.1, cooldown=0.4) == pytest.approx(expected)
+
+
+def test_warmup_stable_decay_warms_first_and_decays_over_the_share_after_warmup():
+    values = [multiplier(b, shape="wsd", warmup=10, total=110, alpha_f=0.0, cooldown=0.5) for b in (5, 10, 60, 85, 110)]
+    assert values == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0])
+    timeline = Timeline.for_run(Time.parse("100ba"), 10, 8)
+    wsd = schedule_function(SchedulerConfig(name="wsd", t_warmup="0ba", cooldown=0.2, alpha_f=0.0), timeline)
+    assert [wsd(b) for b in (80, 90, 100)] == pytest.approx([1.0, 0.5, 0.0])
