@@ -36,13 +36,69 @@ def test_rotary_turns_each_pair_by_position_times_its_frequency():
             assert rotated[0, 0, p, i + 2].item() == pytest.approx(expected[1], abs=1e-5)
 
 
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
+@pytest.mark.parametrize("positions", ["learned", "rotary", "alibi"])
 def test_no_position_sees_a_later_token(positions):
     model, tokens = gpt(positions=positions), torch.randint(0, 50, (2, 10))
     changed = tokens.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % 50
     before, after = model(tokens), model(changed)
     assert torch.equal(before[:, :6], after[:, :6]) and not torch.allclose(before[:, 6:], after[:, 6:])
+
+
+def test_alibi_biases_each_heads_scores_by_its_slope_times_the_distance_back():
+    model = gpt(positions="alibi")
+    assert model.positions is None and model.alibi_slopes.tolist() == [2**-4, 2**-8]  # 2^(-8h/2), h = 1, 2
+    bias = model.causal_bias(4)
+    for h, slope in enumerate((2**-4, 2**-8)):
+        for i in range(4):
+            for j in range(4):
+                assert bias[h, i, j].item() == (-slope * (i - j) if j <= i else float("-inf"))
+    tokens = torch.randint(0, 50, (2, 30))  # longer than max_seq_len 12: ALiBi has no position table
+    assert model(tokens).shape == (2, 30, 50)
+    model.alibi_slopes = torch.zeros(2)  # no bias: plain causal attention without positions
+    plain = gpt(positions="rotary")
+    plain.load_state_dict(model.state_dict(), strict=False)
+    plain.config.positions = "none"  # neither rotary nor a table
+    torch.testing.assert_close(model(tokens), plain(tokens), rtol=1e-5, atol=1e-6)
+
+
+def test_the_alibi_method_turns_a_gpt_to_alibi_and_splits_training_sequences():
+    from types import SimpleNamespace
+
+    from trainrun.algorithms.alibi import Alibi
+    from trainrun.algorithms.specs.alibi import AlibiConfig
+    from trainrun.core.events import Event
+
+    model, task = gpt(), CausalLanguageModeling()
+    method = Alibi(AlibiConfig(train_sequence_length_scaling=0.25))
+    windows = torch.arange(2 * 17).view(2, 17)
+    state = SimpleNamespace(raw_model=model, task=task, inputs=windows[:, :-1], targets=windows[:, 1:])
+    method.apply(Event.INIT, state)
+    assert model.positions is None and model.alibi_slopes is not None
+    method.apply(Event.AFTER_DATALOADER, state)
+    assert state.inputs.tolist() == [list(range(s, s + 4)) for s in (0, 4, 8, 12, 17, 21, 25, 29)]
+    assert torch.equal(state.targets, state.inputs + 1)  # every piece scored on its own next tokens
+    whole = SimpleNamespace(task=task, inputs=windows[:, :-1], targets=windows[:, 1:])
+    Alibi(AlibiConfig()).apply(Event.AFTER_DATALOADER, whole)
+    assert whole.inputs.shape == (2, 16)  # scaling 1: untouched
+
+
+def test_sequence_length_warmup_cuts_causal_windows_to_their_first_tokens():
+    from types import SimpleNamespace
+
+    from trainrun.algorithms.seq_length_warmup import SeqLengthWarmup
+    from trainrun.algorithms.specs.seq_length_warmup import SeqLengthWarmupConfig
+    from trainrun.core.events import Event
+
+    windows = torch.arange(2 * 65).view(2, 65)
+    state = SimpleNamespace(
+        task=CausalLanguageModeling(), inputs=windows[:, :-1], targets=windows[:, 1:], progress=0.15
+    )
+    SeqLengthWarmup(SeqLengthWarmupConfig(duration=0.3, min_seq_length=8, step_size=8)).apply(
+        Event.AFTER_DATALOADER, state
+    )
+    # half-way through the warmup: 8 + 8 · floor(0.5 · (64 - 8) / 8) = 32 tokens
+    assert torch.equal(state.inputs, windows[:, :32]) and torch.equal(state.targets, windows[:, 1:33])
 
 
 def test_softcap_bounds_logits_as_c_tanh_of_the_raw_ones():
@@ -58,6 +114,8 @@ def test_relu_squared_mlp_zero_init_and_residual_init():
     x = torch.randn(3, 16)
     torch.testing.assert_close(mlp(x), mlp.proj(F.relu(mlp.up(x)).square()))
     assert all(not block.attention.proj.weight.any() and not block.mlp.proj.weight.any() for block in model.blocks)
+    assert model.head.weight.any()  # tied: the head is the token table, not zeroed
+    assert not gpt(zero_init=True, tie_head=False).head.weight.any()
     torch.manual_seed(0)
     wide = GPT(GPTConfig(layers=8, heads=4, width=256, max_seq_len=8), vocab_size=64)
     assert wide.blocks[0].mlp.proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)

@@ -75,8 +75,9 @@ def test_help_lists_groups_and_options(tmp_path):
         "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
         "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline, bert_base, bert_large, bert_large_lamb, hot, medium, mild",
-        "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step",
+        "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, medium, "
+        "mild",
+        "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step, wsd",
         "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, stdlib_stream, "
         "synthetic, synthetic_ffcv, text, token_stream",
         "task: causal_lm, image_classification, masked_lm",
@@ -307,7 +308,8 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
         and moved["data.batches_ahead"] == "data.ffcv.batches_ahead"
     )
     assert moved["model.width"] == "model.resnet_small.width" and moved["model.layers"] == "model.bert.layers"
-    assert moved["model.qk_norm"] == "model.gpt.qk_norm" and len(moved) == 29
+    assert moved["model.qk_norm"] == "model.gpt.qk_norm" and moved["model.dropout"] == "model.gpt.dropout"
+    assert len(moved) == 30
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):

@@ -1,4 +1,6 @@
-"""The published recipes (ResNet-50, BERT): composed values match the sources, and each one runs."""
+"""The published recipes (ResNet-50, BERT, GPT): composed values match the sources, and each one runs."""
+
+import math
 
 import pytest
 from conftest import read_metrics, run_cli
@@ -235,3 +237,87 @@ def test_bert_large_runs_at_a_tiny_size_from_a_finished_runs_weights(tmp_path):
     result = run_cli("recipe=bert_large", *args, "progress=false", f"hydra.run.dir={tmp_path / 'b'}")
     assert result.returncode == 0, result.stderr
     assert [row["batch"] for row in read_metrics(tmp_path / "b")] == [2, 4]
+
+
+def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
+    baseline = compose(["recipe=gpt125", "data.path=/data/store"])
+    composer = {
+        "task.name": "causal_lm",
+        "model.gpt.layers": 12,
+        "model.gpt.heads": 12,
+        "model.gpt.width": 768,
+        "model.gpt.max_seq_len": 1024,
+        "model.gpt.positions": "learned",
+        "model.gpt.tie_head": True,
+        "model.gpt.bias": True,
+        "model.gpt.dropout": 0.1,
+        "data.text.max_seq_len": 1024,
+        "optimizer.name": "adamw",
+        "optimizer.lr": 6e-4,
+        "optimizer.betas": [0.9, 0.999],
+        "optimizer.eps": 1e-8,
+        "optimizer.weight_decay": 0.0,
+        "scheduler.name": "cosine",
+        "scheduler.t_warmup": "140ba",
+        "scheduler.alpha_f": 0.0,
+        "algorithms.gradient_clipping.type": "norm",
+        "algorithms.gradient_clipping.threshold": 1.0,
+        "train_batch_size": 512,
+        "max_duration": "14000ba",
+        "seed": 17,
+        "name": "gpt125",
+    }
+    _assert_values(baseline, composer)
+    assert baseline.accuracy_targets[-1] == pytest.approx(math.log(24.11), abs=1e-4)  # perplexity 24.11
+    mosaic = compose(["recipe=gpt125_mosaic", "data.path=/data/store"])
+    _assert_values(mosaic, {**composer, "name": "gpt125_mosaic"})
+    assert set(mosaic.algorithms) == {"alibi", "gradient_clipping", "seq_length_warmup"}
+    assert mosaic.algorithms.alibi.train_sequence_length_scaling == 0.25
+    warmup = mosaic.algorithms.seq_length_warmup
+    assert (warmup.duration, warmup.min_seq_length, warmup.step_size) == (0.3, 8, 8)
+    speedrun = compose(["recipe=gpt_speedrun", "data.path=/data/store"])
+    record_21 = {
+        "model.gpt.layers": 12,
+        "model.gpt.heads": 6,  # of 128
+        "model.gpt.width": 768,
+        "model.gpt.positions": "rotary",
+        "model.gpt.norm": "rmsnorm",
+        "model.gpt.qk_norm": True,
+        "model.gpt.mlp": "relu2",
+        "model.gpt.tie_head": False,
+        "model.gpt.logit_softcap": 15,
+        "model.gpt.zero_init": True,
+        "optimizer.name": "muon",
+        "optimizer.lr": 0.05,
+        "optimizer.momentum": 0.95,
+        "optimizer.nesterov": True,
+        "optimizer.weight_decay": 0.0,
+        "optimizer.betas": [0.8, 0.95],
+        "optimizer.eps": 1e-10,
+        "optimizer.muon.embedding_lr": 0.6,
+        "optimizer.muon.head_lr": 0.008,
+        "optimizer.muon.scalar_lr": 0.04,
+        "optimizer.muon.momentum_start": 0.85,
+        "optimizer.muon.momentum_warmup": "300ba",
+        "scheduler.name": "wsd",
+        "scheduler.t_warmup": "0ba",
+        "scheduler.cooldown": 0.4,
+        "scheduler.alpha_f": 0.1,
+        "max_duration": "1770ba",
+        "eval_interval": "125ba",
+    }
+    _assert_values(speedrun, record_21)
+    assert speedrun.train_batch_size * speedrun.data.text.max_seq_len == 393_216  # tokens a step
+    assert speedrun.accuracy_targets[-1] == 3.28 and not speedrun.algorithms
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["gpt125_mosaic", "gpt_speedrun"])
+def test_the_gpt_recipes_run_a_few_steps_at_a_tiny_size(recipe, tmp_path):
+    args = [f"recipe={recipe}", "data=stdlib_stream", "model=gpt_tiny", "train_batch_size=8", "eval_batch_size=8"]
+    args += ["device_train_microbatch_size=null", "max_duration=4ba", "eval_interval=4ba", "data.text.max_seq_len=64"]
+    args += ["optimizer.muon.momentum_warmup=2ba", "model.gpt.heads=2"] if recipe == "gpt_speedrun" else []
+    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    metrics = read_metrics(tmp_path)[-1]
+    assert metrics["batch"] == 4 and math.isfinite(metrics["eval_loss"])

@@ -53,7 +53,7 @@ def test_a_method_of_another_task_is_refused_naming_the_methods_the_task_has():
     image = [name for name in every if name not in LANGUAGE_ONLY]
     refused(
         {"algorithms": {"alibi": {}}},
-        "algorithm 'alibi' does not apply to task image_classification (it is for masked_lm); "
+        "algorithm 'alibi' does not apply to task image_classification (it is for masked_lm, causal_lm); "
         f"choose from: {', '.join(image)}",
     )
     language = sorted(LANGUAGE_ONLY | {"ema", "gradient_clipping", "sam", "swa"})

@@ -66,15 +66,16 @@ class GPTConfig:
     layers: int = positive_field(2)
     heads: int = positive_field(2)
     width: int = positive_field(128)
-    max_seq_len: int = positive_field(256)  # the longest window (learned positions, rotary tables)
-    positions: str = choice_field("learned", "learned", "rotary")
+    max_seq_len: int = positive_field(256)  # the longest window (learned positions, rotary tables; alibi: none)
+    positions: str = choice_field("learned", "learned", "rotary", "alibi")
     norm: str = choice_field("layernorm", "layernorm", "rmsnorm")
     qk_norm: bool = False  # RMS-normalise queries and keys per head before attention
     mlp: str = choice_field("gelu", "gelu", "relu2")
     tie_head: bool = True  # the output head shares the token embedding
     logit_softcap: float | None = field(default=None, metadata={"exclusive_min": 0})  # c * tanh(logits / c)
-    zero_init: bool = False  # attention and MLP output projections start at zero
+    zero_init: bool = False  # attention and MLP output projections (and an untied head) start at zero
     bias: bool = False  # biases in the linear layers (nanoGPT's GPT-2 124M run has none)
+    dropout: float = fraction_field(0.0)  # on embeddings, attention weights and residual branches (GPT-2: 0.1)
 
 
 @dataclass

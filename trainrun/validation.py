@@ -222,16 +222,25 @@ def _check_causal_lm(config: TrainConfig) -> None:
             f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
             "into heads of an even size"
         )
-    if config.data.text.max_seq_len > gpt.max_seq_len:
+    limit = sequence_limit(config.algorithms) or (
+        None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
+    )
+    if limit is not None and config.data.text.max_seq_len > limit[0]:
         raise ConfigError(
             f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
-            f"model.gpt.max_seq_len {gpt.max_seq_len}"
+            f"{limit[1]} {limit[0]}"
         )
 
 
 def _check_masked_lm(config: TrainConfig) -> None:
     """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
     _check_language_run(config, "masked_lm", "text", "bert")
+    alibi = config.algorithms.get("alibi")
+    if alibi is not None and alibi.train_sequence_length_scaling < 1:
+        raise ConfigError(
+            "bad value for 'algorithms.alibi.train_sequence_length_scaling': "
+            f"{alibi.train_sequence_length_scaling} splits causal sequences only (task causal_lm); use 1.0"
+        )
     positions, key = sequence_limit(config.algorithms) or (
         config.model.bert.max_position_embeddings,
         "model.bert.max_position_embeddings",

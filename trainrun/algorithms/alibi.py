@@ -7,7 +7,13 @@ power below ``n`` and then the odd-indexed slopes of the set for twice it. At IN
 learned position embeddings become a frozen zero table of ``max_sequence_length`` rows (so no
 position is learned, and sequences longer than those trained on still run), and the model builds
 the bias into the additive attention mask it hands to ``scaled_dot_product_attention``, padding
-included. Works on trainrun's BERT (:class:`~trainrun.models.bert.MaskedLanguageModel`).
+included. Works on trainrun's BERT (:class:`~trainrun.models.bert.MaskedLanguageModel`) and GPT
+(:class:`~trainrun.models.gpt.GPT`, whose bias is the causal form ``-m_h · (i - j)``, j ≤ i).
+
+With ``train_sequence_length_scaling`` s below 1 (Composer's GPT setting: 0.25; causal tasks),
+every training batch of (batch, length) tokens is reshaped at AFTER_DATALOADER into (batch / s,
+length · s): the same tokens in shorter sequences, so attention costs s of a full step's, while
+evaluation reads whole sequences, to which ALiBi extrapolates.
 """
 
 from __future__ import annotations
@@ -52,13 +58,24 @@ def remove_learned_positions(model: nn.Module, max_sequence_length: int) -> None
 
 class Alibi(Algorithm):
     name = "alibi"
-    events = frozenset({Event.INIT})
+    events = frozenset({Event.INIT, Event.AFTER_DATALOADER})
 
     config: AlibiConfig
 
     def apply(self, event: Event, state: State) -> None:
+        if event is Event.AFTER_DATALOADER:
+            full = state.task.sequence_length(state.inputs)
+            length = max(1, round(full * self.config.train_sequence_length_scaling))
+            if length < full:
+                state.inputs, state.targets = state.task.split(state.inputs, state.targets, length)
+            return
         model = state.raw_model
+        if hasattr(model, "use_alibi"):  # trainrun's GPT
+            model.use_alibi()
+            return
         if not hasattr(model, "alibi_slopes"):
-            raise ConfigError(f"algorithm 'alibi' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
+            raise ConfigError(
+                f"algorithm 'alibi' needs trainrun's BERT or GPT (model=bert_*, gpt*), not {type(model).__name__}"
+            )
         remove_learned_positions(model, self.config.max_sequence_length)
         model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads)  # a buffer: moves with the model

@@ -7,7 +7,7 @@ with ``n = (max - min) // step_size`` increments, the length after ``p`` of the 
 capped at the batch's own length, so the ramp spans ``duration`` whatever the configured maximum.
 At AFTER_DATALOADER the task cuts the batch's sequences to that length (Composer's ``truncate``):
 early steps cost a fraction of a full one, and the positions cut off are not trained on in that
-step.
+step. Serves every sequence task (masked and causal language models).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SeqLengthWarmup(Algorithm):
         self.config = config
 
     def apply(self, event: Event, state: State) -> None:
-        full = state.inputs["input_ids"].shape[1]
+        full = state.task.sequence_length(state.inputs)
         length = length_at(state.progress, full, self.config)
         if length < full:
             state.inputs, state.targets = state.task.truncate(state.inputs, state.targets, length)

@@ -2,14 +2,17 @@
 
 The block is nanoGPT's GPT-2 (pre-norm, causal self-attention, 4x MLP, tied head, residual
 projections initialised with std 0.02 / sqrt(2 x layers)); each of the speedrun's changes is a
-switch under ``model.gpt``: ``positions`` learned or rotary (RoPE, base 10,000, on the two halves
-of each head), ``norm`` LayerNorm or RMSNorm, ``qk_norm`` (queries and keys RMS-normalised per
-head before attention), ``mlp`` GELU or ReLU² (``relu(x)²``), ``tie_head``, ``logit_softcap``
-(``c · tanh(logits / c)``) and ``zero_init`` (attention and MLP output projections start at zero).
-Attention is ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient
-kernels on a GPU, the math kernel on a CPU. Written here, not taken from transformers, so that
-every switch is one readable line (nanoGPT's reason); a model with GPT-2's shape has GPT-2's
-parameters.
+switch under ``model.gpt``: ``positions`` learned, rotary (RoPE, base 10,000, on the two halves of
+each head) or alibi (no position table; each head's scores biased by ``-m_h · (i - j)``, the causal
+form of the alibi method's slopes: any length runs), ``norm`` LayerNorm or RMSNorm, ``qk_norm``
+(queries and keys RMS-normalised per head before attention), ``mlp`` GELU or ReLU² (``relu(x)²``),
+``tie_head``, ``logit_softcap`` (``c · tanh(logits / c)``), ``zero_init`` (attention and MLP output
+projections and an untied head start at zero) and ``dropout`` (GPT-2's: on the embeddings, the
+attention weights and each residual branch). Attention is
+``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient kernels on a GPU, the
+math kernel on a CPU (with ALiBi, the causal bias as its additive mask). Written here, not taken
+from transformers, so that every switch is one readable line (nanoGPT's reason); a model with
+GPT-2's shape has GPT-2's parameters.
 """
 
 from __future__ import annotations
@@ -54,16 +57,22 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.width, 3 * config.width, bias=config.bias)
         self.proj = nn.Linear(config.width, config.width, bias=config.bias)
         self.qk_norm = config.qk_norm
-        self.rotary = config.positions == "rotary"
+        self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        dropout = self.dropout if self.training else 0.0
+        if bias is None:
+            context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
         return self.proj(context.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -88,10 +97,13 @@ class Block(nn.Module):
             norm_layer(config.norm, config.width),
         )
         self.attention, self.mlp = CausalSelfAttention(config), MLP(config)
+        self.residual_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rotary)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.residual_dropout(self.attention(self.attention_norm(x), rotary, bias))
+        return x + self.residual_dropout(self.mlp(self.mlp_norm(x)))
 
 
 class GPT(nn.Module):
@@ -103,6 +115,7 @@ class GPT(nn.Module):
         padded = padded_vocabulary(vocab_size)
         self.embed = nn.Embedding(padded, config.width)
         self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
+        self.embedding_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.final_norm = norm_layer(config.norm, config.width)
         self.head = nn.Linear(config.width, padded, bias=False)
@@ -112,17 +125,35 @@ class GPT(nn.Module):
             cos, sin = rotary_tables(config.max_seq_len, config.width // config.heads)
             self.register_buffer("rotary_cos", cos, persistent=False)
             self.register_buffer("rotary_sin", sin, persistent=False)
+        self.register_buffer("alibi_slopes", None, persistent=False)  # one per head, with ALiBi
+        if config.positions == "alibi":
+            self.use_alibi()
         self._initialise()
+
+    def use_alibi(self) -> None:
+        """Attend with ALiBi's causal distance bias instead of a position table (the alibi method
+        calls this at INIT; ``positions: alibi`` at construction)."""
+        from trainrun.algorithms.alibi import alibi_slopes
+
+        self.positions = None
+        self.alibi_slopes = alibi_slopes(self.config.heads).to(self.embed.weight.device)
+
+    def causal_bias(self, length: int) -> torch.Tensor:
+        """(heads, length, length): ``-m_h · (i - j)`` where key j is not after query i, -inf after."""
+        positions = torch.arange(length, device=self.alibi_slopes.device)
+        distance = (positions[:, None] - positions[None, :]).float()
+        bias = -self.alibi_slopes[:, None, None] * distance
+        return bias.masked_fill(distance < 0, float("-inf"))
 
     def _initialise(self) -> None:
         """nanoGPT's: normal(0, 0.02) weights, zero biases, output projections at 0.02 / sqrt(2 x
-        layers) (or zero with ``zero_init``)."""
+        layers) (with ``zero_init`` they and an untied head start at zero, as the speedrun's)."""
         residual_std = 0.02 / math.sqrt(2 * self.config.layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith(".proj") else 0.02
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-                if name.endswith(".proj") and self.config.zero_init:
+                if self.config.zero_init and (name.endswith(".proj") or (name == "head" and not self.config.tie_head)):
                     nn.init.zeros_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
@@ -133,8 +164,10 @@ class GPT(nn.Module):
         if self.positions is not None:
             x = x + self.positions(torch.arange(length, device=tokens.device))
         rotary = (self.rotary_cos[:length], self.rotary_sin[:length]) if self.config.positions == "rotary" else None
+        x = self.embedding_dropout(x)
+        bias = self.causal_bias(length) if self.alibi_slopes is not None else None
         for block in self.blocks:
-            x = block(x, rotary)
+            x = block(x, rotary, bias)
         logits = self.head(self.final_norm(x))[..., : self.vocab_size].float()
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits

@@ -72,7 +72,7 @@ def build_optimizer(
     """
     factor = global_batch_size / config.reference_batch_size if config.lr_scaling == "linear" else 1.0
     if config.name == "muon":
-        warmup = timeline.to_batches(config.muon.momentum_warmup) if timeline is not None else 0
+        warmup = timeline.stretched_batches(config.muon.momentum_warmup) if timeline is not None else 0
         return build_muon(model, config, factor, warmup)
     lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)

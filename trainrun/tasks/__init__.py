@@ -80,6 +80,19 @@ class Task(ABC):
         return []
 
 
+class SequenceTask(Task):
+    """A task whose samples are token sequences that a method may cut short (sequence-length
+    warmup, ALiBi's shorter training sequences)."""
+
+    @abstractmethod
+    def sequence_length(self, inputs: Any) -> int:
+        """The batch's tokens per sequence."""
+
+    @abstractmethod
+    def truncate(self, inputs: Any, targets: Any, length: int) -> tuple[Any, Any]:
+        """The batch with every sequence cut to its first ``length`` tokens."""
+
+
 def token_loss_metrics(loss_sum: float, tokens: float) -> dict[str, float]:
     """``eval_loss`` (mean cross-entropy per scored token) and its exponential, ``perplexity``
     (infinite past e^50 rather than overflowing); NaN for no tokens."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task, token_loss_metrics
+from trainrun.tasks import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
 
 def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ class NextTokenEvaluator(Evaluator):
         return token_loss_metrics(*(float(value) for value in self.sums))
 
 
-class CausalLanguageModeling(Task):
+class CausalLanguageModeling(SequenceTask):
     name = "causal_lm"
     quality = "eval_loss"
     metrics = {"eval_loss": "validation loss"}
@@ -49,6 +49,20 @@ class CausalLanguageModeling(Task):
     def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
         windows = batch.to(state.device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:], len(windows)
+
+    def sequence_length(self, inputs: torch.Tensor) -> int:
+        return inputs.shape[1]
+
+    def truncate(self, inputs: torch.Tensor, targets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each window's first ``length`` tokens and their next tokens (causal: nothing later is read)."""
+        return inputs[:, :length], targets[:, :length]
+
+    def split(self, inputs: torch.Tensor, targets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each window cut into consecutive pieces of ``length`` tokens, each a sequence of its own
+        (ALiBi's shorter training sequences): the same tokens, the tail that fills no piece left out."""
+        pieces = inputs.shape[1] // length
+        kept = pieces * length
+        return inputs[:, :kept].reshape(-1, length), targets[:, :kept].reshape(-1, length)
 
     def loss(self, name: str) -> LossFunction:
         return next_token_cross_entropy

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from trainrun.core.state import State
 from trainrun.data.masked_text import IGNORED, predicted_slots
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task, token_loss_metrics
+from trainrun.tasks import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
 
 def masked_cross_entropy(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -61,7 +61,7 @@ class MaskedTokenEvaluator(Evaluator):
         return {"masked_accuracy": correct / count if count else float("nan"), **token_loss_metrics(loss, count)}
 
 
-class MaskedLanguageModeling(Task):
+class MaskedLanguageModeling(SequenceTask):
     name = "masked_lm"
     quality = "masked_accuracy"
     metrics = {"masked_accuracy": "masked-token accuracy"}
@@ -79,6 +79,9 @@ class MaskedLanguageModeling(Task):
         inputs["lengths"], inputs["predict_counts"] = batch["lengths"], batch["predict_counts"]  # host counts
         targets = {"labels": moved("labels"), "predicted": moved("predicted_labels"), "counts": batch["predict_counts"]}
         return inputs, targets, len(batch["labels"])
+
+    def sequence_length(self, inputs: dict) -> int:
+        return inputs["input_ids"].shape[1]
 
     def truncate(self, inputs: dict, targets: dict, length: int) -> tuple[dict, dict]:
         """The batch with every sequence cut to its first ``length`` tokens (sequence-length

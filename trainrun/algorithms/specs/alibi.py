@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
-from trainrun.fields import positive_field
+from trainrun.fields import positive_field, positive_fraction_field
 
 
 @dataclass
@@ -13,6 +13,8 @@ class AlibiConfig:
     """Attention biased by distance instead of learned position embeddings (Press et al. 2021)."""
 
     max_sequence_length: int = positive_field(1024)  # the longest sequence the model will accept
+    # causal tasks: training sequences split into pieces of this share of their length (Composer's GPT: 0.25)
+    train_sequence_length_scaling: float = positive_fraction_field(1.0)
 
 
 SPEC = MethodSpec(
@@ -20,6 +22,6 @@ SPEC = MethodSpec(
     config=AlibiConfig,
     position=210,
     order_reason="replaces the position embeddings at INIT; attention reads its bias from the model",
-    tasks=("masked_lm",),
+    tasks=("masked_lm", "causal_lm"),
     sequence_limit="max_sequence_length",
 )

@@ -23,6 +23,6 @@ SPEC = MethodSpec(
     config=SeqLengthWarmupConfig,
     position=90,
     order_reason="shortens the batch's sequences before anything reads their positions",
-    tasks=("masked_lm",),
+    tasks=("masked_lm", "causal_lm"),
     varying_step_cost=True,
 )
