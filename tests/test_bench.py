@@ -141,3 +141,17 @@ def test_bert_side_by_side_benches_print_both_rates_and_their_ratio(script):
     assert shown == pytest.approx(rates[numerator] / rates[denominator], abs=0.01)
     if script == "text_loader.py":
         assert sum("training:" in line and "% of a step" in line for line in result.stdout.splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_gpt_bench_times_each_recipe_to_the_baselines_final_loss(tmp_path):
+    result = bench(
+        "gpt.py", "--steps", "8", "--eval-every", "4", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png")
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| gpt")}
+    assert list(rows) == ["gpt125", "gpt125_mosaic", "gpt_speedrun"]
+    assert rows["gpt125"].rstrip().endswith("| 1.00x |")  # the baseline reaches its own final loss, at its end
+    for recipe in rows:
+        assert len(read_metrics(tmp_path / recipe / "round1")) == 2  # evaluations at steps 4 and 8
+    assert (tmp_path / "p.png").stat().st_size > 0

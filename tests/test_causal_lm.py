@@ -196,3 +196,50 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     assert stopped.returncode == 0, stopped.stderr
     summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
     assert summary["status"] == "target_reached" and summary["batches"] == 20
+    # the finished run as transformers reads it, and trainrun sample's greedy reply equal to its generate()
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    exported = tmp_path / "run" / "hf_model"
+    gpt2, tokenizer = GPT2LMHeadModel.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
+    prompt = tokenizer("def main", return_tensors="pt").input_ids
+    greedy = gpt2.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)[0]
+    sampled = run_cli("sample", str(tmp_path / "run"), "--prompt", "def main", "--tokens", "6", "--temperature", "0")
+    assert sampled.returncode == 0, sampled.stderr
+    separator = tokenizer.convert_tokens_to_ids("[SEP]")
+    drawn = greedy[prompt.shape[1] :].tolist()
+    drawn = drawn[: drawn.index(separator)] if separator in drawn else drawn
+    assert sampled.stdout == "def main" + tokenizer.decode(drawn, skip_special_tokens=True) + "\n"
+
+
+@pytest.mark.parametrize("switches", [{}, {"bias": True, "tie_head": False}])
+def test_a_gpt_of_gpt2s_shape_is_a_gpt2lmheadmodel_with_equal_logits(switches):
+    from trainrun.models.gpt2_export import gpt2_mismatch, to_gpt2
+
+    model = gpt(**switches)
+    for block in model.blocks:  # biases and norms away from their initial values, so the mapping shows
+        for parameter in block.parameters():
+            parameter.data += 0.01 * torch.randn_like(parameter)
+    tokens = torch.randint(0, 50, (2, 12))
+    logits = to_gpt2(model)(tokens).logits
+    torch.testing.assert_close(logits[..., :50], model(tokens), rtol=1e-4, atol=1e-5)
+    assert logits.shape[-1] == padded_vocabulary(50)  # the padding rows after the store's vocabulary
+    assert gpt2_mismatch(model) is None
+    for other, reason in (
+        ({"positions": "rotary"}, "positions are not learned"),
+        ({"norm": "rmsnorm"}, "its norm is RMSNorm"),
+        ({"qk_norm": True}, "it normalises queries and keys"),
+        ({"mlp": "relu2"}, "its MLP is ReLU²"),
+        ({"logit_softcap": 15.0}, "its logits are soft-capped"),
+        ({"positions": "alibi"}, "positions are not learned"),
+    ):
+        assert gpt2_mismatch(gpt(**other)) == reason
+
+
+def test_sample_refuses_what_is_not_a_finished_causal_run_in_one_line(tmp_path):
+    result = run_cli("sample", str(tmp_path), "--prompt", "x")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"trainrun: error: bad value for 'RUN': '{tmp_path}' has no config.yaml (not a trainrun run directory)"
+    ]
+    result = run_cli("sample", str(tmp_path), "--prompt", "x", "--tokens", "0")
+    assert result.returncode == 2 and "'--tokens', '--top-k' or '--temperature'" in result.stderr

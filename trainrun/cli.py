@@ -1,4 +1,4 @@
-"""``trainrun``: dispatch argv to training (Hydra) or a subcommand (write, sweep, report).
+"""``trainrun``: dispatch argv to training (Hydra) or a subcommand (write, sweep, report, sample).
 
 The config is composed and validated (:mod:`trainrun.config`) before any heavy import or process
 start; then Hydra's own entry point runs the job (``--cfg``, ``--help``, ``-m`` multirun all
@@ -114,6 +114,7 @@ SUBCOMMANDS = {
     "write-text": ("trainrun.data.commands", "write_text_command"),  # a corpus to a token store
     "sweep": ("trainrun.sweep", "run_sweep"),  # a recipe over budgets and seeds
     "report": ("trainrun.report.command", "report_command"),  # trade-off curves, time and cost to accuracy
+    "sample": ("trainrun.sample", "sample_command"),  # a continuation from a finished causal-LM run
 }
 
 

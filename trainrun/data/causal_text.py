@@ -50,9 +50,14 @@ class TokenWindows(Dataset):
         return torch.from_numpy(np.where(is_separator, self.separator, tokens))
 
 
+def store_path(config: DataConfig, placement: Placement) -> Path:
+    """The token store at ``data.path``, or a built-in corpus's (written once to the cache)."""
+    return Path(config.path).expanduser() if config.path else cached_store(config, placement)
+
+
 def stream_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
     """Training and validation windows of the store at ``data.path`` or of a built-in corpus."""
-    path = Path(config.path).expanduser() if config.path else cached_store(config, placement)
+    path = store_path(config, placement)
     train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
     length = config.text.max_seq_len
     training, evaluation = TokenWindows(train, length), TokenWindows(val, length)

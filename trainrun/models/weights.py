@@ -62,7 +62,7 @@ def _weights_file(source: Path, path: str) -> dict[str, torch.Tensor]:
 def _hugging_face_state(bert: nn.Module, source: Path) -> dict[str, torch.Tensor]:
     """The state dict of the ``save_pretrained`` folder ``source`` read into ``bert``'s class and config."""
     try:
-        with _quiet_transformers():  # the mismatches are reported below, in one line
+        with quiet_transformers():  # the mismatches are reported below, in one line
             loaded, info = type(bert).from_pretrained(
                 source,
                 config=bert.config,
@@ -86,7 +86,7 @@ def export_pretrained(model: nn.Module, tokenizer_file: Path, directory: Path) -
     from trainrun.algorithms.gated_linear_units import GatedIntermediate
 
     with atomic_directory(directory) as partial:
-        with _quiet_transformers():
+        with quiet_transformers():
             model.bert.save_pretrained(partial)
         hugging_face_tokenizer(tokenizer_file).save_pretrained(partial)
     caveats = []
@@ -98,7 +98,7 @@ def export_pretrained(model: nn.Module, tokenizer_file: Path, directory: Path) -
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """``transformers`` without its progress bars and warnings (trainrun reports what matters)."""
     from transformers.utils import logging
 

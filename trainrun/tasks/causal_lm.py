@@ -9,6 +9,7 @@ sequential set), so ``eval_loss`` is the mean per token and ``perplexity`` its e
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,6 +70,18 @@ class CausalLanguageModeling(SequenceTask):
 
     def evaluator(self, state: State) -> NextTokenEvaluator:
         return NextTokenEvaluator(state.device, state.world_size)
+
+    def export(self, state: State, run_dir: Path) -> list[str]:
+        """``<run>/hf_model``: a GPT with GPT-2's shape and its tokenizer for ``transformers``."""
+        from trainrun.models.gpt2_export import export_gpt2, gpt2_mismatch
+
+        directory = run_dir / "hf_model"
+        mismatch = gpt2_mismatch(state.raw_model)
+        if mismatch:
+            reason = f"GPT2LMHeadModel cannot hold this GPT: {mismatch}"
+            return [f"note: no {directory.name} ({reason}); 'trainrun sample' reads the run"]
+        export_gpt2(state.raw_model, state.data.text.tokenizer_file, directory)
+        return [f"wrote {directory} (GPT2LMHeadModel and its tokenizer, for transformers' from_pretrained)"]
 
 
 def build(data: DataConfig | None = None) -> CausalLanguageModeling:

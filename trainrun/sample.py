@@ -1,0 +1,99 @@
+"""``trainrun sample RUN --prompt TEXT``: a continuation from a finished causal-LM run.
+
+The run's own ``config.yaml`` rebuilds its GPT over its token store's vocabulary, the newest
+checkpoint in ``RUN/checkpoints`` gives the weights (a GPT trained with ALiBi has no position
+table, and is rebuilt so), and the store's tokenizer encodes the prompt and decodes the reply.
+Tokens are drawn one at a time from the last ``data.text.max_seq_len`` tokens' next-token
+distribution at ``--temperature`` among the ``--top-k`` likeliest (temperature 0: the likeliest),
+seeded by ``--seed``, until ``--tokens`` are drawn or the document separator is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from trainrun.atomic_io import read_yaml
+from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoint
+from trainrun.core.distributed import SINGLE_PROCESS
+from trainrun.errors import ConfigError
+from trainrun.models import build_model
+from trainrun.validation import validate
+
+
+def sample_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainrun sample", description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a finished (or checkpointed) run of task=causal_lm")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--tokens", type=int, default=60, help="the most tokens to draw")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: always the likeliest token")
+    parser.add_argument("--top-k", type=int, default=40, help="draw among this many likeliest tokens")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.tokens < 1 or args.top_k < 1 or args.temperature < 0:
+        raise ConfigError(
+            "bad value for '--tokens', '--top-k' or '--temperature': tokens, top-k >= 1; temperature >= 0"
+        )
+    model, tokenizer, context = load_run(args.run)
+    prompt = tokenizer.encode(args.prompt).ids
+    if not prompt:
+        raise ConfigError(f"bad value for '--prompt': {args.prompt!r} has no token in this run's vocabulary")
+    separator = tokenizer.token_to_id("[SEP]")
+    generator = torch.Generator().manual_seed(args.seed)
+    drawn = continuation(model, prompt, args.tokens, context, args.temperature, args.top_k, separator, generator)
+    print(args.prompt + tokenizer.decode(drawn, skip_special_tokens=True))
+    return 0
+
+
+def load_run(run: Path):
+    """(the run's GPT with its newest weights, in evaluation mode; its store's tokenizer; the
+    longest context it was trained on)."""
+    from trainrun.data.causal_text import store_path
+    from trainrun.data.token_store import TokenStore, load_tokenizer
+
+    config_file = run / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"bad value for 'RUN': '{run}' has no config.yaml (not a trainrun run directory)")
+    config = validate(OmegaConf.create(read_yaml(config_file)), files=False)
+    if config.task.name != "causal_lm":
+        raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs causal_lm")
+    checkpoints = list_checkpoints(directory(run))
+    if not checkpoints:
+        raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
+    store = store_path(config.data, SINGLE_PROCESS)
+    model = build_model(config.model, TokenStore.open(store, "train").vocab_size)
+    weights = load_checkpoint(checkpoints[-1])["model"]
+    if "positions.weight" not in weights and model.positions is not None:
+        model.use_alibi()  # trained with the alibi method: no position table
+    model.load_state_dict(weights)
+    return model.eval(), load_tokenizer(store / "tokenizer.json"), config.data.text.max_seq_len
+
+
+@torch.no_grad()
+def continuation(
+    model: torch.nn.Module,
+    prompt: list[int],
+    count: int,
+    context: int,
+    temperature: float,
+    top_k: int,
+    stop: int | None,
+    generator: torch.Generator,
+) -> list[int]:
+    """Up to ``count`` token ids drawn after ``prompt`` (ending early at ``stop``)."""
+    tokens, drawn = list(prompt), []
+    for _ in range(count):
+        logits = model(torch.tensor([tokens[-context:]]))[0, -1]
+        if temperature == 0:
+            token = int(logits.argmax())
+        else:
+            top = torch.topk(logits / temperature, min(top_k, logits.numel()))
+            token = int(top.indices[torch.multinomial(top.values.softmax(-1), 1, generator=generator)])
+        if token == stop:
+            break
+        tokens.append(token)
+        drawn.append(token)
+    return drawn
