@@ -386,7 +386,9 @@ def test_alibi_keeps_the_checkpoint_keys_and_the_models_device_and_refuses_other
     alibi.apply(Event.INIT, SimpleNamespace(raw_model=on_device))
     embeddings = on_device.bert.bert.embeddings
     assert {embeddings.position_embeddings.weight.device.type, embeddings.position_ids.device.type} == {"meta"}
-    with pytest.raises(ConfigError, match=r"^algorithm 'alibi' needs trainrun's BERT \(model=bert_\*\), not Linear$"):
+    with pytest.raises(
+        ConfigError, match=r"^algorithm 'alibi' needs trainrun's BERT or GPT \(model=bert_\*, gpt\*\), not Linear$"
+    ):
         alibi.apply(Event.INIT, SimpleNamespace(raw_model=nn.Linear(2, 2)))
 
 

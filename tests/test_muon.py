@@ -128,9 +128,13 @@ def test_a_schedule_scales_every_group_and_linear_scaling_every_rate():
     assert optimizer.muon.param_groups[0]["lr"] == pytest.approx(0.025)  # the inner optimizers see the schedule
 
 
-def test_muon_refuses_a_model_with_convolutions_in_one_line():
+def test_muon_refuses_a_model_with_convolutions():
     with pytest.raises(ConfigError, match=r"'muon' takes 2-D matrices, and 0.weight is 4-D"):
         parameter_roles(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), ["head"])
+
+
+@pytest.mark.slow
+def test_muon_for_an_image_model_is_refused_before_any_process_starts():
     result = run_cli("optimizer=muon", "max_duration=1ba")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

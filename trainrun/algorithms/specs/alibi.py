@@ -21,7 +21,10 @@ SPEC = MethodSpec(
     name="alibi",
     config=AlibiConfig,
     position=210,
-    order_reason="replaces the position embeddings at INIT; attention reads its bias from the model",
+    order_reason=(
+        "replaces the position embeddings at INIT; at AFTER_DATALOADER splits causal sequences after "
+        "sequence-length warmup has cut them"
+    ),
     tasks=("masked_lm", "causal_lm"),
     sequence_limit="max_sequence_length",
 )
