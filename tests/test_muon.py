@@ -157,3 +157,63 @@ def test_warmup_stable_decay_warms_first_and_decays_over_the_share_after_warmup(
     timeline = Timeline.for_run(Time.parse("100ba"), 10, 8)
     wsd = schedule_function(SchedulerConfig(name="wsd", t_warmup="0ba", cooldown=0.2, alpha_f=0.0), timeline)
     assert [wsd(b) for b in (80, 90, 100)] == pytest.approx([1.0, 0.5, 0.0])
+    assert multiplier(80, shape="wsd", warmup=0, total=100) == pytest.approx(0.2)  # no cooldown given: all of it
+
+
+class Odd(torch.nn.Module):
+    """Roles the GPT does not show: a tied head registered before its table and nested two deep, a
+    parameter of the model itself, a frozen weight before a trained bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoder = torch.nn.ModuleDict({"deep": torch.nn.ModuleDict({"head": torch.nn.Linear(4, 6, bias=False)})})
+        self.embed = torch.nn.Embedding(6, 4)  # after the head, by order and by name
+        self.decoder["deep"]["head"].weight = self.embed.weight
+        self.gain = torch.nn.Parameter(torch.ones(4))
+        self.mix = torch.nn.Linear(4, 4)
+        self.mix.weight.requires_grad_(False)
+        self.hidden = torch.nn.Linear(4, 4, bias=False)
+        self.untied = torch.nn.ModuleDict({"deep": torch.nn.ModuleDict({"head": torch.nn.Linear(4, 6)})})
+
+
+def test_roles_follow_the_rule_for_any_module_tree():
+    roles = {role: [name for name, _ in params] for role, params in parameter_roles(Odd(), ["head"]).items()}
+    assert roles == {
+        "matrices": ["hidden.weight"],
+        "embeddings": ["embed.weight"],  # the tied head, although its module comes first
+        "head": ["untied.deep.head.weight", "untied.deep.head.bias"],
+        "scalars": ["gain", "mix.bias"],  # the frozen mix.weight is nobody's
+    }
+    with pytest.raises(
+        ConfigError, match=r"^bad value for 'optimizer.name': 'muon' found no 2-D hidden matrices in this model$"
+    ):
+        build_optimizer(torch.nn.Embedding(4, 2), muon_config(), 8)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_muon_and_adam_get_every_setting_as_torch_runs_them_alone(nesterov):
+    """Three steps against torch.optim.Muon and torch.optim.Adam built by hand, at values unlike
+    torch's defaults (momentum 0.9, decay 0.02; betas (0.7, 0.9), eps 1e-6)."""
+    settings = dict(momentum=0.9, nesterov=nesterov, weight_decay=0.02, betas=[0.7, 0.9], eps=1e-6)
+    config = OptimizerConfig(name="muon", lr=0.05, muon=MuonConfig(momentum_warmup="0ba"), **settings)
+    model, twin = gpt(), gpt()
+    ours = build_optimizer(model, config, 8)
+    roles = parameter_roles(twin, ["head"])
+    muon = torch.optim.Muon(
+        [p for _, p in roles["matrices"]], lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.02
+    )
+    rates = {"embeddings": 0.6, "head": 0.008, "scalars": 0.04}
+    adam = torch.optim.Adam(
+        [{"params": [p for _, p in roles[role]], "lr": rate} for role, rate in rates.items()],
+        betas=(0.7, 0.9),
+        eps=1e-6,
+    )
+    for step in range(3):
+        tokens = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(step))
+        for net, steppers in ((model, [ours]), (twin, [muon, adam])):
+            net(tokens).square().mean().backward()
+            for stepper in steppers:
+                stepper.step()
+                stepper.zero_grad()
+    for (name, mine), theirs in zip(model.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)
