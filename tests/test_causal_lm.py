@@ -15,7 +15,7 @@ from trainrun.models.gpt import GPT, apply_rotary, padded_vocabulary, rotary_tab
 from trainrun.quality import QUALITY_OF_TASK
 from trainrun.registry import builder, names
 from trainrun.schema import GPTConfig
-from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator
+from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator, next_token_cross_entropy
 
 
 def gpt(**switches) -> GPT:
@@ -81,6 +81,12 @@ def test_the_alibi_method_turns_a_gpt_to_alibi_and_splits_training_sequences():
     whole = SimpleNamespace(task=task, inputs=windows[:, :-1], targets=windows[:, 1:])
     Alibi(AlibiConfig()).apply(Event.AFTER_DATALOADER, whole)
     assert whole.inputs.shape == (2, 16)  # scaling 1: untouched
+    uneven = SimpleNamespace(task=task, inputs=torch.arange(18)[None], targets=torch.arange(1, 19)[None])
+    method.apply(Event.AFTER_DATALOADER, uneven)  # round(18 · 0.25) = 4: four pieces, the last 2 tokens left out
+    assert uneven.inputs.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    short = SimpleNamespace(task=task, inputs=torch.arange(2)[None], targets=torch.arange(1, 3)[None])
+    Alibi(AlibiConfig(train_sequence_length_scaling=0.2)).apply(Event.AFTER_DATALOADER, short)
+    assert short.inputs.tolist() == [[0], [1]]  # round(0.4) = 0: pieces of at least one token
 
 
 def test_sequence_length_warmup_cuts_causal_windows_to_their_first_tokens():
@@ -168,6 +174,24 @@ def test_the_task_scores_each_position_on_the_next_token_summed_over_batches():
     mean = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
     assert evaluator.compute() == {"eval_loss": pytest.approx(mean), "perplexity": pytest.approx(math.exp(mean))}
     assert isinstance(evaluator, NextTokenEvaluator) and task.quality_rule.higher_is_better is False
+    assert evaluator.sums.dtype == torch.float64  # exact token counts past float32's 2^24
+    on_device = type("S", (), {"device": torch.device("meta"), "world_size": 1})()  # as a GPU run
+    inputs, _, _ = task.batch(torch.tensor([[1, 2, 3]]), on_device)
+    assert inputs.device.type == "meta" and task.evaluator(on_device).sums.device.type == "meta"
+    # the training loss: the mean of -log p(next token), by hand
+    by_hand = -torch.stack([logits[b, t].log_softmax(-1)[targets[b, t]] for b in range(2) for t in range(2)]).mean()
+    torch.testing.assert_close(next_token_cross_entropy(logits, targets), by_hand)
+
+
+def test_evaluation_adds_the_other_ranks_sums_before_the_mean(monkeypatch):
+    import trainrun.tasks.causal_lm as causal
+
+    other_rank = torch.tensor([30.0, 10.0], dtype=torch.float64)  # its loss sum and tokens
+    monkeypatch.setattr(causal.dist, "all_reduce", lambda sums: sums.add_(other_rank))
+    evaluator = NextTokenEvaluator(torch.device("cpu"), world_size=2)
+    logits, targets = torch.zeros(1, 2, 5), torch.tensor([[1, 2]])  # uniform: ln 5 per token
+    evaluator.update(logits, targets)
+    assert evaluator.compute()["eval_loss"] == pytest.approx((2 * math.log(5) + 30.0) / 12)
 
 
 def test_every_task_names_the_quality_metric_its_table_entry_names():
@@ -209,6 +233,26 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     drawn = greedy[prompt.shape[1] :].tolist()
     drawn = drawn[: drawn.index(separator)] if separator in drawn else drawn
     assert sampled.stdout == "def main" + tokenizer.decode(drawn, skip_special_tokens=True) + "\n"
+
+
+def test_the_task_exports_a_gpt2_shaped_model_and_says_why_not_for_others(tmp_path):
+    from types import SimpleNamespace
+
+    from trainrun.data.token_store import train_tokenizer
+
+    tokenizer_file = tmp_path / "tokenizer.json"
+    train_tokenizer(["def main(): return 1", "print(main())"] * 20, vocab_size=120).save(str(tokenizer_file))
+    task = CausalLanguageModeling()
+    state = SimpleNamespace(raw_model=gpt(), data=SimpleNamespace(text=SimpleNamespace(tokenizer_file=tokenizer_file)))
+    assert task.export(state, tmp_path) == [
+        f"wrote {tmp_path / 'hf_model'} (GPT2LMHeadModel and its tokenizer, for transformers' from_pretrained)"
+    ]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "hf_model").iterdir()}
+    state.raw_model = gpt(norm="rmsnorm")
+    assert task.export(state, tmp_path / "other") == [
+        "note: no hf_model (GPT2LMHeadModel cannot hold this GPT: its norm is RMSNorm); 'trainrun sample' reads the run"
+    ]
+    assert not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("switches", [{}, {"bias": True, "tie_head": False}])
