@@ -245,6 +245,10 @@ BAD_SUBCOMMANDS = [
     (["sweep", "budgets=[10s]", "max_duration=5s"], "sets max_duration, seed and the run directory itself"),
     (["recipe=auto", "max_duration=2ep"], "recipe=auto needs a budget: max_duration=2ep is an amount of training"),
     (["recipe=auto", "max_duration=1min"], "recipe=auto needs a trade-off table for model=resnet_small with 10"),
+    (
+        ["recipe=auto", "max_duration=1min", "task=causal_lm", "data=stdlib_stream", "model=gpt_tiny"],
+        "recipe=auto needs a trade-off table for model=gpt on task causal_lm and trainrun publishes none",
+    ),
     (["recipe=auto", "max_duration=1min", "auto.table=/no/such.csv"], "'auto.table': '/no/such.csv' does not"),
     (["recipe=auto", "max_duration=1min", "scale_schedule_ratio=2"], "recipe=auto sets scale_schedule_ratio"),
     (["recipe=auto", "-m", "max_duration=1min"], "recipe=auto and -o1 decide one training run: they do not"),

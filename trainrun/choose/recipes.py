@@ -200,9 +200,11 @@ def _table(config: TrainConfig) -> tuple[Path, str]:
         return path, str(path)
     published = PUBLISHED_TABLES.get((config.model.name, config.model.num_classes))
     if published is None:
+        classes = f"with {config.model.num_classes} classes" if config.task.name == "image_classification" else ""
+        setting = classes or f"on task {config.task.name}"
         raise ConfigError(
-            f"recipe=auto needs a trade-off table for model={config.model.name} with {config.model.num_classes} "
-            "classes and trainrun publishes none: sweep the recipes on your data ('trainrun sweep recipe=NAME "
+            f"recipe=auto needs a trade-off table for model={config.model.name} {setting} "
+            "and trainrun publishes none: sweep the recipes on your data ('trainrun sweep recipe=NAME "
             "budgets=[...]' per recipe, then 'trainrun report DIRS') and pass auto.table=REPORT_DIR/report.csv"
         )
     return published, f"the published table {published.name}"
