@@ -29,10 +29,12 @@ step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow 
 }
 
 recipes() {  # each recipe's first steps on built-in data, at the recipe's own settings otherwise
-  # Images: one GPU's share of the recipes' 8-GPU batch (256 of 2048) and 12 workers generating the
-  # synthetic images (the data's default is 0, for a 2-core machine: 456 img/s on the H100 machine).
+  # Images: one GPU's share of the recipes' 8-GPU batch (256 of 2048, the lr scaled with it; SAM in
+  # medium and hot takes no micro-batches) and 12 workers generating the synthetic images (the data's
+  # default is 0, for a 2-core machine: 456 img/s on the H100 machine).
   local images="data=synthetic data.num_samples=8192 data.num_classes=1000 data.resolution=176"
-  images+=" data.eval_resolution=224 data.num_workers=12 device_train_microbatch_size=256 max_duration=24ba eval_interval=24ba"
+  images+=" data.eval_resolution=224 data.num_workers=12 train_batch_size=256 eval_batch_size=256 max_duration=24ba"
+  images+=" eval_interval=24ba"
   local text="data=stdlib_docs data.num_workers=8 stop_at=null device_train_microbatch_size=auto max_duration=40ba eval_interval=40ba"
   local recipe data
   for recipe in ${RECIPES:-mild baseline medium hot bert_base bert_large}; do
