@@ -44,6 +44,26 @@ def metrics_without_timing(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(run_dir)]
 
 
+def resume_after_step_6(args: list[str], tmp_path: Path) -> tuple[dict, dict]:
+    """Train ``args`` (10 steps, a checkpoint every 6) as a whole and again, drop the second run's
+    final checkpoint (as if stopped after step 6), resume it; the two final checkpoints, after
+    checking that the resumed run's metrics are the whole run's."""
+    import torch
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    args = [*args, "max_duration=10ba", "checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
+    for run_dir in (whole, resumed):
+        assert run_cli(*args, f"hydra.run.dir={run_dir}").returncode == 0
+    final = sorted((resumed / "checkpoints").glob("*.pt"))
+    assert [path.name for path in final] == ["ep0-ba10.pt", "ep0-ba6.pt"]
+    final[0].unlink()
+    result = run_cli(*args, f"hydra.run.dir={resumed}", "resume=auto")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout
+    assert metrics_without_timing(resumed) == metrics_without_timing(whole)
+    return tuple(torch.load(run / "checkpoints" / "ep0-ba10.pt", weights_only=True) for run in (whole, resumed))
+
+
 def shared_by_workers(tmp_path_factory, name: str) -> Path:
     """A folder every pytest-xdist worker of this session sees (one worker: its own temporary root)."""
     root = tmp_path_factory.getbasetemp()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import metrics_without_timing, run_cli
+from conftest import resume_after_step_6, run_cli
 
 from trainrun.data.causal_text import TokenWindows
 from trainrun.models.gpt import GPT, apply_rotary, padded_vocabulary, rotary_tables
@@ -332,18 +332,6 @@ def test_a_gpt_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_p
     args = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=32", "optimizer=muon"]
     args += ["optimizer.muon.momentum_warmup=8ba", "scheduler=wsd", "model.gpt.tie_head=false", "model.gpt.dropout=0.1"]
     args += ["algorithms=[alibi]", "algorithms.alibi.train_sequence_length_scaling=0.5", "train_batch_size=16"]
-    args += ["max_duration=10ba", "eval_interval=5ba", "checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    for run_dir in (whole, resumed):
-        assert run_cli(*args, f"hydra.run.dir={run_dir}").returncode == 0
-    final = sorted((resumed / "checkpoints").glob("*.pt"))
-    assert [path.name for path in final] == ["ep0-ba10.pt", "ep0-ba6.pt"]
-    final[0].unlink()  # as if stopped after step 6
-    result = run_cli(*args, f"hydra.run.dir={resumed}", "resume=auto")
-    assert result.returncode == 0, result.stderr
-    assert "resumed from" in result.stdout
-    expected = torch.load(whole / "checkpoints" / "ep0-ba10.pt", weights_only=True)
-    got = torch.load(resumed / "checkpoints" / "ep0-ba10.pt", weights_only=True)
+    expected, got = resume_after_step_6([*args, "eval_interval=5ba"], tmp_path)
     assert all(torch.equal(expected["model"][key], got["model"][key]) for key in expected["model"])
     assert got["optimizer"]["steps"] == 10
-    assert metrics_without_timing(resumed) == metrics_without_timing(whole)
