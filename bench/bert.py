@@ -34,7 +34,6 @@ import time
 import torch
 from gpu_throughput import peak_tflops
 
-from trainrun.algorithms.alibi import alibi_slopes, remove_learned_positions
 from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.config import compose
 from trainrun.core.precision import resolve_precision
@@ -196,8 +195,7 @@ def main() -> None:
         torch.manual_seed(0)
         bert = build_bert(config.model.bert, VOCAB).to(device)
         if args.alibi:
-            remove_learned_positions(bert, args.seq)
-            bert.alibi_slopes = alibi_slopes(config.model.bert.heads).to(device)
+            bert.use_alibi(args.seq)
         if kind == "fused":
             fuse_layers(bert)
         model = torch.compile(bert, dynamic=True) if kind == "compiled" else bert

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import trainrun.models.bert as bert_module
-from trainrun.algorithms.alibi import alibi_slopes, remove_learned_positions
+from trainrun.algorithms.alibi import alibi_slopes
 from trainrun.core.precision import Precision
 from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.models.bert import MaskedLanguageModel, build_bert
@@ -27,8 +27,7 @@ def tiny_bert(alibi: bool = False, dropout: float = 0.0) -> MaskedLanguageModel:
     config.hidden_dropout = config.attention_dropout = dropout
     model = build_bert(config, vocab_size=50)
     if alibi:
-        remove_learned_positions(model, 16)
-        model.alibi_slopes = alibi_slopes(2)
+        model.use_alibi(16)
     return model
 
 

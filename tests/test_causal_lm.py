@@ -78,9 +78,10 @@ def test_the_alibi_method_turns_a_gpt_to_alibi_and_splits_training_sequences():
     method.apply(Event.AFTER_DATALOADER, state)
     assert state.inputs.tolist() == [list(range(s, s + 4)) for s in (0, 4, 8, 12, 17, 21, 25, 29)]
     assert torch.equal(state.targets, state.inputs + 1)  # every piece scored on its own next tokens
-    whole = SimpleNamespace(task=task, inputs=windows[:, :-1], targets=windows[:, 1:])
-    Alibi(AlibiConfig()).apply(Event.AFTER_DATALOADER, whole)
-    assert whole.inputs.shape == (2, 16)  # scaling 1: untouched
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    whole = SimpleNamespace(task=SimpleNamespace(sequence_length=task.sequence_length), inputs=inputs, targets=targets)
+    Alibi(AlibiConfig()).apply(Event.AFTER_DATALOADER, whole)  # a task without split (masked LM): never called
+    assert whole.inputs is inputs and whole.targets is targets  # scaling 1: untouched
     uneven = SimpleNamespace(task=task, inputs=torch.arange(18)[None], targets=torch.arange(1, 19)[None])
     method.apply(Event.AFTER_DATALOADER, uneven)  # round(18 · 0.25) = 4: four pieces, the last 2 tokens left out
     assert uneven.inputs.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]

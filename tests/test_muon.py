@@ -94,11 +94,12 @@ def test_muons_momentum_warms_linearly_then_holds_and_a_restored_optimizer_conti
     assert [optimizer.momentum_at(step) for step in (0, 150, 299, 300, 900)] == pytest.approx(
         [0.85, 0.90, 0.85 + 0.1 * 299 / 300, 0.95, 0.95]
     )
+    assert optimizer.muon.param_groups[0]["momentum"] == 0.85  # the groups hold the next step's momentum
     for _ in range(3):
         model(torch.randint(0, 40, (2, 8))).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
-    assert optimizer.muon.param_groups[0]["momentum"] == pytest.approx(0.85 + 0.1 * 2 / 300)  # used by the third step
+    assert optimizer.muon.param_groups[0]["momentum"] == pytest.approx(0.85 + 0.1 * 3 / 300)  # for the fourth step
     copy = gpt()
     copy.load_state_dict(model.state_dict())
     restored = build_optimizer(copy, muon_config(momentum_start=0.85, momentum_warmup="300ba"), 8, timeline)

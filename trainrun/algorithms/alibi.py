@@ -4,10 +4,9 @@ Each head ``h`` adds ``-m_h * |i - j|`` to its attention scores between position
 ``j`` (the symmetric form bidirectional encoders use, as Mosaic BERT), with slopes
 ``m_h = 2^(-8h/n)`` for ``n`` heads a power of two; otherwise the power-of-two set for the largest
 power below ``n`` and then the odd-indexed slopes of the set for twice it. At INIT the model's
-learned position embeddings become a frozen zero table of ``max_sequence_length`` rows (so no
-position is learned, and sequences longer than those trained on still run), and the model builds
-the bias into the additive attention mask it hands to ``scaled_dot_product_attention``, padding
-included. Works on trainrun's BERT (:class:`~trainrun.models.bert.MaskedLanguageModel`) and GPT
+model's ``use_alibi(max_sequence_length)`` drops its learned positions and attends with the bias:
+trainrun's BERT (:class:`~trainrun.models.bert.MaskedLanguageModel`: a frozen zero position table
+of ``max_sequence_length`` rows, so sequences longer than those trained on still run) and GPT
 (:class:`~trainrun.models.gpt.GPT`, whose bias is the causal form ``-m_h · (i - j)``, j ≤ i).
 
 With ``train_sequence_length_scaling`` s below 1 (Composer's GPT setting: 0.25; causal tasks),
@@ -21,7 +20,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from trainrun.algorithms.specs.alibi import AlibiConfig
 from trainrun.core.engine import Algorithm
@@ -39,23 +37,6 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
-def remove_learned_positions(model: nn.Module, max_sequence_length: int) -> None:
-    """Replace the position embeddings of a Hugging Face BERT by a frozen zero table of
-    ``max_sequence_length`` rows, with position and default segment ids to match."""
-    embeddings = model.bert.bert.embeddings
-    hidden = embeddings.position_embeddings.embedding_dim
-    device = embeddings.position_embeddings.weight.device
-    zeros = nn.Embedding(max_sequence_length, hidden, device=device)
-    nn.init.zeros_(zeros.weight)
-    zeros.weight.requires_grad_(False)
-    embeddings.position_embeddings = zeros
-    positions = torch.arange(max_sequence_length, device=device).expand((1, -1))
-    embeddings.register_buffer("position_ids", positions, persistent=False)
-    if hasattr(embeddings, "token_type_ids"):  # one (zero) segment id per position, sized as the table
-        embeddings.register_buffer("token_type_ids", torch.zeros_like(positions), persistent=False)
-    model.bert.config.max_position_embeddings = max_sequence_length
-
-
 class Alibi(Algorithm):
     name = "alibi"
     events = frozenset({Event.INIT, Event.AFTER_DATALOADER})
@@ -70,12 +51,8 @@ class Alibi(Algorithm):
                 state.inputs, state.targets = state.task.split(state.inputs, state.targets, length)
             return
         model = state.raw_model
-        if hasattr(model, "use_alibi"):  # trainrun's GPT
-            model.use_alibi()
-            return
-        if not hasattr(model, "alibi_slopes"):
+        if not hasattr(model, "use_alibi"):
             raise ConfigError(
                 f"algorithm 'alibi' needs trainrun's BERT or GPT (model=bert_*, gpt*), not {type(model).__name__}"
             )
-        remove_learned_positions(model, self.config.max_sequence_length)
-        model.alibi_slopes = alibi_slopes(model.bert.config.num_attention_heads)  # a buffer: moves with the model
+        model.use_alibi(self.config.max_sequence_length)

@@ -85,10 +85,29 @@ class MaskedLanguageModel(nn.Module):
         super().__init__()
         self.bert = bert
         self.attention = attention
-        # set by the alibi algorithm: one slope per head (a buffer, so it moves with the model)
+        # set by use_alibi: one slope per head (a buffer, so it moves with the model)
         self.register_buffer("alibi_slopes", None, persistent=False)
         self.unpad = False  # set by the unpadding algorithm: no work on padding
         self.masked_head = False  # set by the masked_head algorithm: training logits at predicted positions only
+
+    def use_alibi(self, max_sequence_length: int) -> None:
+        """Attend with ALiBi's symmetric distance bias (the alibi method calls this at INIT): the
+        learned position embeddings become a frozen zero table of ``max_sequence_length`` rows, with
+        position and default segment ids to match, so no position is learned."""
+        from trainrun.algorithms.alibi import alibi_slopes
+
+        embeddings = self.bert.bert.embeddings
+        device = embeddings.position_embeddings.weight.device
+        zeros = nn.Embedding(max_sequence_length, embeddings.position_embeddings.embedding_dim, device=device)
+        nn.init.zeros_(zeros.weight)
+        zeros.weight.requires_grad_(False)
+        embeddings.position_embeddings = zeros
+        positions = torch.arange(max_sequence_length, device=device).expand((1, -1))
+        embeddings.register_buffer("position_ids", positions, persistent=False)
+        if hasattr(embeddings, "token_type_ids"):  # one (zero) segment id per position, sized as the table
+            embeddings.register_buffer("token_type_ids", torch.zeros_like(positions), persistent=False)
+        self.bert.config.max_position_embeddings = max_sequence_length
+        self.alibi_slopes = alibi_slopes(self.bert.config.num_attention_heads).to(device)
 
     # ---------------------------------------------------------------------------------- attention
     def attention_path(self, device: torch.device, dtype: torch.dtype) -> str:

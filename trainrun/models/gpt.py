@@ -130,9 +130,10 @@ class GPT(nn.Module):
             self.use_alibi()
         self._initialise()
 
-    def use_alibi(self) -> None:
+    def use_alibi(self, max_sequence_length: int | None = None) -> None:
         """Attend with ALiBi's causal distance bias instead of a position table (the alibi method
-        calls this at INIT; ``positions: alibi`` at construction)."""
+        calls this at INIT; ``positions: alibi`` at construction). The bias is built for each batch's
+        length, so no ``max_sequence_length`` bounds it (taken for the alibi method's one hook)."""
         from trainrun.algorithms.alibi import alibi_slopes
 
         self.positions = None

@@ -78,10 +78,11 @@ class MuonWithAdam(torch.optim.Optimizer):
         betas: tuple[float, float],
         eps: float,
     ) -> None:
-        self.muon = torch.optim.Muon(muon_groups, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
-        self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, foreach=True)
         self.momentum, self.momentum_start, self.momentum_warmup_steps = momentum, momentum_start, momentum_warmup_steps
         self.steps = 0
+        first = self.momentum_at(0)  # Muon's groups always hold the momentum of the next step
+        self.muon = torch.optim.Muon(muon_groups, momentum=first, nesterov=nesterov, weight_decay=weight_decay)
+        self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, foreach=True)
         super().__init__([*self.muon.param_groups, *self.adam.param_groups], {})
 
     def momentum_at(self, step: int) -> float:
@@ -93,11 +94,11 @@ class MuonWithAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - as torch.optim.Optimizer.step
-        for group in self.muon.param_groups:
-            group["momentum"] = self.momentum_at(self.steps)
         self.muon.step()
         self.adam.step()
         self.steps += 1
+        for group in self.muon.param_groups:
+            group["momentum"] = self.momentum_at(self.steps)
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102 - both optimizers' states and the step count
         return {"muon": self.muon.state_dict(), "adam": self.adam.state_dict(), "steps": self.steps}
