@@ -76,11 +76,11 @@ def test_help_lists_groups_and_options(tmp_path):
         "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, medium, "
-        "mild",
+        "mild, unet_brats",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step, wsd",
-        "data: digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, stdlib_stream, "
-        "synthetic, synthetic_ffcv, text, token_stream",
-        "task: causal_lm, image_classification, masked_lm",
+        "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "
+        "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_stream",
+        "task: causal_lm, image_classification, masked_lm, segmentation",
     ):
         assert line in result.stdout
 
@@ -136,7 +136,8 @@ def test_own_recipes_and_configs_from_a_folder_or_a_path(tmp_path):
     for flags in (["-cd", str(tmp_path), "-cn", "mine"], ["-cp", str(tmp_path), "--config-name", "mine.yaml"]):
         source, _, overrides = locate(flags, [])
         assert check(overrides, source=source)[0].max_duration == "3ep"
-    with pytest.raises(ConfigError, match=r"unknown option 'nosuch' for 'recipe' \(choose from: .*mild, quick\)"):
+    refused = r"unknown option 'nosuch' for 'recipe' \(choose from: .*mild, quick, unet_brats\)"
+    with pytest.raises(ConfigError, match=refused):
         source, _, overrides = locate(["-cd", str(tmp_path)], ["recipe=nosuch"])
         check(overrides, source=source)
     printed = run_cli("-cd", ".", "recipe=quick", "--info", "searchpath", cwd=tmp_path)
@@ -309,7 +310,8 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     )
     assert moved["model.width"] == "model.resnet_small.width" and moved["model.layers"] == "model.bert.layers"
     assert moved["model.qk_norm"] == "model.gpt.qk_norm" and moved["model.dropout"] == "model.gpt.dropout"
-    assert len(moved) == 30
+    assert moved["data.patch_size"] == "data.segmentation.patch_size" and moved["model.strides"] == "model.unet.strides"
+    assert len(moved) == 43
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):

@@ -321,3 +321,39 @@ def test_the_gpt_recipes_run_a_few_steps_at_a_tiny_size(recipe, tmp_path):
     assert result.returncode == 0, result.stderr
     metrics = read_metrics(tmp_path)[-1]
     assert metrics["batch"] == 4 and math.isfinite(metrics["eval_loss"])
+
+
+def test_unet_brats_carries_composers_published_values():
+    cfg = compose(["recipe=unet_brats", "data.path=/data/Task01_BrainTumour"])
+    published = {
+        "task.name": "segmentation",
+        "model.name": "unet",
+        "model.num_classes": 4,
+        "model.unet.dimensions": 2,
+        "model.unet.in_channels": 4,
+        "model.unet.filters": [32, 64, 128, 256, 512, 512],
+        "model.unet.strides": [1, 2, 2, 2, 2, 2],
+        "model.unet.norm": "batch",
+        "model.unet.residual": True,
+        "data.name": "decathlon",
+        "data.segmentation.patch_size": [192, 160],
+        "data.segmentation.foreground_oversampling": 0.33,
+        "data.segmentation.samples_per_volume": 1,
+        "data.segmentation.folds": 5,
+        "data.segmentation.fold": 0,
+        "data.split_seed": 0,
+        "optimizer.name": "radam",
+        "optimizer.lr": 1e-3,
+        "optimizer.betas": [0.9, 0.999],
+        "optimizer.eps": 1e-8,
+        "optimizer.weight_decay": 1e-4,
+        "scheduler.name": "constant",
+        "scheduler.t_warmup": "0ba",
+        "train_batch_size": 64,
+        "max_duration": "200ep",
+        "precision": "amp",
+        "seed": 0,
+        "algorithms": {},
+        "name": "unet_brats",
+    }
+    _assert_values(cfg, published)

@@ -136,7 +136,6 @@ def test_a_method_for_several_tasks_names_them_all_when_refused(monkeypatch):
     two_tasks = dataclasses.replace(SPECS["ema"], tasks=("image_classification", "masked_lm"))
     monkeypatch.setitem(SPECS, "ema", two_tasks)
     run = SimpleNamespace(algorithms={"ema": SPECS["ema"].config()}, task=SimpleNamespace(name="segmentation"))
-    with pytest.raises(
-        ConfigError, match=r"\(it is for image_classification, masked_lm\); choose from: gradient_clipping, sam, swa$"
-    ):
+    allowed = "channels_last, gradient_clipping, sam, swa"
+    with pytest.raises(ConfigError, match=rf"\(it is for image_classification, masked_lm\); choose from: {allowed}$"):
         check_methods(run)

@@ -81,4 +81,5 @@ QUALITY_OF_TASK = {
     "image_classification": TOP1,
     "masked_lm": Quality("masked_accuracy", "masked-token accuracy"),
     "causal_lm": Quality("eval_loss", "validation loss", higher_is_better=False, percent=False),
+    "segmentation": Quality("dice", "mean Dice"),
 }

@@ -33,12 +33,14 @@ BUILDERS: dict[str, dict[str, str]] = {
         "image_classification": "trainrun.tasks.image_classification:build",
         "masked_lm": "trainrun.tasks.masked_lm:build",
         "causal_lm": "trainrun.tasks.causal_lm:build",
+        "segmentation": "trainrun.tasks.segmentation:build",
     },
     "model": {
         "resnet_small": "trainrun.models.small:build",
         **{name: "trainrun.models.resnet:build" for name in RESNETS},
         "bert": "trainrun.models.bert:build",
         "gpt": "trainrun.models.gpt:build",
+        "unet": "trainrun.models.unet:build",
     },
     "data": {
         "digits": "trainrun.data.builtin:builtin_datasets",
@@ -48,6 +50,8 @@ BUILDERS: dict[str, dict[str, str]] = {
         "beton": "trainrun.data.ffcv:beton_files",
         "text": "trainrun.data.masked_text:text_datasets",
         "token_stream": "trainrun.data.causal_text:stream_datasets",
+        "synthetic_brats": "trainrun.data.segmentation:segmentation_datasets",
+        "decathlon": "trainrun.data.segmentation:segmentation_datasets",
     },
     "logger": {
         "tensorboard": "trainrun.loggers.tensorboard:TensorBoardLogger",

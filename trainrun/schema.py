@@ -79,6 +79,21 @@ class GPTConfig:
 
 
 @dataclass
+class UNetConfig:
+    """``model=unet2d|unet3d``: MONAI's DynUNet, the nnU-Net network (trainrun/models/unet.py); the
+    defaults are Composer's 2D UNet for BraTS."""
+
+    dimensions: int = choice_field(2, 2, 3)  # 2: axial slices; 3: volumes (data.segmentation.patch_size agrees)
+    in_channels: int = positive_field(4)  # MRI modalities
+    filters: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 512])  # channels per level
+    strides: list[int] = field(
+        default_factory=lambda: [1, 2, 2, 2, 2, 2]
+    )  # per level; a patch side divides by their product
+    norm: str = choice_field("batch", "batch", "instance")
+    residual: bool = True  # residual blocks (Composer's); nnU-Net's plain conv-norm-act pairs when false
+
+
+@dataclass
 class ModelConfig:
     """Which network to build and how to initialise it; each kind's own settings under its name."""
 
@@ -91,6 +106,7 @@ class ModelConfig:
     resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
     bert: BertConfig = field(default_factory=BertConfig)
     gpt: GPTConfig = field(default_factory=GPTConfig)
+    unet: UNetConfig = field(default_factory=UNetConfig)
 
 
 @dataclass
@@ -114,6 +130,21 @@ class TextConfig:
     packing: str = choice_field("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
     mlm_probability: float = positive_fraction_field(0.15)  # tokens masked
     eval_mlm_probability: float = positive_fraction_field(0.15)
+
+
+@dataclass
+class SegmentationDataConfig:
+    """``data=synthetic_brats|decathlon``: multi-channel volumes with a label per voxel, preprocessed
+    once into ``data.cache_dir`` (trainrun/data/segmentation.py)."""
+
+    patch_size: list[int] = field(default_factory=lambda: [192, 160])  # training crop: (H, W) slices or (D, H, W)
+    foreground_oversampling: float = fraction_field(0.33)  # share of crops centred on a foreground voxel
+    samples_per_volume: int = positive_field(1)  # training crops drawn from each volume per epoch
+    folds: int = field(default=5, metadata={"min": 2})  # seeded k-fold split of the cases (data.split_seed)
+    fold: int = non_negative_field(0)  # the fold held out for validation
+    augment: bool = True  # flips, noise, blur, brightness, contrast (nnU-Net's, Composer's probabilities)
+    synthetic_cases: int = field(default=40, metadata={"min": 2})  # synthetic_brats: volumes generated
+    synthetic_shape: list[int] = field(default_factory=lambda: [32, 64, 64])  # synthetic_brats: (D, H, W)
 
 
 @dataclass
@@ -148,6 +179,7 @@ class DataConfig:
     prefetch_factor: int | None = None
     ffcv: FFCVConfig = field(default_factory=FFCVConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    segmentation: SegmentationDataConfig = field(default_factory=SegmentationDataConfig)
 
 
 @dataclass
@@ -165,9 +197,9 @@ class MuonConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Decoupled SGDW, AdamW, LAMB (MLPerf BERT's closed-division optimizer) or Muon with Adam."""
+    """Decoupled SGDW, AdamW, LAMB (MLPerf BERT's closed-division optimizer), Muon with Adam or RAdam."""
 
-    name: str = choice_field("sgdw", "sgdw", "adamw", "lamb", "muon")
+    name: str = choice_field("sgdw", "sgdw", "adamw", "lamb", "muon", "radam")
     lr: float = positive_field(0.2)
     momentum: float = non_negative_field(0.9)
     dampening: float = non_negative_field(0.0)

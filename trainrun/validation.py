@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,10 @@ def check_files(config: TrainConfig) -> None:
     data = config.data
     if data.name in ("text", "token_stream") and not data.path and not data.text.corpus:
         raise ConfigError(f"data={data.name} needs 'data.path' (a token store written by 'trainrun write-text')")
+    if data.name == "decathlon" and not (data.path and (Path(data.path).expanduser() / "dataset.json").is_file()):
+        raise ConfigError(
+            f"data=decathlon needs 'data.path': a Decathlon task folder with dataset.json (got '{data.path}')"
+        )
     if data.name == "folder" and not data.path:
         raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
     weights = config.model.weights
@@ -174,6 +179,9 @@ def _check_run(config: TrainConfig) -> None:
     if config.task.name == "causal_lm" or config.data.name == "token_stream" or config.model.name == "gpt":
         _check_causal_lm(config)
         return
+    if config.task.name == "segmentation" or config.data.name in SEGMENTATION_DATA or config.model.name == "unet":
+        _check_segmentation(config)
+        return
     if config.optimizer.name == "muon":
         raise ConfigError(
             f"bad value for 'optimizer.name': 'muon' takes 2-D matrices; model '{config.model.name}' has "
@@ -229,6 +237,65 @@ def _check_causal_lm(config: TrainConfig) -> None:
         raise ConfigError(
             f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
             f"{limit[1]} {limit[0]}"
+        )
+
+
+SEGMENTATION_DATA = ("synthetic_brats", "decathlon")
+
+
+def _check_segmentation(config: TrainConfig) -> None:
+    """A segmentation run: volume data, a UNet and the segmentation task together, with patches
+    the network's levels divide."""
+    parts = {
+        "task.name": (config.task.name, ("segmentation",)),
+        "data.name": (config.data.name, SEGMENTATION_DATA),
+        "model.name": (config.model.name, ("unet",)),
+    }
+    for key, (chosen, allowed) in parts.items():
+        if chosen not in allowed:
+            raise ConfigError(f"bad value for '{key}': '{chosen}' (a segmentation run needs {' or '.join(allowed)})")
+    if config.loss != "soft_ce":
+        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task segmentation trains with Dice + cross-entropy)")
+    if config.data.loader != "torch":
+        raise ConfigError("bad value for 'data.loader': volumes are read with the torch loader (data.loader=torch)")
+    if config.optimizer.name == "muon":
+        raise ConfigError("bad value for 'optimizer.name': 'muon' takes 2-D matrices; a UNet has convolutions")
+    unet, segmentation = config.model.unet, config.data.segmentation
+    if len(unet.filters) != len(unet.strides) or len(unet.strides) < 3:
+        raise ConfigError(
+            f"bad value for 'model.unet.filters': {len(unet.filters)} levels but model.unet.strides has "
+            f"{len(unet.strides)} (one of each per level, at least 3)"
+        )
+    patch, divisor = list(segmentation.patch_size), math.prod(unet.strides)
+    if len(patch) != unet.dimensions or any(side <= 0 or side % divisor for side in patch):
+        raise ConfigError(
+            f"bad value for 'data.segmentation.patch_size': {patch} (model.unet.dimensions {unet.dimensions} sides, "
+            f"each a multiple of {divisor}, the product of model.unet.strides)"
+        )
+    if unet.norm == "instance" and all(side == divisor for side in patch):
+        raise ConfigError(
+            f"bad value for 'data.segmentation.patch_size': {patch} leaves one voxel at the deepest level, which "
+            f"instance norm cannot normalise; make a side at least {2 * divisor}"
+        )
+    if segmentation.fold >= segmentation.folds:
+        raise ConfigError(
+            f"bad value for 'data.segmentation.fold': {segmentation.fold} (folds are 0 to {segmentation.folds - 1})"
+        )
+    if config.data.name == "synthetic_brats":
+        if len(segmentation.synthetic_shape) != 3 or min(segmentation.synthetic_shape) < 2:
+            raise ConfigError(
+                f"bad value for 'data.segmentation.synthetic_shape': {list(segmentation.synthetic_shape)} "
+                "(depth, height, width, each at least 2)"
+            )
+        if unet.in_channels != 4 or config.data.num_classes != 4:
+            raise ConfigError(
+                "bad value for 'model.unet.in_channels': synthetic_brats has 4 channels and 4 labels "
+                f"(got in_channels {unet.in_channels}, data.num_classes {config.data.num_classes})"
+            )
+    if config.model.num_classes != config.data.num_classes:
+        raise ConfigError(
+            f"bad value for 'model.num_classes': {config.model.num_classes} but data "
+            f"'{config.data.name}' has {config.data.num_classes} classes"
         )
 
 

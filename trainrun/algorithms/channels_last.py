@@ -1,4 +1,5 @@
-"""Channels-last (NHWC) memory format for the model's weights and the input batches.
+"""Channels-last (NHWC; NDHWC for 3-D convolutions) memory format for the model's weights and the
+input batches.
 
 Applied at INIT, before the model is wrapped for distributed training, so DDP sees NHWC
 tensors. It makes NHWC the run's memory format: the data side normalises every batch, training
@@ -17,5 +18,7 @@ class ChannelsLast(Algorithm):
     events = frozenset({Event.INIT})
 
     def apply(self, event: Event, state: State) -> None:
-        state.model.to(memory_format=torch.channels_last)
-        state.memory_format = torch.channels_last
+        volumetric = any(parameter.dim() == 5 for parameter in state.model.parameters())  # 3-D convolutions
+        memory_format = torch.channels_last_3d if volumetric else torch.channels_last
+        state.model.to(memory_format=memory_format)
+        state.memory_format = memory_format

@@ -324,7 +324,7 @@ class Trainer:
         for batch in state.data.eval_batches():
             inputs, targets, _ = state.task.batch(batch, state)
             with state.precision.autocast():
-                outputs = state.model(inputs)
+                outputs = state.task.predict(state.model, inputs)
             evaluator.update(outputs, targets)
         metrics = evaluator.compute()
         losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64, device=state.device)

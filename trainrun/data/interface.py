@@ -34,6 +34,7 @@ class Datasets:
     val: Dataset
     collate: Callable[[list], object] | None = None  # None: torch's default collation
     text: TextFacts | None = None
+    eval_collate: Callable[[list], object] | None = None  # None: as ``collate``
 
     def __iter__(self) -> Iterator[Dataset]:
         return iter((self.train, self.val))

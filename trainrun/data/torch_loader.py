@@ -103,7 +103,10 @@ class TorchData(DataSpec):
             **workers,
         )
         self.eval = DataLoader(
-            val_set, batch_size=eval_batch, sampler=ShardSampler(len(val_set), rank, world_size), **workers
+            val_set,
+            batch_size=eval_batch,
+            sampler=ShardSampler(len(val_set), rank, world_size),
+            **{**workers, "collate_fn": sets.eval_collate or sets.collate},
         )
         self.per_rank_batch = per_rank_batch
         self.batches_per_epoch = len(self.train)

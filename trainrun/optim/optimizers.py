@@ -62,7 +62,7 @@ def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
 def build_optimizer(
     model: nn.Module, config: OptimizerConfig, global_batch_size: int, timeline: Timeline | None = None
 ) -> torch.optim.Optimizer:
-    """Decoupled SGDW, torch's AdamW, timm's LAMB or Muon with Adam over the model's trainable
+    """Decoupled SGDW, torch's AdamW, timm's LAMB, torch's RAdam or Muon with Adam over the model's trainable
     parameters (``timeline`` converts Muon's momentum warmup to steps; none: no warmup).
 
     LAMB applies its trust ratio only where weight decay is on, so with ``exclude_norm_and_bias``
@@ -95,6 +95,10 @@ def build_optimizer(
             eps=config.eps,
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
+        )
+    if config.name == "radam":  # L2 weight decay, torch's default, as Composer's UNet recipe ran it
+        return torch.optim.RAdam(
+            groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, foreach=True
         )
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, fused=True

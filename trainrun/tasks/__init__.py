@@ -53,6 +53,11 @@ class Task(ABC):
     def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:
         """A loader's batch as (model inputs, targets), both on ``state.device``, and its sample count."""
 
+    def predict(self, model: torch.nn.Module, inputs: Any) -> Any:
+        """The model's outputs for an evaluation batch's ``inputs`` (a task whose samples do not fit
+        one forward pass, such as whole volumes, runs several)."""
+        return model(inputs)
+
     @abstractmethod
     def loss(self, name: str) -> LossFunction:
         """The training loss called ``name`` in the config."""

@@ -17,5 +17,6 @@ SPEC = MethodSpec(
     config=ChannelsLastConfig,
     position=270,
     order_reason="last model change at INIT: every layer that surgery added becomes NHWC",
+    tasks=("image_classification", "segmentation"),
     systems=True,
 )

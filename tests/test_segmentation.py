@@ -1,0 +1,340 @@
+"""Segmentation: Dice and the loss by hand, the store's preprocessing, crops, inference, runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import read_metrics, resume_after_step_6, run_cli
+
+from trainrun.config import compose
+from trainrun.data.segmentation import (
+    VolumeStore,
+    biased_crop,
+    fold_cases,
+    gaussian_blur,
+    preprocess,
+    store_path,
+    synthetic_case,
+)
+from trainrun.errors import ConfigError
+from trainrun.schema import DataConfig, SegmentationDataConfig
+from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, volume_dice
+from trainrun.validation import validate
+
+# a run small enough for a 2-core CPU: 10 volumes of 8x24x24, a 3-level UNet on 16x16 crops
+TINY_SEG = ["task=segmentation", "data=synthetic_brats", "model=unet2d", "model.unet.filters=[8,16,32]"]
+TINY_SEG += ["model.unet.strides=[1,2,2]", "data.segmentation.patch_size=[16,16]", "progress=false"]
+TINY_SEG += ["data.segmentation.synthetic_shape=[8,24,24]", "data.segmentation.synthetic_cases=10"]
+TINY_SEG += ["train_batch_size=8", "eval_batch_size=2", "optimizer=radam", "optimizer.lr=3e-3", "scheduler=constant"]
+
+
+def one_hot_logits(label: torch.Tensor, classes: int) -> torch.Tensor:
+    """Logits (K, *spatial) whose arg-max is ``label``."""
+    return F.one_hot(label, classes).movedim(-1, 0).float() * 10
+
+
+# ------------------------------------------------------------------------------ metric and loss
+def test_volume_dice_counts_by_hand_and_scores_an_empty_class_one_only_when_predicted_empty():
+    label = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 0]])
+    predicted = torch.tensor([[0, 1, 1, 0], [1, 2, 0, 0]])
+    dice = volume_dice(one_hot_logits(predicted, 4), label)
+    # class 1: overlap 2, |pred| 3, |label| 3 -> 4/6; class 2: overlap 1, 1 + 2 -> 2/3; class 3: both empty -> 1
+    assert dice.tolist() == pytest.approx([4 / 6, 2 / 3, 1.0])
+    wrongly = torch.tensor([[0, 1, 1, 3], [0, 2, 2, 0]])  # class 3 predicted where the label has none
+    assert volume_dice(one_hot_logits(wrongly, 4), label).tolist() == pytest.approx([4 / 5, 1.0, 0.0])
+
+
+def test_the_loss_is_soft_dice_over_the_foreground_classes_of_the_batch_plus_cross_entropy():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 3, 4, 5), torch.randint(0, 3, (2, 4, 5))
+    probabilities, truth = logits.softmax(1), F.one_hot(labels, 3).movedim(-1, 1).float()
+    dice_losses = []
+    for cls in (1, 2):  # the background left out; sums over the whole batch and every voxel
+        overlap = (probabilities[:, cls] * truth[:, cls]).sum()
+        total = probabilities[:, cls].sum() + truth[:, cls].sum()
+        dice_losses.append(1 - (2 * overlap + 1e-5) / (total + 1e-5))
+    expected = sum(dice_losses) / 2 + F.cross_entropy(logits, labels)
+    assert DiceCrossEntropy()(logits, labels).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_the_evaluator_averages_each_class_over_volumes_then_the_classes():
+    task = Segmentation(DataConfig(num_classes=3))
+    state = type("S", (), {"num_classes": 3, "device": torch.device("cpu"), "world_size": 1})()
+    evaluator = task.evaluator(state)
+    first = torch.tensor([[1, 1, 2, 0]])
+    second = torch.tensor([[1, 0, 0, 0]])
+    evaluator.update([one_hot_logits(first, 3), one_hot_logits(torch.tensor([[1, 0, 0, 0]]), 3)], [first, second])
+    metrics = evaluator.compute()
+    # volume 1 exact (1, 1); volume 2: class 1 exact, class 2 empty in both (1): every Dice is 1
+    assert metrics["dice"] == metrics["dice_1"] == metrics["dice_2"] == 1.0
+    evaluator = task.evaluator(state)
+    evaluator.update([one_hot_logits(torch.tensor([[0, 1, 2, 0]]), 3)], [first])
+    metrics = evaluator.compute()
+    assert (metrics["dice_1"], metrics["dice_2"]) == pytest.approx((2 / 3, 1.0))
+    assert metrics["dice"] == pytest.approx((2 / 3 + 1) / 2)
+    assert task.quality == "dice" and set(task.metrics) == {"dice", "dice_1", "dice_2"}
+
+
+# ------------------------------------------------------------------------------ inference
+def test_sliding_windows_equal_whole_volume_inference_where_the_volume_fits_and_blend_to_it_elsewhere():
+    torch.manual_seed(0)
+    task = Segmentation(DataConfig(segmentation=SegmentationDataConfig(patch_size=[8, 8, 8])))
+    conv = torch.nn.Conv3d(2, 3, 3, padding=1).eval()
+    volume = torch.randn(2, 8, 8, 8)
+    (windowed,) = task.predict(conv, [volume])
+    torch.testing.assert_close(windowed, conv(volume[None])[0])
+    pointwise = torch.nn.Conv3d(2, 3, 1).eval()  # the same answer in every window: blending must keep it
+    large = torch.randn(2, 13, 9, 20)
+    (windowed,) = task.predict(pointwise, [large])
+    assert windowed.shape == (3, 13, 9, 20)
+    torch.testing.assert_close(windowed, pointwise(large[None])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_2d_model_predicts_every_axial_slice_of_the_volume():
+    task = Segmentation(DataConfig(segmentation=SegmentationDataConfig(patch_size=[8, 8])))
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1).eval()
+    volume = torch.randn(2, 5, 8, 8)
+    (logits,) = task.predict(conv, [volume])
+    assert logits.shape == (3, 5, 8, 8)
+    for depth in range(5):
+        torch.testing.assert_close(logits[:, depth], conv(volume[None, :, depth])[0])
+
+
+# ------------------------------------------------------------------------------ data
+def test_preprocessing_crops_to_the_nonzero_box_and_z_scores_each_channel_over_it():
+    rng = np.random.default_rng(0)
+    image = np.zeros((2, 6, 7, 8), np.float32)
+    image[:, 1:4, 2:6, 3:5] = rng.uniform(1, 5, (2, 3, 4, 2))
+    image[0, 1, 2, 3] = 0  # a zero inside the box of channel 1's non-zero voxels
+    label = np.zeros((6, 7, 8), np.uint8)
+    label[2, 3, 4] = 2
+    cropped, cropped_label = preprocess(image, label)
+    assert cropped.shape == (2, 3, 4, 2) and cropped.dtype == np.float16 and cropped_label[1, 1, 1] == 2
+    for channel in range(2):
+        values = image[channel, 1:4, 2:6, 3:5]
+        expected = (values - values.mean()) / values.std()  # every voxel of the box is non-zero in some channel
+        np.testing.assert_allclose(cropped[channel], expected, atol=2e-3)
+
+
+def test_the_synthetic_set_is_deterministic_with_nested_regions_and_cases_missing_a_class():
+    image, label = synthetic_case(3, (16, 32, 32))
+    again, same = synthetic_case(3, (16, 32, 32))
+    assert np.array_equal(image, again) and np.array_equal(label, same)
+    assert image.shape == (4, 16, 32, 32) and set(np.unique(label)) == {0, 1, 2, 3}
+    assert (image[:, label > 0] != 0).all()  # tumour lies inside the brain
+    _, no_rim = synthetic_case(9, (16, 32, 32))
+    _, healthy = synthetic_case(19, (16, 32, 32))
+    assert 3 not in np.unique(no_rim) and set(np.unique(healthy)) == {0}
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.33, 1.0])
+def test_crops_contain_foreground_at_the_configured_rate(rate):
+    label = np.zeros((1, 64, 64), np.uint8)
+    label[0, 40:44, 10:14] = 1  # a small lesion: a uniform 16x16 crop holds some of it in about 9 % of draws
+    image = np.ones((1, 1, 64, 64), np.float32)
+    from trainrun.data.segmentation import foreground_locations
+
+    locations = foreground_locations(label, 2, 0)
+    torch.manual_seed(0)
+    draws = 2000
+    hits = sum(bool(biased_crop(image, label, locations, [1, 16, 16], rate)[1].any()) for _ in range(draws))
+    uniform = (19 * 19) / (49 * 49)  # start positions (of 49 per axis) whose crop overlaps the lesion
+    expected = rate + (1 - rate) * uniform
+    assert hits / draws == pytest.approx(expected, abs=4 * math.sqrt(expected * (1 - expected) / draws) + 1e-9)
+
+
+def test_a_crop_pads_a_volume_smaller_than_the_patch_and_keeps_image_and_label_aligned():
+    image = np.arange(2 * 3 * 5, dtype=np.float32).reshape(1, 2, 3, 5) + 1
+    label = (image[0] % 2).astype(np.uint8)
+    torch.manual_seed(0)
+    crop, crop_label = biased_crop(image, label, np.zeros((0, 4), np.int32), [4, 4, 4], 0.5)
+    assert crop.shape == (1, 4, 4, 4) and crop_label.shape == (4, 4, 4)
+    inside = crop[0] != 0
+    assert inside.sum() == 2 * 3 * 4  # one of the five columns cut, zero padding around the rest
+    assert torch.equal(crop_label[inside], (crop[0][inside] % 2).long())
+
+
+def test_gaussian_blur_keeps_the_mean_of_a_constant_and_matches_torchvisions_in_2d():
+    from torchvision.transforms.v2.functional import gaussian_blur as reference
+
+    torch.manual_seed(0)
+    image = torch.rand(2, 20, 20)
+    ours = gaussian_blur(image, 1.0)
+    theirs = reference(F.pad(image[None], (3, 3, 3, 3), mode="replicate")[0], [7, 7], [1.0, 1.0])[:, 3:-3, 3:-3]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(gaussian_blur(torch.full((1, 5, 5, 5), 2.0), 0.7), torch.tensor(2.0))
+
+
+def test_folds_are_scikit_learns_seeded_kfold_and_partition_the_cases():
+    from sklearn.model_selection import KFold
+
+    seen = []
+    for fold in range(5):
+        train, val = fold_cases(23, 5, fold, 0)
+        expected = list(KFold(5, shuffle=True, random_state=0).split(range(23)))[fold]
+        assert (train, val) == (expected[0].tolist(), expected[1].tolist())
+        assert sorted(train + val) == list(range(23))
+        seen += val
+    assert sorted(seen) == list(range(23))
+
+
+def write_decathlon_folder(root, cases=3):
+    """A Decathlon-layout task folder of ``cases`` 4-channel NIfTI volumes, and their arrays."""
+    import nibabel
+
+    (root / "imagesTr").mkdir(parents=True)
+    (root / "labelsTr").mkdir()
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for index in range(cases):
+        image = np.zeros((10, 12, 6, 4), np.float32)  # NIfTI's (x, y, z, channel)
+        image[2:8, 3:11, 1:5] = rng.uniform(0.5, 3.0, (6, 8, 4, 4))
+        label = np.zeros((10, 12, 6), np.uint8)
+        label[4:6, 5:8, 2:4] = index % 3 + 1
+        name = f"BRATS_{index:03d}"
+        nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), root / "imagesTr" / f"{name}.nii.gz")
+        nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
+        arrays[name] = image, label
+    manifest = {
+        "name": "BRATS",
+        "modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"},
+        "labels": {"0": "background", "1": "edema", "2": "non-enhancing tumor", "3": "enhancing tumour"},
+        "training": [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays],
+    }
+    (root / "dataset.json").write_text(json.dumps(manifest))
+    return arrays
+
+
+def test_a_decathlon_folder_is_read_from_nifti_preprocessed_and_stored_once(tmp_path):
+    arrays = write_decathlon_folder(tmp_path / "Task01_BrainTumour")
+    config = DataConfig(name="decathlon", path=str(tmp_path / "Task01_BrainTumour"), cache_dir=str(tmp_path / "c"))
+    store = VolumeStore.open(store_path(config))
+    assert store.cases == tuple(sorted(arrays)) and store.channels == ("FLAIR", "T1w", "t1gd", "T2w")
+    assert store.labels[3] == "enhancing tumour"
+    for case, name in enumerate(store.cases):
+        image, label = arrays[name]
+        box = image[2:8, 3:11, 1:5].transpose(3, 2, 0, 1)  # (C, z, x, y): axial slices first
+        expected = (box - box.mean(axis=(1, 2, 3), keepdims=True)) / box.std(axis=(1, 2, 3), keepdims=True)
+        np.testing.assert_allclose(store.image(case), expected, atol=3e-3)
+        assert np.array_equal(store.label(case), label[2:8, 3:11, 1:5].transpose(2, 0, 1))
+        locations = store.locations(case)
+        assert len(locations) == 2 * 3 * 2 and set(locations[:, 0]) == {case % 3 + 1}
+    written = (store.path / "index.json").stat().st_mtime_ns
+    assert store_path(config) == store.path and (store.path / "index.json").stat().st_mtime_ns == written
+
+
+# ------------------------------------------------------------------------------ config
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.segmentation.patch_size=[24,24]"], "bad value for 'data.segmentation.patch_size': [24, 24]"),
+        (["data.segmentation.patch_size=[32,32,32]"], "model.unet.dimensions 2 sides"),
+        (["model=resnet_small"], "bad value for 'model.name': 'resnet_small' (a segmentation run needs unet)"),
+        (["data=digits"], "bad value for 'data.name': 'digits'"),
+        (["algorithms=[blurpool]"], "algorithm 'blurpool' does not apply to task segmentation"),
+        (["data.segmentation.fold=5"], "bad value for 'data.segmentation.fold': 5"),
+        (["model.unet.strides=[1,2]"], "bad value for 'model.unet.filters'"),
+        (["loss=bce"], "trains with Dice + cross-entropy"),
+        (["model=unet3d", "data.segmentation.patch_size=[32,32,32]"], "which instance norm cannot normalise"),
+    ],
+)
+def test_a_segmentation_config_is_refused_with_one_line_naming_the_key(overrides, message):
+    base = ["task=segmentation", "data=synthetic_brats", "model=unet2d"]
+    with pytest.raises(ConfigError) as error:
+        validate(compose([*base, *overrides]), files=False)
+    assert message in str(error.value)
+
+
+def test_the_decathlon_source_needs_a_folder_with_dataset_json(tmp_path):
+    config = compose(["task=segmentation", "data=decathlon", "model=unet2d", f"data.path={tmp_path}"])
+    with pytest.raises(ConfigError, match="data=decathlon needs 'data.path': a Decathlon task folder"):
+        validate(config)
+
+
+PATCH_3D = ["data.segmentation.patch_size=[32,64,64]"]
+
+
+def test_channels_last_takes_the_3d_layout_for_a_3d_unet():
+    from types import SimpleNamespace
+
+    from trainrun.algorithms.channels_last import ChannelsLast
+    from trainrun.core.events import Event
+    from trainrun.models import build_model
+
+    config = validate(compose(["task=segmentation", "data=synthetic_brats", "model=unet3d", *PATCH_3D]), files=False)
+    config.model.unet.filters = [4, 8, 8]
+    config.model.unet.strides = [1, 2, 2]
+    state = SimpleNamespace(model=build_model(config.model))
+    ChannelsLast().apply(Event.INIT, state)
+    assert state.memory_format is torch.channels_last_3d
+    weight = next(p for p in state.model.parameters() if p.dim() == 5)
+    assert weight.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+# ------------------------------------------------------------------------------ runs
+@pytest.mark.slow
+def test_a_tiny_unet_trains_on_the_synthetic_set_and_logs_each_classs_dice(tmp_path):
+    result = run_cli(
+        *TINY_SEG, "max_duration=4ep", "data.segmentation.samples_per_volume=4", f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr
+    records = read_metrics(tmp_path)
+    assert len(records) == 4 and {"dice", "dice_1", "dice_2", "dice_3", "eval_loss"} <= set(records[-1])
+    assert records[-1]["dice"] == pytest.approx(
+        (records[-1]["dice_1"] + records[-1]["dice_2"] + records[-1]["dice_3"]) / 3
+    )
+    assert records[-1]["dice"] > records[0]["dice"]  # it learns
+    assert "mean Dice" in result.stdout
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_train_the_one_rank_unet_with_micro_batches_of_a_ranks_share(tmp_path):
+    """The batch Dice is taken over each rank's share (as under DDP in Composer and nnU-Net): with
+    one crop per rank, one process reproduces it with micro-batches of one crop (the sampler deals
+    the step's crops to ranks in turn); instance norm keeps no running statistics. The two then
+    agree to float summation order."""
+    from trainrun.core.checkpoint import list_checkpoints
+
+    args = [*TINY_SEG, "model.unet.norm=instance", "train_batch_size=2", "max_duration=6ba", "eval_interval=6ba"]
+    runs = {"one": ["device_train_microbatch_size=1"], "two": ["launcher.devices=2"]}
+    for name, extra in runs.items():
+        result = run_cli(*args, *extra, f"hydra.run.dir={tmp_path / name}")
+        assert result.returncode == 0, result.stderr
+    first, other = (read_metrics(tmp_path / name) for name in runs)
+    for key in ("train_loss", "eval_loss", "dice"):
+        assert other[-1][key] == pytest.approx(first[-1][key], rel=1e-5, abs=1e-6), key
+    one, two = (
+        torch.load(list_checkpoints(tmp_path / name / "checkpoints")[-1], weights_only=True)["model"] for name in runs
+    )
+    for key, value in one.items():
+        torch.testing.assert_close(two[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_a_unet_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_path):
+    whole, resumed = resume_after_step_6([*TINY_SEG, "algorithms=[ema]"], tmp_path)
+    for key, value in whole["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+
+
+@pytest.mark.slow
+def test_the_cli_trains_on_a_decathlon_folder_read_from_nifti(tmp_path):
+    write_decathlon_folder(tmp_path / "Task01_BrainTumour", cases=5)
+    args = [TINY_SEG[0], "data=decathlon", f"data.path={tmp_path / 'Task01_BrainTumour'}", "max_duration=2ba"]
+    args += [
+        *TINY_SEG[2:],
+        "eval_interval=2ba",
+        "data.segmentation.samples_per_volume=4",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    (record,) = read_metrics(tmp_path / "run")
+    assert 0 <= record["dice"] <= 1 and record["batch"] == 2
+    assert len(list((tmp_path / "cache").glob("decathlon-*/BRATS_*_image.npy"))) == 5

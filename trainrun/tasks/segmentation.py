@@ -1,0 +1,119 @@
+"""Segmentation: a class per voxel; Dice + cross-entropy; the mean Dice over foreground classes as
+quality (higher is better).
+
+Training batches are crops ``(images (N, C, *patch) float32, labels (N, *patch) int64)`` from
+:mod:`trainrun.data.segmentation`; the loss is Composer's BraTS loss, MONAI's soft Dice over the
+foreground classes (softmax, the batch as one region) plus cross-entropy, in fp32. Evaluation
+reads whole volumes: 2D models predict each axial slice, 3D models slide windows of the training
+patch over the volume with half their side as overlap and Gaussian weights (nnU-Net's inference,
+MONAI's ``sliding_window_inference``); a slice or volume smaller than the patch is padded to it.
+The Dice of each foreground class is taken per volume from the arg-max prediction, 1 when
+prediction and label are both empty and 0 when only one is (the BraTS rule), then averaged over
+volumes (summed over ranks) and over classes into ``dice``; ``dice_<k>`` keeps each class's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from trainrun.core.state import State
+from trainrun.schema import DataConfig
+from trainrun.tasks import Evaluator, LossFunction, Task
+
+SLIDING_WINDOW_OVERLAP = 0.5  # nnU-Net's inference
+WINDOWS_PER_PASS = 64  # slices or windows per forward pass (Composer's 2D inference: chunks of 64 slices)
+
+
+class DiceCrossEntropy:
+    """MONAI's soft Dice (foreground classes, softmax, over the whole batch) plus cross-entropy."""
+
+    def __init__(self) -> None:
+        from monai.losses import DiceLoss
+
+        self.dice = DiceLoss(include_background=False, softmax=True, to_onehot_y=True, batch=True)
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        return self.dice(logits, labels.unsqueeze(1)) + F.cross_entropy(logits, labels)
+
+
+def volume_dice(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Per foreground class, the Dice of the arg-max of ``logits`` (K, *spatial) against ``label``
+    (*spatial): 1 where both are empty (MONAI's ``ignore_empty=False``)."""
+    from monai.metrics import compute_dice
+
+    classes = logits.shape[0]
+    predicted = F.one_hot(logits.argmax(0), classes).movedim(-1, 0)[None]
+    truth = F.one_hot(label, classes).movedim(-1, 0)[None]
+    return compute_dice(predicted, truth, include_background=False, ignore_empty=False)[0]
+
+
+class DiceEvaluator(Evaluator):
+    def __init__(self, classes: int, loss: DiceCrossEntropy, device: torch.device, world_size: int) -> None:
+        self.sums = torch.zeros(classes + 2, dtype=torch.float64, device=device)  # Dice per class, loss, volumes
+        self.loss, self.world_size = loss, world_size
+
+    def update(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+        for logits, label in zip(outputs, targets, strict=True):
+            self.sums[:-2] += volume_dice(logits, label)
+            self.sums[-2] += self.loss(logits[None], label[None])
+            self.sums[-1] += 1
+
+    def compute(self) -> dict[str, float]:
+        if self.world_size > 1:
+            dist.all_reduce(self.sums)
+        means = (self.sums[:-1] / self.sums[-1]).tolist()
+        per_class = {f"dice_{k}": value for k, value in enumerate(means[:-1], start=1)}
+        return {"dice": sum(means[:-1]) / len(per_class), **per_class, "eval_loss": means[-1]}
+
+
+class Segmentation(Task):
+    name = "segmentation"
+    quality = "dice"
+    metrics = {"dice": "mean Dice"}
+    unit = "patch"
+
+    def __init__(self, data: DataConfig | None = None) -> None:
+        data = data or DataConfig()
+        self.patch = list(data.segmentation.patch_size)
+        self._loss = DiceCrossEntropy()
+        # each foreground class's Dice is logged and shown beside the mean
+        self.metrics = {"dice": "mean Dice", **{f"dice_{k}": f"Dice {k}" for k in range(1, data.num_classes)}}
+
+    def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:
+        if not isinstance(batch[0], torch.Tensor):  # (image, label) pairs of whole volumes, for evaluation
+            moved = [(image.to(state.device), label.to(state.device)) for image, label in batch]
+            return [image for image, _ in moved], [label for _, label in moved], len(moved)
+        images, labels = batch
+        images = images.to(state.device, non_blocking=True).contiguous(memory_format=state.memory_format)
+        return images, labels.to(state.device, non_blocking=True), len(labels)
+
+    def predict(self, model: nn.Module, inputs: Any) -> Any:
+        """Logits (K, D, H, W) of each whole volume: slice by slice (2D) or by sliding windows (3D)."""
+        if isinstance(inputs, torch.Tensor):
+            return model(inputs)
+        from monai.inferers import sliding_window_inference
+
+        def infer(images: torch.Tensor) -> torch.Tensor:
+            return sliding_window_inference(
+                images, self.patch, WINDOWS_PER_PASS, model, overlap=SLIDING_WINDOW_OVERLAP, mode="gaussian"
+            ).float()
+
+        if len(self.patch) == 2:  # the volume's axial slices as a batch of images
+            return [infer(volume.movedim(1, 0)).movedim(0, 1) for volume in inputs]
+        return [infer(volume[None])[0] for volume in inputs]
+
+    def loss(self, name: str) -> LossFunction:
+        return self._loss
+
+    def evaluator(self, state: State) -> DiceEvaluator:
+        return DiceEvaluator(state.num_classes - 1, self._loss, state.device, state.world_size)
+
+
+def build(data: DataConfig | None = None) -> Segmentation:
+    return Segmentation(data)
