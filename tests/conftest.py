@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    """``python -m trainrun ARGS`` started in the background, its output piped."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "trainrun", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition: Callable[[], bool], process: subprocess.Popen, seconds: float = 120) -> None:
+    """Poll ``condition`` until it holds, ``process`` ends or ``seconds`` pass; fail if it never held."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert condition(), "the run never got there"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -10,24 +10,11 @@ import time
 
 import pytest
 import torch
-from conftest import TINY, metrics_without_timing, read_metrics, run_cli
+from conftest import TINY, metrics_without_timing, read_metrics, run_cli, start_cli, wait_for
 
 from trainrun.core.checkpoint import load_checkpoint
 
 MNIST = ["data=mnist5k", "model.resnet_small.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
-
-
-def _start(*args):
-    command = [sys.executable, "-m", "trainrun", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(condition, process, seconds=120):
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    assert condition(), "the run never got there"
 
 
 @pytest.mark.slow
@@ -36,9 +23,9 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path):
     args = [*MNIST, "max_duration=2ep", "checkpoint.interval=10ba"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
-    process = _start(*args, f"hydra.run.dir={killed}")
+    process = start_cli(*args, f"hydra.run.dir={killed}")
     checkpoints = killed / "checkpoints"
-    _wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
     process.kill()
     process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL  # killed before the end
@@ -58,8 +45,8 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_killed_rank_stops_the_job_with_one_line_naming_it(tmp_path):
-    process = _start(*MNIST, "max_duration=50ep", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
-    _wait_for(lambda: (tmp_path / "metrics.jsonl").is_file(), process)  # both ranks are training
+    process = start_cli(*MNIST, "max_duration=50ep", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
+    wait_for(lambda: (tmp_path / "metrics.jsonl").is_file(), process)  # both ranks are training
 
     def workers():
         listing = subprocess.run(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import read_metrics, resume_after_step_6, run_cli
+from conftest import metrics_without_timing, read_metrics, run_cli, start_cli, wait_for
 
 from trainrun.config import compose
 from trainrun.data.segmentation import (
@@ -316,10 +317,29 @@ def test_two_gloo_ranks_train_the_one_rank_unet_with_micro_batches_of_a_ranks_sh
 
 
 @pytest.mark.slow
-def test_a_unet_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_path):
-    whole, resumed = resume_after_step_6([*TINY_SEG, "algorithms=[ema]"], tmp_path)
-    for key, value in whole["model"].items():
-        assert torch.equal(resumed["model"][key], value), key
+def test_a_unet_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL (no handler runs) after the first checkpoint, then resume=auto: the same metrics and,
+    with EMA's averaged weights, the same final checkpoint bit for bit."""
+    args = [*TINY_SEG, "algorithms=[ema]", "max_duration=60ba", "eval_interval=30ba", "checkpoint.interval=5ba"]
+    args += ["checkpoint.keep=20", "data.segmentation.samples_per_volume=8"]  # 64 crops: 8 steps an epoch
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
+    process = start_cli(*args, f"hydra.run.dir={killed}")
+    checkpoints = killed / "checkpoints"
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
+    process.kill()
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL  # killed before the end
+    newest = max(int(path.stem.split("-ba")[1]) for path in checkpoints.glob("*.pt"))
+    assert newest < 60 and newest % 8  # a mid-epoch checkpoint
+    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"batch {newest}" in resumed.stdout
+    assert metrics_without_timing(killed) == metrics_without_timing(whole)
+    final = "ep7-ba60.pt"
+    a, b = (torch.load(run / "checkpoints" / final, weights_only=True) for run in (whole, killed))
+    for key, value in a["model"].items():
+        assert torch.equal(b["model"][key], value), key
 
 
 @pytest.mark.slow
