@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,26 @@ def wait_for(condition: Callable[[], bool], process: subprocess.Popen, seconds: 
     while not condition() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert condition(), "the run never got there"
+
+
+def killed_and_resumed(args: list[str], tmp_path: Path) -> tuple[Path, Path, int]:
+    """Train ``args`` whole, and again killed with SIGKILL (no handler runs) after its first
+    checkpoint, then resumed with resume=auto; check the resumed run's metrics are the whole run's.
+    Returns both run folders and the step the resumed run started from."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
+    process = start_cli(*args, f"hydra.run.dir={killed}")
+    checkpoints = killed / "checkpoints"
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
+    process.kill()
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL  # killed before the end
+    newest = max(int(path.stem.split("-ba")[1]) for path in checkpoints.glob("*.pt"))
+    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"batch {newest}" in resumed.stdout
+    assert metrics_without_timing(killed) == metrics_without_timing(whole)
+    return whole, killed, newest
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import TINY, metrics_without_timing, read_metrics, run_cli, start_cli, wait_for
+from conftest import TINY, killed_and_resumed, read_metrics, run_cli, start_cli, wait_for
 
 from trainrun.core.checkpoint import load_checkpoint
 
@@ -21,21 +21,10 @@ MNIST = ["data=mnist5k", "model.resnet_small.width=8", "train_batch_size=64", "p
 def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL (no handler runs) after the first mid-epoch checkpoint, then resume=auto."""
     args = [*MNIST, "max_duration=2ep", "checkpoint.interval=10ba"]
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
-    process = start_cli(*args, f"hydra.run.dir={killed}")
-    checkpoints = killed / "checkpoints"
-    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
-    process.kill()
-    process.communicate(timeout=30)
-    assert process.returncode == -signal.SIGKILL  # killed before the end
+    whole, killed, newest = killed_and_resumed(args, tmp_path)
     per_epoch = read_metrics(whole)[0]["batch"]
-    newest = max(int(p.stem.split("-ba")[1]) for p in checkpoints.glob("*.pt"))
     assert newest % per_epoch and newest < 2 * per_epoch  # a mid-epoch checkpoint, not the end
-    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"batch {newest}" in resumed.stdout
-    assert metrics_without_timing(killed) == metrics_without_timing(whole)
+    checkpoints = killed / "checkpoints"
     final = f"ep2-ba{2 * per_epoch}.pt"
     a = torch.load(whole / "checkpoints" / final, weights_only=True)["model"]
     b = torch.load(checkpoints / final, weights_only=True)["model"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import metrics_without_timing, read_metrics, run_cli, start_cli, wait_for
+from conftest import killed_and_resumed, read_metrics, run_cli
 
 from trainrun.config import compose
 from trainrun.data.segmentation import (
@@ -322,20 +321,8 @@ def test_a_unet_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_pa
     with EMA's averaged weights, the same final checkpoint bit for bit."""
     args = [*TINY_SEG, "algorithms=[ema]", "max_duration=60ba", "eval_interval=30ba", "checkpoint.interval=5ba"]
     args += ["checkpoint.keep=20", "data.segmentation.samples_per_volume=8"]  # 64 crops: 8 steps an epoch
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
-    process = start_cli(*args, f"hydra.run.dir={killed}")
-    checkpoints = killed / "checkpoints"
-    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
-    process.kill()
-    process.communicate(timeout=30)
-    assert process.returncode == -signal.SIGKILL  # killed before the end
-    newest = max(int(path.stem.split("-ba")[1]) for path in checkpoints.glob("*.pt"))
+    whole, killed, newest = killed_and_resumed(args, tmp_path)
     assert newest < 60 and newest % 8  # a mid-epoch checkpoint
-    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"batch {newest}" in resumed.stdout
-    assert metrics_without_timing(killed) == metrics_without_timing(whole)
     final = "ep7-ba60.pt"
     a, b = (torch.load(run / "checkpoints" / final, weights_only=True) for run in (whole, killed))
     for key, value in a["model"].items():
