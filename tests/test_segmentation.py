@@ -183,8 +183,9 @@ def test_folds_are_scikit_learns_seeded_kfold_and_partition_the_cases():
     assert sorted(seen) == list(range(23))
 
 
-def write_decathlon_folder(root, cases=3):
-    """A Decathlon-layout task folder of ``cases`` 4-channel NIfTI volumes, and their arrays."""
+def write_decathlon_folder(root, cases=3, values=(0, 1, 2, 3)):
+    """A Decathlon-layout task folder of ``cases`` 4-channel NIfTI volumes whose labels take
+    ``values`` (BraTS21's are 0, 1, 2, 4), and their arrays."""
     import nibabel
 
     (root / "imagesTr").mkdir(parents=True)
@@ -195,7 +196,7 @@ def write_decathlon_folder(root, cases=3):
         image = np.zeros((10, 12, 6, 4), np.float32)  # NIfTI's (x, y, z, channel)
         image[2:8, 3:11, 1:5] = rng.uniform(0.5, 3.0, (6, 8, 4, 4))
         label = np.zeros((10, 12, 6), np.uint8)
-        label[4:6, 5:8, 2:4] = index % 3 + 1
+        label[4:6, 5:8, 2:4] = values[index % 3 + 1]
         name = f"BRATS_{index:03d}"
         nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), root / "imagesTr" / f"{name}.nii.gz")
         nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
@@ -203,7 +204,7 @@ def write_decathlon_folder(root, cases=3):
     manifest = {
         "name": "BRATS",
         "modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"},
-        "labels": {"0": "background", "1": "edema", "2": "non-enhancing tumor", "3": "enhancing tumour"},
+        "labels": dict(zip(map(str, values), ["background", "edema", "non-enhancing tumor", "enhancing tumour"])),
         "training": [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays],
     }
     (root / "dataset.json").write_text(json.dumps(manifest))
@@ -226,6 +227,16 @@ def test_a_decathlon_folder_is_read_from_nifti_preprocessed_and_stored_once(tmp_
         assert len(locations) == 2 * 3 * 2 and set(locations[:, 0]) == {case % 3 + 1}
     written = (store.path / "index.json").stat().st_mtime_ns
     assert store_path(config) == store.path and (store.path / "index.json").stat().st_mtime_ns == written
+
+
+def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
+    arrays = write_decathlon_folder(tmp_path / "brats21", values=(0, 1, 2, 4))
+    config = DataConfig(name="decathlon", path=str(tmp_path / "brats21"), cache_dir=str(tmp_path / "c"))
+    store = VolumeStore.open(store_path(config))
+    assert store.labels == ("background", "edema", "non-enhancing tumor", "enhancing tumour")
+    for case, name in enumerate(store.cases):
+        value = arrays[name][1].max()
+        assert store.label(case).max() == (3 if value == 4 else value)  # 4 stored as class 3
 
 
 # ------------------------------------------------------------------------------ config

@@ -195,12 +195,19 @@ def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]
 def write_decathlon(source: Path, path: Path) -> None:
     described, cases = decathlon_listing(source)
     channels = [described["modality"][key] for key in sorted(described["modality"], key=int)]
-    labels = [described["labels"][key] for key in sorted(described["labels"], key=int)]
+    values = sorted(int(key) for key in described["labels"])
+    labels = [described["labels"][str(value)] for value in values]
+    # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
+    lookup = np.full(256, 255, np.uint8)
+    lookup[values] = np.arange(len(values))
     path.mkdir(parents=True, exist_ok=True)
     for name, image_file, label_file in cases:
         image, label = read_decathlon_case(image_file, label_file)
         if image.shape[0] != len(channels):
             raise DataError(f"{image_file.name} has {image.shape[0]} channel(s); dataset.json names {len(channels)}")
+        label = lookup[label]
+        if (label == 255).any():
+            raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
         write_case(path, name, image, label, classes=len(labels))
     write_index(path, [name for name, _, _ in cases], channels, labels)
 
