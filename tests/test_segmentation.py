@@ -62,6 +62,33 @@ def test_the_loss_is_soft_dice_over_the_foreground_classes_of_the_batch_plus_cro
     assert DiceCrossEntropy()(logits, labels).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+BRATS21 = [[1, 2, 3], [1, 3], [3]]  # whole tumour, tumour core, enhancing tumour (labels 1 NCR, 2 ED, 3 ET)
+
+
+def test_region_dice_scores_each_nested_region_of_logits_above_zero_by_hand():
+    label = torch.tensor([[0, 1, 2, 3, 3, 0]])
+    # predicted regions (logit > 0): whole tumour on voxels 1-4, core on 3-5, enhancing on none
+    logits = torch.tensor([[[-1, 1, 1, 1, 1, -1]], [[-1, -1, -1, 1, 1, 1]], [[-1.0] * 6]])
+    dice = volume_dice(logits, label, BRATS21)
+    # WT truth {1,2,3,4}: exact -> 1; TC truth {1,3,4} vs {3,4,5}: overlap 2 -> 4/6; ET truth {3,4} vs {} -> 0
+    assert dice.tolist() == pytest.approx([1.0, 4 / 6, 0.0])
+    assert volume_dice(torch.full((3, 1, 6), -1.0), torch.zeros(1, 6, dtype=torch.long), BRATS21).tolist() == [1.0] * 3
+
+
+def test_the_region_loss_sums_each_regions_sigmoid_dice_over_the_batch_and_its_bce():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 3, 4, 5), torch.randint(0, 4, (2, 4, 5))
+    expected = 0.0
+    for r, region in enumerate(BRATS21):
+        mask = sum((labels == label).float() for label in region)
+        probability = logits[:, r].sigmoid()
+        dice = 1 - (2 * (probability * mask).sum() + 1e-5) / (probability.sum() + mask.sum() + 1e-5)
+        expected += dice + F.binary_cross_entropy(probability, mask)
+    task = Segmentation(DataConfig(num_classes=4, segmentation=SegmentationDataConfig(regions=BRATS21)))
+    assert task.loss("soft_ce")(logits, labels).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert task.scored == 3 and set(task.metrics) == {"dice", "dice_1", "dice_2", "dice_3"}
+
+
 def test_the_evaluator_averages_each_class_over_volumes_then_the_classes():
     task = Segmentation(DataConfig(num_classes=3))
     state = type("S", (), {"num_classes": 3, "device": torch.device("cpu"), "world_size": 1})()
@@ -251,6 +278,8 @@ def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
         (["data.segmentation.fold=5"], "bad value for 'data.segmentation.fold': 5"),
         (["model.unet.strides=[1,2]"], "bad value for 'model.unet.filters'"),
         (["loss=bce"], "trains with Dice + cross-entropy"),
+        (["data.segmentation.regions=[[1,2,3],[2,3],[3]]"], "has 3 regions (one output each)"),
+        (["data.segmentation.regions=[[1,4]]", "model.num_classes=1"], "the foreground labels 1 to 3"),
         (["model=unet3d", "data.segmentation.patch_size=[32,32,32]"], "which instance norm cannot normalise"),
     ],
 )
@@ -341,13 +370,15 @@ def test_a_unet_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_pa
 
 
 @pytest.mark.slow
-def test_the_cli_trains_on_a_decathlon_folder_read_from_nifti(tmp_path):
-    write_decathlon_folder(tmp_path / "Task01_BrainTumour", cases=5)
+def test_the_cli_trains_brats21_regions_on_a_decathlon_folder_read_from_nifti(tmp_path):
+    write_decathlon_folder(tmp_path / "Task01_BrainTumour", cases=5, values=(0, 1, 2, 4))
     args = [TINY_SEG[0], "data=decathlon", f"data.path={tmp_path / 'Task01_BrainTumour'}", "max_duration=2ba"]
     args += [
         *TINY_SEG[2:],
         "eval_interval=2ba",
         "data.segmentation.samples_per_volume=4",
+        "data.segmentation.regions=[[1,2,3],[1,3],[3]]",
+        "model.num_classes=3",
         f"data.cache_dir={tmp_path / 'cache'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
@@ -355,4 +386,5 @@ def test_the_cli_trains_on_a_decathlon_folder_read_from_nifti(tmp_path):
     assert result.returncode == 0, result.stderr
     (record,) = read_metrics(tmp_path / "run")
     assert 0 <= record["dice"] <= 1 and record["batch"] == 2
+    assert record["dice"] == pytest.approx((record["dice_1"] + record["dice_2"] + record["dice_3"]) / 3)
     assert len(list((tmp_path / "cache").glob("decathlon-*/BRATS_*_image.npy"))) == 5

@@ -143,6 +143,10 @@ class SegmentationDataConfig:
     folds: int = field(default=5, metadata={"min": 2})  # seeded k-fold split of the cases (data.split_seed)
     fold: int = non_negative_field(0)  # the fold held out for validation
     augment: bool = True  # flips, noise, blur, brightness, contrast (nnU-Net's, Composer's probabilities)
+    # nested regions, each a list of labels, learned with sigmoid outputs (one per region, model.num_classes
+    # of them) and Dice + BCE, as BraTS21's [[1,2,3],[1,3],[3]]: whole tumour, tumour core, enhancing
+    # tumour; empty: one softmax class per label, Dice + cross-entropy (Composer's)
+    regions: list[list[int]] = field(default_factory=list)
     synthetic_cases: int = field(default=40, metadata={"min": 2})  # synthetic_brats: volumes generated
     synthetic_shape: list[int] = field(default_factory=lambda: [32, 64, 64])  # synthetic_brats: (D, H, W)
 

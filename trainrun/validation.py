@@ -292,10 +292,20 @@ def _check_segmentation(config: TrainConfig) -> None:
                 "bad value for 'model.unet.in_channels': synthetic_brats has 4 channels and 4 labels "
                 f"(got in_channels {unet.in_channels}, data.num_classes {config.data.num_classes})"
             )
-    if config.model.num_classes != config.data.num_classes:
+    regions = [list(region) for region in segmentation.regions]
+    labels = range(1, config.data.num_classes)
+    for region in regions:
+        if not region or any(label not in labels for label in region):
+            raise ConfigError(
+                f"bad value for 'data.segmentation.regions': {regions} (each region a non-empty list of the "
+                f"foreground labels 1 to {config.data.num_classes - 1})"
+            )
+    outputs = len(regions) or config.data.num_classes
+    if config.model.num_classes != outputs:
+        what = f"{len(regions)} regions" if regions else f"{config.data.num_classes} classes"
         raise ConfigError(
-            f"bad value for 'model.num_classes': {config.model.num_classes} but data "
-            f"'{config.data.name}' has {config.data.num_classes} classes"
+            f"bad value for 'model.num_classes': {config.model.num_classes} but data '{config.data.name}' has {what} "
+            "(one output each)"
         )
 
 

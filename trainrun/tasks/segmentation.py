@@ -1,5 +1,5 @@
-"""Segmentation: a class per voxel; Dice + cross-entropy; the mean Dice over foreground classes as
-quality (higher is better).
+"""Segmentation: a class per voxel (or nested regions); Dice + cross-entropy (Dice + BCE); the mean
+Dice over foreground classes (regions) as quality (higher is better).
 
 Training batches are crops ``(images (N, C, *patch) float32, labels (N, *patch) int64)`` from
 :mod:`trainrun.data.segmentation`; the loss is Composer's BraTS loss, MONAI's soft Dice over the
@@ -10,6 +10,9 @@ MONAI's ``sliding_window_inference``); a slice or volume smaller than the patch 
 The Dice of each foreground class is taken per volume from the arg-max prediction, 1 when
 prediction and label are both empty and 0 when only one is (the BraTS rule), then averaged over
 volumes (summed over ranks) and over classes into ``dice``; ``dice_<k>`` keeps each class's.
+With ``data.segmentation.regions`` (BraTS21's whole tumour, tumour core and enhancing tumour) the
+model has a sigmoid output per region, the loss sums each region's Dice + BCE, and the Dice is each
+region's (logit above 0) by the same rule.
 """
 
 from __future__ import annotations
@@ -42,11 +45,37 @@ class DiceCrossEntropy:
         return self.dice(logits, labels.unsqueeze(1)) + F.cross_entropy(logits, labels)
 
 
-def volume_dice(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """Per foreground class, the Dice of the arg-max of ``logits`` (K, *spatial) against ``label``
-    (*spatial): 1 where both are empty (MONAI's ``ignore_empty=False``)."""
+def region_masks(labels: torch.Tensor, regions: list[list[int]]) -> torch.Tensor:
+    """(N, R, *spatial) float masks: voxel in region r when its label is one of ``regions[r]``."""
+    return torch.stack([torch.isin(labels, labels.new_tensor(region)) for region in regions], 1).float()
+
+
+class RegionDiceBCE:
+    """BraTS21's loss for nested regions (NVIDIA's nnU-Net): summed over the regions, MONAI's soft
+    Dice of the sigmoid over the whole batch plus binary cross-entropy."""
+
+    def __init__(self, regions: list[list[int]]) -> None:
+        from monai.losses import DiceLoss
+
+        self.regions, self.dice = regions, DiceLoss(sigmoid=True, batch=True)
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits, masks = logits.float(), region_masks(labels, self.regions)
+        return sum(
+            self.dice(logits[:, [r]], masks[:, [r]]) + F.binary_cross_entropy_with_logits(logits[:, r], masks[:, r])
+            for r in range(len(self.regions))
+        )
+
+
+def volume_dice(logits: torch.Tensor, label: torch.Tensor, regions: list[list[int]] | None = None) -> torch.Tensor:
+    """The Dice of each foreground class (the arg-max of ``logits`` (K, *spatial)) or, given
+    ``regions``, of each region (logits above 0) against ``label`` (*spatial): 1 where both are
+    empty, 0 where one is (MONAI's ``ignore_empty=False``)."""
     from monai.metrics import compute_dice
 
+    if regions:
+        predicted, truth = (logits > 0)[None].float(), region_masks(label[None], regions)
+        return compute_dice(predicted, truth, include_background=True, ignore_empty=False)[0]
     classes = logits.shape[0]
     predicted = F.one_hot(logits.argmax(0), classes).movedim(-1, 0)[None]
     truth = F.one_hot(label, classes).movedim(-1, 0)[None]
@@ -54,22 +83,22 @@ def volume_dice(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 
 
 class DiceEvaluator(Evaluator):
-    def __init__(self, classes: int, loss: DiceCrossEntropy, device: torch.device, world_size: int) -> None:
-        self.sums = torch.zeros(classes + 2, dtype=torch.float64, device=device)  # Dice per class, loss, volumes
-        self.loss, self.world_size = loss, world_size
+    def __init__(self, task: Segmentation, device: torch.device, world_size: int) -> None:
+        self.task, self.world_size = task, world_size
+        self.sums = torch.zeros(task.scored + 2, dtype=torch.float64, device=device)  # Dice each, loss, volumes
 
     def update(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
         for logits, label in zip(outputs, targets, strict=True):
-            self.sums[:-2] += volume_dice(logits, label)
-            self.sums[-2] += self.loss(logits[None], label[None])
+            self.sums[:-2] += volume_dice(logits, label, self.task.regions)
+            self.sums[-2] += self.task.loss_function(logits[None], label[None])
             self.sums[-1] += 1
 
     def compute(self) -> dict[str, float]:
         if self.world_size > 1:
             dist.all_reduce(self.sums)
         means = (self.sums[:-1] / self.sums[-1]).tolist()
-        per_class = {f"dice_{k}": value for k, value in enumerate(means[:-1], start=1)}
-        return {"dice": sum(means[:-1]) / len(per_class), **per_class, "eval_loss": means[-1]}
+        each = {f"dice_{k}": value for k, value in enumerate(means[:-1], start=1)}
+        return {"dice": sum(means[:-1]) / len(each), **each, "eval_loss": means[-1]}
 
 
 class Segmentation(Task):
@@ -81,9 +110,11 @@ class Segmentation(Task):
     def __init__(self, data: DataConfig | None = None) -> None:
         data = data or DataConfig()
         self.patch = list(data.segmentation.patch_size)
-        self._loss = DiceCrossEntropy()
-        # each foreground class's Dice is logged and shown beside the mean
-        self.metrics = {"dice": "mean Dice", **{f"dice_{k}": f"Dice {k}" for k in range(1, data.num_classes)}}
+        self.regions = [list(region) for region in data.segmentation.regions]
+        self.loss_function = RegionDiceBCE(self.regions) if self.regions else DiceCrossEntropy()
+        self.scored = len(self.regions) or data.num_classes - 1  # regions, or foreground classes
+        # each one's Dice is logged and shown beside the mean
+        self.metrics = {"dice": "mean Dice", **{f"dice_{k}": f"Dice {k}" for k in range(1, self.scored + 1)}}
 
     def batch(self, batch: Any, state: State) -> tuple[Any, Any, int]:
         if not isinstance(batch[0], torch.Tensor):  # (image, label) pairs of whole volumes, for evaluation
@@ -109,10 +140,10 @@ class Segmentation(Task):
         return [infer(volume[None])[0] for volume in inputs]
 
     def loss(self, name: str) -> LossFunction:
-        return self._loss
+        return self.loss_function
 
     def evaluator(self, state: State) -> DiceEvaluator:
-        return DiceEvaluator(state.num_classes - 1, self._loss, state.device, state.world_size)
+        return DiceEvaluator(self, state.device, state.world_size)
 
 
 def build(data: DataConfig | None = None) -> Segmentation:
