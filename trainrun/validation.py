@@ -292,7 +292,12 @@ def _check_segmentation(config: TrainConfig) -> None:
                 "bad value for 'model.unet.in_channels': synthetic_brats has 4 channels and 4 labels "
                 f"(got in_channels {unet.in_channels}, data.num_classes {config.data.num_classes})"
             )
-    regions = [list(region) for region in segmentation.regions]
+    _check_segmentation_outputs(config)
+
+
+def _check_segmentation_outputs(config: TrainConfig) -> None:
+    """Regions name foreground labels, and the model has one output per class or region."""
+    regions = [list(region) for region in config.data.segmentation.regions]
     labels = range(1, config.data.num_classes)
     for region in regions:
         if not region or any(label not in labels for label in region):
