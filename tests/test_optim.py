@@ -139,6 +139,11 @@ def test_every_optimizer_setting_reaches_the_optimizer():
     assert type(lamb).__name__ == "Lamb" and type(lamb).__module__.startswith("timm.")
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-3, (0.8, 0.98), 1e-7, 0.05)
     assert group["max_grad_norm"] == 1.5
+    radam = build_optimizer(model, OptimizerConfig(name="radam", **adam_like), 256)
+    (group,) = radam.param_groups
+    assert type(radam) is torch.optim.RAdam and radam.defaults["foreach"] is True
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-3, (0.8, 0.98), 1e-7, 0.05)
+    assert group["decoupled_weight_decay"] is False  # L2 decay, as Composer's UNet recipe ran RAdam
 
 
 def test_a_step_the_gradient_scaler_skips_does_not_decay_the_weights():

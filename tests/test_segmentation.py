@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from trainrun.data.segmentation import (
 )
 from trainrun.errors import ConfigError
 from trainrun.schema import DataConfig, SegmentationDataConfig
-from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, volume_dice
+from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, build, volume_dice
 from trainrun.validation import validate
 
 # a run small enough for a 2-core CPU: 10 volumes of 8x24x24, a 3-level UNet on 16x16 crops
@@ -68,7 +69,7 @@ BRATS21 = [[1, 2, 3], [1, 3], [3]]  # whole tumour, tumour core, enhancing tumou
 def test_region_dice_scores_each_nested_region_of_logits_above_zero_by_hand():
     label = torch.tensor([[0, 1, 2, 3, 3, 0]])
     # predicted regions (logit > 0): whole tumour on voxels 1-4, core on 3-5, enhancing on none
-    logits = torch.tensor([[[-1, 1, 1, 1, 1, -1]], [[-1, -1, -1, 1, 1, 1]], [[-1.0] * 6]])
+    logits = torch.tensor([[[-1, 1, 1, 1, 1, 0]], [[-1, -1, -1, 1, 1, 1]], [[-1.0] * 6]])  # 0: not predicted
     dice = volume_dice(logits, label, BRATS21)
     # WT truth {1,2,3,4}: exact -> 1; TC truth {1,3,4} vs {3,4,5}: overlap 2 -> 4/6; ET truth {3,4} vs {} -> 0
     assert dice.tolist() == pytest.approx([1.0, 4 / 6, 0.0])
@@ -105,6 +106,31 @@ def test_the_evaluator_averages_each_class_over_volumes_then_the_classes():
     assert (metrics["dice_1"], metrics["dice_2"]) == pytest.approx((2 / 3, 1.0))
     assert metrics["dice"] == pytest.approx((2 / 3 + 1) / 2)
     assert task.quality == "dice" and set(task.metrics) == {"dice", "dice_1", "dice_2"}
+    four = Segmentation(DataConfig(num_classes=4)).evaluator(state)  # three foreground classes
+    label = torch.tensor([[0, 1, 2, 3]])
+    four.update([one_hot_logits(torch.tensor([[0, 1, 2, 0]]), 4)], [label])
+    assert [four.compute()[f"dice_{k}"] for k in (1, 2, 3)] == [1.0, 1.0, 0.0]
+
+
+def test_evaluation_sums_dice_and_loss_in_float64_on_the_runs_device_then_adds_the_other_ranks(monkeypatch):
+    import trainrun.tasks.segmentation as segmentation
+
+    task = Segmentation(DataConfig(num_classes=4, segmentation=SegmentationDataConfig(regions=BRATS21)))
+    meta = task.evaluator(SimpleNamespace(device=torch.device("meta"), world_size=1))
+    assert meta.sums.device.type == "meta" and meta.sums.dtype == torch.float64
+    labels = [torch.tensor([[0, 1, 2, 3]]), torch.tensor([[3, 3, 0, 0]])]
+    logits = [torch.randn(3, 1, 4, generator=torch.Generator().manual_seed(k)) for k in range(2)]
+    losses = [task.loss("soft_ce")(out[None], label[None]).item() for out, label in zip(logits, labels)]
+    dices = [volume_dice(out, label, BRATS21) for out, label in zip(logits, labels)]
+    other_rank = torch.tensor([2.0, 1.0, 0.0, 7.0, 2.0], dtype=torch.float64)  # 3 Dice sums, loss sum, volumes
+    monkeypatch.setattr(segmentation.dist, "all_reduce", lambda sums: sums.add_(other_rank))
+    evaluator = task.evaluator(SimpleNamespace(device=torch.device("cpu"), world_size=2))
+    evaluator.update(logits, labels)
+    metrics = evaluator.compute()
+    each = [(float(dices[0][r] + dices[1][r]) + other_rank[r].item()) / 4 for r in range(3)]
+    assert [metrics[f"dice_{r}"] for r in (1, 2, 3)] == pytest.approx(each)
+    assert metrics["dice"] == pytest.approx(sum(each) / 3)
+    assert metrics["eval_loss"] == pytest.approx((sum(losses) + 7.0) / 4)
 
 
 # ------------------------------------------------------------------------------ inference
@@ -120,6 +146,44 @@ def test_sliding_windows_equal_whole_volume_inference_where_the_volume_fits_and_
     (windowed,) = task.predict(pointwise, [large])
     assert windowed.shape == (3, 13, 9, 20)
     torch.testing.assert_close(windowed, pointwise(large[None])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_windows_are_patch_sized_half_overlapping_and_gaussian_blended_as_nnunet_infers():
+    from monai.inferers import sliding_window_inference
+
+    torch.manual_seed(0)
+    task = build(DataConfig(segmentation=SegmentationDataConfig(patch_size=[8, 8, 8])))
+    conv = torch.nn.Conv3d(2, 3, 3, padding=1).eval()
+    seen = []
+    conv.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape))
+    volume = torch.randn(2, 20, 8, 8)
+    (logits,) = task.predict(conv, [volume])
+    assert {shape[1:] for shape in seen} == {(2, 8, 8, 8)}
+    assert sum(shape[0] for shape in seen) == 4  # starts 0, 4, 8, 12 along the 20 voxels: a step of half a patch
+    expected = sliding_window_inference(volume[None], [8, 8, 8], 64, conv, overlap=0.5, mode="gaussian")[0]
+    torch.testing.assert_close(logits, expected)
+    constant = sliding_window_inference(volume[None], [8, 8, 8], 64, conv, overlap=0.5, mode="constant")[0]
+    assert not torch.allclose(logits, constant)  # the blending weights matter where windows overlap
+    batch = torch.randn(2, 2, 8, 8, 8)  # a training-shaped batch: one forward pass
+    torch.testing.assert_close(task.predict(conv, batch), conv(batch))
+
+
+def test_training_batches_go_to_the_device_in_the_runs_memory_format_and_volumes_as_lists():
+    task = Segmentation(DataConfig(segmentation=SegmentationDataConfig(patch_size=[8, 8])))
+    state = SimpleNamespace(device=torch.device("cpu"), memory_format=torch.channels_last)
+    images, labels = torch.randn(3, 4, 8, 8), torch.randint(0, 4, (3, 8, 8))
+    inputs, targets, count = task.batch([images, labels], state)
+    assert inputs.is_contiguous(memory_format=torch.channels_last) and torch.equal(inputs, images)
+    assert torch.equal(targets, labels) and count == 3
+    volumes = [(torch.randn(4, 2, 8, 8), torch.zeros(2, 8, 8, dtype=torch.long)) for _ in range(2)]
+    inputs, targets, count = task.batch(volumes, state)
+    assert count == 2 and all(torch.equal(a, b) for a, (b, _) in zip(inputs, volumes, strict=True))
+    assert all(torch.equal(a, b) for a, (_, b) in zip(targets, volumes, strict=True))
+    gpu = SimpleNamespace(device=torch.device("meta"), memory_format=torch.contiguous_format)  # as a GPU run
+    inputs, targets, _ = task.batch([images, labels], gpu)
+    assert inputs.device.type == targets.device.type == "meta"
+    inputs, targets, _ = task.batch(volumes, gpu)
+    assert {tensor.device.type for tensor in [*inputs, *targets]} == {"meta"}
 
 
 def test_a_2d_model_predicts_every_axial_slice_of_the_volume():
@@ -300,7 +364,6 @@ PATCH_3D = ["data.segmentation.patch_size=[32,64,64]"]
 
 
 def test_channels_last_takes_the_3d_layout_for_a_3d_unet():
-    from types import SimpleNamespace
 
     from trainrun.algorithms.channels_last import ChannelsLast
     from trainrun.core.events import Event
