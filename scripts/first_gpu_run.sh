@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, in few calls on the GPU machine (docs/benchmarks.md, "The first GPU run"):
 #   STEPS="env tests bert128 bert512 alibi" bash scripts/first_gpu_run.sh   # after scripts/gpu_wheels.sh
-# here (.whl/ travels with the tree); then STEPS="compile resnet", then STEPS="loaders recipes".
+# here (.whl/ travels with the tree); then STEPS="compile resnet", then STEPS="loaders recipes unet".
 # Each step's whole output goes to $OUT/<step>.log (or gpu-run/), its tail to the console.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-env tests bert128 bert512 alibi compile resnet loaders recipes}
+steps=${STEPS:-env tests bert128 bert512 alibi compile resnet loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -49,6 +49,20 @@ recipes() {  # each recipe's first steps on built-in data, at the recipe's own s
   done
 }
 
+unet() {  # Composer's 2D UNet on 192x160 crops of synthetic volumes, without and with channels-last
+  local data="data=synthetic_brats data.segmentation.synthetic_shape=[32,192,160] data.segmentation.synthetic_cases=16"
+  data+=" data.segmentation.patch_size=[192,160] data.num_workers=12 train_batch_size=64 max_duration=40ba eval_interval=40ba"
+  local layout
+  for layout in plain channels_last; do
+    local methods="algorithms=[]"
+    [ "$layout" = channels_last ] && methods="algorithms=[channels_last]"
+    # shellcheck disable=SC2086  # $data is a list of overrides
+    timeout "${RECIPE_LIMIT:-120}" python3 -m trainrun task=segmentation model=unet2d $data "$methods" precision=amp \
+      checkpoint.interval=null launcher.devices=1 progress=false hydra.run.dir="$out/unet-$layout" \
+      || echo "unet $layout failed"
+  done
+}
+
 for name in $steps; do
   case $name in
     env) step env bash -c "nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'" ;;
@@ -61,5 +75,6 @@ for name in $steps; do
     alibi) step alibi python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --alibi --attention sdpa flex --check-syncs ;;
     loaders) step loaders python3 bench/loaders.py --hot --images 4000 --workers 8 --sides 300 900 --batch 256 ;;
     recipes) TAIL=60 step recipes recipes ;;
+    unet) TAIL=30 step unet unet ;;
   esac
 done
