@@ -16,6 +16,7 @@ from trainrun.config import compose
 from trainrun.data.segmentation import (
     VolumeStore,
     biased_crop,
+    by_class,
     fold_cases,
     gaussian_blur,
     preprocess,
@@ -230,10 +231,10 @@ def test_crops_contain_foreground_at_the_configured_rate(rate):
     image = np.ones((1, 1, 64, 64), np.float32)
     from trainrun.data.segmentation import foreground_locations
 
-    locations = foreground_locations(label, 2, 0)
+    foreground = by_class(foreground_locations(label, 2, 0))
     torch.manual_seed(0)
     draws = 2000
-    hits = sum(bool(biased_crop(image, label, locations, [1, 16, 16], rate)[1].any()) for _ in range(draws))
+    hits = sum(bool(biased_crop(image, label, foreground, [1, 16, 16], rate)[1].any()) for _ in range(draws))
     uniform = (19 * 19) / (49 * 49)  # start positions (of 49 per axis) whose crop overlaps the lesion
     expected = rate + (1 - rate) * uniform
     assert hits / draws == pytest.approx(expected, abs=4 * math.sqrt(expected * (1 - expected) / draws) + 1e-9)
@@ -243,7 +244,7 @@ def test_a_crop_pads_a_volume_smaller_than_the_patch_and_keeps_image_and_label_a
     image = np.arange(2 * 3 * 5, dtype=np.float32).reshape(1, 2, 3, 5) + 1
     label = (image[0] % 2).astype(np.uint8)
     torch.manual_seed(0)
-    crop, crop_label = biased_crop(image, label, np.zeros((0, 4), np.int32), [4, 4, 4], 0.5)
+    crop, crop_label = biased_crop(image, label, [], [4, 4, 4], 0.5)
     assert crop.shape == (1, 4, 4, 4) and crop_label.shape == (4, 4, 4)
     inside = crop[0] != 0
     assert inside.sum() == 2 * 3 * 4  # one of the five columns cut, zero padding around the rest

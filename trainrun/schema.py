@@ -86,9 +86,8 @@ class UNetConfig:
     dimensions: int = choice_field(2, 2, 3)  # 2: axial slices; 3: volumes (data.segmentation.patch_size agrees)
     in_channels: int = positive_field(4)  # MRI modalities
     filters: list[int] = field(default_factory=lambda: [32, 64, 128, 256, 512, 512])  # channels per level
-    strides: list[int] = field(
-        default_factory=lambda: [1, 2, 2, 2, 2, 2]
-    )  # per level; a patch side divides by their product
+    # per level; every patch side divides by their product
+    strides: list[int] = field(default_factory=lambda: [1, 2, 2, 2, 2, 2])
     norm: str = choice_field("batch", "batch", "instance")
     residual: bool = True  # residual blocks (Composer's); nnU-Net's plain conv-norm-act pairs when false
 

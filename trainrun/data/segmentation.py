@@ -244,22 +244,24 @@ def fold_cases(cases: int, folds: int, fold: int, seed: int) -> tuple[list[int],
 
 
 # ------------------------------------------------------------------------------ crops and augmentation
+def by_class(locations: np.ndarray) -> list[np.ndarray]:
+    """A store's location rows as the (d, h, w) voxels of each class present, in class order."""
+    return [locations[locations[:, 0] == cls, 1:] for cls in np.unique(locations[:, 0])]
+
+
 def biased_crop(
-    image: np.ndarray, label: np.ndarray, locations: np.ndarray, patch: Sequence[int], oversampling: float
+    image: np.ndarray, label: np.ndarray, foreground: list[np.ndarray], patch: Sequence[int], oversampling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``patch`` (D, H, W) of ``image`` and ``label``, zero-padded where the volume is smaller,
-    centred on a foreground voxel with probability ``oversampling`` (a class present chosen
-    uniformly, then one of its voxels), else placed uniformly."""
+    centred with probability ``oversampling`` on a voxel of ``foreground`` (:func:`by_class`: a
+    class present chosen uniformly, then one of its voxels), else placed uniformly."""
     shape = label.shape
     pad = [max(p - s, 0) for p, s in zip(patch, shape, strict=True)]
     before = [p // 2 for p in pad]
     size = [s + p for s, p in zip(shape, pad, strict=True)]
-    foreground = float(torch.rand(())) < oversampling and len(locations) > 0
-    if foreground:
-        classes = np.unique(locations[:, 0])
-        cls = classes[int(torch.randint(len(classes), ()))]
-        rows = locations[locations[:, 0] == cls]
-        centre = rows[int(torch.randint(len(rows), ())), 1:] + np.array(before)
+    if float(torch.rand(())) < oversampling and foreground:
+        voxels = foreground[int(torch.randint(len(foreground), ()))]
+        centre = voxels[int(torch.randint(len(voxels), ()))] + np.array(before)
         start = [min(max(int(c) - p // 2, 0), n - p) for c, p, n in zip(centre, patch, size, strict=True)]
     else:
         start = [int(torch.randint(n - p + 1, ())) for p, n in zip(patch, size, strict=True)]
@@ -320,15 +322,21 @@ class Patches(Dataset):
         self.patch = list(config.patch_size) if len(config.patch_size) == 3 else [1, *config.patch_size]
         self.flat = len(config.patch_size) == 2
         self.oversampling = config.foreground_oversampling
+        self.opened: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}  # per loader process
 
     def __len__(self) -> int:
         return self.samples
 
+    def case(self, case: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Case ``case``'s memory-mapped image and label and its foreground voxels by class, opened
+        once per process rather than for every crop."""
+        if case not in self.opened:
+            store = self.store
+            self.opened[case] = store.image(case), store.label(case), by_class(store.locations(case))
+        return self.opened[case]
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        case = self.cases[index % len(self.cases)]
-        image, label = biased_crop(
-            self.store.image(case), self.store.label(case), self.store.locations(case), self.patch, self.oversampling
-        )
+        image, label = biased_crop(*self.case(self.cases[index % len(self.cases)]), self.patch, self.oversampling)
         if self.flat:
             image, label = image[:, 0], label[0]
         return augment(image, label) if self.augmented else (image, label)
@@ -349,11 +357,6 @@ class Volumes(Dataset):
         return image, torch.from_numpy(np.asarray(self.store.label(case), dtype=np.int64))
 
 
-def as_list(samples: list) -> list:
-    """Evaluation batches keep volumes of different sizes apart: a list of (image, label)."""
-    return samples
-
-
 def segmentation_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
     """Training crops and validation volumes of fold ``data.segmentation.fold``."""
     store = VolumeStore.open(store_path(config, placement))
@@ -364,4 +367,4 @@ def segmentation_datasets(config: DataConfig, placement: Placement = SINGLE_PROC
             f"labels ({', '.join(store.labels)})"
         )
     train, val = fold_cases(len(store.cases), segmentation.folds, segmentation.fold, config.split_seed)
-    return Datasets(Patches(store, train, segmentation, augment), Volumes(store, val), eval_collate=as_list)
+    return Datasets(Patches(store, train, segmentation, augment), Volumes(store, val), eval_collate=list)

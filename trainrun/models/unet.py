@@ -10,16 +10,9 @@ and voxel at the input's size, whose sides must divide by the product of the str
 
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
 from trainrun.schema import ModelConfig
-
-
-def size_divisor(strides: list[int]) -> int:
-    """What every input side must divide by: the product of the levels' strides."""
-    return math.prod(strides)
 
 
 def build(config: ModelConfig, vocab_size: int | None = None) -> nn.Module:
