@@ -3,6 +3,7 @@ statistics averaged where they are read, ``auto`` micro-batches handing back to 
 and ranks deciding divergence together."""
 
 import copy
+import importlib
 import os
 import socket
 
@@ -43,6 +44,7 @@ def worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
     os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
+    threads_before = len(os.listdir("/proc/self/task"))
     distributed.join("cpu", timeout_minutes=2)
     results = {}
     norm = torch.nn.BatchNorm1d(3)
@@ -76,8 +78,17 @@ def worker(rank: int, port: int, out: str) -> None:
     with pytest.raises(TrainingDiverged) as caught:
         diverging._flush_losses()
     results["diverged"] = str(caught.value)
-    torch.save(results, f"{out}/{rank}.pt")
+
+    # leaving ends the group's worker threads, even after torch._dynamo's import took the group of
+    # the moment as a default argument
+    importlib.import_module("torch._dynamo")
+
+    del ddp, caught
+    for each in (run, diverging):
+        each.state.model = distributed.unwrapped(each.state.model)
     distributed.leave()
+    results["threads"] = [threads_before, len(os.listdir("/proc/self/task"))]
+    torch.save(results, f"{out}/{rank}.pt")
 
 
 def free_port() -> int:
@@ -98,6 +109,13 @@ def test_ddp_keeps_gradients_in_its_buckets_and_each_ranks_own_statistics(two_ra
     for rank in two_ranks:
         assert rank["ddp"] == {"bucket_view": True, "forward_sync": False}
         assert rank["buffers"] == [[1.5] * 3, [3.0] * 3, 7]  # floating buffers averaged, counts untouched
+
+
+@pytest.mark.distributed
+def test_leaving_ends_the_groups_threads_before_interpreter_exit(two_ranks):
+    for rank in two_ranks:
+        before, after = rank["threads"]
+        assert after == before, "the process group outlived distributed.leave()"
 
 
 @pytest.mark.distributed

@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  (before any group exists: see leave)
+from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.errors import ConfigError
 
@@ -100,7 +102,21 @@ def join(device_name: str, deterministic: bool = False, timeout_minutes: float =
     return placement, device
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` without its DDP wrapper, which holds the process group: see :func:`leave`."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def leave() -> None:
+    """Destroy the process group, ending its gloo worker threads here rather than at interpreter exit.
+
+    A worker that drops its last collective's tensors after Python began finalising aborts the
+    process ("terminate called without an active exception"). The group ends only with its last
+    reference: the caller drops the DDP wrapper first (:func:`unwrapped`), and this module imports
+    ``torch.distributed.nn.functional`` before any group exists, since that module's functions
+    take the group of the moment as their default argument when first imported (torch._dynamo
+    imports it).
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
 
