@@ -258,6 +258,10 @@ LANGUAGE = ["task=masked_lm", "data=text", "model=bert_tiny"]
             "'data.text.max_seq_len': 1024 is more than",
         ),
         (LANGUAGE, "data=text needs 'data.path'"),
+        (
+            [*LANGUAGE, "data.text.corpus=stdlib_docs", "data.text.tokenizer=bpe"],
+            "bad value for 'data.text.tokenizer': bpe has no",  # [MASK] token for masked LM
+        ),
         ([*LANGUAGE, "data.text.corpus=stdlib_docs", "loss=bce"], "bad value for 'loss': 'bce'"),
     ],
 )
@@ -643,16 +647,31 @@ def test_a_read_only_store_opens_and_damaged_or_foreign_ones_are_named(store, tm
         TokenStore.open(copy, "train")
 
 
-def test_a_given_tokenizer_without_bert_special_tokens_is_refused(store, tmp_path):
+def test_a_given_tokenizer_without_bert_special_tokens_serves_causal_lm_only(store, tmp_path):
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(store / "tokenizer.json"))
     text = tokenizer.to_str().replace('"[MASK]"', '"[MASQ]"').replace('"[PAD]"', '"[PAAD]"')
     (tmp_path / "tokenizer.json").write_text(text)
+    out = write_token_store(DOCUMENTS[:4], DOCUMENTS[:2], tmp_path / "out", 100, tmp_path / "tokenizer.json")
+    train = TokenStore.open(out, "train")
+    assert train.meta["separator"] == "[SEP]" and train.separator == tokenizer.token_to_id("[SEP]")
+    assert set(train.meta["special"]) == {"[UNK]", "[CLS]", "[SEP]"}
     with pytest.raises(
-        DataError, match=r"^tokenizer '.*tokenizer\.json' lacks the special token\(s\) \[PAD\], \[MASK\]$"
+        DataError,
+        match=r"^token store '.*out' has no \[PAD\], \[MASK\] token: masked language modelling needs a WordPiece "
+        r"store \(trainrun write-text with --tokenizer-kind wordpiece, or a --tokenizer that has them\)$",
     ):
-        write_token_store(DOCUMENTS[:4], DOCUMENTS[:2], tmp_path / "out", 100, tmp_path / "tokenizer.json")
+        MaskedSequences(train, 32, "pad", 0.15)
+    with pytest.raises(DataError, match=r"^token store '.*out' has no \[PAD\], \[MASK\] token"):
+        check([*LANGUAGE, f"data.path={out}"])  # before a run starts
+    (tmp_path / "none.json").write_text(text.replace('"[SEP]"', '"[SEQ]"'))
+    with pytest.raises(
+        DataError,
+        match=r"^tokenizer '.*none\.json' has no token to end a document with \(one of \[SEP\], <\|endoftext\|>, "
+        r"<\|end_of_text\|>, </s>\)$",
+    ):
+        write_token_store(DOCUMENTS[:4], DOCUMENTS[:2], tmp_path / "out2", 100, tmp_path / "none.json")
 
 
 def test_corpus_folders_read_every_text_file_and_nothing_else(tmp_path):

@@ -7,7 +7,7 @@ them. Torch-free, like every config dataclass, so that a bad value fails in a fr
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 
@@ -23,6 +23,11 @@ def interval_field(default: str | None) -> Any:
 
 def choice_field(default: str, *choices: str) -> Any:
     return field(default=default, metadata={"choices": choices})
+
+
+def choices_of(config: type, name: str) -> tuple[str, ...]:
+    """The choices of ``config``'s field ``name`` (a :func:`choice_field`): for a command's flag."""
+    return next(spec.metadata["choices"] for spec in fields(config) if spec.name == name)
 
 
 def positive_field(default: Any) -> Any:

@@ -37,11 +37,10 @@ def sample_command(argv: list[str]) -> int:
         raise ConfigError(
             "bad value for '--tokens', '--top-k' or '--temperature': tokens, top-k >= 1; temperature >= 0"
         )
-    model, tokenizer, context = load_run(args.run)
+    model, tokenizer, separator, context = load_run(args.run)
     prompt = tokenizer.encode(args.prompt).ids
     if not prompt:
         raise ConfigError(f"bad value for '--prompt': {args.prompt!r} has no token in this run's vocabulary")
-    separator = tokenizer.token_to_id("[SEP]")
     generator = torch.Generator().manual_seed(args.seed)
     drawn = continuation(model, prompt, args.tokens, context, args.temperature, args.top_k, separator, generator)
     print(args.prompt + tokenizer.decode(drawn, skip_special_tokens=True))
@@ -49,8 +48,8 @@ def sample_command(argv: list[str]) -> int:
 
 
 def load_run(run: Path):
-    """(the run's GPT with its newest weights, in evaluation mode; its store's tokenizer; the
-    longest context it was trained on)."""
+    """(the run's GPT with its newest weights, in evaluation mode; its store's tokenizer and document
+    separator; the longest context it was trained on)."""
     from trainrun.data.causal_text import store_path
     from trainrun.data.token_store import TokenStore, load_tokenizer
 
@@ -64,12 +63,13 @@ def load_run(run: Path):
     if not checkpoints:
         raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
     store = store_path(config.data, SINGLE_PROCESS)
-    model = build_model(config.model, TokenStore.open(store, "train").vocab_size)
+    tokens = TokenStore.open(store, "train")
+    model = build_model(config.model, tokens.vocab_size)
     weights = load_checkpoint(checkpoints[-1])["model"]
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
     model.load_state_dict(weights)
-    return model.eval(), load_tokenizer(store / "tokenizer.json"), config.data.text.max_seq_len
+    return model.eval(), load_tokenizer(store / "tokenizer.json"), tokens.separator, config.data.text.max_seq_len
 
 
 @torch.no_grad()

@@ -120,11 +120,14 @@ class FFCVConfig:
 
 @dataclass
 class TextConfig:
-    """``data=text``: masked-language-model data from a token store at ``data.path``, or a built-in
-    corpus written once to ``data.cache_dir``."""
+    """``data=text`` and ``data=token_stream``: language-model data from a token store at
+    ``data.path``, or a built-in corpus written once to ``data.cache_dir``."""
 
     corpus: str | None = None  # built-in corpus (stdlib_docs) used when data.path is unset
-    vocab_size: int = positive_field(8192)  # WordPiece vocabulary trained for a built-in corpus
+    vocab_size: int = positive_field(8192)  # vocabulary trained for a built-in corpus
+    # tokenizer trained for a built-in corpus: wordpiece (BERT's; masked and causal LM) or bpe (GPT-2's
+    # byte-level BPE; causal LM only)
+    tokenizer: str = choice_field("wordpiece", "wordpiece", "bpe")
     max_seq_len: int = field(default=128, metadata={"min": 3})  # [CLS] + tokens + [SEP]
     packing: str = choice_field("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
     mlm_probability: float = positive_fraction_field(0.15)  # tokens masked

@@ -116,6 +116,11 @@ def check_files(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'model.weights': '{weights}' does not exist")
     if data.path and not Path(data.path).expanduser().is_dir():
         raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
+    if data.path and config.task.name == "masked_lm":  # a byte-level BPE store has no [MASK]
+        from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore
+
+        store = TokenStore.open(Path(data.path), "train")
+        store.check_special_tokens(SPECIAL_TOKENS, "masked language modelling")
     if data.name == "beton":
         for key in ("train", "val"):
             path = getattr(data, key)
@@ -317,6 +322,10 @@ def _check_segmentation_outputs(config: TrainConfig) -> None:
 def _check_masked_lm(config: TrainConfig) -> None:
     """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
     _check_language_run(config, "masked_lm", "text", "bert")
+    if config.data.text.tokenizer == "bpe" and not config.data.path:
+        raise ConfigError(
+            "bad value for 'data.text.tokenizer': bpe has no [MASK] token for masked LM (task causal_lm); use wordpiece"
+        )
     alibi = config.algorithms.get("alibi")
     if alibi is not None and alibi.train_sequence_length_scaling < 1:
         raise ConfigError(

@@ -3,8 +3,8 @@ separator token, cut into windows of ``max_seq_len + 1`` tokens (inputs and thei
 
 Windows are indexed, so the torch loader's sampler orders them by (seed, epoch) and a resume
 skips into an epoch without reading what it skips; the validation windows are the stream's first
-ones in order, the same on any number of ranks. The separator is the store's ``[SEP]``: documents
-are told apart without another vocabulary entry. Windows are gathered from the store's
+ones in order, the same on any number of ranks. The separator is the store's (``[SEP]`` in a
+WordPiece store, ``<|endoftext|>`` in a byte-level BPE one, as GPT-2's). Windows are gathered from the store's
 memory-mapped tokens as asked for: no copy of the stream is made.
 """
 
@@ -23,15 +23,13 @@ from trainrun.data.token_store import TokenStore
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
-SEPARATOR = "[SEP]"
-
 
 class TokenWindows(Dataset):
     """Window ``i``: tokens ``i·L … i·L + L`` of the stream (L + 1 of them), as int64."""
 
     def __init__(self, store: TokenStore, max_seq_len: int) -> None:
         self.store, self.max_seq_len = store, max_seq_len
-        self.separator = store.special(SEPARATOR)
+        self.separator = store.separator
         # where each document's separator sits in the stream: after its tokens and the separators before it
         self.separators = store.offsets[1:] + np.arange(len(store.offsets) - 1)
         self.length = len(store.tokens) + len(self.separators)

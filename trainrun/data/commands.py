@@ -17,12 +17,14 @@ from trainrun.data.token_store import (
     TEXT_VAL_FRACTION,
     TOKEN_DTYPES,
     check_token_dtype,
+    check_vocab_size,
     read_documents,
     split_documents,
     write_token_store,
 )
 from trainrun.data.write import WriteSettings, source_dataset, write_beton
 from trainrun.errors import ConfigError
+from trainrun.fields import choices_of
 from trainrun.schema import DataConfig, TextConfig
 
 
@@ -75,16 +77,23 @@ def _builtin_data_config(source: str, overrides: list[str]):
 
 
 def write_text_command(argv: list[str]) -> int:
-    """``trainrun write-text CORPUS STORE``: a text corpus to a token store for masked-LM training."""
+    """``trainrun write-text CORPUS STORE``: a text corpus to a token store for language-model training."""
     parser = argparse.ArgumentParser(
         prog="trainrun write-text",
         description="Tokenize a corpus (a .txt file of blank-line-separated documents, a .jsonl file of "
         f'{{"text": ...}} lines, a folder of such files, or {", ".join(BUILTIN_CORPORA)}) into a token store: '
-        "a WordPiece tokenizer trained on the training documents (or --tokenizer), token ids per split.",
+        "a tokenizer trained on the training documents (WordPiece for masked LM, byte-level BPE for causal LM) "
+        "or a given tokenizer.json (--tokenizer), token ids per split.",
     )
     parser.add_argument("corpus", help="a file, a folder, or " + " | ".join(BUILTIN_CORPORA))
     parser.add_argument("out", type=Path, help="the token store (a folder) to write, atomically")
-    parser.add_argument("--vocab-size", type=int, default=TextConfig.vocab_size, help="WordPiece vocabulary to train")
+    parser.add_argument("--vocab-size", type=int, default=TextConfig.vocab_size, help="vocabulary to train")
+    parser.add_argument(
+        "--tokenizer-kind",
+        choices=choices_of(TextConfig, "tokenizer"),
+        default=TextConfig.tokenizer,
+        help="tokenizer to train: wordpiece (BERT's; masked and causal LM) or bpe (GPT-2's byte-level; causal LM)",
+    )
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (Hugging Face tokenizers) to use instead")
     parser.add_argument(
         "--val-fraction", type=float, default=TEXT_VAL_FRACTION, help="documents held out for evaluation"
@@ -101,8 +110,8 @@ def write_text_command(argv: list[str]) -> int:
         check_token_dtype(args.vocab_size, args.dtype)
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
-    if args.vocab_size < 16:
-        raise ConfigError(f"bad value for '--vocab-size': {args.vocab_size} (at least 16)")
+    if args.tokenizer is None:
+        check_vocab_size(args.vocab_size, args.tokenizer_kind)
     if args.tokenizer is not None and not args.tokenizer.is_file():
         raise ConfigError(f"bad value for '--tokenizer': '{args.tokenizer}' does not exist")
     console = Console(highlight=False)
@@ -110,7 +119,7 @@ def write_text_command(argv: list[str]) -> int:
     documents = read_documents(args.corpus)
     train, val = split_documents(documents, args.val_fraction, args.split_seed)
     console.print(f"tokenizing {len(train):,} training and {len(val):,} validation documents")
-    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype)
+    write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype, args.tokenizer_kind)
     meta = read_json(args.out / "store.json")
     console.print(
         f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "

@@ -78,8 +78,9 @@ class MaskedSequences(Dataset):
         self.mlm_probability, self.fixed_masks = mlm_probability, fixed_masks
         self.vocab_size = store.vocab_size
         self.tokenizer_file = store.path / "tokenizer.json"
+        store.check_special_tokens(SPECIAL_TOKENS, "masked language modelling")
         self.cls, self.sep, self.pad, self.mask = (store.special(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]"))
-        self.specials = torch.tensor(sorted(store.special(token) for token in SPECIAL_TOKENS))
+        self.specials = torch.tensor(sorted(set(store.meta["special"].values())))
         # random replacements are ordinary tokens (a given tokenizer may place its special ones anywhere)
         vocabulary = torch.arange(store.vocab_size)
         self.ordinary_ids = vocabulary[~torch.isin(vocabulary, self.specials)]
@@ -152,7 +153,8 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
     rank 0's tokenizer: WordPiece training is not deterministic upstream, so nodes that trained
     their own would give the same word different ids."""
     corpus, vocab_size = config.text.corpus, config.text.vocab_size
-    identity = {"corpus": corpus, "vocab_size": vocab_size, "val_fraction": config.val_fraction}
+    kind = config.text.tokenizer
+    identity = {"corpus": corpus, "vocab_size": vocab_size, "tokenizer": kind, "val_fraction": config.val_fraction}
     identity["split_seed"] = config.split_seed
     identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
     prefix = cache_prefix(config.cache_dir, corpus, identity)
@@ -166,7 +168,7 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
             if tokenizer is not None:
                 given = Path(folder) / "tokenizer.json"
                 given.write_text(tokenizer)
-            write_token_store(train, val, path, vocab_size, given)
+            write_token_store(train, val, path, vocab_size, given, kind=kind)
 
     if placement.rank == 0:
         write_once(prefix, tokenizer_file.is_file, write)

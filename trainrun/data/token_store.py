@@ -3,9 +3,10 @@
 The layout nanoGPT and Megatron use: ``<split>.bin`` holds every document's token ids back to back
 (uint16 when the vocabulary fits, else uint32), ``<split>.idx.npy`` the offset of each document
 (one more than there are documents). Beside them: ``tokenizer.json`` (a Hugging Face
-``tokenizers`` WordPiece tokenizer, trained on the training documents unless the user gives one)
-and ``store.json`` (format, dtype, sizes, special-token ids, the tokenizer's SHA-256). A store is
-written to a temporary folder beside its target and renamed into place when complete.
+``tokenizers`` tokenizer: WordPiece as BERT's or byte-level BPE as GPT-2's, trained on the training
+documents, or one the user gives, GPT-2's or Llama's say) and ``store.json`` (format, dtype, sizes,
+special-token ids, the document separator, the tokenizer's SHA-256). A store is written to a
+temporary folder beside its target and renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from trainrun.atomic_io import atomic_directory, read_json
 from trainrun.errors import ConfigError, DataError, FileFormatError
 
 FORMAT = "trainrun-tokens/1"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # a WordPiece store's, which masked LM reads
+END_OF_TEXT = "<|endoftext|>"  # a byte-level BPE store's one special token, as GPT-2's
+# the token that ends a document in a causal stream: the first of these the tokenizer has
+# (BERT's, GPT-2's, Llama 3's, Llama 2's and Mistral's)
+SEPARATORS = ("[SEP]", END_OF_TEXT, "<|end_of_text|>", "</s>")
+BYTE_ALPHABET = 256  # a byte-level BPE vocabulary starts from every byte
 BUILTIN_CORPORA = ("stdlib_docs",)
 TEXT_VAL_FRACTION = 0.05  # documents held out of a corpus (conf/data/stdlib_docs.yaml says the same: a test checks)
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each type holds, smallest first
@@ -112,7 +118,7 @@ def _jsonl_text(path: Path, number: int, line: str) -> str:
     return record["text"]
 
 
-STORE_KEYS = ("format", "dtype", "vocab_size", "special", "tokenizer_sha256")  # what store.json must hold
+STORE_KEYS = ("format", "dtype", "vocab_size", "special", "separator", "tokenizer_sha256")  # what store.json holds
 
 
 def load_tokenizer(path: Path):
@@ -135,15 +141,26 @@ def split_documents(documents: list[str], val_fraction: float, seed: int) -> tup
     return [d for i, d in enumerate(documents) if i not in chosen], [documents[i] for i in val]
 
 
-def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool = True):
-    """A BERT-style WordPiece tokenizer trained on ``documents`` with Hugging Face ``tokenizers``."""
-    from tokenizers import BertWordPieceTokenizer
+def train_tokenizer(documents: Iterable[str], vocab_size: int, kind: str = "wordpiece"):
+    """A tokenizer trained on ``documents`` with Hugging Face ``tokenizers``: ``wordpiece``, BERT's
+    (lower-cased, with BERT's special tokens), or ``bpe``, GPT-2's byte-level BPE (every byte in the
+    vocabulary, so no text is unknown; ``<|endoftext|>`` its one special token)."""
+    from tokenizers import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
-    tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
-    tokenizer.train_from_iterator(
-        documents, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
-    )
+    if kind == "bpe":
+        tokenizer, special = ByteLevelBPETokenizer(), [END_OF_TEXT]
+    else:
+        tokenizer, special = BertWordPieceTokenizer(lowercase=True), list(SPECIAL_TOKENS)
+    tokenizer.train_from_iterator(documents, vocab_size=vocab_size, special_tokens=special, show_progress=False)
     return tokenizer._tokenizer  # the underlying tokenizers.Tokenizer, which saves to one JSON file
+
+
+def check_vocab_size(vocab_size: int, kind: str) -> None:
+    """Refuse a vocabulary too small for a ``kind`` tokenizer to be trained to."""
+    smallest = BYTE_ALPHABET + 1 if kind == "bpe" else 16
+    if vocab_size < smallest:
+        reason = " (every byte and <|endoftext|>)" if kind == "bpe" else ""
+        raise ConfigError(f"bad value for '--vocab-size': {vocab_size} (at least {smallest} for {kind}{reason})")
 
 
 def smallest_token_dtype(vocab_size: int) -> str:
@@ -167,17 +184,20 @@ def write_token_store(
     vocab_size: int,
     tokenizer_path: Path | None = None,
     dtype: str = "auto",
+    kind: str = "wordpiece",
 ) -> Path:
-    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically) with a WordPiece vocabulary
+    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically) with a ``kind`` vocabulary
     of ``vocab_size`` trained on ``train``, or the tokenizer at ``tokenizer_path`` (whatever its
     size); token ids as ``dtype`` (``auto``: the smallest type that fits); return ``out``."""
     if tokenizer_path is not None:
         tokenizer = load_tokenizer(tokenizer_path)
-        missing = [token for token in SPECIAL_TOKENS if tokenizer.token_to_id(token) is None]
-        if missing:
-            raise DataError(f"tokenizer '{tokenizer_path}' lacks the special token(s) {', '.join(missing)}")
     else:
-        tokenizer = train_tokenizer(train, vocab_size)
+        tokenizer = train_tokenizer(train, vocab_size, kind)
+    separator = next((token for token in SEPARATORS if tokenizer.token_to_id(token) is not None), None)
+    if separator is None:
+        raise DataError(
+            f"tokenizer '{tokenizer_path}' has no token to end a document with (one of {', '.join(SEPARATORS)})"
+        )
     vocab = tokenizer.get_vocab_size()
     if dtype == "auto":
         dtype = smallest_token_dtype(vocab)
@@ -197,7 +217,12 @@ def write_token_store(
             "format": FORMAT,
             "dtype": np.dtype(dtype).name,
             "vocab_size": vocab,
-            "special": {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS},
+            "special": {
+                token: tokenizer.token_to_id(token)
+                for token in dict.fromkeys(SPECIAL_TOKENS + SEPARATORS)
+                if tokenizer.token_to_id(token) is not None
+            },
+            "separator": separator,
             "tokenizer_sha256": _sha256(partial / "tokenizer.json"),
             **counts,
         }
@@ -264,6 +289,20 @@ class TokenStore:
 
     def special(self, token: str) -> int:
         return self.meta["special"][token]
+
+    @property
+    def separator(self) -> int:
+        """The id of the token that ends each document in a causal stream."""
+        return self.special(self.meta["separator"])
+
+    def check_special_tokens(self, tokens: Iterable[str], task: str) -> None:
+        """Refuse a store whose tokenizer lacks one of ``tokens``, which ``task`` reads."""
+        missing = [token for token in tokens if token not in self.meta["special"]]
+        if missing:
+            raise DataError(
+                f"token store '{self.path}' has no {', '.join(missing)} token: {task} needs a WordPiece store "
+                "(trainrun write-text with --tokenizer-kind wordpiece, or a --tokenizer that has them)"
+            )
 
     def documents(self) -> Iterator[np.ndarray]:
         for start, end in zip(self.offsets[:-1], self.offsets[1:]):

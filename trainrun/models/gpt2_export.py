@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainrun.atomic_io import atomic_directory
+from trainrun.atomic_io import atomic_directory, read_json
 from trainrun.models.gpt import GPT
 
 
@@ -76,14 +76,19 @@ def _norm(prefix: str, norm: torch.nn.LayerNorm) -> dict[str, torch.Tensor]:
 
 
 def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
-    """Write ``model`` and the store's tokenizer as a ``save_pretrained`` folder (atomically)."""
+    """Write ``model`` and the store's tokenizer as a ``save_pretrained`` folder (atomically); the
+    store's document separator is the tokenizer's end of text, its [UNK] and [PAD] where it has them."""
     from transformers import PreTrainedTokenizerFast
 
     from trainrun.data.token_store import load_tokenizer
     from trainrun.models.weights import quiet_transformers
 
+    store = read_json(tokenizer_file.parent / "store.json")
+    named = {"unk_token": "[UNK]", "pad_token": "[PAD]"}
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=load_tokenizer(tokenizer_file), eos_token="[SEP]", unk_token="[UNK]", pad_token="[PAD]"
+        tokenizer_object=load_tokenizer(tokenizer_file),
+        eos_token=store["separator"],
+        **{role: token for role, token in named.items() if token in store["special"]},
     )
     with atomic_directory(directory) as partial, quiet_transformers():
         to_gpt2(model).save_pretrained(partial)
