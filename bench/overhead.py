@@ -113,7 +113,7 @@ def text_workload(batch: int, seq: int) -> Workload:
     optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.01)
     return Workload(
         data,
-        lambda: build_model(model, sets.text.vocab_size),
+        lambda: build_model(model, sets.text),
         optimizer,
         MaskedLanguageModeling(),
         masked_cross_entropy,

@@ -72,7 +72,7 @@ def tokens_per_second(batches: Iterable, count: int) -> float:
 def training_tokens_per_second(config: ModelConfig, data: TorchData, steps: int) -> float:
     """Real tokens per second of BERT training steps on batches already loaded."""
     torch.manual_seed(0)
-    model = build_model(config, data.text.vocab_size)
+    model = build_model(config, data.text)
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-4), data.per_rank_batch)
     loaded = [batch for batch, _ in zip(data.train_batches(0), range(steps))]
     tokens, started = 0, None

@@ -11,16 +11,20 @@ import torch.nn.functional as F
 from conftest import resume_after_step_6, run_cli
 
 from trainrun.data.causal_text import TokenWindows
-from trainrun.models.gpt import GPT, apply_rotary, padded_vocabulary, rotary_tables
+from trainrun.models.gpt import GPT, apply_rotary, document_ids, padded_vocabulary, rotary_tables, visible_keys
 from trainrun.quality import QUALITY_OF_TASK
 from trainrun.registry import builder, names
 from trainrun.schema import GPTConfig
 from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator, next_token_cross_entropy
 
+SEPARATOR = 7
+
 
 def gpt(**switches) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(layers=2, heads=2, width=16, max_seq_len=12, **switches), vocab_size=50).eval()
+    return GPT(
+        GPTConfig(layers=2, heads=2, width=16, max_seq_len=12, **switches), vocab_size=50, separator=SEPARATOR
+    ).eval()
 
 
 def test_rotary_turns_each_pair_by_position_times_its_frequency():
@@ -43,6 +47,54 @@ def test_no_position_sees_a_later_token(positions):
     changed[:, 6:] = (changed[:, 6:] + 1) % 50
     before, after = model(tokens), model(changed)
     assert torch.equal(before[:, :6], after[:, :6]) and not torch.allclose(before[:, 6:], after[:, 6:])
+
+
+def test_documents_end_at_their_separator_and_masks_keep_to_the_document_and_window():
+    tokens = torch.tensor([[1, 7, 2, 3, 7, 4]])
+    assert document_ids(tokens, 7).tolist() == [[0, 0, 1, 1, 1, 2]]  # a separator ends its document
+    visible = visible_keys(6, 2, document_ids(tokens, 7), torch.device("cpu"))[0, 0].int().tolist()
+    assert visible == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],  # a new document: not its predecessor's separator
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1, 0],  # window 2: itself and one back (2 is in its document but too far)
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert visible_keys(3, None, None, torch.device("cpu")).shape == (1, 1, 3, 3)  # one mask for every window
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary", "alibi"])
+def test_no_token_sees_another_document_or_past_its_window(positions):
+    tokens = torch.randint(8, 50, (2, 12))
+    tokens[:, 4] = SEPARATOR  # documents 0-4 and 5-11
+    changed = tokens.clone()
+    changed[:, 2] = torch.where(tokens[:, 2] == 8, 9, 8)  # another ordinary token, inside the first document
+    masked, plain = gpt(positions=positions, document_mask=True), gpt(positions=positions)
+    assert torch.equal(masked(tokens)[:, 5:], masked(changed)[:, 5:])  # the second document never sees it
+    assert not torch.allclose(plain(tokens)[:, 5:], plain(changed)[:, 5:])
+    assert not torch.allclose(masked(tokens)[:, 2:5], masked(changed)[:, 2:5])
+    # window 3 over 2 layers: a token reaches at most 2 x (3 - 1) = 4 positions ahead
+    windowed = gpt(positions=positions, window=3)
+    before, after = windowed(tokens), windowed(changed)
+    assert not torch.allclose(before[:, 6], after[:, 6]) and torch.equal(before[:, 7:], after[:, 7:])
+
+
+@pytest.mark.parametrize("positions", ["learned", "alibi"])
+def test_flex_attention_attends_as_the_written_out_mask(positions):
+    """The GPU's path (FlexAttention's block mask and ALiBi score modification), run here uncompiled,
+    gives the CPU's SDPA path's attention."""
+    model = gpt(positions=positions, document_mask=True, window=4)
+    tokens = torch.randint(8, 50, (2, 10))
+    tokens[0, 3], tokens[1, 6] = SEPARATOR, SEPARATOR
+    x, attention = torch.randn(2, 10, 16), model.blocks[0].attention
+    with torch.no_grad():  # uncompiled FlexAttention has no backward on a CPU
+        written_out, flex = (
+            attention(x, None, model.attend(tokens, flex=False)),
+            attention(x, None, model.attend(tokens, flex=True)),
+        )
+    torch.testing.assert_close(flex, written_out, rtol=1e-5, atol=1e-6)
+    assert model.attend(tokens, flex=True).block_mask is not None and model.attend(tokens, flex=False).mask is not None
 
 
 def test_alibi_biases_each_heads_scores_by_its_slope_times_the_distance_back():
@@ -320,6 +372,8 @@ def test_a_gpt_of_gpt2s_shape_is_a_gpt2lmheadmodel_with_equal_logits(switches):
         ({"mlp": "relu2"}, "its MLP is ReLU²"),
         ({"logit_softcap": 15.0}, "its logits are soft-capped"),
         ({"positions": "alibi"}, "positions are not learned"),
+        ({"document_mask": True}, "it masks attention by document"),
+        ({"window": 8}, "its attention is windowed"),
     ):
         assert gpt2_mismatch(gpt(**other)) == reason
 

@@ -310,16 +310,16 @@ def _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_d
     with torch.no_grad():
         expected = ours({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
         assert torch.equal(exported(**encoded).logits, expected)
-    started = build_model(dataclasses.replace(config, weights=str(run_dir / "hf_model")), tokenizer.vocab_size)
+    text = TextFacts(tokenizer.vocab_size, 32, run_dir / "hf_model" / "tokenizer.json", tokenizer.sep_token_id)
+    started = build_model(dataclasses.replace(config, weights=str(run_dir / "hf_model")), text)
     assert all(torch.equal(value, trained[key]) for key, value in started.state_dict().items())
     assert build_model(
-        dataclasses.replace(config, weights=str(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])),
-        tokenizer.vocab_size,
+        dataclasses.replace(config, weights=str(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])), text
     )
     wider_bert = dataclasses.replace(config.bert, hidden_size=64, heads=2)
     wider = dataclasses.replace(config, bert=wider_bert, weights=str(run_dir / "hf_model"))
     with pytest.raises(ConfigError, match="'model.weights': '.*hf_model' has another shape for the model's weight"):
-        build_model(wider, tokenizer.vocab_size)
+        build_model(wider, text)
     with pytest.raises(ConfigError, match="'model.weights': '.*' is a Hugging Face folder; only model=bert"):
         build_model(ModelConfig(weights=str(run_dir / "hf_model")))
 
@@ -434,7 +434,10 @@ def test_text_datasets_read_a_store_with_the_configs_lengths_packing_and_masking
     train, val = sets
     assert sets.collate is collate_masked  # predicted positions padded per batch
     assert sets.text == TextFacts(
-        vocab_size=train.store.vocab_size, max_seq_len=24, tokenizer_file=store / "tokenizer.json"
+        vocab_size=train.store.vocab_size,
+        max_seq_len=24,
+        tokenizer_file=store / "tokenizer.json",
+        separator=train.store.special("[SEP]"),
     )
     assert (train.max_seq_len, train.packing, train.mlm_probability, train.fixed_masks) == (24, "pack", 0.3, False)
     assert (val.max_seq_len, val.packing, val.mlm_probability, val.fixed_masks) == (24, "pack", 0.2, True)

@@ -287,6 +287,7 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
         "model.gpt.tie_head": False,
         "model.gpt.logit_softcap": 15,
         "model.gpt.zero_init": True,
+        "model.gpt.document_mask": True,  # documents split at the end-of-text token
         "optimizer.name": "muon",
         "optimizer.lr": 0.05,
         "optimizer.momentum": 0.95,

@@ -89,7 +89,7 @@ def build_seeded_model(config: TrainConfig, data: DataSpec) -> torch.nn.Module:
     """The model with the same initial weights on every rank (and the same surgery at INIT); each
     training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`)."""
     seed_everything(config.seed)
-    return build_model(config.model, data.text.vocab_size if data.text else None)
+    return build_model(config.model, data.text)
 
 
 def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:

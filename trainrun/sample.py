@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from trainrun.atomic_io import read_yaml
 from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoint
 from trainrun.core.distributed import SINGLE_PROCESS
+from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
 from trainrun.models import build_model
 from trainrun.validation import validate
@@ -64,12 +65,13 @@ def load_run(run: Path):
         raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
     store = store_path(config.data, SINGLE_PROCESS)
     tokens = TokenStore.open(store, "train")
-    model = build_model(config.model, tokens.vocab_size)
+    text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
+    model = build_model(config.model, text)
     weights = load_checkpoint(checkpoints[-1])["model"]
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
     model.load_state_dict(weights)
-    return model.eval(), load_tokenizer(store / "tokenizer.json"), tokens.separator, config.data.text.max_seq_len
+    return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 
 
 @torch.no_grad()

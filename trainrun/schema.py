@@ -76,6 +76,8 @@ class GPTConfig:
     zero_init: bool = False  # attention and MLP output projections (and an untied head) start at zero
     bias: bool = False  # biases in the linear layers (nanoGPT's GPT-2 124M run has none)
     dropout: float = fraction_field(0.0)  # on embeddings, attention weights and residual branches (GPT-2: 0.1)
+    document_mask: bool = False  # no token attends to another document's (documents end at the store's separator)
+    window: int | None = field(default=None, metadata={"min": 1})  # sliding window: itself and window - 1 tokens back
 
 
 @dataclass

@@ -62,5 +62,5 @@ def stream_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, a
     for name, windows in (("training", training), ("validation", evaluation)):
         if len(windows) == 0:
             raise DataError(f"token store '{path}' has no {name} window of {length + 1} tokens (data.text.max_seq_len)")
-    facts = TextFacts(train.vocab_size, length, path / "tokenizer.json")
+    facts = TextFacts(train.vocab_size, length, path / "tokenizer.json", train.separator)
     return Datasets(training, evaluation, None, facts)

@@ -143,7 +143,7 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, aug
         raise DataError(f"token store '{path}' has no {'training' if len(train.tokens) == 0 else 'validation'} text")
     text = config.text
     training = MaskedSequences(train, text.max_seq_len, text.packing, text.mlm_probability)
-    facts = TextFacts(training.vocab_size, training.max_seq_len, training.tokenizer_file)
+    facts = TextFacts(training.vocab_size, training.max_seq_len, training.tokenizer_file, train.separator)
     evaluation = MaskedSequences(val, text.max_seq_len, text.packing, text.eval_mlm_probability, fixed_masks=True)
     return Datasets(training, evaluation, collate_masked, facts)  # predicted positions padded per batch
 

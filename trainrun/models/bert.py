@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 
+from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
 from trainrun.schema import BertConfig, ModelConfig
@@ -301,10 +302,10 @@ def build_bert(config: BertConfig, vocab_size: int) -> MaskedLanguageModel:
     return MaskedLanguageModel(BertForMaskedLM(settings), config.attention)
 
 
-def build(config: ModelConfig, vocab_size: int | None = None) -> MaskedLanguageModel:
+def build(config: ModelConfig, text: TextFacts | None = None) -> MaskedLanguageModel:
     """``model=bert_*``: a BERT of ``model.bert``'s shape over the token store's vocabulary."""
-    if vocab_size is None:
+    if text is None:
         raise ConfigError(
             "model.name=bert needs text data (data=text or data=stdlib_docs): its vocabulary sizes the model"
         )
-    return build_bert(config.bert, vocab_size)
+    return build_bert(config.bert, text.vocab_size)

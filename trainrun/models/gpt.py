@@ -8,9 +8,14 @@ form of the alibi method's slopes: any length runs), ``norm`` LayerNorm or RMSNo
 (queries and keys RMS-normalised per head before attention), ``mlp`` GELU or ReLU² (``relu(x)²``),
 ``tie_head``, ``logit_softcap`` (``c · tanh(logits / c)``), ``zero_init`` (attention and MLP output
 projections and an untied head start at zero) and ``dropout`` (GPT-2's: on the embeddings, the
-attention weights and each residual branch). Attention is
+attention weights and each residual branch), ``document_mask`` (no token attends to another
+document's: a document ends at the store's separator, which belongs to it) and ``window`` (each
+token attends to itself and the ``window - 1`` tokens before it). Attention is
 ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient kernels on a GPU, the
-math kernel on a CPU (with ALiBi, the causal bias as its additive mask). Written here, not taken
+math kernel on a CPU (with ALiBi, the causal bias as its additive mask). With a document mask or a
+window, a GPU attends through FlexAttention (compiled; block-sparse, so masked blocks cost nothing,
+ALiBi as its score modification) and a CPU through the same kernel with the mask written out; one
+mask serves every layer of a batch. Written here, not taken
 from transformers, so that every switch is one readable line (nanoGPT's reason); a model with
 GPT-2's shape has GPT-2's parameters.
 """
@@ -18,11 +23,16 @@ GPT-2's shape has GPT-2's parameters.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from trainrun.data.interface import TextFacts
 from trainrun.schema import GPTConfig, ModelConfig
 
 VOCAB_MULTIPLE = 64  # the embedding and head are padded to a multiple of this (nanoGPT's 50304)
@@ -50,6 +60,66 @@ def norm_layer(kind: str, size: int) -> nn.Module:
     return nn.RMSNorm(size) if kind == "rmsnorm" else nn.LayerNorm(size)
 
 
+@dataclass
+class Attend:
+    """How a batch's queries see its keys, built once per forward and read by every layer: plain
+    causal (nothing set), SDPA's ``mask`` (boolean, or additive with ALiBi), or FlexAttention's
+    ``block_mask`` with ALiBi's ``score_mod``."""
+
+    mask: torch.Tensor | None = None
+    block_mask: BlockMask | None = None
+    score_mod: Callable | None = None
+
+
+@cache
+def compiled_flex_attention() -> Callable:
+    """FlexAttention compiled once per process: uncompiled it writes out every score."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def document_ids(tokens: torch.Tensor, separator: int) -> torch.Tensor:
+    """(batch, length): each position's document within its window, counted from 0; a separator
+    belongs to the document it ends."""
+    ends = tokens == separator
+    return ends.cumsum(1) - ends.long()
+
+
+def visible_keys(length: int, window: int | None, documents: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """(batch or 1, 1, length, length) bool: key j visible to query i (not after it, fewer than
+    ``window`` tokens back, in its document)."""
+    position = torch.arange(length, device=device)
+    back = position[:, None] - position[None, :]
+    visible = (back >= 0) & (back < window) if window else back >= 0
+    visible = visible[None, None]
+    return visible & (documents[:, None, :, None] == documents[:, None, None, :]) if documents is not None else visible
+
+
+def flex_attend(
+    length: int,
+    window: int | None,
+    documents: torch.Tensor | None,
+    slopes: torch.Tensor | None,
+    device: torch.device,
+) -> Attend:
+    """The same rule as :func:`visible_keys` as a FlexAttention block mask (and ALiBi's bias as its
+    score modification), for ``batch`` windows of ``length`` tokens."""
+
+    def visible(batch, head, query, key):
+        keep = query >= key
+        if window:
+            keep = keep & (query - key < window)
+        if documents is not None:
+            keep = keep & (documents[batch, query] == documents[batch, key])
+        return keep
+
+    def alibi(score, batch, head, query, key):
+        return score - slopes[head] * (query - key)
+
+    batches = documents.shape[0] if documents is not None else None  # None: one mask for every window
+    block_mask = create_block_mask(visible, batches, None, length, length, device=device)
+    return Attend(block_mask=block_mask, score_mod=alibi if slopes is not None else None)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -60,7 +130,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, bias: torch.Tensor | None
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, attend: Attend
     ) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -69,10 +139,14 @@ class CausalSelfAttention(nn.Module):
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         dropout = self.dropout if self.training else 0.0
-        if bias is None:
+        if attend.block_mask is not None:
+            kernel = compiled_flex_attention() if q.is_cuda else flex_attention
+            context = kernel(q, k, v, score_mod=attend.score_mod, block_mask=attend.block_mask)
+        elif attend.mask is None:
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
+            mask = attend.mask if attend.mask.dtype == torch.bool else attend.mask.to(q.dtype)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         return self.proj(context.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -100,18 +174,20 @@ class Block(nn.Module):
         self.residual_dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, bias: torch.Tensor | None
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, attend: Attend
     ) -> torch.Tensor:
-        x = x + self.residual_dropout(self.attention(self.attention_norm(x), rotary, bias))
+        x = x + self.residual_dropout(self.attention(self.attention_norm(x), rotary, attend))
         return x + self.residual_dropout(self.mlp(self.mlp_norm(x)))
 
 
 class GPT(nn.Module):
     """Token ids (batch, length) to next-token logits (batch, length, vocabulary)."""
 
-    def __init__(self, config: GPTConfig, vocab_size: int) -> None:
+    def __init__(self, config: GPTConfig, vocab_size: int, separator: int | None = None) -> None:
         super().__init__()
-        self.config, self.vocab_size = config, vocab_size
+        if config.document_mask and separator is None:
+            raise ValueError("a document mask needs the token store's separator")
+        self.config, self.vocab_size, self.separator = config, vocab_size, separator
         padded = padded_vocabulary(vocab_size)
         self.embed = nn.Embedding(padded, config.width)
         self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
@@ -146,6 +222,19 @@ class GPT(nn.Module):
         bias = -self.alibi_slopes[:, None, None] * distance
         return bias.masked_fill(distance < 0, float("-inf"))
 
+    def attend(self, tokens: torch.Tensor, flex: bool) -> Attend:
+        """How this batch's queries see its keys (``flex``: through FlexAttention, which has no dropout)."""
+        length, window = tokens.shape[1], self.config.window
+        documents = document_ids(tokens, self.separator) if self.config.document_mask else None
+        if documents is None and window is None:
+            return Attend(self.causal_bias(length) if self.alibi_slopes is not None else None)
+        if flex:
+            return flex_attend(length, window, documents, self.alibi_slopes, tokens.device)
+        visible = visible_keys(length, window, documents, tokens.device)
+        if self.alibi_slopes is None:
+            return Attend(visible)
+        return Attend(self.causal_bias(length).masked_fill(~visible, float("-inf")))
+
     def _initialise(self) -> None:
         """nanoGPT's: normal(0, 0.02) weights, zero biases, output projections at 0.02 / sqrt(2 x
         layers) (with ``zero_init`` they and an untied head start at zero, as the speedrun's)."""
@@ -166,16 +255,16 @@ class GPT(nn.Module):
             x = x + self.positions(torch.arange(length, device=tokens.device))
         rotary = (self.rotary_cos[:length], self.rotary_sin[:length]) if self.config.positions == "rotary" else None
         x = self.embedding_dropout(x)
-        bias = self.causal_bias(length) if self.alibi_slopes is not None else None
+        attend = self.attend(tokens, flex=tokens.is_cuda and not (self.training and self.config.dropout))
         for block in self.blocks:
-            x = block(x, rotary, bias)
+            x = block(x, rotary, attend)
         logits = self.head(self.final_norm(x))[..., : self.vocab_size].float()
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
 
-def build(config: ModelConfig, vocab_size: int | None = None) -> GPT:
+def build(config: ModelConfig, text: TextFacts | None = None) -> GPT:
     """``model=gpt_*``: a GPT over the data's vocabulary (padded to a multiple of 64)."""
-    if vocab_size is None:
+    if text is None:
         raise ValueError("a GPT needs the token store's vocabulary size")
-    return GPT(config.gpt, vocab_size)
+    return GPT(config.gpt, text.vocab_size, text.separator)

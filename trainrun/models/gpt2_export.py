@@ -26,6 +26,8 @@ def gpt2_mismatch(model: GPT) -> str | None:
         "it normalises queries and keys": config.qk_norm,
         "its MLP is ReLU²": config.mlp != "gelu",
         "its logits are soft-capped": config.logit_softcap is not None,
+        "it masks attention by document": config.document_mask,
+        "its attention is windowed": config.window is not None,
     }
     return next((reason for reason, differs in differences.items() if differs), None)
 

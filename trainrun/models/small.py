@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
+from trainrun.data.interface import TextFacts
 from trainrun.models.initializers import initialize
 from trainrun.schema import ModelConfig
 
@@ -64,7 +65,7 @@ class SmallResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(features), 1))
 
 
-def build(config: ModelConfig, vocab_size: int | None = None) -> SmallResNet:
+def build(config: ModelConfig, text: TextFacts | None = None) -> SmallResNet:
     """``model=resnet_small``, initialised with ``model.initializers``."""
     small = config.resnet_small
     model = SmallResNet(config.num_classes, width=small.width, blocks=small.blocks, norm=small.norm)

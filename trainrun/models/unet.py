@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from trainrun.data.interface import TextFacts
 from trainrun.schema import ModelConfig
 
 
-def build(config: ModelConfig, vocab_size: int | None = None) -> nn.Module:
+def build(config: ModelConfig, text: TextFacts | None = None) -> nn.Module:
     """MONAI's DynUNet with ``model.unet``'s levels and ``model.num_classes`` outputs."""
     from monai.networks.nets import DynUNet
 
