@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, in few calls on the GPU machine (docs/benchmarks.md, "The first GPU run"):
 #   STEPS="env tests bert128 bert512 alibi" bash scripts/first_gpu_run.sh   # after scripts/gpu_wheels.sh
-# here (.whl/ travels with the tree); then STEPS="compile resnet", then STEPS="loaders recipes unet".
+# here (.whl/ travels with the tree); then STEPS="compile resnet gpt", then STEPS="loaders recipes unet".
 # Each step's whole output goes to $OUT/<step>.log (or gpu-run/), its tail to the console.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-env tests bert128 bert512 alibi compile resnet loaders recipes unet}
+steps=${STEPS:-env tests bert128 bert512 alibi compile resnet gpt loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -37,9 +37,11 @@ recipes() {  # each recipe's first steps on built-in data, at the recipe's own s
   images+=" eval_interval=24ba"
   local text="data=stdlib_docs data.num_workers=8 stop_at=null device_train_microbatch_size=auto max_duration=40ba eval_interval=40ba"
   local recipe data
-  for recipe in ${RECIPES:-mild baseline medium hot bert_base bert_large}; do
+  local stream="data=stdlib_stream data.num_workers=8 stop_at=null device_train_microbatch_size=auto max_duration=20ba eval_interval=20ba"
+  for recipe in ${RECIPES:-mild baseline medium hot bert_base bert_large gpt125 gpt_speedrun}; do
     case $recipe in
       bert*) data=$text ;;
+      gpt*) data=$stream ;;
       *) data=$images ;;
     esac
     # shellcheck disable=SC2086  # $data is a list of overrides
@@ -73,6 +75,7 @@ for name in $steps; do
     compile) step compile python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --compile --rounds 2 ;;
     bert512) step bert512 python3 bench/bert.py --precision bf16 --lengths corpus --seq 512 --batch 128 --attention sdpa varlen flex ;;
     alibi) step alibi python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --alibi --attention sdpa flex --check-syncs ;;
+    gpt) step gpt python3 bench/gpt_step.py --compile ;;  # gpt125, bf16, 16 x 1,024 tokens: AdamW, Muon, document mask
     loaders) step loaders python3 bench/loaders.py --hot --images 4000 --workers 8 --sides 300 900 --batch 256 ;;
     recipes) TAIL=60 step recipes recipes ;;
     unet) TAIL=30 step unet unet ;;

@@ -149,6 +149,17 @@ def test_bert_side_by_side_benches_print_both_rates_and_their_ratio(script):
 
 
 @pytest.mark.slow
+def test_gpt_step_bench_compares_adamw_muon_and_the_document_mask_at_nanogpts_flops():
+    result = bench("gpt_step.py", "--seq", "32", "--steps", "1", "--rounds", "1")
+    assert result.returncode == 0, result.stderr
+    # gpt_tiny: 2 blocks of 12·128² weights and two LayerNorms (4·128), the head 8,192 (the
+    # vocabulary padded to 64s) x 128: N = 1,442,816; 6·N + 12·2·128·32 = 8,755,200 per token
+    assert "batch 8 x 32 tokens, 1 steps x 1 rounds, 8.8 MFLOP per token" in result.stdout
+    rows = [line.split(" | ")[0].strip("| ") for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[2:] == ["adamw", "muon", "adamw, document mask"]
+
+
+@pytest.mark.slow
 def test_gpt_bench_times_each_recipe_to_the_baselines_final_loss(tmp_path):
     result = bench(
         "gpt.py", "--steps", "8", "--eval-every", "4", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png")
