@@ -1,13 +1,14 @@
 """Trainer overhead: trainrun's Trainer against a plain hand-written PyTorch loop.
 
 Same model, same data through the same DataLoader, same batch, optimizer and schedule, one
-process, for either task: a small ResNet on in-memory images (``--task image_classification``) or
-BERT-Tiny on the built-in text corpus, masked on the fly (``--task masked_lm``). Rounds alternate
+process, for any of three tasks: a small ResNet on in-memory images (``--task image_classification``),
+BERT-Tiny on the built-in text corpus, masked on the fly (``--task masked_lm``), or ``gpt_tiny`` on
+the same corpus as a token stream (``--task causal_lm``: the plain loop is nanoGPT's). Rounds alternate
 (plain, trainer, plain, trainer, ...) so that drift in machine speed hits both, and the best
 round of each is compared: noise from other work on the machine only ever slows a round down.
 Target: trainer / plain >= 0.98.
 
-    .venv/bin/python bench/overhead.py [--task masked_lm] [--steps 30] [--rounds 5] [--batch N]
+    .venv/bin/python bench/overhead.py [--task masked_lm|causal_lm] [--steps 30] [--rounds 5] [--batch N]
         [--resolution 32] [--seq 128] [--mlflow]
 
 ``--mlflow`` compares the Trainer with and without ``loggers=[mlflow]`` instead (target >= 0.99).
@@ -33,6 +34,7 @@ from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data import Datasets, TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
+from trainrun.data.causal_text import stream_datasets
 from trainrun.data.masked_text import text_datasets
 from trainrun.models import build_model
 from trainrun.optim.optimizers import build_optimizer
@@ -40,6 +42,7 @@ from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import (
     BertConfig,
     DataConfig,
+    GPTConfig,
     ModelConfig,
     OptimizerConfig,
     SchedulerConfig,
@@ -47,6 +50,7 @@ from trainrun.schema import (
     TextConfig,
 )
 from trainrun.tasks import Task
+from trainrun.tasks.causal_lm import CausalLanguageModeling, next_token_cross_entropy
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import soft_cross_entropy
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, masked_cross_entropy
@@ -117,6 +121,28 @@ def text_workload(batch: int, seq: int) -> Workload:
         optimizer,
         MaskedLanguageModeling(),
         masked_cross_entropy,
+        step,
+        "seq",
+    )
+
+
+def stream_workload(batch: int, seq: int) -> Workload:
+    """The built-in corpus as one stream of windows, gpt_tiny, AdamW: nanoGPT's loop by hand."""
+    config = DataConfig(name="token_stream", text=TextConfig(corpus="stdlib_docs", max_seq_len=seq))
+    sets = stream_datasets(config)
+    data = TorchData(config, sets, batch, batch, seed=0)
+
+    def step(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
+        return next_token_cross_entropy(model(windows[:, :-1]), windows[:, 1:])
+
+    model = ModelConfig(name="gpt", gpt=GPTConfig(max_seq_len=seq))
+    optimizer = OptimizerConfig(name="adamw", lr=1e-3, weight_decay=0.0)
+    return Workload(
+        data,
+        lambda: build_model(model, sets.text),
+        optimizer,
+        CausalLanguageModeling(),
+        next_token_cross_entropy,
         step,
         "seq",
     )
@@ -205,12 +231,14 @@ def trainer_loop(steps: int, work: Workload) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=["image_classification", "masked_lm"], default="image_classification")
+    parser.add_argument(
+        "--task", choices=["image_classification", "masked_lm", "causal_lm"], default="image_classification"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, help="default: 128 images or 32 sequences")
     parser.add_argument("--resolution", type=int, default=32, help="image_classification: pixels")
-    parser.add_argument("--seq", type=int, default=128, help="masked_lm: tokens per sequence")
+    parser.add_argument("--seq", type=int, default=128, help="masked_lm, causal_lm: tokens per sequence")
     parser.add_argument(
         "--mlflow",
         action="store_true",
@@ -220,6 +248,9 @@ def main() -> None:
     if args.task == "masked_lm":
         args.batch = args.batch or 32
         work, shape = text_workload(args.batch, args.seq), f"BERT-Tiny, {args.seq} tokens"
+    elif args.task == "causal_lm":
+        args.batch = args.batch or 32
+        work, shape = stream_workload(args.batch, args.seq), f"gpt_tiny, {args.seq} tokens"
     else:
         args.batch = args.batch or 128
         work, shape = image_workload(args.batch, args.resolution), f"{args.resolution}px"

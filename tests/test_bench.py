@@ -117,15 +117,21 @@ def _best_rates(stdout: str, unit: str) -> dict[str, float]:
     return rates
 
 
-SIDE_BY_SIDE = {  # script: (tiny arguments, rate unit, (numerator, denominator), the ratio's label)
-    "overhead.py": (
-        ["--task", "masked_lm", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1"],
+SIDE_BY_SIDE = {  # name: (script and tiny arguments, rate unit, (numerator, denominator), the ratio's label)
+    "overhead masked_lm": (
+        ["overhead.py", "--task", "masked_lm", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1"],
         "seq/s best",
         ("trainer", "plain loop"),
         "ratio trainer/plain: ",
     ),
-    "text_loader.py": (
-        ["--seq", "32", "--batch", "8", "--batches", "3", "--rounds", "1", "--steps", "1"],
+    "overhead causal_lm": (
+        ["overhead.py", "--task", "causal_lm", "--batch", "8", "--seq", "32", "--steps", "2", "--rounds", "1"],
+        "seq/s best",
+        ("trainer", "plain loop"),
+        "ratio trainer/plain: ",
+    ),
+    "text_loader": (
+        ["text_loader.py", "--seq", "32", "--batch", "8", "--batches", "3", "--rounds", "1", "--steps", "1"],
         "tokens/s best",
         ("token store", "tokenized on the fly"),
         "ratio store / on the fly: ",
@@ -134,17 +140,17 @@ SIDE_BY_SIDE = {  # script: (tiny arguments, rate unit, (numerator, denominator)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", SIDE_BY_SIDE)
-def test_bert_side_by_side_benches_print_both_rates_and_their_ratio(script):
-    """The trainer against a hand loop on BERT; the token store against tokenizing on the fly."""
-    args, unit, (numerator, denominator), label = SIDE_BY_SIDE[script]
-    result = bench(script, *args)
+@pytest.mark.parametrize("name", SIDE_BY_SIDE)
+def test_language_side_by_side_benches_print_both_rates_and_their_ratio(name):
+    """The trainer against a hand loop on BERT and on a GPT; the token store against tokenizing on the fly."""
+    args, unit, (numerator, denominator), label = SIDE_BY_SIDE[name]
+    result = bench(*args)
     assert result.returncode == 0, result.stderr
     rates = _best_rates(result.stdout, unit)
     assert set(rates) == {numerator, denominator} and min(rates.values()) > 0
     shown = float(result.stdout.split(label)[1].split()[0])
     assert shown == pytest.approx(rates[numerator] / rates[denominator], abs=0.01)
-    if script == "text_loader.py":
+    if name == "text_loader":
         assert sum("training:" in line and "% of a step" in line for line in result.stdout.splitlines()) == 2
 
 
