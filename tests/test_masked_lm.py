@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -65,6 +66,15 @@ def test_token_store_layout_and_round_trip(store):
     assert decoded == {document.lower().replace(" ", "") for document in DOCUMENTS}  # lower-cased WordPiece
     assert len(train.offsets) == meta["train"]["documents"] + 1 and train.offsets[-1] == len(train.tokens)
     assert train.special("[PAD]") == 0 and train.special("[MASK]") == 4
+
+
+def test_a_store_written_before_separators_were_recorded_ends_its_documents_with_sep(store, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(store, old)
+    meta = json.loads((old / "store.json").read_text())
+    assert meta.pop("separator") == "[SEP]"
+    (old / "store.json").write_text(json.dumps(meta))
+    assert TokenStore.open(old, "train").separator == TokenStore.open(store, "train").special("[SEP]") == 3
 
 
 def test_token_ids_are_stored_in_a_type_that_holds_the_vocabulary(store, tmp_path):

@@ -118,7 +118,13 @@ def _jsonl_text(path: Path, number: int, line: str) -> str:
     return record["text"]
 
 
-STORE_KEYS = ("format", "dtype", "vocab_size", "special", "separator", "tokenizer_sha256")  # what store.json holds
+STORE_KEYS = ("format", "dtype", "vocab_size", "special", "tokenizer_sha256")  # what store.json must hold
+
+
+def separator_of(meta: dict) -> str:
+    """The token that ends each document in the store ``meta`` describes (stores written before
+    trainrun recorded it are WordPiece ones, ended by [SEP])."""
+    return meta.get("separator", "[SEP]")
 
 
 def load_tokenizer(path: Path):
@@ -293,7 +299,7 @@ class TokenStore:
     @property
     def separator(self) -> int:
         """The id of the token that ends each document in a causal stream."""
-        return self.special(self.meta["separator"])
+        return self.special(separator_of(self.meta))
 
     def check_special_tokens(self, tokens: Iterable[str], task: str) -> None:
         """Refuse a store whose tokenizer lacks one of ``tokens``, which ``task`` reads."""

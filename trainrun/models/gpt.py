@@ -14,8 +14,8 @@ token attends to itself and the ``window - 1`` tokens before it). Attention is
 ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient kernels on a GPU, the
 math kernel on a CPU (with ALiBi, the causal bias as its additive mask). With a document mask or a
 window, a GPU attends through FlexAttention (compiled; block-sparse, so masked blocks cost nothing,
-ALiBi as its score modification) and a CPU through the same kernel with the mask written out; one
-mask serves every layer of a batch. Written here, not taken
+ALiBi as its score modification) and a CPU through SDPA with the mask written out; one mask
+serves every layer of a batch. Written here, not taken
 from transformers, so that every switch is one readable line (nanoGPT's reason); a model with
 GPT-2's shape has GPT-2's parameters.
 """

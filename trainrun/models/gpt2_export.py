@@ -82,14 +82,14 @@ def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
     store's document separator is the tokenizer's end of text, its [UNK] and [PAD] where it has them."""
     from transformers import PreTrainedTokenizerFast
 
-    from trainrun.data.token_store import load_tokenizer
+    from trainrun.data.token_store import load_tokenizer, separator_of
     from trainrun.models.weights import quiet_transformers
 
     store = read_json(tokenizer_file.parent / "store.json")
     named = {"unk_token": "[UNK]", "pad_token": "[PAD]"}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=load_tokenizer(tokenizer_file),
-        eos_token=store["separator"],
+        eos_token=separator_of(store),
         **{role: token for role, token in named.items() if token in store["special"]},
     )
     with atomic_directory(directory) as partial, quiet_transformers():
