@@ -27,12 +27,13 @@ from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store, co
 from trainrun.data.token_store import (
     TokenStore,
     check_token_dtype,
+    load_tokenizer,
     read_documents,
     split_documents,
     write_token_store,
 )
 from trainrun.data.torch_loader import AugmentedDataset
-from trainrun.errors import ConfigError, DataError
+from trainrun.errors import ConfigError, DataError, FileFormatError
 from trainrun.models import build_model
 from trainrun.models.bert import build_bert
 from trainrun.schema import BertConfig, DataConfig, ModelConfig, TextConfig
@@ -658,6 +659,53 @@ def test_a_read_only_store_opens_and_damaged_or_foreign_ones_are_named(store, tm
     (copy / "tokenizer.json").write_text("{}")
     with pytest.raises(DataError, match=r"^'.*copy/tokenizer\.json' is not the tokenizer the store was written with$"):
         TokenStore.open(copy, "train")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda s: (s / "store.json").write_text("[1, 2]"),
+            r"'.*store\.json' is not a trainrun token store's description \(list\)$",
+        ),
+        (
+            lambda s: (s / "train.idx.npy").write_bytes(b"not numpy"),
+            r"'.*train\.idx\.npy' is not a token store index \(a NumPy \.npy file\): ",
+        ),
+        (
+            lambda s: np.save(s / "train.idx.npy", np.ones((2, 2))),
+            r"'.*train\.idx\.npy' is not a token store index \(rising document offsets from 0\)$",
+        ),
+        (lambda s: np.save(s / "train.idx.npy", np.array([1, 5])), r"\(rising document offsets from 0\)$"),
+        (lambda s: np.save(s / "train.idx.npy", np.array([0.0, 5.0])), r"\(rising document offsets from 0\)$"),
+        (
+            lambda s: (s / "train.bin").unlink(),
+            r"^token store '.*damaged' has no train\.bin: write it again with 'trainrun write-text'$",
+        ),
+        (
+            lambda s: (s / "store.json").write_text(json.dumps({"format": "trainrun-tokens/1", "dtype": "uint16"})),
+            r"^'.*store\.json' lacks vocab_size, special, tokenizer_sha256: write the store again with "
+            r"'trainrun write-text'$",
+        ),
+    ],
+)
+def test_damaged_store_files_are_refused_naming_the_file_and_what_is_wrong(store, tmp_path, damage, message):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(store, damaged)
+    damage(damaged)
+    with pytest.raises((DataError, FileFormatError), match=message):
+        TokenStore.open(damaged, "train")
+
+
+def test_a_file_that_is_not_a_tokenizer_json_is_named_with_the_parsers_first_line(tmp_path):
+    (tmp_path / "tok.json").write_text("{}")
+    with pytest.raises(
+        FileFormatError, match=r"^'.*tok\.json' is not a tokenizer\.json of the tokenizers library \(\w"
+    ):
+        load_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(FileFormatError, match=r"\(.*\)$") as caught:
+        load_tokenizer(tmp_path / "tok.json")
+    assert "\n" not in str(caught.value) and "None" not in str(caught.value)
 
 
 def test_a_given_tokenizer_without_bert_special_tokens_serves_causal_lm_only(store, tmp_path):
