@@ -705,7 +705,22 @@ def test_a_file_that_is_not_a_tokenizer_json_is_named_with_the_parsers_first_lin
         load_tokenizer(tmp_path / "tok.json")
     with pytest.raises(FileFormatError, match=r"\(.*\)$") as caught:
         load_tokenizer(tmp_path / "tok.json")
-    assert "\n" not in str(caught.value) and "None" not in str(caught.value)
+    assert "\n" not in str(caught.value) and "Model missing" in str(caught.value)  # the parser's own words
+
+
+def test_a_json_lines_corpus_names_the_file_and_line_of_a_bad_record(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": 3}\n')
+    with pytest.raises(
+        DataError,
+        match=r'^corpus file \'.*corpus\.jsonl\' line 2 has no "text" string \(one \{"text": \.\.\.\} per line\)$',
+    ):
+        read_documents(str(corpus))
+    corpus.write_text('{"text": "fine"}\n{"text": \n')
+    with pytest.raises(
+        DataError, match=r"^corpus file '.*corpus\.jsonl' line 2 is not a JSON record \(Expecting value\)$"
+    ):
+        read_documents(str(corpus))
 
 
 def test_a_given_tokenizer_without_bert_special_tokens_serves_causal_lm_only(store, tmp_path):
