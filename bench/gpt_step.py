@@ -35,6 +35,7 @@ from gpu_throughput import peak_tflops
 from trainrun.config import compose
 from trainrun.core.precision import resolve_precision
 from trainrun.data.causal_text import stream_datasets
+from trainrun.models import build_model
 from trainrun.models.gpt import GPT
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import GPTConfig, OptimizerConfig
@@ -89,13 +90,14 @@ def main() -> None:
     device = torch.device(args.device)
     overrides = ["task=causal_lm", "data=stdlib_stream", f"model={args.model}", f"data.text.max_seq_len={args.seq}"]
     config = validate(compose([*overrides, f"model.gpt.max_seq_len={args.seq}"]), files=False)
-    windows = stream_datasets(config.data).train
+    sets = stream_datasets(config.data)
+    windows = sets.train
     data = [torch.stack([windows[b * args.batch + i] for i in range(args.batch)]).to(device) for b in range(4)]
     models = {}
     for name, (optimizer_name, document_mask) in VARIANTS.items():
         torch.manual_seed(0)
         gpt_config = dataclasses.replace(config.model.gpt, document_mask=document_mask)
-        gpt = GPT(gpt_config, windows.store.vocab_size, windows.separator).to(device)
+        gpt = build_model(dataclasses.replace(config.model, gpt=gpt_config), sets.text).to(device)
         settings = OptimizerConfig(name=optimizer_name, lr=RATES[optimizer_name], weight_decay=0.0)
         optimizer = build_optimizer(gpt, settings, args.batch)
         models[name] = (torch.compile(gpt) if args.compile else gpt, optimizer)

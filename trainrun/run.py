@@ -66,8 +66,6 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         if placement.rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
             for line in task.export(state, run_dir):
                 console.print(line, highlight=False, soft_wrap=True)
-        # every rank leaves the group together: none closes its connections while another still uses them
-        distributed.wait_for_all(placement.world_size)
     except BaseException as error:
         logs.record_failure(state, error)
         raise
