@@ -51,32 +51,54 @@ def test_classification_metrics_accumulate_over_batches_with_top5_and_a_mean_los
     assert metrics["top1"] == pytest.approx(float((ranked[:, 0] == labels).float().mean()))
     assert metrics["top5"] == pytest.approx(float((ranked[:, :5] == labels[:, None]).any(1).float().mean()))
     assert metrics["eval_loss"] == pytest.approx(float(F.cross_entropy(logits, labels)), rel=1e-6)
-    assert evaluator.loss.dtype == torch.float64  # sums over a whole evaluation set, in double precision
+    assert evaluator.sums.dtype == torch.float64  # sums over a whole evaluation set, in double precision
     three = ClassificationEvaluator(3, torch.device("cpu"), 1)  # fewer than 5 classes: top-3 is every class
     three.update(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
     assert three.compute()["top5"] == 1.0
 
 
-def test_classification_loss_is_summed_over_ranks(monkeypatch):
-    other = AnotherRank([12.0, 4.0])  # rank 1: 4 samples, loss 12
+@pytest.mark.parametrize("classes", [3, 10, 1000])
+def test_classification_accuracy_counts_what_torchmetrics_counts(classes):
+    """The evaluator's own top-1 and top-k counts against torchmetrics' MulticlassAccuracy (micro)."""
+    from torchmetrics.classification import MulticlassAccuracy
+
+    generator = torch.Generator().manual_seed(classes)
+    top_k = min(5, classes)
+    reference = [MulticlassAccuracy(classes, top_k=k, average="micro") for k in (1, top_k)]
+    evaluator = ClassificationEvaluator(classes, torch.device("cpu"), 1)
+    for size in (64, 37):
+        logits = torch.randn(size, classes, generator=generator) * 3
+        labels = logits.argmax(1)  # about half right at top-1, more at top-k
+        labels[: size // 2] = torch.randint(0, classes, (size // 2,), generator=generator)
+        evaluator.update(logits, labels)
+        for metric in reference:
+            metric.update(logits, labels)
+    metrics = evaluator.compute()
+    assert metrics["top1"] == pytest.approx(float(reference[0].compute()), abs=1e-6)  # its float32
+    assert metrics["top5"] == pytest.approx(float(reference[1].compute()), abs=1e-6)
+    assert 0 < metrics["top1"] < 1 and metrics["top1"] <= metrics["top5"]
+
+
+def test_classification_sums_are_summed_over_ranks_in_one_reduce(monkeypatch):
+    other = AnotherRank([12.0, 4.0, 3.0, 4.0])  # rank 1: 4 samples, loss 12, 3 right at top-1, 4 at top-3
     monkeypatch.setattr(dist, "all_reduce", other)
     evaluator = ClassificationEvaluator(3, torch.device("cpu"), world_size=2)
-    logits, labels = torch.randn(2, 3), torch.tensor([0, 2])
+    logits, labels = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0]]), torch.tensor([0, 2])
     evaluator.update(logits, labels)
     own = float(F.cross_entropy(logits, labels, reduction="sum"))
-    assert evaluator.compute()["eval_loss"] == pytest.approx((own + 12.0) / 6) and other.calls == 1
+    metrics = evaluator.compute()
+    assert metrics == {"top1": pytest.approx(4 / 6), "top5": 1.0, "eval_loss": pytest.approx((own + 12.0) / 6)}
+    assert other.calls == 1
     single = ClassificationEvaluator(3, torch.device("cpu"), world_size=1)
     single.update(logits, labels)
-    single.compute()
+    assert single.compute()["top1"] == 0.5
     assert other.calls == 1  # one rank: nothing to reduce
 
 
 def test_evaluators_keep_their_sums_on_the_runs_device():
     meta = SimpleNamespace(num_classes=10, device=torch.device("meta"), world_size=1)
     classification = build_task("image_classification").evaluator(meta)
-    assert {classification.top1.device.type, classification.top5.device.type, classification.loss.device.type} == {
-        "meta"
-    }
+    assert classification.sums.device.type == "meta"
     assert build_task("masked_lm").evaluator(meta).sums.device.type == "meta"
 
 
@@ -187,12 +209,3 @@ def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_p
     assert lines[1] == (
         "note: hf_model: its feed-forward layers are GLUs (gated_linear_units), which BertForMaskedLM cannot load"
     )
-
-
-def test_evaluation_metrics_skip_torchmetrics_argument_checks_that_wait_for_the_device():
-    from trainrun.tasks.image_classification import ClassificationEvaluator
-
-    evaluator = ClassificationEvaluator(10, torch.device("cpu"), 1)
-    assert evaluator.top1.validate_args is False and evaluator.top5.validate_args is False
-    evaluator.update(torch.eye(10)[[1, 2, 3, 4]], torch.tensor([1, 2, 0, 0]))
-    assert evaluator.compute()["top1"] == 0.5
