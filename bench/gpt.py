@@ -2,8 +2,9 @@
 
 Each published GPT recipe (``gpt125``: Composer's baseline; ``gpt125_mosaic``: + ALiBi and
 sequence-length warmup; ``gpt_speedrun``: Muon, rotary, QK-norm, ReLU², untied head, soft-cap,
-warmup-stable-decay) runs as a user runs it (``python -m trainrun recipe=...``, its own process) at
-a size this CPU trains in minutes: ``model=gpt_tiny`` (2 heads), the built-in corpus as a token
+value embeddings, document mask, warmup-stable-decay) runs as a user runs it (``python -m trainrun
+recipe=...``, its own process) at a size this CPU trains in minutes: ``model=gpt_tiny`` (2 heads;
+the speedrun's value embedding and attention window shrunk alike), the built-in corpus as a token
 stream, 16 windows of 64 tokens a step, fp32, each recipe's schedule shrunk to ``--steps`` steps by
 ``scale_schedule_ratio`` (warmups, cooldowns and Muon's momentum warmup with it), evaluated every
 ``--eval-every`` steps. Rounds alternate the recipes' order; the best round of each counts.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +34,25 @@ COMPANION = [
     "eval_batch_size=32", "device_train_microbatch_size=null", "data.num_workers=1", "precision=fp32",
     "progress=false",
 ]  # fmt: skip
+# the speedrun's shape at gpt_tiny's size: one value-embedding table for two blocks (the record: 3
+# for 12); the attention window growing over 64-token windows as the record's over 1,024 (x 1/16)
+SHRUNK = {
+    "gpt_speedrun": [
+        "model.gpt.value_embeddings=1",
+        "algorithms.window_warmup.start=8",
+        "algorithms.window_warmup.end=112",
+        "algorithms.window_warmup.multiple=8",
+    ]
+}
 
 
 def run(recipe: str, steps: int, eval_every: int, run_dir: Path) -> list[dict]:
-    """One companion run of ``recipe``; its evaluations (metrics.jsonl rows)."""
+    """One companion run of ``recipe`` into ``run_dir`` (emptied first: it is this bench's); its
+    evaluations (metrics.jsonl rows)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     ratio = steps / PUBLISHED_STEPS[recipe]
-    args = [f"recipe={recipe}", *COMPANION, f"scale_schedule_ratio={ratio:.6f}", f"eval_interval={eval_every}ba"]
+    args = [f"recipe={recipe}", *COMPANION, *SHRUNK.get(recipe, []), f"scale_schedule_ratio={ratio:.6f}"]
+    args.append(f"eval_interval={eval_every}ba")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "trainrun", *args, f"hydra.run.dir={run_dir}"], env=env, capture_output=True, text=True

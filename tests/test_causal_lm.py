@@ -11,7 +11,16 @@ import torch.nn.functional as F
 from conftest import resume_after_step_6, run_cli
 
 from trainrun.data.causal_text import TokenWindows
-from trainrun.models.gpt import GPT, apply_rotary, document_ids, padded_vocabulary, rotary_tables, visible_keys
+from trainrun.models.gpt import (
+    GPT,
+    Attend,
+    apply_rotary,
+    document_ids,
+    padded_vocabulary,
+    rotary_tables,
+    value_tables,
+    visible_keys,
+)
 from trainrun.quality import QUALITY_OF_TASK
 from trainrun.registry import builder, names
 from trainrun.schema import GPTConfig
@@ -23,7 +32,9 @@ SEPARATOR = 7
 def gpt(**switches) -> GPT:
     torch.manual_seed(0)
     return GPT(
-        GPTConfig(layers=2, heads=2, width=16, max_seq_len=12, **switches), vocab_size=50, separator=SEPARATOR
+        GPTConfig(**{"layers": 2, "heads": 2, "width": 16, "max_seq_len": 12, **switches}),
+        vocab_size=50,
+        separator=SEPARATOR,
     ).eval()
 
 
@@ -38,6 +49,34 @@ def test_rotary_turns_each_pair_by_position_times_its_frequency():
             expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
             assert rotated[0, 0, p, i].item() == pytest.approx(expected[0], abs=1e-5)
             assert rotated[0, 0, p, i + 2].item() == pytest.approx(expected[1], abs=1e-5)
+
+
+def test_value_embeddings_mix_each_tables_token_rows_into_the_values_of_the_first_and_last_blocks(monkeypatch):
+    assert value_tables(3, 12) == [0, 1, 2, None, None, None, None, None, None, 0, 1, 2]  # the speedrun's
+    assert value_tables(1, 2) == [0, 0] and value_tables(0, 3) == [None] * 3
+    model = gpt(layers=3, value_embeddings=1)
+    assert len(model.value_embeds) == 1 and model.value_embeds[0].weight.shape == (64, 16)
+    mixes = [block.attention.value_mix for block in model.blocks]
+    assert mixes[1] is None and all(torch.equal(mix, torch.tensor([0.5, 0.5])) for mix in (mixes[0], mixes[2]))
+    # by hand, in block 0: v = 0.3 · (x W_v) + 0.9 · table[token], split into heads as the projection is
+    attention, tokens = model.blocks[0].attention, torch.randperm(50)[:10].view(2, 5)
+    mixes[0].data = torch.tensor([0.3, 0.9])
+    x, table = torch.randn(2, 5, 16), model.value_embeds[0](tokens)
+    values = []
+    attend = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda q, k, v, **kw: values.append(v) or attend(q, k, v, **kw)
+    )
+    attention(x, None, Attend(), table)
+    monkeypatch.undo()
+    plain = (x @ attention.qkv.weight[32:].T).view(2, 5, 2, 8).transpose(1, 2)
+    torch.testing.assert_close(values[0], 0.3 * plain + 0.9 * table.view(2, 5, 2, 8).transpose(1, 2))
+    # a token's row changes its own position's logits and later ones, never earlier ones (distinct tokens)
+    before = model(tokens)
+    model.value_embeds[0].weight.data[tokens[0, 3]] += 1.0
+    after = model(tokens)
+    assert torch.equal(before[0, :3], after[0, :3]) and not torch.allclose(before[0, 3], after[0, 3])
+    assert torch.equal(before[1], after[1])  # the other sequence does not have that token
 
 
 @pytest.mark.parametrize("positions", ["learned", "rotary", "alibi"])
@@ -374,6 +413,7 @@ def test_a_gpt_of_gpt2s_shape_is_a_gpt2lmheadmodel_with_equal_logits(switches):
         ({"positions": "alibi"}, "positions are not learned"),
         ({"document_mask": True}, "it masks attention by document"),
         ({"window": 8}, "its attention is windowed"),
+        ({"value_embeddings": 1}, "it has value embeddings"),
     ):
         assert gpt2_mismatch(gpt(**other)) == reason
 
@@ -434,3 +474,78 @@ def test_a_gpt_run_resumed_mid_epoch_ends_where_the_uninterrupted_one_ends(tmp_p
     expected, got = resume_after_step_6([*args, "eval_interval=5ba"], tmp_path)
     assert all(torch.equal(expected["model"][key], got["model"][key]) for key in expected["model"])
     assert got["optimizer"]["steps"] == 10
+
+
+def test_value_embeddings_beyond_half_the_blocks_are_a_one_line_error():
+    from trainrun.config import check
+    from trainrun.errors import ConfigError
+
+    gpt_run = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "model.gpt.layers=3"]
+    check([*gpt_run, "model.gpt.value_embeddings=1"])
+    message = r"^bad value for 'model.gpt.value_embeddings': 2 tables serve the first and the last 2 blocks, more than"
+    with pytest.raises(ConfigError, match=message + r" model.gpt.layers 3$"):
+        check([*gpt_run, "model.gpt.value_embeddings=2"])
+
+
+def test_window_warmup_grows_the_window_linearly_in_whole_blocks():
+    from trainrun.algorithms.specs.window_warmup import WindowWarmupConfig
+    from trainrun.algorithms.window_warmup import window_at
+
+    config = WindowWarmupConfig()  # the speedrun's 128 -> 1,792 in blocks of 128 over the whole run
+    assert [window_at(p, config) for p in (0.0, 0.01, 0.5, 0.99, 1.0, 1.5)] == [128, 256, 1024, 1792, 1792, 1792]
+    for step in range(1771):  # never more than one block from record 21's next_multiple_of_n(1728 · step / 1770, 128)
+        record = max(128, 128 * math.ceil(1728 * step / 1770 / 128))
+        assert 0 <= window_at(step / 1770, config) - record <= 128
+    short = WindowWarmupConfig(start=3, end=9, duration=0.5, multiple=2)
+    assert [window_at(p, short) for p in (0.0, 0.125, 0.25, 0.5, 0.9)] == [4, 6, 6, 10, 10]  # 3, 4.5, 6, 9 rounded up
+
+
+def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_recompiling():
+    from types import SimpleNamespace
+
+    from trainrun.algorithms import build_algorithms
+    from trainrun.algorithms.specs.window_warmup import WindowWarmupConfig
+    from trainrun.core.events import Event
+    from trainrun.errors import ConfigError
+    from trainrun.models.gpt2_export import gpt2_mismatch
+
+    method = build_algorithms({"window_warmup": WindowWarmupConfig(start=2, end=10, multiple=2)})[0]
+    model, tokens = gpt(), torch.randint(0, 50, (2, 12))
+    state = SimpleNamespace(raw_model=model, progress=0.0)
+    method.apply(Event.INIT, state)
+    assert float(model.window) == 2
+    state.progress = 0.5
+    method.apply(Event.BATCH_START, state)
+    assert float(model.window) == 6
+    fixed = gpt(window=6)  # the same weights (same seed), a window fixed at 6
+    torch.testing.assert_close(model(tokens), fixed(tokens), rtol=0, atol=0)
+    state.progress = 1.0
+    method.apply(Event.EVAL_START, state)  # evaluation at the end attends with the last window
+    assert float(model.window) == 10
+    assert gpt2_mismatch(model) == "its attention is windowed"
+
+    graphs = []
+    compiled = torch.compile(model, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
+    for window in (4, 6, 8):
+        model.set_window(window)
+        torch.testing.assert_close(compiled(tokens), gpt(window=window)(tokens), rtol=1e-5, atol=1e-6)
+    assert len(graphs) == 1  # the window is a tensor the graph reads, not a constant it was traced with
+
+    with pytest.raises(
+        ConfigError, match=r"^algorithm 'window_warmup' needs trainrun's GPT \(model=gpt\*\), not Linear$"
+    ):
+        method.apply(Event.INIT, SimpleNamespace(raw_model=torch.nn.Linear(2, 2), progress=0.0))
+
+
+def test_window_warmup_is_for_causal_runs_and_starts_below_its_end():
+    from trainrun.config import check
+    from trainrun.errors import ConfigError
+
+    gpt_run = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "algorithms=[window_warmup]"]
+    assert check(gpt_run)[0].algorithms["window_warmup"].end == 1792
+    with pytest.raises(
+        ConfigError, match=r"^bad value for 'algorithms.window_warmup.start': 256 is more than its end 128$"
+    ):
+        check([*gpt_run, "algorithms.window_warmup.start=256", "algorithms.window_warmup.end=128"])
+    with pytest.raises(ConfigError, match="algorithm 'window_warmup' does not apply to task masked_lm"):
+        check(["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "algorithms=[window_warmup]"])

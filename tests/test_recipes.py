@@ -279,6 +279,7 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
     record_21 = {
         "model.gpt.layers": 12,
         "model.gpt.heads": 6,  # of 128
+        "model.gpt.value_embeddings": 3,
         "model.gpt.width": 768,
         "model.gpt.positions": "rotary",
         "model.gpt.norm": "rmsnorm",
@@ -309,7 +310,9 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
     }
     _assert_values(speedrun, record_21)
     assert speedrun.train_batch_size * speedrun.data.text.max_seq_len == 393_216  # tokens a step
-    assert speedrun.accuracy_targets[-1] == 3.28 and not speedrun.algorithms
+    assert speedrun.accuracy_targets[-1] == 3.28 and list(speedrun.algorithms) == ["window_warmup"]
+    window = speedrun.algorithms["window_warmup"]  # record 21: next_multiple_of_n(1728 · step / steps, 128)
+    assert (window.start, window.end, window.duration, window.multiple) == (128, 1792, 1.0, 128)
 
 
 @pytest.mark.slow
@@ -317,7 +320,8 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
 def test_the_gpt_recipes_run_a_few_steps_at_a_tiny_size(recipe, tmp_path):
     args = [f"recipe={recipe}", "data=stdlib_stream", "model=gpt_tiny", "train_batch_size=8", "eval_batch_size=8"]
     args += ["device_train_microbatch_size=null", "max_duration=4ba", "eval_interval=4ba", "data.text.max_seq_len=64"]
-    args += ["optimizer.muon.momentum_warmup=2ba", "model.gpt.heads=2"] if recipe == "gpt_speedrun" else []
+    speedrun = ["optimizer.muon.momentum_warmup=2ba", "model.gpt.heads=2", "model.gpt.value_embeddings=1"]
+    args += speedrun if recipe == "gpt_speedrun" else []
     result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     metrics = read_metrics(tmp_path)[-1]

@@ -70,6 +70,10 @@ def load_run(run: Path):
     weights = load_checkpoint(checkpoints[-1])["model"]
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
+    if "window_warmup" in config.algorithms:  # a finished run's window is the schedule's last
+        from trainrun.algorithms.window_warmup import window_at
+
+        model.set_window(window_at(1.0, config.algorithms["window_warmup"]))
     model.load_state_dict(weights)
     return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 

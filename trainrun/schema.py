@@ -78,6 +78,7 @@ class GPTConfig:
     dropout: float = fraction_field(0.0)  # on embeddings, attention weights and residual branches (GPT-2: 0.1)
     document_mask: bool = False  # no token attends to another document's (documents end at the store's separator)
     window: int | None = field(default=None, metadata={"min": 1})  # sliding window: itself and window - 1 tokens back
+    value_embeddings: int = field(default=0, metadata={"min": 0})  # extra token tables mixed into values (speedrun)
 
 
 @dataclass

@@ -235,6 +235,11 @@ def _check_causal_lm(config: TrainConfig) -> None:
             f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
             "into heads of an even size"
         )
+    if 2 * gpt.value_embeddings > gpt.layers:
+        raise ConfigError(
+            f"bad value for 'model.gpt.value_embeddings': {gpt.value_embeddings} tables serve the first and the "
+            f"last {gpt.value_embeddings} blocks, more than model.gpt.layers {gpt.layers}"
+        )
     limit = sequence_limit(config.algorithms) or (
         None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
     )

@@ -7,10 +7,12 @@ each head) or alibi (no position table; each head's scores biased by ``-m_h · (
 form of the alibi method's slopes: any length runs), ``norm`` LayerNorm or RMSNorm, ``qk_norm``
 (queries and keys RMS-normalised per head before attention), ``mlp`` GELU or ReLU² (``relu(x)²``),
 ``tie_head``, ``logit_softcap`` (``c · tanh(logits / c)``), ``zero_init`` (attention and MLP output
-projections and an untied head start at zero) and ``dropout`` (GPT-2's: on the embeddings, the
-attention weights and each residual branch), ``document_mask`` (no token attends to another
-document's: a document ends at the store's separator, which belongs to it) and ``window`` (each
-token attends to itself and the ``window - 1`` tokens before it). Attention is
+projections and an untied head start at zero), ``value_embeddings`` (k extra token tables; the first
+k blocks and the last k, in the same order, mix theirs into the attention values as
+``v = a·v + b·table[token]``, a and b learned per block from 0.5: the speedrun's), ``dropout``
+(GPT-2's: on the embeddings, the attention weights and each residual branch), ``document_mask``
+(no token attends to another document's: a document ends at the store's separator, which belongs
+to it) and ``window`` (each token attends to itself and the ``window - 1`` tokens before it). Attention is
 ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient kernels on a GPU, the
 math kernel on a CPU (with ALiBi, the causal bias as its additive mask). With a document mask or a
 window, a GPU attends through FlexAttention (compiled; block-sparse, so masked blocks cost nothing,
@@ -84,19 +86,21 @@ def document_ids(tokens: torch.Tensor, separator: int) -> torch.Tensor:
     return ends.cumsum(1) - ends.long()
 
 
-def visible_keys(length: int, window: int | None, documents: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+def visible_keys(
+    length: int, window: torch.Tensor | int | None, documents: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
     """(batch or 1, 1, length, length) bool: key j visible to query i (not after it, fewer than
     ``window`` tokens back, in its document)."""
     position = torch.arange(length, device=device)
     back = position[:, None] - position[None, :]
-    visible = (back >= 0) & (back < window) if window else back >= 0
+    visible = (back >= 0) & (back < window) if window is not None else back >= 0
     visible = visible[None, None]
     return visible & (documents[:, None, :, None] == documents[:, None, None, :]) if documents is not None else visible
 
 
 def flex_attend(
     length: int,
-    window: int | None,
+    window: torch.Tensor | int | None,
     documents: torch.Tensor | None,
     slopes: torch.Tensor | None,
     device: torch.device,
@@ -106,7 +110,7 @@ def flex_attend(
 
     def visible(batch, head, query, key):
         keep = query >= key
-        if window:
+        if window is not None:
             keep = keep & (query - key < window)
         if documents is not None:
             keep = keep & (documents[batch, query] == documents[batch, key])
@@ -120,6 +124,15 @@ def flex_attend(
     return Attend(block_mask=block_mask, score_mod=alibi if slopes is not None else None)
 
 
+def value_tables(count: int, layers: int) -> list[int | None]:
+    """Each block's value-embedding table: 0..count-1 for the first ``count`` blocks and again for
+    the last ``count``, None between (the speedrun's 3 tables over 12 blocks: 0 1 2 - - - - - - 0 1 2)."""
+    tables: list[int | None] = [None] * layers
+    for table in range(count):
+        tables[table] = tables[layers - count + table] = table
+    return tables
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -128,12 +141,20 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.width, config.width, bias=config.bias)
         self.qk_norm = config.qk_norm
         self.dropout = config.dropout
+        self.value_mix: nn.Parameter | None = None  # (a, b) of v = a·v + b·value embedding, where one serves
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, attend: Attend
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        attend: Attend,
+        value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if value_embedding is not None:
+            extra = value_embedding.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+            v = self.value_mix[0] * v + self.value_mix[1] * extra
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if rotary is not None:
@@ -174,9 +195,13 @@ class Block(nn.Module):
         self.residual_dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, attend: Attend
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        attend: Attend,
+        value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.residual_dropout(self.attention(self.attention_norm(x), rotary, attend))
+        x = x + self.residual_dropout(self.attention(self.attention_norm(x), rotary, attend, value_embedding))
         return x + self.residual_dropout(self.mlp(self.mlp_norm(x)))
 
 
@@ -193,6 +218,11 @@ class GPT(nn.Module):
         self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.value_embeds = nn.ModuleList(nn.Embedding(padded, config.width) for _ in range(config.value_embeddings))
+        self.value_tables = value_tables(config.value_embeddings, config.layers)
+        for block, table in zip(self.blocks, self.value_tables, strict=True):
+            if table is not None:
+                block.attention.value_mix = nn.Parameter(torch.full((2,), 0.5))
         self.final_norm = norm_layer(config.norm, config.width)
         self.head = nn.Linear(config.width, padded, bias=False)
         if config.tie_head:
@@ -202,6 +232,9 @@ class GPT(nn.Module):
             self.register_buffer("rotary_cos", cos, persistent=False)
             self.register_buffer("rotary_sin", sin, persistent=False)
         self.register_buffer("alibi_slopes", None, persistent=False)  # one per head, with ALiBi
+        self.register_buffer("window", None, persistent=False)  # tokens each query sees, with a sliding window
+        if config.window is not None:
+            self.set_window(config.window)
         if config.positions == "alibi":
             self.use_alibi()
         self._initialise()
@@ -215,6 +248,16 @@ class GPT(nn.Module):
         self.positions = None
         self.alibi_slopes = alibi_slopes(self.config.heads).to(self.embed.weight.device)
 
+    def set_window(self, tokens: int) -> None:
+        """Attend through a sliding window of ``tokens`` (itself and ``tokens - 1`` before it); the
+        window_warmup method calls this as the window grows. A tensor, so that a compiled forward
+        reads the new size instead of recompiling for it; a float, so that EMA's average of a
+        constant window is that window (it truncates integer buffers)."""
+        if self.window is None:
+            self.window = torch.tensor(float(tokens), device=self.embed.weight.device)
+        else:
+            self.window.fill_(tokens)
+
     def causal_bias(self, length: int) -> torch.Tensor:
         """(heads, length, length): ``-m_h · (i - j)`` where key j is not after query i, -inf after."""
         positions = torch.arange(length, device=self.alibi_slopes.device)
@@ -224,7 +267,7 @@ class GPT(nn.Module):
 
     def attend(self, tokens: torch.Tensor, flex: bool) -> Attend:
         """How this batch's queries see its keys (``flex``: through FlexAttention, which has no dropout)."""
-        length, window = tokens.shape[1], self.config.window
+        length, window = tokens.shape[1], self.window
         documents = document_ids(tokens, self.separator) if self.config.document_mask else None
         if documents is None and window is None:
             return Attend(self.causal_bias(length) if self.alibi_slopes is not None else None)
@@ -256,8 +299,9 @@ class GPT(nn.Module):
         rotary = (self.rotary_cos[:length], self.rotary_sin[:length]) if self.config.positions == "rotary" else None
         x = self.embedding_dropout(x)
         attend = self.attend(tokens, flex=tokens.is_cuda and not (self.training and self.config.dropout))
-        for block in self.blocks:
-            x = block(x, rotary, attend)
+        values = [table(tokens) for table in self.value_embeds]
+        for block, table in zip(self.blocks, self.value_tables, strict=True):
+            x = block(x, rotary, attend, values[table] if table is not None else None)
         logits = self.head(self.final_norm(x))[..., : self.vocab_size].float()
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits

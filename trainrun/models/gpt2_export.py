@@ -27,7 +27,8 @@ def gpt2_mismatch(model: GPT) -> str | None:
         "its MLP is ReLU²": config.mlp != "gelu",
         "its logits are soft-capped": config.logit_softcap is not None,
         "it masks attention by document": config.document_mask,
-        "its attention is windowed": config.window is not None,
+        "its attention is windowed": model.window is not None,
+        "it has value embeddings": config.value_embeddings > 0,
     }
     return next((reason for reason, differs in differences.items() if differs), None)
 
