@@ -22,6 +22,13 @@ EXACT = ["data=digits", "data.hflip=true", "model.resnet_small.width=8", "model.
 EXACT += ["max_duration=1ep", "train_batch_size=64", "progress=false"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first, each group in its files' order: on two xdist workers the long real-process
+    runs then start early and the many short tests fill the end, instead of one long run keeping a
+    worker busy after the other has run out of tests."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m trainrun ARGS`` with captured text output."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}

@@ -312,8 +312,42 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     assert moved["model.qk_norm"] == "model.gpt.qk_norm" and moved["model.dropout"] == "model.gpt.dropout"
     assert moved["data.patch_size"] == "data.segmentation.patch_size" and moved["model.strides"] == "model.unet.strides"
     assert moved["data.tokenizer"] == "data.text.tokenizer" and moved["model.window"] == "model.gpt.window"
-    assert len(moved) == 47
+    assert moved["model.value_embeddings"] == "model.gpt.value_embeddings"
+    assert len(moved) == 48
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):
             validate(OmegaConf.create({group: {key: 1}}), files=False)
+
+
+def test_a_new_run_in_a_folder_holding_an_earlier_run_is_refused_and_changes_nothing(previous_run, tmp_path):
+    before = _snapshot(previous_run)
+    result = run_cli(*TINY, f"hydra.run.dir={previous_run}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"trainrun: error: bad value for 'hydra.run.dir': '{previous_run}' holds an earlier run (metrics.jsonl); "
+        "continue it with resume=auto, or choose another folder"
+    ]
+    assert _snapshot(previous_run) == before
+    only_checkpoints = tmp_path / "crashed"  # a run that died after its first checkpoint, before an evaluation
+    (only_checkpoints / "checkpoints").mkdir(parents=True)
+    (only_checkpoints / "checkpoints" / "ep0-ba6.pt").write_bytes(b"")
+    (only_checkpoints / "config.yaml").write_text("")
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(checkpoints/ep0-ba6.pt\); continue it with"):
+        check([*TINY, f"hydra.run.dir={only_checkpoints}"])
+    check([*TINY, f"hydra.run.dir={only_checkpoints}", "resume=auto"])  # continuing it is what resume is for
+    (only_checkpoints / "checkpoints" / "ep0-ba6.pt").unlink()
+    check([*TINY, f"hydra.run.dir={only_checkpoints}"])  # a config.yaml alone is no run's record
+
+
+def test_resume_auto_without_a_checkpoint_starts_the_records_over(tmp_path):
+    from types import SimpleNamespace
+
+    from trainrun.run import resume
+
+    calls = []
+    logs = SimpleNamespace(resume_from=calls.append)
+    trainer = SimpleNamespace(settings=SimpleNamespace(checkpoint_dir=tmp_path / "checkpoints"))
+    assert resume(SimpleNamespace(resume="auto"), trainer, logs, None) is None
+    assert calls == [0]  # records after step 0 (an earlier attempt's) are dropped
+    assert resume(SimpleNamespace(resume=None), trainer, logs, None) is None and calls == [0]

@@ -341,6 +341,8 @@ def check(
         configs.append(validate(composed, files))
     if output is not None:
         check_output_dir(output_key, output)
+        if not multirun and configs[0].resume is None:
+            check_no_earlier_run(output)
     return configs
 
 
@@ -355,6 +357,22 @@ def check_output_dir(key: str, value: str) -> None:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise ConfigError(f"bad value for '{key}': '{folder}' cannot be made: '{parent}' is not writable")
             return
+
+
+EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints/*.pt")
+
+
+def check_no_earlier_run(value: str) -> None:
+    """A new run (no ``resume``) does not start in a folder holding another run's records: its
+    metrics would join the earlier run's and ``resume=auto`` could later pick the earlier run's
+    checkpoint."""
+    folder = Path(value).expanduser().absolute()
+    found = next((path for pattern in EARLIER_RUN_FILES for path in sorted(folder.glob(pattern))), None)
+    if found is not None:
+        raise ConfigError(
+            f"bad value for 'hydra.run.dir': '{folder}' holds an earlier run ({found.relative_to(folder)}); "
+            "continue it with resume=auto, or choose another folder"
+        )
 
 
 def _refuse_repeated_algorithms(overrides: list[str]) -> None:

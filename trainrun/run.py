@@ -224,9 +224,12 @@ def trainer_settings(
 
 
 def resume(config: TrainConfig, trainer: Trainer, logs: RunLogs, console: Console) -> dict[str, Any] | None:
-    """Load the checkpoint ``resume`` names, if any; the time accounts to go on from."""
+    """Load the checkpoint ``resume`` names, if any; the time accounts to go on from. With
+    ``resume=auto`` and no checkpoint yet the run starts over, and so do its records."""
     resume_path = checkpoint.resolve_resume(config.resume, trainer.settings.checkpoint_dir)
     if resume_path is None:
+        if config.resume is not None:
+            logs.resume_from(0)
         return None
     offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
     state = trainer.state
