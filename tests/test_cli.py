@@ -235,16 +235,22 @@ BAD_INPUTS = [
 ]
 
 
+# found when the data are read, after a run folder holding an earlier run is refused: these go to a new folder
+READ_WITH_THE_DATA = ("train_batch_size 5000 is larger than", "no images in data folder")
+
+
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_clear_line_and_changes_nothing(args, message, previous_run, tmp_path):
     before = _snapshot(previous_run)
     args = [a.replace("{empty}", str(_empty_folder(tmp_path))) for a in args]
-    result = run_cli(*TINY, *args, f"hydra.run.dir={previous_run}", cwd=tmp_path)
+    run_dir = tmp_path / "new" if message.startswith(READ_WITH_THE_DATA) else previous_run
+    result = run_cli(*TINY, *args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("trainrun: error:"), result.stderr
     assert message in lines[0]
     assert _snapshot(previous_run) == before
+    assert not (tmp_path / "new" / "metrics.jsonl").exists() and not (tmp_path / "new" / "checkpoints").exists()
 
 
 @pytest.mark.slow

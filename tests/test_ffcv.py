@@ -300,7 +300,7 @@ def test_write_command_and_training_on_betons(tmp_path):
         f"data.val={tmp_path / 'val.beton'}",
         "data.num_classes=2",
         "model=resnet_small",
-        f"hydra.run.dir={run_dir}",
+        f"hydra.run.dir={tmp_path / 'bad'}",
         "data.num_workers=1",
         "train_batch_size=64",
     )
