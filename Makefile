@@ -10,7 +10,7 @@ run: $(STAMP)
 
 # two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --dist worksteal --durations=15
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check trainrun tests bench scripts

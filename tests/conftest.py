@@ -22,17 +22,6 @@ EXACT = ["data=digits", "data.hflip=true", "model.resnet_small.width=8", "model.
 EXACT += ["max_duration=1ep", "train_batch_size=64", "progress=false"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two halves, each its share of the slow tests (dealt alternately, in file order) before its
-    share of the others. ``make test`` runs two workers with ``--dist worksteal``, which gives each
-    worker one contiguous half and lets the one that runs out take tests from the end of the
-    other's queue: each starts on its long real-process runs and both end on short tests, instead
-    of one long run keeping a worker busy after the other has finished."""
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    fast = [item for item in items if not item.get_closest_marker("slow")]
-    items[:] = slow[0::2] + fast[0::2] + slow[1::2] + fast[1::2]
-
-
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m trainrun ARGS`` with captured text output."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
