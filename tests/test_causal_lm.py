@@ -543,6 +543,7 @@ def test_window_warmup_is_for_causal_runs_and_starts_below_its_end():
 
     gpt_run = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "algorithms=[window_warmup]"]
     assert check(gpt_run)[0].algorithms["window_warmup"].end == 1792
+    check([*gpt_run, "algorithms.window_warmup.start=128", "algorithms.window_warmup.end=128"])  # a fixed window
     with pytest.raises(
         ConfigError, match=r"^bad value for 'algorithms.window_warmup.start': 256 is more than its end 128$"
     ):
