@@ -101,7 +101,6 @@ def resume_after_step_6(args: list[str], tmp_path: Path) -> tuple[dict, dict]:
     """Train ``args`` (10 steps, a checkpoint every 6) as a whole and again, drop the second run's
     final checkpoint (as if stopped after step 6), resume it; the two final checkpoints, after
     checking that the resumed run's metrics are the whole run's."""
-
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     args = [*args, "max_duration=10ba", "checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
     for run_dir in (whole, resumed):
