@@ -486,6 +486,10 @@ def test_a_built_in_corpus_is_written_once_per_identity_into_the_cache(tmp_path,
     assert cached_store(dataclasses.replace(config, split_seed=1), SINGLE_PROCESS) != path  # another split
     train, val = text_datasets(config)
     assert train.store.path == val.store.path == path
+    byte_level = dataclasses.replace(config, text=dataclasses.replace(config.text, tokenizer="bpe", vocab_size=300))
+    bpe = cached_store(byte_level, SINGLE_PROCESS)  # another tokenizer kind: its own store, of that kind
+    assert bpe != path and json.loads((bpe / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+    assert json.loads((path / "tokenizer.json").read_text())["model"]["type"] == "WordPiece"
 
 
 class Collectives:
@@ -706,6 +710,22 @@ def test_a_file_that_is_not_a_tokenizer_json_is_named_with_the_parsers_first_lin
     with pytest.raises(FileFormatError, match=r"\(.*\)$") as caught:
         load_tokenizer(tmp_path / "tok.json")
     assert "\n" not in str(caught.value) and "Model missing" in str(caught.value)  # the parser's own words
+
+
+def test_a_tokenizer_parse_failure_without_words_is_named_by_its_type(tmp_path, monkeypatch):
+    import tokenizers
+
+    class SilentParseError(Exception):
+        pass
+
+    class Unreadable:  # tokenizers' Tokenizer, as when its parser raises an error with no message
+        @staticmethod
+        def from_file(path: str):
+            raise SilentParseError()
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", Unreadable)
+    with pytest.raises(FileFormatError, match=r"tokenizers library \(SilentParseError\)$"):
+        load_tokenizer(tmp_path / "tok.json")
 
 
 def test_a_json_lines_corpus_names_the_file_and_line_of_a_bad_record(tmp_path):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from trainrun.data.masked_text import IGNORED
 from trainrun.schema import DataConfig
-from trainrun.tasks import build_task
+from trainrun.tasks import build_task, token_loss_metrics
 from trainrun.tasks.image_classification import ClassificationEvaluator, ImageClassification
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, scored_labels
 
@@ -159,6 +159,16 @@ def test_an_exploding_loss_has_infinite_perplexity_not_an_overflow():
     evaluator = MaskedTokenEvaluator(torch.device("cpu"), world_size=1)
     evaluator.update(torch.tensor([[[50.5, 0.0]]]), {"labels": torch.tensor([[1]])})  # loss 50.5: past the cut-off
     assert evaluator.compute()["perplexity"] == math.inf
+
+
+def test_perplexity_is_finite_below_a_mean_loss_of_50_and_infinite_from_50_on():
+    assert token_loss_metrics(99.8, 2.0) == {"eval_loss": 49.9, "perplexity": math.exp(49.9)}
+    assert token_loss_metrics(100.0, 2.0) == {"eval_loss": 50.0, "perplexity": math.inf}
+
+
+def test_the_token_losses_sum_only_the_predicted_tokens():
+    labels = torch.tensor([[3, IGNORED, 7, IGNORED], [IGNORED, IGNORED, IGNORED, 0]])
+    assert int(MaskedLanguageModeling().loss_terms({"labels": labels})) == 3
 
 
 def test_text_batches_go_to_the_device_with_their_labels_and_real_token_counts_stay_on_the_host():

@@ -100,7 +100,7 @@ class SequenceTask(Task):
 
 def token_loss_metrics(loss_sum: float, tokens: float) -> dict[str, float]:
     """``eval_loss`` (mean cross-entropy per scored token) and its exponential, ``perplexity``
-    (infinite past e^50 rather than overflowing); NaN for no tokens."""
+    (infinite from a mean of 50 on rather than overflowing); NaN for no tokens."""
     mean = loss_sum / tokens if tokens else float("nan")
     return {"eval_loss": mean, "perplexity": math.exp(mean) if mean < 50 else float("inf")}
 
