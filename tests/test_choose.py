@@ -2,6 +2,7 @@
 real recipe=auto run end to end."""
 
 import csv
+import io
 import json
 import subprocess
 import sys
@@ -169,6 +170,52 @@ def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithm
     assert apply_settings(["x=1"], {"channels_last": "false"}, ["channels_last", "ema"]) == ["x=1", "algorithms=[ema]"]
     both = apply_settings(["x=1"], {"fused_layers": "true", "compile": "false"}, ["unpadding"])
     assert both == ["x=1", "compile=false", "algorithms=[unpadding,fused_layers]"]
+
+
+class SameSpeed:
+    """The profiler of recipe=auto as seen from the choice: every candidate 1 s a step, 10 steps an
+    epoch, and the overrides each was timed with kept (the real one runs processes: tested above)."""
+
+    timed: list[list[str]] = []
+
+    def __init__(self, source, steps) -> None:
+        SameSpeed.timed = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_) -> None:
+        pass
+
+    def __call__(self, overrides: list[str]) -> Profile:
+        SameSpeed.timed.append(overrides)
+        return Profile(seconds_per_step=1.0, batches_per_epoch=10)
+
+
+def test_recipe_auto_takes_the_task_from_the_tables_recipes_and_picks_the_lower_loss(tmp_path, monkeypatch):
+    """GPT recipes set task=causal_lm themselves: the command needs no task=, and the choice follows
+    the causal task's rule (the lower validation loss), not top-1's."""
+    from rich.console import Console
+
+    import trainrun.choose.recipes as recipes
+    from trainrun.config import ConfigSource
+
+    table = tmp_path / "table.csv"
+    rows = [("gpt125", 0.5, 1, 6.0), ("gpt125", 1.0, 2, 5.5), ("gpt125_mosaic", 0.5, 1, 6.2)]
+    rows.append(("gpt125_mosaic", 1.0, 2, 5.8))
+    table.write_text(
+        "recipe,budget,epochs_mean,eval_loss_mean\n" + "".join(f"{r},{b},{e},{q}\n" for r, b, e, q in rows)
+    )
+    command = ["data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=64", "max_duration=20s"]
+    command += [f"auto.table={table}", "recipe=auto"]
+    with pytest.raises(ConfigError, match="task.name"):  # the command alone composes the image task
+        validate(compose([o for o in command if o != "recipe=auto"]))
+    monkeypatch.setattr(recipes, "Profiler", SameSpeed)
+    run, decision = recipes.choose_recipe(command, ConfigSource(), Console(file=io.StringIO()))
+    assert decision["quality_metric"] == "eval_loss" and decision["chosen"] == "gpt125"  # 5.5 beats 5.8 at 2 epochs
+    assert [c["predicted_quality"] for c in decision["candidates"]] == [5.5, 5.8]
+    assert [timed[-1] for timed in SameSpeed.timed] == ["recipe=gpt125", "recipe=gpt125_mosaic"]
+    assert run[-2:] == ["recipe=gpt125", "scale_schedule_ratio=1.0"] and "recipe=auto" not in run
 
 
 @pytest.mark.slow

@@ -129,7 +129,7 @@ def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) 
     rest = [o for o in overrides if o != AUTO_RECIPE]
     if any(override_key(o) == "scale_schedule_ratio" for o in rest):
         raise ConfigError("recipe=auto sets scale_schedule_ratio itself (from the budget); leave it out")
-    config = validate(compose(rest, source))
+    config = _run_config(rest, source)
     budget = Time.parse(config.max_duration)
     if not budget.unit.is_budget:
         raise ConfigError(
@@ -184,6 +184,34 @@ def choose_recipe(overrides: list[str], source: ConfigSource, console: Console) 
         console.print(f"[yellow]note:[/] {chosen.recipe}'s quality is {chosen.prediction}", highlight=False)
     run = [o for o in rest if not o.startswith("recipe=")]
     return [*run, f"recipe={chosen.recipe}", f"scale_schedule_ratio={chosen.scale_schedule_ratio}"], decision
+
+
+def _run_config(rest: list[str], source: ConfigSource) -> TrainConfig:
+    """The run's config for the checks made before any candidate is timed. With a table of the
+    user's, it is composed with the first candidate's recipe: the recipes may set what the rest of
+    the command needs (a GPT table's recipes set task=causal_lm), and every candidate's own config is
+    checked again before it is timed."""
+    given = compose(rest, source)
+    first = _first_candidate(given.auto.candidates, given.auto.table)
+    if first is not None and first in group_options("recipe", source):
+        return validate(compose([*rest, f"recipe={first}"], source))
+    return validate(given)
+
+
+def _first_candidate(candidates: list[str] | None, table: str | None) -> str | None:
+    """The first recipe ``recipe=auto`` will time: the first of ``auto.candidates``, else the first
+    by name in the table's recipe column (None when there is neither; an unreadable table is
+    reported by :func:`read_table`)."""
+    if candidates:
+        return candidates[0]
+    if not table:
+        return None
+    try:
+        with open(Path(table).expanduser(), newline="", encoding="utf-8") as handle:
+            names = {row.get("recipe") for row in csv.DictReader(handle)} - {None, ""}
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return min(names, default=None)
 
 
 def _quality_rule(config: TrainConfig) -> Quality:
