@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from trainrun import run_files
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
@@ -359,7 +360,7 @@ def check_output_dir(key: str, value: str) -> None:
             return
 
 
-EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints/*.pt")
+EARLIER_RUN_FILES = (run_files.METRICS, run_files.SUMMARY, f"{run_files.CHECKPOINTS}/*.pt")
 
 
 def check_no_earlier_run(value: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from trainrun import run_files
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import atomic_write_text
@@ -59,7 +60,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     trainer = Trainer(state, optimization(config, timeline), engine, settings)
     offset = resume(config, trainer, logs, console)
     if placement.rank == 0:
-        atomic_write_text(run_dir / "config.yaml", config_yaml)
+        atomic_write_text(run_dir / run_files.CONFIG, config_yaml)
     print_banner(config, run_dir, state, task, console, budget)
     try:
         trainer.fit(offset)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from trainrun import run_files
 from trainrun.atomic_io import read_yaml
 from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoint
 from trainrun.core.distributed import SINGLE_PROCESS
@@ -54,7 +55,7 @@ def load_run(run: Path):
     from trainrun.data.causal_text import store_path
     from trainrun.data.token_store import TokenStore, load_tokenizer
 
-    config_file = run / "config.yaml"
+    config_file = run / run_files.CONFIG
     if not config_file.is_file():
         raise ConfigError(f"bad value for 'RUN': '{run}' has no config.yaml (not a trainrun run directory)")
     config = validate(OmegaConf.create(read_yaml(config_file)), files=False)

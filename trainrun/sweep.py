@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, read_json, read_yaml
 from trainrun.children import run_trainrun
 from trainrun.config import ConfigSource, override_key, override_value
@@ -110,7 +111,7 @@ def finished(job: SweepJob, config_yaml: str) -> bool:
     A run directory holding another config is an error, finished or not: resuming its
     checkpoint or mixing its results into the sweep would both be wrong.
     """
-    summary_path, saved_path = job.run_dir / "summary.json", job.run_dir / "config.yaml"
+    summary_path, saved_path = job.run_dir / run_files.SUMMARY, job.run_dir / run_files.CONFIG
     if not saved_path.is_file():
         return False
     # a key the saved run's version of trainrun did not have yet: that run had its default

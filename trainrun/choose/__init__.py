@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json
 from trainrun.choose.recipes import choose_recipe
 from trainrun.choose.systems import choose_systems
@@ -40,7 +41,7 @@ def before_run(overrides: list[str], source: ConfigSource, optimize: bool, conso
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
     decisions: dict[str, dict] = {}
     if AUTO_RECIPE in overrides:
-        overrides, decisions["auto.json"] = choose_recipe(overrides, source, console)
+        overrides, decisions[run_files.AUTO_DECISION] = choose_recipe(overrides, source, console)
     if optimize:
         overrides, decisions["o1.json"] = choose_systems(overrides, source, console)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainrun import run_files
 from trainrun.atomic_io import read_json, read_jsonl
 from trainrun.children import run_trainrun
 from trainrun.config import ConfigSource, override_key
@@ -59,7 +60,7 @@ class Profiler:
         settings += ["checkpoint.interval=null", f"hydra.run.dir={run_dir}"]
         arguments = [*self.source.flags(), *self.source.overrides([*kept, *settings])]
         result = run_trainrun(arguments, capture_output=True, text=True)
-        summary_path = run_dir / "summary.json"
+        summary_path = run_dir / run_files.SUMMARY
         if result.returncode != 0 or not summary_path.is_file():
             lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no output"]
             raise ProfileFailed(lines[-1].removeprefix("trainrun: error: "))

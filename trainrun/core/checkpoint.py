@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write
 from trainrun.errors import CheckpointError
 
@@ -17,7 +18,7 @@ _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 
 def directory(run_dir: Path) -> Path:
     """Where a run keeps its checkpoints."""
-    return run_dir / "checkpoints"
+    return run_dir / run_files.CHECKPOINTS
 
 
 def checkpoint_name(epoch: int, batch: int) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, read_json
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
@@ -27,7 +28,7 @@ from trainrun.core.state import State
 from trainrun.loggers.mlflow_store import RUN_FILE, ExperimentRun, flatten, tracking_uri
 from trainrun.schema import TrainConfig
 
-ARTIFACTS = ("config.yaml", "summary.json", "metrics.jsonl")
+ARTIFACTS = (run_files.CONFIG, run_files.SUMMARY, run_files.METRICS)
 
 
 class MlflowLogger(Callback):
@@ -69,7 +70,7 @@ class MlflowLogger(Callback):
 
     def _log_outcome(self, state: State) -> None:
         """The summary's figures and time to each target as metrics, the run's files as artifacts."""
-        summary_path = self.run_dir / "summary.json"
+        summary_path = self.run_dir / run_files.SUMMARY
         summary = read_json(summary_path) if summary_path.is_file() else {}
         figures = {
             f"summary.{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)

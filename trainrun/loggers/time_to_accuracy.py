@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, atomic_write_text, read_jsonl
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
@@ -37,8 +38,8 @@ class TimeToAccuracyLogger(Callback):
         provenance: dict[str, Any] | None = None,
         budget_seconds: float | None = None,
     ) -> None:
-        self.metrics_path = run_dir / "metrics.jsonl"
-        self.summary_path = run_dir / "summary.json"
+        self.metrics_path = run_dir / run_files.METRICS
+        self.summary_path = run_dir / run_files.SUMMARY
         self.task, self.quality, self.rule = task, task.quality, task.quality_rule
         self.targets = sorted(targets, reverse=not self.rule.higher_is_better)  # the first reached first
         self.profile_prefix = profile_prefix

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainrun import run_files
 from trainrun.atomic_io import read_json, read_jsonl, read_yaml
 from trainrun.core.accounts import train_seconds
 from trainrun.core.time import budget_size, is_budget
@@ -71,7 +72,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
             raise ConfigError(f"'{path}' does not exist")
         if not path.is_dir():
             raise ConfigError(f"'{path}' is not a directory (give run or sweep directories)")
-        found += sorted(summary.parent for summary in path.rglob("summary.json"))
+        found += sorted(summary.parent for summary in path.rglob(run_files.SUMMARY))
     if not found:
         raise ConfigError(f"no runs (summary.json) under {', '.join(str(p) for p in paths)}")
     return list(dict.fromkeys(found))
@@ -79,8 +80,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing | None = None) -> tuple[Run, str | None]:
     """The run in ``path`` and, when a timing rule could not be applied, a note saying why."""
-    summary = read_json(path / "summary.json")
-    config_path = path / "config.yaml"
+    summary = read_json(path / run_files.SUMMARY)
+    config_path = path / run_files.CONFIG
     config = (read_yaml(config_path) if config_path.is_file() else None) or {}
     hardware = config.get("hardware") or {}
     seconds, source, note = summary.get("train_seconds"), MEASURED, None
@@ -96,7 +97,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
     ratio = float(config.get("scale_schedule_ratio", 1.0))
     max_duration = str(config.get("max_duration", ""))
     budgeted = is_budget(max_duration)
-    auto_path = path / "auto.json"
+    auto_path = path / run_files.AUTO_DECISION
     auto = read_json(auto_path) if auto_path.is_file() else None
     run = Run(
         path=path,
