@@ -1,6 +1,7 @@
 """recipe=auto and -o1: the choice rules by numbers on hand-made tables and timings, and one
 real recipe=auto run end to end."""
 
+import contextlib
 import csv
 import io
 import json
@@ -172,23 +173,16 @@ def test_o1_settings_replace_the_users_own_and_channels_last_joins_the_algorithm
     assert both == ["x=1", "compile=false", "algorithms=[unpadding,fused_layers]"]
 
 
-class SameSpeed:
+class SameSpeed(contextlib.nullcontext):
     """The profiler of recipe=auto as seen from the choice: every candidate 1 s a step, 10 steps an
     epoch, and the overrides each was timed with kept (the real one runs processes: tested above)."""
 
-    timed: list[list[str]] = []
-
-    def __init__(self, source, steps) -> None:
-        SameSpeed.timed = []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_) -> None:
-        pass
+    def __init__(self) -> None:
+        super().__init__(self)
+        self.timed: list[list[str]] = []
 
     def __call__(self, overrides: list[str]) -> Profile:
-        SameSpeed.timed.append(overrides)
+        self.timed.append(overrides)
         return Profile(seconds_per_step=1.0, batches_per_epoch=10)
 
 
@@ -210,11 +204,12 @@ def test_recipe_auto_takes_the_task_from_the_tables_recipes_and_picks_the_lower_
     command += [f"auto.table={table}", "recipe=auto"]
     with pytest.raises(ConfigError, match="task.name"):  # the command alone composes the image task
         validate(compose([o for o in command if o != "recipe=auto"]))
-    monkeypatch.setattr(recipes, "Profiler", SameSpeed)
+    profiler = SameSpeed()
+    monkeypatch.setattr(recipes, "Profiler", lambda source, steps: profiler)
     run, decision = recipes.choose_recipe(command, ConfigSource(), Console(file=io.StringIO()))
     assert decision["quality_metric"] == "eval_loss" and decision["chosen"] == "gpt125"  # 5.5 beats 5.8 at 2 epochs
     assert [c["predicted_quality"] for c in decision["candidates"]] == [5.5, 5.8]
-    assert [timed[-1] for timed in SameSpeed.timed] == ["recipe=gpt125", "recipe=gpt125_mosaic"]
+    assert [timed[-1] for timed in profiler.timed] == ["recipe=gpt125", "recipe=gpt125_mosaic"]
     assert run[-2:] == ["recipe=gpt125", "scale_schedule_ratio=1.0"] and "recipe=auto" not in run
 
 

@@ -41,13 +41,18 @@ class Prediction:
         return self.how != "interpolated"
 
 
-def read_table(path: Path, metric: str) -> dict[str, list[TablePoint]]:
-    """Points per recipe from a ``trainrun report`` CSV (rows whose budget is a schedule ratio)."""
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a ``trainrun report`` CSV; a file that cannot be read is a one-line error."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except (OSError, UnicodeDecodeError) as error:
+            return list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ConfigError(f"bad value for 'auto.table': cannot read '{path}' ({error})") from None
+
+
+def read_table(path: Path, metric: str) -> dict[str, list[TablePoint]]:
+    """Points per recipe from a ``trainrun report`` CSV (rows whose budget is a schedule ratio)."""
+    rows = read_rows(path)
     needed = ("recipe", "budget", "epochs_mean", f"{metric}_mean")
     if not rows or any(column not in rows[0] for column in needed):
         raise ConfigError(
@@ -207,10 +212,9 @@ def _first_candidate(candidates: list[str] | None, table: str | None) -> str | N
     if not table:
         return None
     try:
-        with open(Path(table).expanduser(), newline="", encoding="utf-8") as handle:
-            names = {row.get("recipe") for row in csv.DictReader(handle)} - {None, ""}
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return None
+        names = {row.get("recipe") for row in read_rows(Path(table).expanduser())} - {None, ""}
+    except ConfigError:
+        return None  # read_table names the file once the run's config is known
     return min(names, default=None)
 
 
