@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainrun.core.distributed import cores_per_process
 from trainrun.data.cache import write_once
 
 
@@ -24,7 +25,7 @@ def share_the_cores() -> None:
     training each at 2 threads, 4.8 s at 1). A value already set in OMP_NUM_THREADS wins."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(cores_per_process(workers)))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 

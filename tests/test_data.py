@@ -171,6 +171,7 @@ def test_minus_one_loader_workers_are_this_processs_share_of_the_nodes_cores(mon
     assert cores_per_process() == 1
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert cores_per_process() == 96
+    assert cores_per_process(5) == 19  # shared among other processes than the node's ranks (test workers)
 
 
 def test_runs_that_find_a_cold_cache_together_write_it_once(tmp_path):

@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint
+from trainrun.core.distributed import cores_per_process
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size, validate
@@ -167,9 +168,8 @@ def train_worker(run_dir: str, config_yaml: str, debug: bool = False) -> None:
     launching process (which prints it, once), and the exit code."""
     from trainrun.run import train
 
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max((os.cpu_count() or 1) // local_processes, 1))
+        torch.set_num_threads(cores_per_process())
     rank = os.environ.get("RANK", "0")
     try:
         train(validate(OmegaConf.create(config_yaml)), Path(run_dir), config_yaml)

@@ -40,10 +40,12 @@ class Placement:
 SINGLE_PROCESS = Placement()
 
 
-def cores_per_process() -> int:
-    """The cores this process may use, shared among the training processes of its node
-    (``LOCAL_WORLD_SIZE``, which torchrun and trainrun's launcher set): loader workers to start."""
-    return max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+def cores_per_process(processes: int | None = None) -> int:
+    """The cores this process may use, shared among ``processes`` (default: the training processes
+    of its node, ``LOCAL_WORLD_SIZE``, which torchrun and trainrun's launcher set): a rank's torch
+    threads, the loader workers to start."""
+    processes = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // processes)
 
 
 def backend_for(device: torch.device) -> str:
