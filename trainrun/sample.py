@@ -57,7 +57,7 @@ def load_run(run: Path):
 
     config_file = run / run_files.CONFIG
     if not config_file.is_file():
-        raise ConfigError(f"bad value for 'RUN': '{run}' has no config.yaml (not a trainrun run directory)")
+        raise ConfigError(f"bad value for 'RUN': '{run}' has no {run_files.CONFIG} (not a trainrun run directory)")
     config = validate(OmegaConf.create(read_yaml(config_file)), files=False)
     if config.task.name != "causal_lm":
         raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs causal_lm")

@@ -74,7 +74,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
             raise ConfigError(f"'{path}' is not a directory (give run or sweep directories)")
         found += sorted(summary.parent for summary in path.rglob(run_files.SUMMARY))
     if not found:
-        raise ConfigError(f"no runs (summary.json) under {', '.join(str(p) for p in paths)}")
+        raise ConfigError(f"no runs ({run_files.SUMMARY}) under {', '.join(str(p) for p in paths)}")
     return list(dict.fromkeys(found))
 
 
