@@ -23,7 +23,7 @@ from trainrun.data.segmentation import (
     store_path,
     synthetic_case,
 )
-from trainrun.errors import ConfigError
+from trainrun.errors import ConfigError, DataError
 from trainrun.schema import DataConfig, SegmentationDataConfig
 from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, build, volume_dice
 from trainrun.validation import validate
@@ -303,6 +303,13 @@ def write_decathlon_folder(root, cases=3, values=(0, 1, 2, 3)):
     return arrays
 
 
+def test_fewer_cases_than_folds_is_refused_with_one_line_naming_the_folds():
+    with pytest.raises(DataError, match=r"^bad value for 'data.segmentation.folds': 5 but the data set has 4 cases"):
+        fold_cases(4, 5, 0, 0)
+    train, val = fold_cases(5, 5, 4, 0)
+    assert len(val) == 1 and sorted(train + val) == list(range(5))
+
+
 def test_a_decathlon_folder_is_read_from_nifti_preprocessed_and_stored_once(tmp_path):
     arrays = write_decathlon_folder(tmp_path / "Task01_BrainTumour")
     config = DataConfig(name="decathlon", path=str(tmp_path / "Task01_BrainTumour"), cache_dir=str(tmp_path / "c"))
@@ -341,6 +348,7 @@ def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
         (["data=digits"], "bad value for 'data.name': 'digits'"),
         (["algorithms=[blurpool]"], "algorithm 'blurpool' does not apply to task segmentation"),
         (["data.segmentation.fold=5"], "bad value for 'data.segmentation.fold': 5"),
+        (["data.segmentation.synthetic_cases=4"], "bad value for 'data.segmentation.synthetic_cases': 4 (at least"),
         (["model.unet.strides=[1,2]"], "bad value for 'model.unet.filters'"),
         (["loss=bce"], "trains with Dice + cross-entropy"),
         (["data.segmentation.regions=[[1,2,3],[2,3],[3]]"], "has 3 regions (one output each)"),

@@ -292,6 +292,11 @@ def _check_segmentation(config: TrainConfig) -> None:
             f"bad value for 'data.segmentation.fold': {segmentation.fold} (folds are 0 to {segmentation.folds - 1})"
         )
     if config.data.name == "synthetic_brats":
+        if segmentation.synthetic_cases < segmentation.folds:
+            raise ConfigError(
+                f"bad value for 'data.segmentation.synthetic_cases': {segmentation.synthetic_cases} "
+                f"(at least data.segmentation.folds, {segmentation.folds}: each fold holds out at least one case)"
+            )
         if len(segmentation.synthetic_shape) != 3 or min(segmentation.synthetic_shape) < 2:
             raise ConfigError(
                 f"bad value for 'data.segmentation.synthetic_shape': {list(segmentation.synthetic_shape)} "

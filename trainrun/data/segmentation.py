@@ -239,6 +239,11 @@ def fold_cases(cases: int, folds: int, fold: int, seed: int) -> tuple[list[int],
     shuffle=True, random_state=seed)`` over the cases in name order, Composer's split."""
     from sklearn.model_selection import KFold
 
+    if cases < folds:
+        raise DataError(
+            f"bad value for 'data.segmentation.folds': {folds} but the data set has {cases} cases "
+            "(each fold holds out at least one)"
+        )
     train, val = list(KFold(folds, shuffle=True, random_state=seed).split(np.arange(cases)))[fold]
     return train.tolist(), val.tolist()
 
