@@ -171,7 +171,7 @@ class DataConfig:
     eval_resolution: int = positive_field(8)  # evaluation image side (center crop)
     eval_resize: int | None = None  # shorter side before the center crop
     val_fraction: float = positive_field(0.2)  # digits, mnist5k, built-in corpora: held-out share, fixed by split_seed
-    split_seed: int = 0
+    split_seed: int = non_negative_field(0)
     num_samples: int = positive_field(2048)  # synthetic: training images
     val_samples: int = positive_field(512)  # synthetic: validation images
     crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # random-resized crop
@@ -306,7 +306,7 @@ class TrainConfig:
     precision: str = choice_field("fp32", "fp32", "amp", "bf16")
     compile: bool = False  # torch.compile the model (after model surgery, before DDP)
     device: str = choice_field("auto", "auto", "cpu", "cuda")
-    seed: int = 42
+    seed: int = non_negative_field(42)
     deterministic: bool = False  # torch's deterministic kernels, no cuDNN autotuning: bitwise-repeatable GPU runs
     max_duration: str = field(default="12ep", metadata={"time": True, "budget": True})  # or 30min, 50usd
     eval_interval: str = interval_field("1ep")

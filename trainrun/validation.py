@@ -48,6 +48,13 @@ def unknown_key_message(key: str) -> str:
     moved = moved_keys().get(key)
     if moved:
         return f"unknown config key '{key}': it is now '{moved}' (the settings of one kind sit under its name)"
+    group, _, rest = key.partition(".")
+    method = rest.split(".")[0]
+    if group == "algorithms" and method in SPECS:
+        return (
+            f"unknown config key '{key}': '{method}' is not among this run's algorithms; list it there too, "
+            f"e.g. algorithms=[{method}] (the list names every method of the run)"
+        )
     return f"unknown config key '{key}'"
 
 
@@ -152,6 +159,8 @@ def _check_run(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
     if Time.parse(config.max_duration).unit.is_budget:
         _check_budget(config)
+    elif Time.parse(config.max_duration).value <= 0:
+        raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (a run must be longer than zero)")
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
