@@ -505,6 +505,7 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
 
     from trainrun.algorithms import build_algorithms
     from trainrun.algorithms.specs.window_warmup import WindowWarmupConfig
+    from trainrun.algorithms.window_warmup import checkpoint_window
     from trainrun.core.events import Event
     from trainrun.errors import ConfigError
     from trainrun.models.gpt2_export import gpt2_mismatch
@@ -516,7 +517,9 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
     assert float(model.window) == 2
     state.progress = 0.5
     method.apply(Event.BATCH_START, state)
-    assert float(model.window) == 6
+    assert float(model.window) == 6 and method.state_dict() == {"window": 6}  # what a checkpoint records
+    assert checkpoint_window({"window_warmup": method.state_dict()}, method.config) == 6
+    assert checkpoint_window({}, method.config) == 10  # a checkpoint that does not record it: the last window
     fixed = gpt(window=6)  # the same weights (same seed), a window fixed at 6
     torch.testing.assert_close(model(tokens), fixed(tokens), rtol=0, atol=0)
     state.progress = 1.0
@@ -535,6 +538,30 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
         ConfigError, match=r"^algorithm 'window_warmup' needs trainrun's GPT \(model=gpt\*\), not Linear$"
     ):
         method.apply(Event.INIT, SimpleNamespace(raw_model=torch.nn.Linear(2, 2), progress=0.0))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_records_the_window_its_weights_last_attended_with_and_sample_takes_it(tmp_path):
+    from trainrun.core.checkpoint import list_checkpoints
+    from trainrun.sample import load_run
+
+    run = tmp_path / "run"
+    warmup = [
+        "algorithms.window_warmup.start=8",
+        "algorithms.window_warmup.end=64",
+        "algorithms.window_warmup.multiple=8",
+    ]
+    args = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=64", "optimizer=adamw"]
+    args += ["model.gpt.positions=rotary", "algorithms=[window_warmup]", *warmup, "train_batch_size=8"]
+    args += ["max_duration=4ba", "eval_interval=4ba", "checkpoint.interval=2ba", f"hydra.run.dir={run}"]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert float(load_run(run)[0].window) == 64  # evaluated at the end: the schedule's last window
+    *earlier, final = list_checkpoints(run / "checkpoints")
+    final.unlink()  # as if the run had been stopped after step 2, whose window was 8 + 56 / 4 -> 24
+    assert [path.name for path in earlier] == ["ep0-ba2.pt"] and float(load_run(run)[0].window) == 24
+    reply = run_cli("sample", str(run), "--prompt", "def main", "--tokens", "4", "--temperature", "0")
+    assert reply.returncode == 0 and reply.stdout.startswith("def main"), reply.stderr
 
 
 def test_window_warmup_is_for_causal_runs_and_starts_below_its_end():

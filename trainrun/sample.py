@@ -68,13 +68,14 @@ def load_run(run: Path):
     tokens = TokenStore.open(store, "train")
     text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
     model = build_model(config.model, text)
-    weights = load_checkpoint(checkpoints[-1])["model"]
+    payload = load_checkpoint(checkpoints[-1])
+    weights = payload["model"]
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
-    if "window_warmup" in config.algorithms:  # a finished run's window is the schedule's last
-        from trainrun.algorithms.window_warmup import window_at
+    if "window_warmup" in config.algorithms:  # the window the weights last attended with
+        from trainrun.algorithms.window_warmup import checkpoint_window
 
-        model.set_window(window_at(1.0, config.algorithms["window_warmup"]))
+        model.set_window(checkpoint_window(payload["algorithms"], config.algorithms["window_warmup"]))
     model.load_state_dict(weights)
     return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 

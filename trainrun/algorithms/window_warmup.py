@@ -9,8 +9,8 @@ less: FlexAttention skips the blocks outside the window. The window after ``p`` 
 the fraction of the run done, so a budgeted or resumed run follows it too. At INIT the GPT switches
 to windowed attention; before each step (BATCH_START) and each evaluation (EVAL_START) it is given
 the window for the run's progress. The window is a tensor on the device, so a compiled model does
-not recompile as it grows. A finished run's window is ``end``: ``trainrun sample`` and evaluation
-at the end attend with it.
+not recompile as it grows. A finished run's window is ``end``; a checkpoint records the window its
+weights last attended with, and ``trainrun sample`` attends with that one.
 """
 
 from __future__ import annotations
@@ -36,10 +36,24 @@ class WindowWarmup(Algorithm):
 
     config: WindowWarmupConfig
 
+    def __init__(self, config: WindowWarmupConfig) -> None:
+        super().__init__(config)
+        self.window: int | None = None  # the last window given to the model
+
     def apply(self, event: Event, state: State) -> None:
         model = state.raw_model
         if event is Event.INIT and not hasattr(model, "set_window"):
             raise ConfigError(
                 f"algorithm 'window_warmup' needs trainrun's GPT (model=gpt*), not {type(model).__name__}"
             )
-        model.set_window(window_at(state.progress, self.config))
+        self.window = window_at(state.progress, self.config)
+        model.set_window(self.window)
+
+    def state_dict(self) -> dict[str, int | None]:
+        return {"window": self.window}  # read by trainrun sample; a resumed run recomputes it from its progress
+
+
+def checkpoint_window(algorithm_states: dict, config: WindowWarmupConfig) -> int:
+    """The window a checkpoint's weights last attended with (``end`` for a checkpoint that does not
+    record it, written before trainrun did)."""
+    return algorithm_states.get(WindowWarmup.name, {}).get("window") or window_at(1.0, config)
