@@ -155,11 +155,12 @@ def _check_budget(config: TrainConfig) -> None:
 
 def _check_run(config: TrainConfig) -> None:
     """Checks that involve more than one field."""
-    if Time.parse(config.max_duration).unit is TimeUnit.DURATION:
+    duration = Time.parse(config.max_duration)
+    if duration.unit is TimeUnit.DURATION:
         raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (dur is relative to it)")
-    if Time.parse(config.max_duration).unit.is_budget:
+    if duration.unit.is_budget:
         _check_budget(config)
-    elif Time.parse(config.max_duration).value <= 0:
+    elif duration.value <= 0:
         raise ConfigError(f"bad value for 'max_duration': '{config.max_duration}' (a run must be longer than zero)")
     for name in config.model.initializers:
         if name not in INITIALIZERS:
