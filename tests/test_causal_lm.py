@@ -332,6 +332,7 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
         "data.text.max_seq_len=32",
     ]
     args += ["train_batch_size=16", "eval_batch_size=64", "max_duration=40ba", "eval_interval=10ba", "progress=false"]
+    args += ["algorithms=[ema]", "algorithms.ema.half_life=1ba", "algorithms.ema.update_interval=1ba"]
     result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", "optimizer=adamw", "optimizer.lr=3e-3")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -350,8 +351,19 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     # the finished run as transformers reads it, and trainrun sample's greedy reply equal to its generate()
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
+    from trainrun.algorithms.ema import averaged_weights
+    from trainrun.core.checkpoint import list_checkpoints, load_checkpoint
+    from trainrun.sample import load_run
+
     exported = tmp_path / "run" / "hf_model"
     gpt2, tokenizer = GPT2LMHeadModel.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
+    final = load_checkpoint(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])
+    evaluated = averaged_weights(final["algorithms"])  # EMA's: what the reported losses were measured with
+    assert not torch.equal(evaluated["embed.weight"], final["model"]["embed.weight"])
+    for weights in (gpt2.state_dict()["transformer.wte.weight"], load_run(tmp_path / "run")[0].embed.weight):
+        torch.testing.assert_close(weights, evaluated["embed.weight"], rtol=0, atol=0)
+    ends = (gpt2.config.bos_token_id, gpt2.config.eos_token_id, gpt2.generation_config.eos_token_id)
+    assert ends == (tokenizer.eos_token_id,) * 3  # the store's separator, where generate stops
     prompt = tokenizer("def main", return_tensors="pt").input_ids
     greedy = gpt2.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)[0]
     sampled = run_cli("sample", str(tmp_path / "run"), "--prompt", "def main", "--tokens", "6", "--temperature", "0")

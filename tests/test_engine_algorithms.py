@@ -10,7 +10,7 @@ from torchvision.ops import SqueezeExcitation
 
 from trainrun.algorithms import build_algorithms, in_method_order, order_markdown
 from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
-from trainrun.algorithms.ema import smoothing
+from trainrun.algorithms.ema import averaged_weights, smoothing
 from trainrun.algorithms.gradient_clipping import adaptive_clip
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.algorithms.specs import METHOD_ORDER, SPECS
@@ -224,6 +224,29 @@ def test_channels_last_survives_every_model_surgery():
         if isinstance(module, torch.nn.Conv2d):
             assert module.weight.is_contiguous(memory_format=torch.channels_last)
     assert state.memory_format == torch.channels_last  # the data side normalises batches into it
+
+
+def test_the_evaluated_model_has_emas_average_in_place_and_logs_no_evaluation():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    (ema,) = build_algorithms({"ema": EMAConfig(half_life="2ba", update_interval="1ba")})
+    state, seen = make_state(model), []
+    ema.apply(Event.FIT_START, state)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+        model(torch.randn(4, 3))
+    ema.apply(Event.BATCH_END, state)
+    training = {key: value.clone() for key, value in model.state_dict().items()}
+    average = averaged_weights({"ema": ema.state_dict()})  # as a checkpoint holds it
+    assert average.keys() == training.keys() and not torch.equal(average["0.weight"], training["0.weight"])
+    assert averaged_weights({}) is None
+    engine = Engine([ema], [type("Recorder", (Callback,), {"run_event": lambda self, event, s: seen.append(event)})()])
+    with engine.evaluated_model(state):
+        for key, value in model.state_dict().items():
+            assert torch.equal(value, average[key]), key
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, training[key]), key
+    assert seen == []
 
 
 def test_ema_equals_the_closed_form():

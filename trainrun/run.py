@@ -65,8 +65,9 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     try:
         trainer.fit(offset)
         if placement.rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
-            for line in task.export(state, run_dir):
-                console.print(line, highlight=False, soft_wrap=True)
+            with engine.evaluated_model(state):  # the weights the final evaluation scored
+                for line in task.export(state, run_dir):
+                    console.print(line, highlight=False, soft_wrap=True)
     except BaseException as error:
         logs.record_failure(state, error)
         raise

@@ -50,8 +50,10 @@ def sample_command(argv: list[str]) -> int:
 
 
 def load_run(run: Path):
-    """(the run's GPT with its newest weights, in evaluation mode; its store's tokenizer and document
-    separator; the longest context it was trained on)."""
+    """(the run's GPT with its newest checkpoint's weights as its evaluation saw them (EMA's average
+    where it ran), in evaluation mode; its store's tokenizer and document separator; the longest
+    context it was trained on)."""
+    from trainrun.algorithms.ema import averaged_weights
     from trainrun.data.causal_text import store_path
     from trainrun.data.token_store import TokenStore, load_tokenizer
 
@@ -69,7 +71,7 @@ def load_run(run: Path):
     text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
     model = build_model(config.model, text)
     payload = load_checkpoint(checkpoints[-1])
-    weights = payload["model"]
+    weights = averaged_weights(payload["algorithms"]) or payload["model"]  # what the run evaluated
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
     if "window_warmup" in config.algorithms:  # the window the weights last attended with

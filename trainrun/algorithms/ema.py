@@ -3,7 +3,9 @@
 Every ``update_interval`` steps (at BATCH_END): ema = s·ema + (1 − s)·w with
 s = 2^(−update_interval / half_life). The average starts from the weights at FIT_START, is
 swapped into the model for evaluation (EVAL_START) and swapped out again (EVAL_END), and is
-saved in checkpoints. Averaging is ``torch.optim.swa_utils.AveragedModel``.
+saved in checkpoints. What was evaluated is what a user takes away: a finished run's export
+(``hf_model``) and ``trainrun sample`` hold the average. Averaging is
+``torch.optim.swa_utils.AveragedModel``.
 """
 
 from __future__ import annotations
@@ -68,3 +70,12 @@ class EMA(Algorithm):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "average" in state_dict:  # called after FIT_START has built the average
             self.average.load_state_dict(state_dict["average"])
+
+
+def averaged_weights(algorithm_states: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    """A checkpoint's average as the model's own state dict (what its run evaluated), from the
+    algorithms' states it holds; ``None`` where EMA did not run."""
+    average = algorithm_states.get(EMA.name, {}).get("average")
+    if average is None:
+        return None
+    return {key.removeprefix("module."): value for key, value in average.items() if key.startswith("module.")}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from trainrun.core.events import Event
@@ -62,14 +63,32 @@ class Engine:
 
     def run(self, event: Event, state: State) -> None:
         """Apply every matching algorithm, then every callback."""
-        algorithms = reversed(self.algorithms) if event.closes else self.algorithms
-        for algorithm in algorithms:
-            if algorithm.match(event, state):
-                previous = state.accounts.switch("algorithms")
-                algorithm.apply(event, state)
-                state.accounts.switch(previous)
+        for algorithm in self._matching(event, state):
+            previous = state.accounts.switch("algorithms")
+            algorithm.apply(event, state)
+            state.accounts.switch(previous)
         for callback in self.callbacks:
             callback.run_event(event, state)
+
+    @contextmanager
+    def evaluated_model(self, state: State) -> Iterator[None]:
+        """The model as an evaluation sees it (EMA's average in place of the weights, the window
+        for the run's progress) for what is done with it after the loop, such as exporting it: the
+        algorithms' EVAL_START and EVAL_END around the block, without the callbacks (nothing is
+        logged as an evaluation)."""
+        for algorithm in self._matching(Event.EVAL_START, state):
+            algorithm.apply(Event.EVAL_START, state)
+        try:
+            yield
+        finally:
+            for algorithm in self._matching(Event.EVAL_END, state):
+                algorithm.apply(Event.EVAL_END, state)
+
+    def _matching(self, event: Event, state: State) -> Iterator[Algorithm]:
+        """The algorithms that act on ``event``, in their order there, each asked when its turn comes."""
+        for algorithm in reversed(self.algorithms) if event.closes else self.algorithms:
+            if algorithm.match(event, state):
+                yield algorithm
 
     def state_dict(self) -> dict[str, Any]:
         return {algorithm.name: algorithm.state_dict() for algorithm in self.algorithms}

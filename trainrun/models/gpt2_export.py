@@ -80,7 +80,8 @@ def _norm(prefix: str, norm: torch.nn.LayerNorm) -> dict[str, torch.Tensor]:
 
 def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
     """Write ``model`` and the store's tokenizer as a ``save_pretrained`` folder (atomically); the
-    store's document separator is the tokenizer's end of text, its [UNK] and [PAD] where it has them."""
+    store's document separator is the tokenizer's end of text (and the model's beginning and end of
+    text, where ``generate`` stops, as ``trainrun sample`` does), its [UNK] and [PAD] where it has them."""
     from transformers import PreTrainedTokenizerFast
 
     from trainrun.data.token_store import load_tokenizer, separator_of
@@ -93,6 +94,9 @@ def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
         eos_token=separator_of(store),
         **{role: token for role, token in named.items() if token in store["special"]},
     )
+    gpt2 = to_gpt2(model)
+    for settings in (gpt2.config, gpt2.generation_config):  # GPT-2's own 50256 is outside a store's vocabulary
+        settings.bos_token_id = settings.eos_token_id = tokenizer.eos_token_id
     with atomic_directory(directory) as partial, quiet_transformers():
-        to_gpt2(model).save_pretrained(partial)
+        gpt2.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
