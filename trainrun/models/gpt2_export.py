@@ -33,8 +33,10 @@ def gpt2_mismatch(model: GPT) -> str | None:
     return next((reason for reason, differs in differences.items() if differs), None)
 
 
-def to_gpt2(model: GPT):
-    """A ``GPT2LMHeadModel`` with ``model``'s weights (``model`` must have GPT-2's shape)."""
+def to_gpt2(model: GPT, end_of_text: int | None = None):
+    """A ``GPT2LMHeadModel`` with ``model``'s weights (``model`` must have GPT-2's shape) whose
+    beginning and end of text, where ``generate`` stops, are token ``end_of_text`` (GPT-2's own
+    50256 would lie outside a store's vocabulary)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = model.config
@@ -50,6 +52,8 @@ def to_gpt2(model: GPT):
         attn_pdrop=config.dropout,
         layer_norm_epsilon=model.final_norm.eps,
         tie_word_embeddings=config.tie_head,
+        bos_token_id=end_of_text,
+        eos_token_id=end_of_text,
     )
     gpt2 = GPT2LMHeadModel(hf_config)
     state = {"transformer.wte.weight": model.embed.weight, "transformer.wpe.weight": model.positions.weight}
@@ -94,9 +98,6 @@ def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
         eos_token=separator_of(store),
         **{role: token for role, token in named.items() if token in store["special"]},
     )
-    gpt2 = to_gpt2(model)
-    for settings in (gpt2.config, gpt2.generation_config):  # GPT-2's own 50256 is outside a store's vocabulary
-        settings.bos_token_id = settings.eos_token_id = tokenizer.eos_token_id
     with atomic_directory(directory) as partial, quiet_transformers():
-        gpt2.save_pretrained(partial)
+        to_gpt2(model, tokenizer.eos_token_id).save_pretrained(partial)
         tokenizer.save_pretrained(partial)
