@@ -214,7 +214,7 @@ def _first_candidate(candidates: list[str] | None, table: str | None) -> str | N
     try:
         names = {row.get("recipe") for row in read_rows(Path(table).expanduser())} - {None, ""}
     except ConfigError:
-        return None  # read_table names the file once the run's config is known
+        return None  # the run's own checks name the table (a missing file as missing), read_table the rest
     return min(names, default=None)
 
 
