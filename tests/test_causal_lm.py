@@ -351,14 +351,14 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     # the finished run as transformers reads it, and trainrun sample's greedy reply equal to its generate()
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    from trainrun.algorithms.ema import averaged_weights
     from trainrun.core.checkpoint import list_checkpoints, load_checkpoint
     from trainrun.sample import load_run
 
     exported = tmp_path / "run" / "hf_model"
     gpt2, tokenizer = GPT2LMHeadModel.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
     final = load_checkpoint(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])
-    evaluated = averaged_weights(final["algorithms"])  # EMA's: what the reported losses were measured with
+    average = final["algorithms"]["ema"]["average"]  # EMA's: what the reported losses were measured with
+    evaluated = {key.removeprefix("module."): value for key, value in average.items() if key != "n_averaged"}
     assert not torch.equal(evaluated["embed.weight"], final["model"]["embed.weight"])
     for weights in (gpt2.state_dict()["transformer.wte.weight"], load_run(tmp_path / "run")[0].embed.weight):
         torch.testing.assert_close(weights, evaluated["embed.weight"], rtol=0, atol=0)
@@ -517,7 +517,6 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
 
     from trainrun.algorithms import build_algorithms
     from trainrun.algorithms.specs.window_warmup import WindowWarmupConfig
-    from trainrun.algorithms.window_warmup import checkpoint_window
     from trainrun.core.events import Event
     from trainrun.errors import ConfigError
     from trainrun.models.gpt2_export import gpt2_mismatch
@@ -530,8 +529,11 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
     state.progress = 0.5
     method.apply(Event.BATCH_START, state)
     assert float(model.window) == 6 and method.state_dict() == {"window": 6}  # what a checkpoint records
-    assert checkpoint_window({"window_warmup": method.state_dict()}, method.config) == 6
-    assert checkpoint_window({}, method.config) == 10  # a checkpoint that does not record it: the last window
+    restored = gpt()  # as trainrun sample builds it from a checkpoint
+    method.restore_evaluated(restored, method.state_dict())
+    assert float(restored.window) == 6
+    method.restore_evaluated(restored, {})  # a checkpoint that does not record it: the last window
+    assert float(restored.window) == 10
     fixed = gpt(window=6)  # the same weights (same seed), a window fixed at 6
     torch.testing.assert_close(model(tokens), fixed(tokens), rtol=0, atol=0)
     state.progress = 1.0

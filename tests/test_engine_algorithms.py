@@ -10,7 +10,7 @@ from torchvision.ops import SqueezeExcitation
 
 from trainrun.algorithms import build_algorithms, in_method_order, order_markdown
 from trainrun.algorithms.blurpool import BlurConv2d, BlurMaxPool2d, apply_blurpool
-from trainrun.algorithms.ema import averaged_weights, smoothing
+from trainrun.algorithms.ema import smoothing
 from trainrun.algorithms.gradient_clipping import adaptive_clip
 from trainrun.algorithms.label_smoothing import smooth
 from trainrun.algorithms.specs import METHOD_ORDER, SPECS
@@ -237,9 +237,13 @@ def test_the_evaluated_model_has_emas_average_in_place_and_logs_no_evaluation():
         model(torch.randn(4, 3))
     ema.apply(Event.BATCH_END, state)
     training = {key: value.clone() for key, value in model.state_dict().items()}
-    average = averaged_weights({"ema": ema.state_dict()})  # as a checkpoint holds it
+    restored = copy.deepcopy(model)  # as trainrun sample builds it: a checkpoint's training weights
+    ema.restore_evaluated(restored, ema.state_dict())  # the state a checkpoint holds
+    average = restored.state_dict()
     assert average.keys() == training.keys() and not torch.equal(average["0.weight"], training["0.weight"])
-    assert averaged_weights({}) is None
+    untouched = copy.deepcopy(model)
+    ema.restore_evaluated(untouched, {})  # a checkpoint without an average
+    assert all(torch.equal(value, training[key]) for key, value in untouched.state_dict().items())
     engine = Engine([ema], [type("Recorder", (Callback,), {"run_event": lambda self, event, s: seen.append(event)})()])
     with engine.evaluated_model(state):
         for key, value in model.state_dict().items():

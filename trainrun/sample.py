@@ -53,7 +53,7 @@ def load_run(run: Path):
     """(the run's GPT with its newest checkpoint's weights as its evaluation saw them (EMA's average
     where it ran), in evaluation mode; its store's tokenizer and document separator; the longest
     context it was trained on)."""
-    from trainrun.algorithms.ema import averaged_weights
+    from trainrun.algorithms import build_algorithms
     from trainrun.data.causal_text import store_path
     from trainrun.data.token_store import TokenStore, load_tokenizer
 
@@ -71,14 +71,12 @@ def load_run(run: Path):
     text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
     model = build_model(config.model, text)
     payload = load_checkpoint(checkpoints[-1])
-    weights = averaged_weights(payload["algorithms"]) or payload["model"]  # what the run evaluated
+    weights = payload["model"]
     if "positions.weight" not in weights and model.positions is not None:
         model.use_alibi()  # trained with the alibi method: no position table
-    if "window_warmup" in config.algorithms:  # the window the weights last attended with
-        from trainrun.algorithms.window_warmup import checkpoint_window
-
-        model.set_window(checkpoint_window(payload["algorithms"], config.algorithms["window_warmup"]))
     model.load_state_dict(weights)
+    for algorithm in build_algorithms(config.algorithms):  # what each method's evaluations saw (EMA's average)
+        algorithm.restore_evaluated(model, payload["algorithms"].get(algorithm.name, {}))
     return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 
 

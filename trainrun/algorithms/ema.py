@@ -71,11 +71,8 @@ class EMA(Algorithm):
         if "average" in state_dict:  # called after FIT_START has built the average
             self.average.load_state_dict(state_dict["average"])
 
-
-def averaged_weights(algorithm_states: dict[str, Any]) -> dict[str, torch.Tensor] | None:
-    """A checkpoint's average as the model's own state dict (what its run evaluated), from the
-    algorithms' states it holds; ``None`` where EMA did not run."""
-    average = algorithm_states.get(EMA.name, {}).get("average")
-    if average is None:
-        return None
-    return {key.removeprefix("module."): value for key, value in average.items() if key.startswith("module.")}
+    def restore_evaluated(self, model: torch.nn.Module, saved: dict[str, Any]) -> None:
+        """The saved average in place of the weights (AveragedModel keeps the model as ``module``)."""
+        if "average" in saved:
+            average = saved["average"].items()
+            model.load_state_dict({key.removeprefix("module."): v for key, v in average if key.startswith("module.")})

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from trainrun.algorithms.specs.window_warmup import WindowWarmupConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
@@ -52,8 +54,7 @@ class WindowWarmup(Algorithm):
     def state_dict(self) -> dict[str, int | None]:
         return {"window": self.window}  # read by trainrun sample; a resumed run recomputes it from its progress
 
-
-def checkpoint_window(algorithm_states: dict, config: WindowWarmupConfig) -> int:
-    """The window a checkpoint's weights last attended with (``end`` for a checkpoint that does not
-    record it, written before trainrun did)."""
-    return algorithm_states.get(WindowWarmup.name, {}).get("window") or window_at(1.0, config)
+    def restore_evaluated(self, model: torch.nn.Module, saved: dict[str, int | None]) -> None:
+        """The window the checkpoint's weights last attended with (``end`` for a checkpoint that
+        does not record it, written before trainrun did)."""
+        model.set_window(saved.get("window") or window_at(1.0, self.config))

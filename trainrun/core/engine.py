@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainrun.core.events import Event
 from trainrun.core.state import State
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Algorithm:
@@ -36,6 +39,10 @@ class Algorithm:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; called on resume right after FIT_START."""
+
+    def restore_evaluated(self, model: nn.Module, saved: dict[str, Any]) -> None:
+        """Make ``model``, built afresh and holding a checkpoint's training weights, what this
+        method's evaluations scored, from the :meth:`state_dict` it saved there (``trainrun sample``)."""
 
 
 class Callback:
