@@ -29,11 +29,12 @@ from trainrun.core.precision import resolve_precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import build_data
-from trainrun.models import build_model
+from trainrun.data.build import build_data
+from trainrun.kinds import offers
+from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
-from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig
+from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig, SchedulerConfig, TrainConfig
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import soft_cross_entropy
 
@@ -90,7 +91,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, float], torch.device]:
     """Best seconds per step of every method and of no method, rounds alternating."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
-    names = [None, *sorted(n for n in SPECS if SPECS[n].applies_to("image_classification"))]
+    image_run = offers(TrainConfig())  # the schema's default run: image classification
+    names = [None, *sorted(n for n in SPECS if SPECS[n].applies_to(image_run))]
     best: dict[str, float] = {}
     step_seconds(None, args, device)  # warm-up: allocator, kernels, page cache
     for _ in range(args.rounds):

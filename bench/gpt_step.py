@@ -35,7 +35,7 @@ from gpu_throughput import peak_tflops
 from trainrun.config import compose
 from trainrun.core.precision import resolve_precision
 from trainrun.data.causal_text import stream_datasets
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.models.gpt import GPT
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import GPTConfig, OptimizerConfig

@@ -46,7 +46,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.interface import DataSpec
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import DataConfig, ModelConfig, OptimizerConfig
 from trainrun.tasks.image_classification import ImageClassification

@@ -32,11 +32,11 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import Datasets, TorchData
+from trainrun.data.build import Datasets, TorchData
 from trainrun.data.builtin import SyntheticImages, TensorImageDataset
 from trainrun.data.causal_text import stream_datasets
 from trainrun.data.masked_text import text_datasets
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler
 from trainrun.schema import (
@@ -49,7 +49,7 @@ from trainrun.schema import (
     SmallResNetConfig,
     TextConfig,
 )
-from trainrun.tasks import Task
+from trainrun.tasks.base import Task
 from trainrun.tasks.causal_lm import CausalLanguageModeling, next_token_cross_entropy
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import soft_cross_entropy

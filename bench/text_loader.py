@@ -28,7 +28,7 @@ from trainrun.core.distributed import SINGLE_PROCESS
 from trainrun.data.masked_text import cached_store, text_datasets
 from trainrun.data.token_store import read_documents, split_documents
 from trainrun.data.torch_loader import TorchData
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.models.weights import hugging_face_tokenizer
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import BertConfig, DataConfig, ModelConfig, OptimizerConfig, TextConfig

@@ -15,7 +15,7 @@ from trainrun.algorithms.specs.randaugment import RandAugmentConfig
 from trainrun.algorithms.specs.trivialaugment import TrivialAugmentConfig
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
-from trainrun.data import Datasets, TorchData
+from trainrun.data.build import Datasets, TorchData
 from trainrun.data.builtin import builtin_datasets
 from trainrun.data.interface import DataSpec
 from trainrun.errors import ConfigError

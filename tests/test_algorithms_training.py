@@ -31,7 +31,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.interface import DataSpec
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.schema import ModelConfig
 from trainrun.tasks.image_classification import ImageClassification
 from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import trainrun.models.bert as bert_module
-from trainrun.algorithms.alibi import alibi_slopes
 from trainrun.core.precision import Precision
 from trainrun.data.masked_text import IGNORED, collate_masked
+from trainrun.models.alibi import alibi_slopes
 from trainrun.models.bert import MaskedLanguageModel, build_bert
 from trainrun.schema import BertConfig
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, masked_cross_entropy

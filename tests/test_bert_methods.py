@@ -12,7 +12,6 @@ from test_engine_algorithms import make_state
 from torch import nn
 
 from trainrun.algorithms import build_algorithms
-from trainrun.algorithms.alibi import alibi_slopes
 from trainrun.algorithms.fused_layers import fuse_layers
 from trainrun.algorithms.gated_linear_units import GatedIntermediate, apply_glu
 from trainrun.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, replace_layer_norms
@@ -26,6 +25,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.data.masked_text import IGNORED, collate_masked
 from trainrun.errors import ConfigError
+from trainrun.models.alibi import alibi_slopes
 from trainrun.models.bert import build_bert
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import BertConfig, OptimizerConfig

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import resume_after_step_6, run_cli
 
 from trainrun.data.causal_text import TokenWindows
+from trainrun.kinds import task_spec
 from trainrun.models.gpt import (
     GPT,
     Attend,
@@ -21,7 +22,6 @@ from trainrun.models.gpt import (
     value_tables,
     visible_keys,
 )
-from trainrun.quality import QUALITY_OF_TASK
 from trainrun.registry import builder, names
 from trainrun.schema import GPTConfig
 from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator, next_token_cross_entropy
@@ -317,7 +317,7 @@ def test_evaluation_adds_the_other_ranks_sums_before_the_mean(monkeypatch):
 def test_every_task_names_the_quality_metric_its_table_entry_names():
     for name in names("task"):
         task = builder("task", name)()
-        rule = QUALITY_OF_TASK[name]
+        rule = task_spec(name).quality
         assert (task.quality, task.metrics[task.quality]) == (rule.metric, rule.label), name
 
 

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from trainrun.core.distributed import Placement
-from trainrun.data import build_data
+from trainrun.data.build import build_data
 from trainrun.data.builtin import SyntheticImages, builtin_datasets, split_indices
 from trainrun.data.cache import write_once
 from trainrun.data.sampling import ResumableSampler, ShardSampler

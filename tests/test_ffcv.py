@@ -15,7 +15,7 @@ from PIL import Image
 from rich.console import Console
 
 from trainrun.core.distributed import Placement
-from trainrun.data import build_data, datasets
+from trainrun.data.build import build_data, datasets
 from trainrun.data.ffcv import FFCVData, check_beton
 from trainrun.data.write import WriteSettings, write_beton
 from trainrun.errors import ConfigError, DataError

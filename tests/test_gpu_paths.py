@@ -30,7 +30,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
-from trainrun.data import build_data
+from trainrun.data.build import build_data
 from trainrun.errors import ConfigError
 from trainrun.launch import adopt_slurm_environment
 from trainrun.optim.optimizers import build_optimizer
@@ -402,7 +402,7 @@ def test_gpu_bench_times_the_full_step_in_steady_state_at_the_rows_format(monkey
 
 @pytest.mark.slow
 def test_gpu_bench_loader_rate_includes_the_device_copy_and_normalisation(monkeypatch, tmp_path):
-    from trainrun.data import datasets
+    from trainrun.data.build import datasets
     from trainrun.data.write import WriteSettings, write_beton
     from trainrun.tasks.image_classification import ImageClassification
 

@@ -34,8 +34,8 @@ from trainrun.data.token_store import (
 )
 from trainrun.data.torch_loader import AugmentedDataset
 from trainrun.errors import ConfigError, DataError, FileFormatError
-from trainrun.models import build_model
 from trainrun.models.bert import build_bert
+from trainrun.models.build import build_model
 from trainrun.schema import BertConfig, DataConfig, ModelConfig, TextConfig
 from trainrun.tasks.masked_lm import MaskedTokenEvaluator, masked_cross_entropy
 

@@ -13,7 +13,7 @@ from trainrun.algorithms.specs.mixup import MixUpConfig
 from trainrun.core.engine import Engine
 from trainrun.core.microbatches import Microbatching, microbatch_slices, take
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.tasks import Evaluator
+from trainrun.tasks.base import Evaluator
 from trainrun.tasks.image_classification import ImageClassification
 
 

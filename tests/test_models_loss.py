@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.schema import ModelConfig, SmallResNetConfig
 from trainrun.tasks.losses import binary_cross_entropy, soft_cross_entropy
 

@@ -13,7 +13,7 @@ from trainrun.schema import DataConfig, ModelConfig, TaskConfig
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-@pytest.mark.parametrize("kind", sorted(registry.BUILDERS))
+@pytest.mark.parametrize("kind", registry.KINDS)
 def test_every_registered_name_resolves_to_a_builder(kind):
     for name in registry.names(kind):
         assert callable(registry.builder(kind, name)), (kind, name)

@@ -13,8 +13,8 @@ from conftest import TINY, run_cli
 
 from trainrun.core import accounts as accounts_module
 from trainrun.core.accounts import BUCKETS, TimeAccounts
+from trainrun.core.bottleneck import find_bottleneck
 from trainrun.report import curves
-from trainrun.report.bottleneck import find_bottleneck
 from trainrun.report.command import report_command
 from trainrun.report.runs import FIRST_EPOCH_AS_SECOND, Pricing, Run, load_run
 

@@ -344,7 +344,7 @@ def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
     [
         (["data.segmentation.patch_size=[24,24]"], "bad value for 'data.segmentation.patch_size': [24, 24]"),
         (["data.segmentation.patch_size=[32,32,32]"], "model.unet.dimensions 2 sides"),
-        (["model=resnet_small"], "bad value for 'model.name': 'resnet_small' (a segmentation run needs unet)"),
+        (["model=resnet_small"], "bad value for 'model.name': 'resnet_small' (with task=segmentation it must be unet)"),
         (["data=digits"], "bad value for 'data.name': 'digits'"),
         (["algorithms=[blurpool]"], "algorithm 'blurpool' does not apply to task segmentation"),
         (["data.segmentation.fold=5"], "bad value for 'data.segmentation.fold': 5"),
@@ -376,7 +376,7 @@ def test_channels_last_takes_the_3d_layout_for_a_3d_unet():
 
     from trainrun.algorithms.channels_last import ChannelsLast
     from trainrun.core.events import Event
-    from trainrun.models import build_model
+    from trainrun.models.build import build_model
 
     config = validate(compose(["task=segmentation", "data=synthetic_brats", "model=unet3d", *PATCH_3D]), files=False)
     config.model.unet.filters = [4, 8, 8]

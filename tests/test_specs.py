@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from trainrun.algorithms.specs import METHOD_ORDER, SPECS, MethodSpec, check_methods, discover_specs, sequence_limit
 from trainrun.algorithms.specs.alibi import AlibiConfig
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability
 from trainrun.validation import validate
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -54,7 +55,7 @@ def test_a_method_of_another_task_is_refused_naming_the_methods_the_task_has():
     image = [name for name in every if name not in LANGUAGE_ONLY | CAUSAL_ONLY]
     refused(
         {"algorithms": {"alibi": {}}},
-        "algorithm 'alibi' does not apply to task image_classification (it is for masked_lm, causal_lm); "
+        "algorithm 'alibi' does not apply to task image_classification (it is for causal_lm, masked_lm); "
         f"choose from: {', '.join(image)}",
     )
     language = sorted(LANGUAGE_ONLY | {"ema", "gradient_clipping", "sam", "swa"})
@@ -134,9 +135,10 @@ def test_alibi_bounds_the_sequence_length_instead_of_the_models_positions():
 
 
 def test_a_method_for_several_tasks_names_them_all_when_refused(monkeypatch):
-    two_tasks = dataclasses.replace(SPECS["ema"], tasks=("image_classification", "masked_lm"))
+    two_tasks = dataclasses.replace(SPECS["ema"], needs=frozenset({Capability.SEQUENCES}))
     monkeypatch.setitem(SPECS, "ema", two_tasks)
-    run = SimpleNamespace(algorithms={"ema": SPECS["ema"].config()}, task=SimpleNamespace(name="segmentation"))
+    run = SimpleNamespace(algorithms={"ema": SPECS["ema"].config()})
+    run.task, run.data, run.model = (SimpleNamespace(name=name) for name in ("segmentation", "decathlon", "unet"))
     allowed = "channels_last, gradient_clipping, sam, swa"
-    with pytest.raises(ConfigError, match=rf"\(it is for image_classification, masked_lm\); choose from: {allowed}$"):
+    with pytest.raises(ConfigError, match=rf"\(it is for causal_lm, masked_lm\); choose from: {allowed}$"):
         check_methods(run)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from trainrun.data.masked_text import IGNORED
 from trainrun.schema import DataConfig
-from trainrun.tasks import build_task, token_loss_metrics
+from trainrun.tasks.base import build_task, token_loss_metrics
 from trainrun.tasks.image_classification import ClassificationEvaluator, ImageClassification
 from trainrun.tasks.masked_lm import MaskedLanguageModeling, MaskedTokenEvaluator, scored_labels
 

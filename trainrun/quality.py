@@ -3,8 +3,9 @@ frontiers, reports and recipe choices compare by.
 
 Accuracy-like metrics (top-1, masked-token accuracy) are fractions where higher is better,
 shown as percentages; a loss (a causal language model's validation loss) is better lower and is
-shown as a number. A task declares its :class:`Quality`; ``summary.json`` records it, so a report
-reads a run's direction from the run (runs written before it was recorded were top-1-like).
+shown as a number. A task's spec declares its :class:`Quality` (:class:`trainrun.kinds.TaskSpec`);
+``summary.json`` records it, so a report reads a run's direction from the run (runs written before
+it was recorded were top-1-like).
 Torch-free: reports and ``recipe=auto`` read it without importing torch.
 """
 
@@ -74,12 +75,3 @@ class Quality:
 
 
 TOP1 = Quality("top1", "top-1")  # what runs, tables and choices were measured in before tasks said
-
-# Each task's quality, here so that the config's checks (stop_at, accuracy_targets) read it before
-# anything heavy is imported; each task class names the same metric (a test says so).
-QUALITY_OF_TASK = {
-    "image_classification": TOP1,
-    "masked_lm": Quality("masked_accuracy", "masked-token accuracy"),
-    "causal_lm": Quality("eval_loss", "validation loss", higher_is_better=False, percent=False),
-    "segmentation": Quality("dice", "mean Dice"),
-}

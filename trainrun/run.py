@@ -29,17 +29,17 @@ from trainrun.core.seeding import seed_everything
 from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
-from trainrun.data import DataSpec, build_data
+from trainrun.data.build import DataSpec, build_data
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
 from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
-from trainrun.models import build_model
+from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
 from trainrun.provenance import provenance
 from trainrun.registry import builder
 from trainrun.schema import TrainConfig, budget_seconds
-from trainrun.tasks import Task, build_task
+from trainrun.tasks.base import Task, build_task
 
 
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:

@@ -22,7 +22,8 @@ from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoin
 from trainrun.core.distributed import SINGLE_PROCESS
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
-from trainrun.models import build_model
+from trainrun.kinds import Capability, task_spec, tasks_offering
+from trainrun.models.build import build_model
 from trainrun.validation import validate
 
 
@@ -61,8 +62,9 @@ def load_run(run: Path):
     if not config_file.is_file():
         raise ConfigError(f"bad value for 'RUN': '{run}' has no {run_files.CONFIG} (not a trainrun run directory)")
     config = validate(OmegaConf.create(read_yaml(config_file)), files=False)
-    if config.task.name != "causal_lm":
-        raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs causal_lm")
+    if Capability.CAUSAL_SEQUENCES not in task_spec(config.task.name).offers:
+        generating = " or ".join(tasks_offering({Capability.CAUSAL_SEQUENCES}))
+        raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs {generating}")
     checkpoints = list_checkpoints(directory(run))
     if not checkpoints:
         raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
@@ -71,12 +73,12 @@ def load_run(run: Path):
     text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
     model = build_model(config.model, text)
     payload = load_checkpoint(checkpoints[-1])
-    weights = payload["model"]
-    if "positions.weight" not in weights and model.positions is not None:
-        model.use_alibi()  # trained with the alibi method: no position table
-    model.load_state_dict(weights)
-    for algorithm in build_algorithms(config.algorithms):  # what each method's evaluations saw (EMA's average)
-        algorithm.restore_evaluated(model, payload["algorithms"].get(algorithm.name, {}))
+    methods = build_algorithms(config.algorithms)
+    for method in methods:  # the model's structure as the run's methods left it (ALiBi: no position table)
+        method.rebuild(model)
+    model.load_state_dict(payload["model"])
+    for method in methods:  # what each method's evaluations saw (EMA's average)
+        method.restore_evaluated(model, payload["algorithms"].get(method.name, {}))
     return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 
 

@@ -1,24 +1,25 @@
 """Every check of a composed config before any work starts: types and values (OmegaConf and the
-fields' metadata), then what involves several fields, the chosen methods' own checks and, for a
-run, the files it reads. Raises :class:`ConfigError` with one line naming the key."""
+fields' metadata), then what involves several fields, the chosen task's, data source's, model's
+and methods' own checks (their specs) and, for a run, the files it reads. Raises
+:class:`ConfigError` with one line naming the key. Nothing here names a task, model or data source."""
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from trainrun.algorithms.specs import SPECS, check_methods, sequence_limit
+from trainrun import kinds
+from trainrun.algorithms.specs import SPECS, check_methods
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
-from trainrun.quality import QUALITY_OF_TASK
+from trainrun.kinds import Capability
 from trainrun.registry import names
-from trainrun.schema import INITIALIZERS, LauncherConfig, TrainConfig, moved_keys
+from trainrun.schema import INITIALIZERS, DataConfig, LauncherConfig, ModelConfig, TaskConfig, TrainConfig, moved_keys
 
 
 def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
@@ -108,33 +109,17 @@ def _check_time(key: str, value: str, meta: dict) -> None:
 
 
 def check_files(config: TrainConfig) -> None:
-    """The files and folders a run reads exist: checked before a run, not to print a config."""
+    """The files and folders a run reads exist: checked before a run, not to print a config. The
+    chosen task, data source and model check their own (:attr:`trainrun.kinds.KindSpec.check_files`)."""
+    for spec in kinds.chosen(config).values():
+        if spec.check_files is not None:
+            spec.check_files(config)
     data = config.data
-    if data.name in ("text", "token_stream") and not data.path and not data.text.corpus:
-        raise ConfigError(f"data={data.name} needs 'data.path' (a token store written by 'trainrun write-text')")
-    if data.name == "decathlon" and not (data.path and (Path(data.path).expanduser() / "dataset.json").is_file()):
-        raise ConfigError(
-            f"data=decathlon needs 'data.path': a Decathlon task folder with dataset.json (got '{data.path}')"
-        )
-    if data.name == "folder" and not data.path:
-        raise ConfigError("data=folder needs 'data.path' (a directory with train/ and val/ subfolders)")
     weights = config.model.weights
     if weights and not Path(weights).expanduser().exists():
         raise ConfigError(f"bad value for 'model.weights': '{weights}' does not exist")
     if data.path and not Path(data.path).expanduser().is_dir():
         raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
-    if data.path and config.task.name == "masked_lm":  # a byte-level BPE store has no [MASK]
-        from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore
-
-        store = TokenStore.open(Path(data.path), "train")
-        store.check_special_tokens(SPECIAL_TOKENS, "masked language modelling")
-    if data.name == "beton":
-        for key in ("train", "val"):
-            path = getattr(data, key)
-            if not path:
-                raise ConfigError(f"data=beton needs 'data.{key}' (a .beton file written by 'trainrun write')")
-            if not Path(path).expanduser().is_file():
-                raise ConfigError(f"bad value for 'data.{key}': '{path}' does not exist")
     if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
         raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
 
@@ -179,40 +164,43 @@ def _check_run(config: TrainConfig) -> None:
         if name not in names("logger"):
             raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(names('logger'))})")
     _check_quality_values(config)
-    if config.data.name == "beton" and config.data.loader != "ffcv":
-        raise ConfigError("data=beton reads .beton files: it needs data.loader=ffcv")
-    if config.data.name == "folder" and config.data.loader == "ffcv":
-        raise ConfigError(
-            "data=folder reads image files with the torch loader; for FFCV write them once with "
-            "'trainrun write' and use data=beton"
-        )
-    if len(config.data.mean) != 3 or len(config.data.std) != 3:
-        raise ConfigError("bad value for 'data.mean'/'data.std': give three values (R, G, B)")
-    if config.task.name == "masked_lm" or config.data.name == "text" or config.model.name == "bert":
-        _check_masked_lm(config)
-        return
-    if config.task.name == "causal_lm" or config.data.name == "token_stream" or config.model.name == "gpt":
-        _check_causal_lm(config)
-        return
-    if config.task.name == "segmentation" or config.data.name in SEGMENTATION_DATA or config.model.name == "unet":
-        _check_segmentation(config)
-        return
-    if config.optimizer.name == "muon":
+    _check_kinds(config)
+    if config.optimizer.name == "muon" and Capability.HIDDEN_MATRICES not in kinds.offers(config):
+        models = kinds.specs("model").values()
+        matrices = " or ".join(f"model={spec.name}" for spec in models if Capability.HIDDEN_MATRICES in spec.offers)
         raise ConfigError(
             f"bad value for 'optimizer.name': 'muon' takes 2-D matrices; model '{config.model.name}' has "
-            "convolutions (use it with model=gpt or model=bert)"
+            f"convolutions (use it with {matrices})"
         )
-    if config.model.num_classes != config.data.num_classes:
-        raise ConfigError(
-            f"bad value for 'model.num_classes': {config.model.num_classes} but data "
-            f"'{config.data.name}' has {config.data.num_classes} classes"
-        )
+
+
+def _check_kinds(config: TrainConfig) -> None:
+    """The task, data source and model speak the same batches, then each passes its own checks.
+
+    The first of them the user changed from the schema's default is the one the others must suit.
+    """
+    parts = kinds.chosen(config)
+    defaults = {"task": TaskConfig().name, "data": DataConfig().name, "model": ModelConfig().name}
+    anchor = next((kind for kind, spec in parts.items() if spec.name != defaults[kind]), "task")
+    batches = parts[anchor].batches
+    for kind, spec in parts.items():
+        if spec.batches != batches:
+            allowed = " or ".join(kinds.serving(kind, batches))
+            raise ConfigError(
+                f"bad value for '{kind}.name': '{spec.name}' (with {anchor}={parts[anchor].name} it must be {allowed})"
+            )
+    task = kinds.task_spec(config.task.name)
+    if config.loss not in task.losses:
+        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task {task.name} trains with {task.trains_with})")
+    for spec in parts.values():
+        if spec.check is not None:
+            spec.check(config)
 
 
 def _check_quality_values(config: TrainConfig) -> None:
     """``stop_at`` and ``accuracy_targets`` are values the task's quality can take: fractions in
     (0, 1] for an accuracy, positive numbers for a loss."""
-    rule = QUALITY_OF_TASK[config.task.name]
+    rule = kinds.task_spec(config.task.name).quality
     kind = "a fraction in (0, 1]" if rule.percent else f"a positive {rule.label}"
     for key, values in (
         ("stop_at", [] if config.stop_at is None else [config.stop_at]),
@@ -221,151 +209,6 @@ def _check_quality_values(config: TrainConfig) -> None:
         for value in values:
             if not 0 < value <= (1 if rule.percent else float("inf")):
                 raise ConfigError(f"bad value for '{key}': {value:g} ({kind} of the quality metric, {rule.metric})")
-
-
-def _check_language_run(config: TrainConfig, task: str, data: str, model: str) -> None:
-    """A language task's data and model chosen together, trained with cross-entropy from the torch loader."""
-    parts = {"task": (config.task.name, task), "data": (config.data.name, data), "model": (config.model.name, model)}
-    for key, (chosen, needed) in parts.items():
-        if chosen != needed:
-            others = ", ".join(f"{k}={v}" for k, (c, v) in parts.items() if c == v)
-            raise ConfigError(f"bad value for '{key}.name': '{chosen}' (with {others} it must be {needed})")
-    if config.loss != "soft_ce":
-        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task {task} trains with cross-entropy, soft_ce)")
-    if config.data.loader != "torch":
-        raise ConfigError("bad value for 'data.loader': text is read with the torch loader (data.loader=torch)")
-
-
-def _check_causal_lm(config: TrainConfig) -> None:
-    """A causal language run: a token stream, a GPT and the causal-LM task together."""
-    _check_language_run(config, "causal_lm", "token_stream", "gpt")
-    gpt = config.model.gpt
-    if gpt.width % gpt.heads or (gpt.width // gpt.heads) % 2:
-        raise ConfigError(
-            f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
-            "into heads of an even size"
-        )
-    if 2 * gpt.value_embeddings > gpt.layers:
-        raise ConfigError(
-            f"bad value for 'model.gpt.value_embeddings': {gpt.value_embeddings} tables serve the first and the "
-            f"last {gpt.value_embeddings} blocks, more than model.gpt.layers {gpt.layers}"
-        )
-    limit = sequence_limit(config.algorithms) or (
-        None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
-    )
-    if limit is not None and config.data.text.max_seq_len > limit[0]:
-        raise ConfigError(
-            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
-            f"{limit[1]} {limit[0]}"
-        )
-
-
-SEGMENTATION_DATA = ("synthetic_brats", "decathlon")
-
-
-def _check_segmentation(config: TrainConfig) -> None:
-    """A segmentation run: volume data, a UNet and the segmentation task together, with patches
-    the network's levels divide."""
-    parts = {
-        "task.name": (config.task.name, ("segmentation",)),
-        "data.name": (config.data.name, SEGMENTATION_DATA),
-        "model.name": (config.model.name, ("unet",)),
-    }
-    for key, (chosen, allowed) in parts.items():
-        if chosen not in allowed:
-            raise ConfigError(f"bad value for '{key}': '{chosen}' (a segmentation run needs {' or '.join(allowed)})")
-    if config.loss != "soft_ce":
-        raise ConfigError(f"bad value for 'loss': '{config.loss}' (task segmentation trains with Dice + cross-entropy)")
-    if config.data.loader != "torch":
-        raise ConfigError("bad value for 'data.loader': volumes are read with the torch loader (data.loader=torch)")
-    if config.optimizer.name == "muon":
-        raise ConfigError("bad value for 'optimizer.name': 'muon' takes 2-D matrices; a UNet has convolutions")
-    unet, segmentation = config.model.unet, config.data.segmentation
-    if len(unet.filters) != len(unet.strides) or len(unet.strides) < 3:
-        raise ConfigError(
-            f"bad value for 'model.unet.filters': {len(unet.filters)} levels but model.unet.strides has "
-            f"{len(unet.strides)} (one of each per level, at least 3)"
-        )
-    patch, divisor = list(segmentation.patch_size), math.prod(unet.strides)
-    if len(patch) != unet.dimensions or any(side <= 0 or side % divisor for side in patch):
-        raise ConfigError(
-            f"bad value for 'data.segmentation.patch_size': {patch} (model.unet.dimensions {unet.dimensions} sides, "
-            f"each a multiple of {divisor}, the product of model.unet.strides)"
-        )
-    if unet.norm == "instance" and all(side == divisor for side in patch):
-        raise ConfigError(
-            f"bad value for 'data.segmentation.patch_size': {patch} leaves one voxel at the deepest level, which "
-            f"instance norm cannot normalise; make a side at least {2 * divisor}"
-        )
-    if segmentation.fold >= segmentation.folds:
-        raise ConfigError(
-            f"bad value for 'data.segmentation.fold': {segmentation.fold} (folds are 0 to {segmentation.folds - 1})"
-        )
-    if config.data.name == "synthetic_brats":
-        if segmentation.synthetic_cases < segmentation.folds:
-            raise ConfigError(
-                f"bad value for 'data.segmentation.synthetic_cases': {segmentation.synthetic_cases} "
-                f"(at least data.segmentation.folds, {segmentation.folds}: each fold holds out at least one case)"
-            )
-        if len(segmentation.synthetic_shape) != 3 or min(segmentation.synthetic_shape) < 2:
-            raise ConfigError(
-                f"bad value for 'data.segmentation.synthetic_shape': {list(segmentation.synthetic_shape)} "
-                "(depth, height, width, each at least 2)"
-            )
-        if unet.in_channels != 4 or config.data.num_classes != 4:
-            raise ConfigError(
-                "bad value for 'model.unet.in_channels': synthetic_brats has 4 channels and 4 labels "
-                f"(got in_channels {unet.in_channels}, data.num_classes {config.data.num_classes})"
-            )
-    _check_segmentation_outputs(config)
-
-
-def _check_segmentation_outputs(config: TrainConfig) -> None:
-    """Regions name foreground labels, and the model has one output per class or region."""
-    regions = [list(region) for region in config.data.segmentation.regions]
-    labels = range(1, config.data.num_classes)
-    for region in regions:
-        if not region or any(label not in labels for label in region):
-            raise ConfigError(
-                f"bad value for 'data.segmentation.regions': {regions} (each region a non-empty list of the "
-                f"foreground labels 1 to {config.data.num_classes - 1})"
-            )
-    outputs = len(regions) or config.data.num_classes
-    if config.model.num_classes != outputs:
-        what = f"{len(regions)} regions" if regions else f"{config.data.num_classes} classes"
-        raise ConfigError(
-            f"bad value for 'model.num_classes': {config.model.num_classes} but data '{config.data.name}' has {what} "
-            "(one output each)"
-        )
-
-
-def _check_masked_lm(config: TrainConfig) -> None:
-    """A language run: text data, a BERT and the masked-LM task together, and what they allow."""
-    _check_language_run(config, "masked_lm", "text", "bert")
-    if config.data.text.tokenizer == "bpe" and not config.data.path:
-        raise ConfigError(
-            "bad value for 'data.text.tokenizer': bpe has no [MASK] token for masked LM (task causal_lm); use wordpiece"
-        )
-    alibi = config.algorithms.get("alibi")
-    if alibi is not None and alibi.train_sequence_length_scaling < 1:
-        raise ConfigError(
-            "bad value for 'algorithms.alibi.train_sequence_length_scaling': "
-            f"{alibi.train_sequence_length_scaling} splits causal sequences only (task causal_lm); use 1.0"
-        )
-    positions, key = sequence_limit(config.algorithms) or (
-        config.model.bert.max_position_embeddings,
-        "model.bert.max_position_embeddings",
-    )
-    if config.data.text.max_seq_len > positions:
-        raise ConfigError(
-            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
-            f"{positions} positions ({key})"
-        )
-    bert = config.model.bert
-    if bert.hidden_size % bert.heads:
-        raise ConfigError(
-            f"bad value for 'model.bert.heads': {bert.heads} does not divide model.bert.hidden_size {bert.hidden_size}"
-        )
 
 
 def _is_this_machine(host: str) -> bool:

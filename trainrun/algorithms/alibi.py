@@ -17,8 +17,6 @@ evaluation reads whole sequences, to which ALiBi extrapolates.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from trainrun.algorithms.specs.alibi import AlibiConfig
@@ -26,15 +24,7 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
-
-
-def alibi_slopes(heads: int) -> torch.Tensor:
-    """The per-head slopes of Press et al. (their reference rule for any number of heads)."""
-    power = 2 ** math.floor(math.log2(heads))
-    slopes = [2 ** (-8 * k / power) for k in range(1, power + 1)]
-    # the rest: the odd-indexed slopes 2^(-8k / 2·power), k = 1, 3, 5, ... of the set for twice the power
-    slopes += [2 ** (-8 * k / (2 * power)) for k in range(1, 2 * (heads - power), 2)]
-    return torch.tensor(slopes)
+from trainrun.models.capabilities import AlibiAttention
 
 
 class Alibi(Algorithm):
@@ -50,8 +40,10 @@ class Alibi(Algorithm):
             if length < full:
                 state.inputs, state.targets = state.task.split(state.inputs, state.targets, length)
             return
-        model = state.raw_model
-        if not hasattr(model, "use_alibi"):
+        self.rebuild(state.raw_model)
+
+    def rebuild(self, model: torch.nn.Module) -> None:
+        if not isinstance(model, AlibiAttention):
             raise ConfigError(
                 f"algorithm 'alibi' needs trainrun's BERT or GPT (model=bert_*, gpt*), not {type(model).__name__}"
             )

@@ -29,6 +29,9 @@ class ModelSurgery(Algorithm):
     def apply(self, event: Event, state: State) -> None:
         self.operate(state)
 
+    def rebuild(self, model: torch.nn.Module) -> None:
+        self.surgery(model, self.config)
+
     def operate(self, state: State) -> bool:
         """Run the surgery on the model; warn and return False when it changed nothing."""
         if self.surgery(state.raw_model, self.config):

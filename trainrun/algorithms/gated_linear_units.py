@@ -11,33 +11,12 @@ initialises Linears (normal, std ``initializer_range``) and have no biases unles
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
 from torch import nn
 
 from trainrun.algorithms.base import ModelSurgery
 from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
+from trainrun.models.glu import GatedIntermediate
 from trainrun.models.surgery import replace_children
-
-
-class GatedIntermediate(nn.Module):
-    """``act(gated(x)) * non_gated(x)``: the feed-forward block's first half as a GLU."""
-
-    def __init__(
-        self,
-        hidden: int,
-        width: int,
-        activation: Callable[[torch.Tensor], torch.Tensor],
-        config: GatedLinearUnitsConfig,
-    ) -> None:
-        super().__init__()
-        self.gated = nn.Linear(hidden, width, bias=config.gated_layer_bias)
-        self.non_gated = nn.Linear(hidden, width, bias=config.non_gated_layer_bias)
-        self.activation = activation
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.gated(hidden_states)) * self.non_gated(hidden_states)
 
 
 def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float) -> int:
@@ -48,7 +27,13 @@ def apply_glu(model: nn.Module, config: GatedLinearUnitsConfig, std: float) -> i
         dense = getattr(child, "dense", None)
         if not isinstance(dense, nn.Linear) or not hasattr(child, "intermediate_act_fn"):
             return None
-        glu = GatedIntermediate(dense.in_features, dense.out_features, child.intermediate_act_fn, config)
+        glu = GatedIntermediate(
+            dense.in_features,
+            dense.out_features,
+            child.intermediate_act_fn,
+            config.gated_layer_bias,
+            config.non_gated_layer_bias,
+        )
         for linear in (glu.gated, glu.non_gated):
             nn.init.normal_(linear.weight, std=std)
             if linear.bias is not None:

@@ -13,6 +13,7 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
+from trainrun.models.capabilities import MaskedPositionsHead
 
 
 class MaskedHead(Algorithm):
@@ -21,8 +22,8 @@ class MaskedHead(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         model = state.raw_model
-        if not hasattr(model, "masked_head"):
+        if not isinstance(model, MaskedPositionsHead):
             raise ConfigError(
                 f"algorithm 'masked_head' needs trainrun's BERT (model=bert_*), not {type(model).__name__}"
             )
-        model.masked_head = True
+        model.use_masked_head()

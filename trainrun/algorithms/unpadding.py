@@ -13,6 +13,7 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
+from trainrun.models.capabilities import Unpaddable
 
 
 class Unpadding(Algorithm):
@@ -21,6 +22,6 @@ class Unpadding(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         model = state.raw_model
-        if not hasattr(model, "unpad"):
+        if not isinstance(model, Unpaddable):
             raise ConfigError(f"algorithm 'unpadding' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
-        model.unpad = True
+        model.use_unpadding()

@@ -24,6 +24,7 @@ from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.errors import ConfigError
+from trainrun.models.capabilities import WindowedAttention
 
 
 def window_at(progress: float, config: WindowWarmupConfig) -> int:
@@ -44,7 +45,7 @@ class WindowWarmup(Algorithm):
 
     def apply(self, event: Event, state: State) -> None:
         model = state.raw_model
-        if event is Event.INIT and not hasattr(model, "set_window"):
+        if event is Event.INIT and not isinstance(model, WindowedAttention):
             raise ConfigError(
                 f"algorithm 'window_warmup' needs trainrun's GPT (model=gpt*), not {type(model).__name__}"
             )

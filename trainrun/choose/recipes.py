@@ -15,6 +15,7 @@ from trainrun.choose.profiling import Profile, ProfileFailed, Profiler
 from trainrun.config import AUTO_RECIPE, ConfigSource, compose, group_options, override_key
 from trainrun.core.time import Time
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, task_spec
 from trainrun.quality import TOP1, Quality
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.validation import validate
@@ -219,9 +220,7 @@ def _first_candidate(candidates: list[str] | None, table: str | None) -> str | N
 
 
 def _quality_rule(config: TrainConfig) -> Quality:
-    from trainrun.tasks import build_task
-
-    return build_task(config.task.name).quality_rule
+    return task_spec(config.task.name).quality
 
 
 def _table(config: TrainConfig) -> tuple[Path, str]:
@@ -232,7 +231,8 @@ def _table(config: TrainConfig) -> tuple[Path, str]:
         return path, str(path)
     published = PUBLISHED_TABLES.get((config.model.name, config.model.num_classes))
     if published is None:
-        classes = f"with {config.model.num_classes} classes" if config.task.name == "image_classification" else ""
+        per_class = Capability.CLASS_IMAGES in task_spec(config.task.name).offers
+        classes = f"with {config.model.num_classes} classes" if per_class else ""
         setting = classes or f"on task {config.task.name}"
         raise ConfigError(
             f"recipe=auto needs a trade-off table for model={config.model.name} {setting} "

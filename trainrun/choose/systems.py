@@ -13,6 +13,7 @@ from trainrun.algorithms.specs import SPECS
 from trainrun.choose.profiling import ProfileFailed, Profiler
 from trainrun.config import ConfigSource, compose, override_key
 from trainrun.errors import ConfigError
+from trainrun.kinds import offers
 from trainrun.schema import TrainConfig
 from trainrun.validation import validate
 
@@ -73,8 +74,8 @@ def systems_options(config: TrainConfig, cpu_count: int) -> tuple[dict[str, str]
     on_gpu = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     start = {"precision": config.precision, "compile": str(config.compile).lower()}
     options = {"precision": ["fp32", "amp", "bf16"] if on_gpu else ["fp32", "bf16"], "compile": ["false", "true"]}
-    for name in SYSTEMS_METHODS:  # -o1 turns each on or off where its task has it
-        if SPECS[name].applies_to(config.task.name):
+    for name in SYSTEMS_METHODS:  # -o1 turns each on or off where the run has what it needs
+        if SPECS[name].applies_to(offers(config)):
             start[name] = str(name in config.algorithms).lower()
             options[name] = ["false", "true"]
     workers = sorted({0, 2, max(cpu_count // _ranks_per_node(config, on_gpu), 1), config.data.num_workers})

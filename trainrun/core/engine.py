@@ -40,6 +40,11 @@ class Algorithm:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; called on resume right after FIT_START."""
 
+    def rebuild(self, model: nn.Module) -> None:
+        """Change ``model``, built afresh, as this method changed the run's at INIT, so that a
+        checkpoint's weights load into it (``trainrun sample``); methods that leave the model's
+        structure as it was do nothing."""
+
     def restore_evaluated(self, model: nn.Module, saved: dict[str, Any]) -> None:
         """Make ``model``, built afresh and holding a checkpoint's training weights, what this
         method's evaluations scored, from the :meth:`state_dict` it saved there (``trainrun sample``)."""

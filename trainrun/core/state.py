@@ -19,7 +19,7 @@ LossFunction = Callable[[Any, Any], torch.Tensor]  # (outputs, targets) -> the b
 
 
 class RunEvaluator(Protocol):
-    """One evaluation pass, as the trainer drives it (:class:`trainrun.tasks.Evaluator`)."""
+    """One evaluation pass, as the trainer drives it (:class:`trainrun.tasks.base.Evaluator`)."""
 
     def update(self, outputs: Any, targets: Any) -> None: ...
 
@@ -27,7 +27,7 @@ class RunEvaluator(Protocol):
 
 
 class RunTask(Protocol):
-    """What the loop asks of the run's task (:class:`trainrun.tasks.Task`): batches to inputs and
+    """What the loop asks of the run's task (:class:`trainrun.tasks.base.Task`): batches to inputs and
     targets on the device, an evaluation pass, and the metric time-to-quality is measured in."""
 
     quality: str
@@ -44,7 +44,7 @@ class RunTask(Protocol):
 
 
 class RunData(Protocol):
-    """What the loop and the methods ask of the run's data (:class:`trainrun.data.DataSpec`)."""
+    """What the loop and the methods ask of the run's data (:class:`trainrun.data.interface.DataSpec`)."""
 
     batches_per_epoch: int
 

@@ -97,6 +97,16 @@ def eval_transform(config: DataConfig, native: int) -> Transform:
     return v2.Resize(config.eval_resolution, antialias=True) if config.eval_resolution != native else None
 
 
+def builtin_identity(config: DataConfig) -> dict:
+    """The settings that decide a built-in set's samples: what a copy written once is keyed by (a
+    generated set's images are drawn at its resolutions)."""
+    keys = ("name", "num_classes", "val_fraction", "split_seed", "num_samples", "val_samples")
+    identity = {key: getattr(config, key) for key in keys}
+    if config.name == "synthetic":
+        identity |= {"resolution": config.resolution, "eval_resolution": config.eval_resolution}
+    return identity
+
+
 def builtin_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
     """Train and validation sets of ``digits`` or ``mnist5k``; without transforms if not ``augment``."""
     images, labels = load_arrays(config.name)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainrun.core.distributed import SINGLE_PROCESS, Placement, cores_per_process
+from trainrun.data.builtin import builtin_identity
 from trainrun.data.cache import cache_prefix, write_once_per_node
 from trainrun.data.interface import DataSpec
 from trainrun.data.write import WriteSettings, write_beton
@@ -58,11 +59,7 @@ def cached_betons(config: DataConfig, placement: Placement) -> tuple[Path, Path]
     Every node writes its own copy when ``cache_dir`` is on the node's own disk; on a filesystem the
     nodes share, the first complete write wins and identical later ones replace it atomically.
     """
-    keys = ("name", "num_classes", "val_fraction", "split_seed", "num_samples", "val_samples")
-    identity = {k: getattr(config, k) for k in keys}
-    if config.name == "synthetic":
-        identity |= {"resolution": config.resolution, "eval_resolution": config.eval_resolution}
-    prefix = cache_prefix(config.cache_dir, config.name, identity)
+    prefix = cache_prefix(config.cache_dir, config.name, builtin_identity(config))
     paths = prefix.with_name(f"{prefix.name}-train.beton"), prefix.with_name(f"{prefix.name}-val.beton")
 
     def write() -> None:

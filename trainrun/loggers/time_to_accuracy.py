@@ -18,11 +18,11 @@ from typing import Any
 
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, atomic_write_text, read_jsonl
+from trainrun.core.bottleneck import Bottleneck, find_bottleneck
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.report.bottleneck import Bottleneck, find_bottleneck
-from trainrun.tasks import Task
+from trainrun.tasks.base import Task
 
 
 class TimeToAccuracyLogger(Callback):

@@ -1,20 +1,2 @@
-"""Model builders: torchvision ResNets, a ResNet for 8-32 px images and Hugging Face BERT."""
-
-from __future__ import annotations
-
-from torch import nn
-
-from trainrun.data.interface import TextFacts
-from trainrun.models.weights import load_weights
-from trainrun.registry import builder
-from trainrun.schema import ModelConfig
-
-
-def build_model(config: ModelConfig, text: TextFacts | None = None) -> nn.Module:
-    """The network ``model.name`` names (:mod:`trainrun.registry`), initialised by its builder or
-    loaded from ``model.weights``; a BERT or GPT takes the vocabulary of the run's token store
-    (``text``), a GPT also its document separator."""
-    model = builder("model", config.name)(config, text)
-    if config.weights:
-        load_weights(model, config.weights)
-    return model
+"""Model builders, one module each; each one's torch-free spec in ``specs/<name>.py``
+(:func:`trainrun.models.build.build_model` builds the one a config names)."""

@@ -40,6 +40,7 @@ from torch.nn.attention import SDPBackend
 from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
+from trainrun.models.alibi import alibi_slopes
 from trainrun.schema import BertConfig, ModelConfig
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -88,15 +89,23 @@ class MaskedLanguageModel(nn.Module):
         self.attention = attention
         # set by use_alibi: one slope per head (a buffer, so it moves with the model)
         self.register_buffer("alibi_slopes", None, persistent=False)
-        self.unpad = False  # set by the unpadding algorithm: no work on padding
-        self.masked_head = False  # set by the masked_head algorithm: training logits at predicted positions only
+        self.unpad = False  # use_unpadding (the unpadding method): no work on padding
+        self.masked_head = (
+            False  # use_masked_head (the masked_head method): training logits at predicted positions only
+        )
+
+    def use_unpadding(self) -> None:
+        """Run every layer but attention on the real tokens only (the unpadding method)."""
+        self.unpad = True
+
+    def use_masked_head(self) -> None:
+        """Score only the masked positions of a training batch (the masked_head method)."""
+        self.masked_head = True
 
     def use_alibi(self, max_sequence_length: int) -> None:
         """Attend with ALiBi's symmetric distance bias (the alibi method calls this at INIT): the
         learned position embeddings become a frozen zero table of ``max_sequence_length`` rows, with
         position and default segment ids to match, so no position is learned."""
-        from trainrun.algorithms.alibi import alibi_slopes
-
         embeddings = self.bert.bert.embeddings
         device = embeddings.position_embeddings.weight.device
         zeros = nn.Embedding(max_sequence_length, embeddings.position_embeddings.embedding_dim, device=device)

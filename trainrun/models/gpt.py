@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from trainrun.data.interface import TextFacts
+from trainrun.models.alibi import alibi_slopes
 from trainrun.schema import GPTConfig, ModelConfig
 
 VOCAB_MULTIPLE = 64  # the embedding and head are padded to a multiple of this (nanoGPT's 50304)
@@ -241,8 +242,6 @@ class GPT(nn.Module):
         """Attend with ALiBi's causal distance bias instead of a position table (the alibi method
         calls this at INIT; ``positions: alibi`` at construction). The bias is built for each batch's
         length, so no ``max_sequence_length`` bounds it (taken for the alibi method's one hook)."""
-        from trainrun.algorithms.alibi import alibi_slopes
-
         self.positions = None
         self.alibi_slopes = alibi_slopes(self.config.heads).to(self.embed.weight.device)
 

@@ -9,7 +9,7 @@ from trainrun.schema import ModelConfig
 
 
 def build(config: ModelConfig, text: TextFacts | None = None) -> nn.Module:
-    """``model=resnet18|34|50|101`` (:data:`trainrun.registry.RESNETS`): torchvision's network with a
+    """``model=resnet18|34|50|101`` (:data:`trainrun.models.specs.resnet.RESNETS`): torchvision's network with a
     ``num_classes``-way head, random weights initialised with ``model.initializers``."""
     model = getattr(resnet, config.name)(weights=None, num_classes=config.num_classes)
     initialize(model, config.initializers, config.num_classes)

@@ -21,6 +21,7 @@ from trainrun.atomic_io import atomic_directory
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from trainrun.core.checkpoint import load_failure
 from trainrun.errors import ConfigError
+from trainrun.models.glu import GatedIntermediate
 
 KEY = "model.weights"
 
@@ -83,8 +84,6 @@ def _hugging_face_state(bert: nn.Module, source: Path) -> dict[str, torch.Tensor
 def export_pretrained(model: nn.Module, tokenizer_file: Path, directory: Path) -> list[str]:
     """Write trainrun's BERT and its tokenizer as a ``save_pretrained`` folder (atomically);
     return what ``transformers`` will not reproduce of the trained model."""
-    from trainrun.algorithms.gated_linear_units import GatedIntermediate
-
     with atomic_directory(directory) as partial:
         with quiet_transformers():
             model.bert.save_pretrained(partial)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from trainrun.core.bottleneck import bound_text
 from trainrun.quality import Quality
 from trainrun.report import curves
-from trainrun.report.bottleneck import bound_text
 from trainrun.report.curves import Point
 from trainrun.report.runs import AUTO, EXTRAPOLATED, Run
 

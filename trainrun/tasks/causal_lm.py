@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, SequenceTask, token_loss_metrics
+from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
 
 def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,6 @@ class NextTokenEvaluator(Evaluator):
 
 class CausalLanguageModeling(SequenceTask):
     name = "causal_lm"
-    quality = "eval_loss"
     metrics = {"eval_loss": "validation loss"}
     unit = "seq"
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task
+from trainrun.tasks.base import Evaluator, LossFunction, Task
 from trainrun.tasks.losses import LOSSES
 
 
@@ -51,7 +51,6 @@ class ClassificationEvaluator(Evaluator):
 
 class ImageClassification(Task):
     name = "image_classification"
-    quality = "top1"
     metrics = {"top1": "top-1", "top5": "top-5"}
     unit = "img"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainrun.tasks import LossFunction
+from trainrun.tasks.base import LossFunction
 
 
 def dense_targets(targets: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:

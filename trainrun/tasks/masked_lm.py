@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from trainrun.core.state import State
 from trainrun.data.masked_text import IGNORED, predicted_slots
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, SequenceTask, token_loss_metrics
+from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
 
 def masked_cross_entropy(logits: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -63,7 +63,6 @@ class MaskedTokenEvaluator(Evaluator):
 
 class MaskedLanguageModeling(SequenceTask):
     name = "masked_lm"
-    quality = "masked_accuracy"
     metrics = {"masked_accuracy": "masked-token accuracy"}
     unit = "seq"
 

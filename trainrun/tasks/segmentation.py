@@ -26,7 +26,7 @@ from torch import nn
 
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
-from trainrun.tasks import Evaluator, LossFunction, Task
+from trainrun.tasks.base import Evaluator, LossFunction, Task
 
 SLIDING_WINDOW_OVERLAP = 0.5  # nnU-Net's inference
 WINDOWS_PER_PASS = 64  # slices or windows per forward pass (Composer's 2D inference: chunks of 64 slices)
@@ -103,7 +103,6 @@ class DiceEvaluator(Evaluator):
 
 class Segmentation(Task):
     name = "segmentation"
-    quality = "dice"
     metrics = {"dice": "mean Dice"}
     unit = "patch"
 

@@ -1,7 +1,8 @@
 """Every fact about a speed-up method that a run needs before torch is imported, one module each.
 
 ``specs/<name>.py`` holds the method's hyperparameter dataclass and its :class:`MethodSpec`: where
-it runs among the others and why, the tasks it applies to, what it cannot combine with, what the
+it runs among the others and why, what it needs of the run's task, data and model (a
+:class:`~trainrun.kinds.Capability` they offer), what it cannot combine with, what the
 data path must allow, whether it changes the step's cost along the run, and its own config check.
 ``trainrun/algorithms/<name>.py`` implements it and ``conf/algorithms/<name>.yaml`` selects it:
 adding a method touches those three files. Validation, the engine's order, ``-o1``, ``recipe=auto``
@@ -16,7 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainrun import kinds
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class MethodSpec:
     config: type  # the hyperparameter dataclass
     position: int  # the engine runs methods in ascending position (reversed on closing events)
     order_reason: str  # why it runs there, shown in docs/algorithms.md
-    tasks: tuple[str, ...] | None = ("image_classification",)  # None: every task
+    needs: frozenset[Capability] = frozenset()  # what the run's task, data and model must offer
     incompatible: Mapping[str, str] = field(default_factory=dict)  # other method -> why not together
     torch_loader_only: bool = False  # a per-sample transform that FFCV's pipeline cannot run
     varying_step_cost: bool = False  # the step's cost changes along the run: a profiled prefix misleads
@@ -35,8 +38,9 @@ class MethodSpec:
     sequence_limit: str | None = None  # the config field bounding the sequence length the model accepts
     check: Callable[[Any, Any], None] | None = None  # (its config, the run's TrainConfig) -> raise ConfigError
 
-    def applies_to(self, task: str) -> bool:
-        return self.tasks is None or task in self.tasks
+    def applies_to(self, offered: frozenset[Capability]) -> bool:
+        """Whether a run that offers ``offered`` (:func:`trainrun.kinds.offers`) has what the method needs."""
+        return self.needs <= offered
 
 
 def discover_specs() -> dict[str, MethodSpec]:
@@ -52,14 +56,14 @@ METHOD_ORDER: tuple[str, ...] = tuple(SPECS)
 def check_methods(config: Any) -> None:
     """The chosen methods apply to the run's task, combine with each other and with the data path,
     and pass their own checks; raise :class:`ConfigError` naming the first that does not."""
-    chosen, task = config.algorithms, config.task.name
+    chosen, task, offered = config.algorithms, config.task.name, kinds.offers(config)
     for name, params in chosen.items():
         spec = SPECS[name]
-        if not spec.applies_to(task):
-            allowed = ", ".join(sorted(n for n, s in SPECS.items() if s.applies_to(task)))
+        if not spec.applies_to(offered):
+            allowed = ", ".join(sorted(n for n, s in SPECS.items() if s.applies_to(offered)))
             raise ConfigError(
-                f"algorithm '{name}' does not apply to task {task} (it is for {', '.join(spec.tasks or ())}); "
-                f"choose from: {allowed}"
+                f"algorithm '{name}' does not apply to task {task} (it is for "
+                f"{', '.join(kinds.tasks_offering(spec.needs))}); choose from: {allowed}"
             )
         for other, why in spec.incompatible.items():
             if other in chosen:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.errors import ConfigError
 from trainrun.fields import positive_field, positive_fraction_field
+from trainrun.kinds import Capability, offers
 
 
 @dataclass
@@ -17,6 +20,15 @@ class AlibiConfig:
     train_sequence_length_scaling: float = positive_fraction_field(1.0)
 
 
+def check(config: AlibiConfig, run: Any) -> None:
+    """Training sequences are split only where the task's sequences are causal."""
+    if config.train_sequence_length_scaling < 1 and Capability.CAUSAL_SEQUENCES not in offers(run):
+        raise ConfigError(
+            "bad value for 'algorithms.alibi.train_sequence_length_scaling': "
+            f"{config.train_sequence_length_scaling} splits causal sequences only (task causal_lm); use 1.0"
+        )
+
+
 SPEC = MethodSpec(
     name="alibi",
     config=AlibiConfig,
@@ -25,6 +37,7 @@ SPEC = MethodSpec(
         "replaces the position embeddings at INIT; at AFTER_DATALOADER splits causal sequences after "
         "sequence-length warmup has cut them"
     ),
-    tasks=("masked_lm", "causal_lm"),
+    needs=frozenset({Capability.ALIBI}),
     sequence_limit="max_sequence_length",
+    check=check,
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import non_negative_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -23,4 +24,5 @@ SPEC = MethodSpec(
     config=BlurPoolConfig,
     position=20,
     order_reason="replaces strided convolutions before squeeze-excite gates them",
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.IMAGE_CONVNET}),
 )

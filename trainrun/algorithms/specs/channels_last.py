@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -17,6 +18,6 @@ SPEC = MethodSpec(
     config=ChannelsLastConfig,
     position=270,
     order_reason="last model change at INIT: every layer that surgery added becomes NHWC",
-    tasks=("image_classification", "segmentation"),
+    needs=frozenset({Capability.CONVOLUTIONS}),
     systems=True,
 )

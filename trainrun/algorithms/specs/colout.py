@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -22,4 +23,5 @@ SPEC = MethodSpec(
     config=ColOutConfig,
     position=70,
     order_reason="after the batch has its size for the step",
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -21,4 +22,5 @@ SPEC = MethodSpec(
     position=110,
     order_reason="as mixup",
     incompatible={"mixup": "both replace each batch with mixed images and targets; choose one"},
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

@@ -21,5 +21,4 @@ SPEC = MethodSpec(
     config=EMAConfig,
     position=190,
     order_reason="at BATCH_END (reversed) averages after SWA: the step that loads SWA's average feeds it to EMA",
-    tasks=None,
 )

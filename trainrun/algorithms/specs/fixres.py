@@ -8,6 +8,7 @@ from typing import Any
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.errors import ConfigError
 from trainrun.fields import positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -31,4 +32,5 @@ SPEC = MethodSpec(
     position=50,
     order_reason="sets the full training resolution before progressive resizing scales it",
     check=check,
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -17,6 +18,6 @@ SPEC = MethodSpec(
     config=FusedLayersConfig,
     position=260,
     order_reason="compiles each layer's blocks at INIT once every surgery inside them is done",
-    tasks=("masked_lm",),
+    needs=frozenset({Capability.ENCODER_LAYERS}),
     systems=True,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -20,5 +21,5 @@ SPEC = MethodSpec(
     config=GatedLinearUnitsConfig,
     position=240,
     order_reason="rebuilds the feed-forward layers at INIT, before their norms are replaced",
-    tasks=("masked_lm",),
+    needs=frozenset({Capability.ENCODER_LAYERS}),
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -20,4 +21,5 @@ SPEC = MethodSpec(
     config=GhostBatchNormConfig,
     position=40,
     order_reason="after the surgery that adds layers (BlurPool, squeeze-excite)",
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.IMAGE_CONVNET}),
 )

@@ -21,5 +21,4 @@ SPEC = MethodSpec(
     config=GradientClippingConfig,
     position=170,
     order_reason="clips at BEFORE_OPTIMIZER_STEP the gradient SAM's second pass left",
-    tasks=None,
 )

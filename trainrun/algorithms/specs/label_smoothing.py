@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -20,4 +21,5 @@ SPEC = MethodSpec(
     config=LabelSmoothingConfig,
     position=150,
     order_reason="smooths the (mixed) targets before the loss and restores them after it",
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -22,4 +23,5 @@ SPEC = MethodSpec(
     position=180,
     order_reason="freezes layers at EPOCH_END after EMA and SWA have averaged the step",
     varying_step_cost=True,
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.IMAGE_CONVNET}),
 )

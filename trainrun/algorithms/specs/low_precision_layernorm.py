@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -17,5 +18,5 @@ SPEC = MethodSpec(
     config=LowPrecisionLayerNormConfig,
     position=250,
     order_reason="replaces every LayerNorm at INIT, including any that surgery added",
-    tasks=("masked_lm",),
+    needs=frozenset({Capability.ENCODER_LAYERS}),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -17,5 +18,5 @@ SPEC = MethodSpec(
     config=MaskedHeadConfig,
     position=230,
     order_reason="switches the model's output head at INIT; no other method touches it",
-    tasks=("masked_lm",),
+    needs=frozenset({Capability.MASKED_HEAD}),
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -20,4 +21,5 @@ SPEC = MethodSpec(
     config=MixUpConfig,
     position=100,
     order_reason="mixes images and targets before label smoothing smooths the mixed targets",
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

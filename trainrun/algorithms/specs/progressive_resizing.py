@@ -8,6 +8,7 @@ from typing import Any
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.errors import ConfigError
 from trainrun.fields import choice_field, fraction_field, positive_field, positive_fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -33,4 +34,5 @@ SPEC = MethodSpec(
     order_reason="sizes the batch before ColOut drops rows and columns of it",
     varying_step_cost=True,
     check=check,
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

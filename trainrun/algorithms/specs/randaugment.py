@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -22,4 +23,5 @@ SPEC = MethodSpec(
     position=120,
     order_reason="per-image transforms in the data pipeline; no order with batch methods",
     torch_loader_only=True,
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

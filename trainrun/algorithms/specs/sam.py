@@ -35,6 +35,5 @@ SPEC = MethodSpec(
         "after label smoothing: at AFTER_LOSS (reversed) SAM records the smoothed targets before "
         "label smoothing restores the originals"
     ),
-    tasks=None,
     check=check,
 )

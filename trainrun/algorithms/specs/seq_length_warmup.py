@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import positive_field, positive_fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -23,6 +24,6 @@ SPEC = MethodSpec(
     config=SeqLengthWarmupConfig,
     position=90,
     order_reason="shortens the batch's sequences before anything reads their positions",
-    tasks=("masked_lm", "causal_lm"),
+    needs=frozenset({Capability.SEQUENCES}),
     varying_step_cost=True,
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import non_negative_field, positive_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -21,4 +22,5 @@ SPEC = MethodSpec(
     config=SqueezeExciteConfig,
     position=30,
     order_reason="after BlurPool, so a blurred strided convolution's inner conv gets the gate",
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.IMAGE_CONVNET}),
 )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.fields import choice_field, fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -22,4 +23,5 @@ SPEC = MethodSpec(
     config=StochasticDepthConfig,
     position=10,
     order_reason="wraps whole residual blocks before any surgery inside them",
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.IMAGE_CONVNET}),
 )

@@ -22,5 +22,4 @@ SPEC = MethodSpec(
     config=SWAConfig,
     position=200,
     order_reason="at BATCH_END (reversed) loads its average into the model before EMA reads the weights",
-    tasks=None,
 )

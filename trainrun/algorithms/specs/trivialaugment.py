@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -21,4 +22,5 @@ SPEC = MethodSpec(
     order_reason="as randaugment",
     torch_loader_only=True,
     incompatible={"randaugment": "both draw random per-image augmentations; choose one"},
+    needs=frozenset({Capability.CLASS_IMAGES}),
 )

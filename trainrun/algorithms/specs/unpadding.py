@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun.algorithms.specs import MethodSpec
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -17,5 +18,5 @@ SPEC = MethodSpec(
     config=UnpaddingConfig,
     position=220,
     order_reason="switches the model's forward at INIT; any layer surgery before or after applies within it",
-    tasks=("masked_lm",),
+    needs=frozenset({Capability.UNPADDING}),
 )

@@ -8,6 +8,7 @@ from typing import Any
 from trainrun.algorithms.specs import MethodSpec
 from trainrun.errors import ConfigError
 from trainrun.fields import positive_field, positive_fraction_field
+from trainrun.kinds import Capability
 
 
 @dataclass
@@ -32,7 +33,7 @@ SPEC = MethodSpec(
     config=WindowWarmupConfig,
     position=215,
     order_reason="sets the model's attention window before each step and evaluation; reads nothing others change",
-    tasks=("causal_lm",),
+    needs=frozenset({Capability.ATTENTION_WINDOW}),
     varying_step_cost=True,
     check=check,
 )

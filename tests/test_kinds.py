@@ -1,0 +1,168 @@
+"""Tasks, models and data sources as specs: each kind has one home, and nothing else names it."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from trainrun import kinds
+from trainrun.algorithms.specs import SPECS
+from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, KindSpec, TaskSpec
+from trainrun.validation import validate
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"
+KINDS = ("task", "model", "data")
+
+
+def test_every_spec_is_a_spec_of_its_kind_and_builds_from_a_module_of_its_own_package():
+    for kind in KINDS:
+        package = kinds.KIND_PACKAGES[kind].removesuffix(".specs")
+        for name, spec in kinds.specs(kind).items():
+            assert isinstance(spec, TaskSpec if kind == "task" else KindSpec) and spec.name == name
+            module = spec.builder.partition(":")[0]
+            assert module.startswith(package + "."), (kind, name, module)
+            assert importlib.util.find_spec(module) is not None, (kind, name, module)
+
+
+def test_every_task_has_data_and_a_model_that_speak_its_batches_and_every_data_and_model_a_task():
+    tasks = {spec.batches for spec in kinds.specs("task").values()}
+    for kind in ("data", "model"):
+        spoken = {spec.batches for spec in kinds.specs(kind).values()}
+        assert spoken == tasks, (kind, spoken ^ tasks)
+
+
+def test_every_capability_is_offered_by_some_kind_and_needed_by_some_method_or_check():
+    offered = set().union(*(spec.offers for kind in KINDS for spec in kinds.specs(kind).values()))
+    assert offered == set(Capability)
+    needed = set().union(*(spec.needs for spec in SPECS.values()))
+    read_elsewhere = {Capability.CAUSAL_SEQUENCES, Capability.HIDDEN_MATRICES}  # alibi's and sample's; Muon's
+    assert needed | read_elsewhere == set(Capability)
+
+
+def test_a_method_applies_where_the_run_offers_what_it_needs():
+    image = OmegaConf.create({})
+    gpt = OmegaConf.create({"task": {"name": "causal_lm"}, "data": {"name": "token_stream"}, "model": {"name": "gpt"}})
+    assert kinds.offers(validate(image, files=False)) >= {Capability.CLASS_IMAGES, Capability.CONVOLUTIONS}
+    assert SPECS["window_warmup"].applies_to(kinds.offers(validate(gpt, files=False)))
+    assert kinds.tasks_offering({Capability.ALIBI}) == ["causal_lm", "masked_lm"]
+    assert kinds.tasks_offering({Capability.CONVOLUTIONS}) == ["image_classification", "segmentation"]
+    assert kinds.tasks_offering(set()) == list(kinds.specs("task"))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"data": {"name": "text"}}, "bad value for 'task.name': 'image_classification' (with data=text it must be"),
+        ({"model": {"name": "gpt"}}, "bad value for 'task.name': 'image_classification' (with model=gpt it must be"),
+        (
+            {"task": {"name": "causal_lm"}, "data": {"name": "text"}},
+            "bad value for 'data.name': 'text' (with task=causal_lm it must be token_stream)",
+        ),
+        (
+            {"task": {"name": "segmentation"}, "model": {"name": "unet"}},
+            "bad value for 'data.name': 'digits' (with task=segmentation it must be synthetic_brats or decathlon)",
+        ),
+    ],
+)
+def test_the_kind_the_user_chose_is_the_one_the_others_must_suit(settings, message):
+    with pytest.raises(ConfigError) as error:
+        validate(OmegaConf.create(settings), files=False)
+    assert str(error.value).startswith(message)
+
+
+def registered_names() -> dict[str, dict[str, set[str]]]:
+    """Each registered name and the files allowed to name it: its spec's module and its builder's."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for kind in KINDS:
+        package = kinds.KIND_PACKAGES[kind]
+        for module in Path(importlib.import_module(package).__path__[0]).glob("[!_]*.py"):
+            for spec in importlib.import_module(f"{package}.{module.stem}").SPECS:
+                home = {
+                    str(module.relative_to(PACKAGE.parent)),
+                    spec.builder.partition(":")[0].replace(".", "/") + ".py",
+                }
+                found.setdefault(spec.name, {}).setdefault(kind, set()).update(home)
+    return found
+
+
+def branches_on(tree: ast.AST) -> set[str]:
+    """The strings a module compares a ``.name`` with (``x.name == "gpt"``, ``x.name in ("a", "b")``)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if not any(isinstance(side, ast.Attribute) and side.attr == "name" for side in sides):
+            continue
+        for side in sides:
+            for constant in ast.walk(side):
+                if isinstance(constant, ast.Constant) and isinstance(constant.value, str):
+                    found.add(constant.value)
+    return found
+
+
+def test_no_module_branches_on_another_kinds_name():
+    """A task, model or data source's name is compared with only in its own module and spec: what
+    a run does for a kind is read from the kind's spec, never from a test of its name elsewhere."""
+    homes = registered_names()
+    spelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE.parent))
+        for name in branches_on(ast.parse(path.read_text())) & set(homes):
+            if not any(relative in files for files in homes[name].values()):
+                spelled.append(f"{relative} branches on '{name}'")
+    assert not spelled, "\n".join(spelled)
+
+
+def test_the_name_check_catches_a_branch_on_a_kind():
+    assert branches_on(ast.parse('if config.model.name == "gpt": pass')) == {"gpt"}
+    assert branches_on(ast.parse('if data.name in ("text", "token_stream"): pass')) == {"text", "token_stream"}
+    assert branches_on(ast.parse('record.get("text")')) == set()  # a JSON field of that spelling is no branch
+
+
+def test_each_model_implements_the_protocols_of_what_its_spec_offers():
+    """The spec's ``offers`` (read by validation) and the model's protocols (called by the methods) agree."""
+    from trainrun.data.interface import TextFacts
+    from trainrun.models.capabilities import PROTOCOLS, offered
+    from trainrun.registry import builder
+    from trainrun.schema import ModelConfig
+
+    text = TextFacts(vocab_size=64, max_seq_len=16, tokenizer_file=Path("unused"), separator=1)
+    one_per_module = {spec.builder: spec for spec in kinds.specs("model").values()}.values()
+    for spec in one_per_module:
+        model = builder("model", spec.name)(ModelConfig(name=spec.name), text)
+        assert offered(model) == spec.offers & set(PROTOCOLS), spec.name
+
+
+def test_a_method_that_changes_the_models_structure_rebuilds_it_for_a_reload():
+    """``trainrun sample`` builds a fresh model and asks the run's methods to change it as they did."""
+    from trainrun.algorithms import build_algorithms
+    from trainrun.data.interface import TextFacts
+    from trainrun.registry import builder
+    from trainrun.schema import ModelConfig
+
+    text = TextFacts(vocab_size=64, max_seq_len=16, tokenizer_file=Path("unused"), separator=1)
+    trained = builder("model", "gpt")(ModelConfig(name="gpt"), text)
+    (alibi,) = build_algorithms({"alibi": SPECS["alibi"].config()})
+    alibi.rebuild(trained)
+    fresh = builder("model", "gpt")(ModelConfig(name="gpt"), text)
+    assert set(fresh.state_dict()) != set(trained.state_dict())  # the position table is gone
+    alibi.rebuild(fresh)
+    fresh.load_state_dict(trained.state_dict())  # strict: the same parameters and buffers
+
+
+def test_every_package_is_shipped_in_the_wheel():
+    """setup.cfg lists packages by hand: a new specs/ package missing there breaks installed runs."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(PACKAGE.parent / "setup.cfg")
+    listed = set(setup["options"]["packages"].split())
+    found = {".".join(path.parent.relative_to(PACKAGE.parent).parts) for path in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

@@ -1,0 +1,123 @@
+"""Tasks, models and data sources as specs: what a run needs to know of each kind before torch is imported.
+
+Each kind has one spec beside its module: ``trainrun/tasks/specs/<module>.py`` for
+``trainrun/tasks/<module>.py``, and the same under ``models/`` and ``data/``. A spec module holds
+``SPECS``, the specs of the names its module builds (``resnet18`` … ``resnet101`` share one). A spec
+says where its builder lives, what batches it gives or takes (a task, its data and its model agree
+on them: :attr:`KindSpec.batches`), which :class:`Capability` it offers the speed-up methods, and its
+own checks of a composed config and of the files it reads. The registry, the quality table and
+validation read the specs; none of them names a kind. Adding a task, model or data source touches
+its module, its spec and its ``conf/`` option.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from trainrun.quality import Quality
+
+KIND_ORDER = ("task", "data", "model")  # a run's kinds, in the order validation reads them
+KIND_PACKAGES = {"task": "trainrun.tasks.specs", "model": "trainrun.models.specs", "data": "trainrun.data.specs"}
+
+
+class Capability(str, Enum):
+    """What a task, model or data source offers that a speed-up method may need (``MethodSpec.needs``)."""
+
+    CLASS_IMAGES = "image batches with a class per image (mixing, augmenting, resizing, per-sample losses)"
+    IMAGE_CONVNET = "a 2-D convolutional network whose layers a method may replace (pooling, blocks, norms)"
+    CONVOLUTIONS = "convolutions over dense tensors (channels-last memory format)"
+    SEQUENCES = "token sequences a method may cut short (sequence-length warmup)"
+    CAUSAL_SEQUENCES = "causal sequences a method may split into shorter ones (ALiBi's training lengths)"
+    ALIBI = "attention that takes ALiBi's distance biases instead of position embeddings"
+    ATTENTION_WINDOW = "a sliding attention window set per step"
+    UNPADDING = "attention over the real tokens only (unpadded)"
+    MASKED_HEAD = "an output head that scores the masked positions only"
+    ENCODER_LAYERS = "Hugging Face encoder layers (gated feed-forward, LayerNorm, fused blocks)"
+    HIDDEN_MATRICES = "hidden weights that are 2-D matrices (Muon)"
+
+
+Check = Callable[[Any], None]  # the run's TrainConfig -> raise ConfigError naming the key
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One registered name of a kind: its builder, the batches it speaks, what it offers and checks."""
+
+    name: str  # the config's task.name / model.name / data.name
+    builder: str  # "module:function"
+    batches: str  # the batch format a data source gives, its task reads and its model takes
+    offers: frozenset[Capability] = frozenset()
+    check: Check | None = None  # its own rules for a composed config
+    check_files: Check | None = None  # the files it reads exist and are what it reads (runs only)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec(KindSpec):
+    """A task: besides the above, the quality metric its runs are measured in and the ``loss``
+    settings it trains with (``trains_with`` says what they are, for the line that refuses another)."""
+
+    quality: Quality
+    losses: tuple[str, ...] = ("soft_ce",)
+    trains_with: str = "cross-entropy, soft_ce"
+
+
+@functools.cache
+def specs(kind: str) -> Mapping[str, KindSpec]:
+    """Every spec of ``kind`` (task, model or data), by name, in the order of their modules' names."""
+    package = importlib.import_module(KIND_PACKAGES[kind])
+    found: dict[str, KindSpec] = {}
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda module: module.name):
+        for spec in importlib.import_module(f"{package.__name__}.{module.name}").SPECS:
+            if spec.name in found:
+                raise ValueError(f"{kind} '{spec.name}' is registered twice")
+            found[spec.name] = spec
+    return found
+
+
+def names(kind: str) -> tuple[str, ...]:
+    """The names a config may give a ``kind``."""
+    return tuple(specs(kind))
+
+
+def spec_of(kind: str, name: str) -> KindSpec:
+    return specs(kind)[name]
+
+
+def task_spec(name: str) -> TaskSpec:
+    spec = specs("task")[name]
+    assert isinstance(spec, TaskSpec)
+    return spec
+
+
+def chosen(config: Any) -> dict[str, KindSpec]:
+    """The run's task, data source and model specs, keyed by kind."""
+    return {kind: spec_of(kind, getattr(config, kind).name) for kind in KIND_ORDER}
+
+
+def offers(config: Any) -> frozenset[Capability]:
+    """What the run's task, data source and model offer together."""
+    return frozenset().union(*(spec.offers for spec in chosen(config).values()))
+
+
+def tasks_offering(needs: Iterable[Capability]) -> list[str]:
+    """The tasks some run of which offers every capability in ``needs`` (with a data source and model
+    that speak the task's batches)."""
+    needed, found = set(needs), []
+    for task in specs("task").values():
+        data, models = (
+            [spec_of(kind, name).offers for name in serving(kind, task.batches)] for kind in ("data", "model")
+        )
+        if any(needed <= task.offers | source | model for source in data for model in models):
+            found.append(task.name)
+    return found
+
+
+def serving(kind: str, batches: str) -> list[str]:
+    """The names of ``kind`` that speak ``batches``."""
+    return [name for name, spec in specs(kind).items() if spec.batches == batches]

@@ -1,0 +1,44 @@
+"""The spec of ``model=gpt_*``: trainrun's GPT (trainrun/models/gpt.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainrun.algorithms.specs import sequence_limit
+from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, KindSpec
+
+
+def check(config: Any) -> None:
+    """Heads of an even size, value-embedding tables for at most half the blocks, windows within
+    the positions the model has (or a method gives it)."""
+    gpt = config.model.gpt
+    if gpt.width % gpt.heads or (gpt.width // gpt.heads) % 2:
+        raise ConfigError(
+            f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
+            "into heads of an even size"
+        )
+    if 2 * gpt.value_embeddings > gpt.layers:
+        raise ConfigError(
+            f"bad value for 'model.gpt.value_embeddings': {gpt.value_embeddings} tables serve the first and the "
+            f"last {gpt.value_embeddings} blocks, more than model.gpt.layers {gpt.layers}"
+        )
+    limit = sequence_limit(config.algorithms) or (
+        None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
+    )
+    if limit is not None and config.data.text.max_seq_len > limit[0]:
+        raise ConfigError(
+            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
+            f"{limit[1]} {limit[0]}"
+        )
+
+
+SPECS = (
+    KindSpec(
+        name="gpt",
+        builder="trainrun.models.gpt:build",
+        batches="token_windows",
+        offers=frozenset({Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES}),
+        check=check,
+    ),
+)
