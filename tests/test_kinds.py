@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 from pathlib import Path
@@ -50,9 +51,21 @@ def test_a_method_applies_where_the_run_offers_what_it_needs():
     gpt = OmegaConf.create({"task": {"name": "causal_lm"}, "data": {"name": "token_stream"}, "model": {"name": "gpt"}})
     assert kinds.offers(validate(image, files=False)) >= {Capability.CLASS_IMAGES, Capability.CONVOLUTIONS}
     assert SPECS["window_warmup"].applies_to(kinds.offers(validate(gpt, files=False)))
-    assert kinds.tasks_offering({Capability.ALIBI}) == ["causal_lm", "masked_lm"]
-    assert kinds.tasks_offering({Capability.CONVOLUTIONS}) == ["image_classification", "segmentation"]
+    language, dense = kinds.tasks_offering({Capability.ALIBI}), kinds.tasks_offering({Capability.CONVOLUTIONS})
+    assert {"causal_lm", "masked_lm"} <= set(language) and "image_classification" not in language
+    assert {"image_classification", "segmentation"} <= set(dense) and "masked_lm" not in dense
     assert kinds.tasks_offering(set()) == list(kinds.specs("task"))
+
+
+def test_a_method_the_task_has_but_the_model_does_not_names_what_it_needs(monkeypatch):
+    no_convnet = dataclasses.replace(kinds.specs("model")["resnet_small"], offers=frozenset())
+    monkeypatch.setitem(kinds.specs("model"), "resnet_small", no_convnet)
+    with pytest.raises(ConfigError) as error:
+        validate(OmegaConf.create({"algorithms": {"blurpool": {}}}), files=False)
+    assert str(error.value).startswith(
+        f"algorithm 'blurpool' needs {Capability.IMAGE_CONVNET.value}, which data=digits with model=resnet_small "
+        "does not offer; choose from: colout, cutmix, ema,"
+    )
 
 
 @pytest.mark.parametrize(

@@ -61,9 +61,16 @@ def check_methods(config: Any) -> None:
         spec = SPECS[name]
         if not spec.applies_to(offered):
             allowed = ", ".join(sorted(n for n, s in SPECS.items() if s.applies_to(offered)))
+            tasks = kinds.tasks_offering(spec.needs)
+            if task in tasks:  # the task has it: the data source or the model does not
+                missing = "; ".join(need.value for need in spec.needs - offered)
+                raise ConfigError(
+                    f"algorithm '{name}' needs {missing}, which data={config.data.name} with "
+                    f"model={config.model.name} does not offer; choose from: {allowed}"
+                )
             raise ConfigError(
-                f"algorithm '{name}' does not apply to task {task} (it is for "
-                f"{', '.join(kinds.tasks_offering(spec.needs))}); choose from: {allowed}"
+                f"algorithm '{name}' does not apply to task {task} (it is for {', '.join(tasks)}); "
+                f"choose from: {allowed}"
             )
         for other, why in spec.incompatible.items():
             if other in chosen:
