@@ -13,11 +13,14 @@ largest seen, the micro-batch size has *settled* and DDP synchronises again in t
 micro-batch (its all-reduce overlapping the backward pass, no flattened copy of the gradients,
 no agreement round per step). Inputs larger than any seen (progressive resizing, sequence-length
 warmup) unsettle it until they too have run that many steps.
+
+:class:`Microbatching` only decides: each step's :class:`StepPlan` (the splits, which pass
+synchronises), whether a step that ran out of memory is retried, and smaller by how much. The
+trainer runs the passes, in one block (``Trainer._train_step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +29,6 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from trainrun.core.state import State
-
-# (inputs, targets, synchronise by hand) -> the batch's loss, gradients accumulated
-Accumulate = Callable[[Any, Any, bool], torch.Tensor]
 
 
 def microbatch_slices(batch_size: int, size: int | None) -> list[slice]:
@@ -55,6 +55,19 @@ def batch_size_of(inputs: Any) -> int:
         return inputs.shape[0]
     items = inputs.values() if isinstance(inputs, dict) else inputs
     return next(batch_size_of(item) for item in items if isinstance(item, (torch.Tensor, tuple, list, dict)))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's micro-batches and which backward pass synchronises gradients across ranks."""
+
+    parts: list[slice]  # consecutive micro-batches of the batch
+    batch_size: int
+    by_hand: bool  # no pass synchronises: the gradients are averaged by hand after every rank finished
+
+    def synchronises(self, index: int) -> bool:
+        """Whether micro-batch ``index``'s backward pass is the one DDP synchronises in."""
+        return index == len(self.parts) - 1 and not self.by_hand
 
 
 @dataclass
@@ -84,32 +97,26 @@ class Microbatching:
             return cls(auto=setting == "auto")
         return cls(int(setting))
 
-    def run_step(self, state: State, inputs: Any, targets: Any, accumulate: Accumulate) -> torch.Tensor:
-        """One step's forward and backward passes, ``accumulate(inputs, targets, by_hand)``.
+    def plan(self, inputs: Any, world_size: int) -> StepPlan:
+        """How this step's batch is split and synchronised. Until ``auto``'s size has settled on
+        several ranks, DDP does not synchronise and gradients are averaged by hand after every rank
+        finished (a rank that runs out of memory inside DDP's all-reduce would leave the others waiting)."""
+        batch_size = batch_size_of(inputs)
+        by_hand = self.auto and world_size > 1 and not self.settled(input_elements(inputs))
+        return StepPlan(microbatch_slices(batch_size, self.size), batch_size, by_hand)
 
-        Under ``auto``, a step that runs out of memory on any rank is retried with half the
-        micro-batch. Until the size has settled on several ranks, DDP does not synchronise and
-        gradients are averaged by hand after every rank finished; once it has, DDP synchronises as
-        usual and running out of memory ends the run, as it would without ``auto``.
-        """
-        if not self.auto:
-            return accumulate(inputs, targets, False)
-        by_hand = state.world_size > 1 and not self.settled(input_elements(inputs))
-        while True:
-            out_of_memory = False
-            try:
-                loss = accumulate(inputs, targets, by_hand)
-            except torch.OutOfMemoryError:
-                if state.world_size > 1 and not by_hand:  # settled: the other ranks wait in DDP's all-reduce
-                    raise
-                out_of_memory = True
-            if not any_rank(out_of_memory, state.world_size if by_hand else 1):
-                break
-            self._recover(state, batch_size_of(inputs))
-        if by_hand:
-            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
-        self.step_fitted()
-        return loss
+    def may_retry(self, plan: StepPlan, world_size: int) -> bool:
+        """Whether a step that ran out of memory is retried smaller: under ``auto``, on one rank, or
+        on several until the size settled (after that the other ranks wait in DDP's all-reduce)."""
+        return self.auto and (world_size == 1 or plan.by_hand)
+
+    def retry(self, state: State, plan: StepPlan, out_of_memory: bool) -> bool:
+        """After an attempt at ``plan``: whether some rank ran out of memory (the ranks agree when
+        gradients are averaged by hand), in which case this attempt is dropped and the micro-batch halved."""
+        if not any_rank(out_of_memory, state.world_size if plan.by_hand else 1):
+            return False
+        self._recover(state, plan.batch_size)
+        return True
 
     def _recover(self, state: State, batch_size: int) -> None:
         """After running out of memory on some rank: drop this attempt's gradients, halve, say so."""

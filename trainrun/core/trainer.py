@@ -24,12 +24,7 @@ from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
-from trainrun.core.microbatches import (
-    Microbatching,
-    batch_size_of,
-    microbatch_slices,
-    take,
-)
+from trainrun.core.microbatches import Microbatching, StepPlan, average_gradients, take
 from trainrun.core.seeding import seed_step
 from trainrun.core.state import State
 from trainrun.errors import TrainingDiverged, WriteError
@@ -94,7 +89,6 @@ class Trainer:
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
-        self._step_terms: torch.Tensor | None = None  # several ranks: the step's loss terms on all, when they vary
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.optimizer, self.scheduler = optimization(state.model)
         state.model.to(state.device)
@@ -170,13 +164,27 @@ class Trainer:
                 break
 
     def _train_step(self) -> None:
+        """One optimizer step: the batch's passes (in micro-batches where asked; under ``auto``
+        retried smaller when any rank ran out of memory), then the update."""
         state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler, microbatching = state.precision.scaler, self.settings.microbatching
         accounts.switch("forward")
         run(Event.AFTER_DATALOADER, state)
         inputs, targets = state.inputs, state.targets
-        self._step_terms = self._terms_on_all_ranks(targets)
-        loss = microbatching.run_step(state, inputs, targets, self._accumulate_gradients)
+        terms = self._terms_on_all_ranks(targets)
+        while True:
+            plan, out_of_memory = microbatching.plan(inputs, state.world_size), False
+            try:
+                loss = self._forward_backward(inputs, targets, plan, terms)
+            except torch.OutOfMemoryError:
+                if not microbatching.may_retry(plan, state.world_size):
+                    raise
+                out_of_memory = True
+            if not microbatching.retry(state, plan, out_of_memory):
+                break
+        if plan.by_hand:
+            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
+        microbatching.step_fitted()
         state.inputs, state.targets, state.loss = inputs, targets, loss
         accounts.switch("optimizer")
         if scaler:
@@ -214,26 +222,23 @@ class Trainer:
             return None if parts == 1 else (part.stop - part.start) / batch_size
         return self.state.task.loss_terms(self.state.targets) * self.state.world_size / terms
 
-    def _accumulate_gradients(self, inputs: Any, targets: Any, by_hand: bool = False) -> torch.Tensor:
-        """Forward and backward over the batch in micro-batches; return the batch's mean loss.
+    def _forward_backward(self, inputs: Any, targets: Any, plan: StepPlan, terms: torch.Tensor | None) -> torch.Tensor:
+        """Forward and backward over ``plan``'s micro-batches; return the batch's mean loss.
 
-        Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD and its loss counts by its share
-        of the batch (:meth:`_loss_share`). DDP synchronises gradients in the last micro-batch's
-        backward pass only (in none ``by_hand``: the caller averages them after every rank finished).
+        Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD (``state.inputs``/``targets`` hold
+        it) and its loss counts by its share of the batch (:meth:`_loss_share`); DDP synchronises
+        in the pass ``plan`` says, the others run under ``no_sync``.
         """
         state, run, accounts = self.state, self.engine.run, self.state.accounts
-        scaler = state.precision.scaler
-        batch_size = batch_size_of(inputs)
-        parts = microbatch_slices(batch_size, self.settings.microbatching.size)
-        terms = self._step_terms
+        scaler, parts = state.precision.scaler, plan.parts
         if terms is None and len(parts) > 1:  # one rank, a split batch: the batch's own count
             terms = state.task.loss_terms(targets)
         total = None
         for index, part in enumerate(parts):
             if len(parts) > 1:
-                state.inputs, state.targets = take(inputs, part, batch_size), take(targets, part, batch_size)
-            synchronise = index == len(parts) - 1 and not by_hand
-            with contextlib.nullcontext() if synchronise or state.world_size == 1 else state.model.no_sync():
+                state.inputs, state.targets = take(inputs, part, plan.batch_size), take(targets, part, plan.batch_size)
+            synchronise = plan.synchronises(index) or state.world_size == 1
+            with contextlib.nullcontext() if synchronise else state.model.no_sync():
                 accounts.switch("forward")
                 with state.precision.autocast():
                     run(Event.BEFORE_FORWARD, state)
@@ -244,7 +249,7 @@ class Trainer:
                     run(Event.AFTER_LOSS, state)
                 accounts.switch("backward")
                 run(Event.BEFORE_BACKWARD, state)
-                share = self._loss_share(part, batch_size, len(parts), terms)
+                share = self._loss_share(part, plan.batch_size, len(parts), terms)
                 loss = state.loss if share is None else state.loss * share
                 (scaler.scale(loss) if scaler else loss).backward()
                 run(Event.AFTER_BACKWARD, state)
