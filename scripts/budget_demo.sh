@@ -8,7 +8,7 @@ demo=${1:-tradeoff_demo}
 trainrun=${TRAINRUN:-trainrun}
 here="$(dirname "$0")/tradeoff_demo"
 small=(data=mnist5k model=resnet_small data.resolution=28 data.eval_resolution=28 train_batch_size=256
-  precision=fp32 scheduler.t_warmup=1ep accuracy_targets=[0.9,0.95,0.97] hardware=cpu_2vcpu_aws progress=false)
+  precision=fp32 scheduler.t_warmup=1ep quality_targets=[0.9,0.95,0.97] hardware=cpu_2vcpu_aws progress=false)
 
 rm -rf "$demo/budget" "$demo/auto"  # this script's own runs, made again (a run folder holds one run)
 "$trainrun" --config-dir "$here" recipe=mild_mnist "${small[@]}" max_duration=30s hydra.run.dir="$demo/budget/mild30s"

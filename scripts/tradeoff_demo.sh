@@ -11,7 +11,7 @@ set -euo pipefail
 out=${1:-tradeoff_demo}
 trainrun=${TRAINRUN:-trainrun}
 small=(data=mnist5k model=resnet_small data.resolution=28 data.eval_resolution=28 train_batch_size=256
-  max_duration=8ep precision=fp32 scheduler.t_warmup=1ep accuracy_targets=[0.9,0.95,0.97] hardware=cpu_2vcpu_aws)
+  max_duration=8ep precision=fp32 scheduler.t_warmup=1ep quality_targets=[0.9,0.95,0.97] hardware=cpu_2vcpu_aws)
 sweep=(budgets=[0.25,0.5,0.75,1.0] seeds=[0,1])
 
 "$trainrun" sweep recipe=baseline "${small[@]}" "${sweep[@]}" out="$out/baseline"

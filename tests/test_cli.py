@@ -201,7 +201,7 @@ BAD_INPUTS = [
     (["precision=fp8"], "bad value for 'precision'"),
     (["model=resnet9000"], "unknown option 'resnet9000' for 'model'"),
     (["recipe=scorching"], "unknown option 'scorching' for 'recipe'"),
-    (["accuracy_targets=[1.5]"], "bad value for 'accuracy_targets'"),
+    (["quality_targets=[1.5]"], "bad value for 'quality_targets'"),
     (["model.num_classes=7"], "bad value for 'model.num_classes'"),
     (["data=folder"], "data=folder needs 'data.path'"),
     (["data=folder", "data.path=/no/such/imagenet"], "'/no/such/imagenet' is not a directory"),
@@ -360,3 +360,14 @@ def test_resume_auto_without_a_checkpoint_starts_the_records_over(tmp_path):
     assert resume(SimpleNamespace(resume="auto"), trainer, logs, None) is None
     assert calls == [0]  # records after step 0 (an earlier attempt's) are dropped
     assert resume(SimpleNamespace(resume=None), trainer, logs, None) is None and calls == [0]
+
+
+def test_the_former_accuracy_targets_key_is_read_as_quality_targets_with_one_notice(capsys):
+    (config,) = check(["accuracy_targets=[0.5,0.6]"], files=False)
+    assert config.quality_targets == [0.5, 0.6] and config.accuracy_targets is None
+    assert capsys.readouterr().err == (
+        "trainrun: note: 'accuracy_targets' is now 'quality_targets'; "
+        "read as quality_targets (rename it in your config)\n"
+    )
+    (config,) = check(["quality_targets=[0.7]"], files=False)
+    assert config.quality_targets == [0.7] and capsys.readouterr().err == ""

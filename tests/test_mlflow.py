@@ -18,7 +18,7 @@ from mlflow import MlflowClient  # noqa: E402
 from trainrun.loggers.mlflow_store import flatten, tracking_uri  # noqa: E402
 from trainrun.schema import OptimizerConfig  # noqa: E402
 
-TRACKED = [*TINY, "loggers=[mlflow,tensorboard]", "checkpoint.interval=1ep", "accuracy_targets=[0.05,0.99]"]
+TRACKED = [*TINY, "loggers=[mlflow,tensorboard]", "checkpoint.interval=1ep", "quality_targets=[0.05,0.99]"]
 
 
 def only_run(client: MlflowClient, experiment: str = "trainrun"):

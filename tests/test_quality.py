@@ -87,7 +87,7 @@ def test_a_report_of_loss_runs_shows_losses_and_lower_is_better(tmp_path, capsys
     for index, (budget, loss, seconds) in enumerate([(0.5, 3.6, 20.0), (1.0, 3.2, 40.0)]):
         directory = tmp_path / f"run{index}"
         directory.mkdir()
-        config = {"name": "gpt", "scale_schedule_ratio": budget, "seed": 0, "accuracy_targets": [3.4]}
+        config = {"name": "gpt", "scale_schedule_ratio": budget, "seed": 0, "quality_targets": [3.4]}
         (directory / "config.yaml").write_text(yaml.safe_dump(config))
         summary = {"status": "completed", "final_eval_loss": loss, "train_seconds": seconds, **LOSS_SUMMARY}
         (directory / "summary.json").write_text(json.dumps(summary))
@@ -99,9 +99,9 @@ def test_a_report_of_loss_runs_shows_losses_and_lower_is_better(tmp_path, capsys
 
 
 def test_time_to_a_loss_target_is_the_first_evaluation_at_or_below_it(tmp_path):
-    from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
+    from trainrun.loggers.time_to_quality import TimeToQualityLogger
 
-    log = TimeToAccuracyLogger(tmp_path, ScriptedLoss([]), [3.3, 3.5, 3.0])
+    log = TimeToQualityLogger(tmp_path, ScriptedLoss([]), [3.3, 3.5, 3.0])
     assert log.targets == [3.5, 3.3, 3.0]  # the easiest first
     for batch, loss in enumerate([3.9, 3.5, 3.4, 3.3], 1):
         log.records.append(

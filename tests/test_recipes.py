@@ -268,7 +268,7 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
         "name": "gpt125",
     }
     _assert_values(baseline, composer)
-    assert baseline.accuracy_targets[-1] == pytest.approx(math.log(24.11), abs=1e-4)  # perplexity 24.11
+    assert baseline.quality_targets[-1] == pytest.approx(math.log(24.11), abs=1e-4)  # perplexity 24.11
     mosaic = compose(["recipe=gpt125_mosaic", "data.path=/data/store"])
     _assert_values(mosaic, {**composer, "name": "gpt125_mosaic"})
     assert set(mosaic.algorithms) == {"alibi", "gradient_clipping", "seq_length_warmup"}
@@ -310,7 +310,7 @@ def test_the_gpt_recipes_carry_composers_and_the_speedruns_published_values():
     }
     _assert_values(speedrun, record_21)
     assert speedrun.train_batch_size * speedrun.data.text.max_seq_len == 393_216  # tokens a step
-    assert speedrun.accuracy_targets[-1] == 3.28 and list(speedrun.algorithms) == ["window_warmup"]
+    assert speedrun.quality_targets[-1] == 3.28 and list(speedrun.algorithms) == ["window_warmup"]
     window = speedrun.algorithms["window_warmup"]  # record 21: next_multiple_of_n(1728 · step / steps, 128)
     assert (window.start, window.end, window.duration, window.multiple) == (128, 1792, 1.0, 128)
 

@@ -77,7 +77,7 @@ def _run(label: str, budget: float, top1: float, seconds: float, seed: int = 0, 
         time_source="measured",
         nodes=1,
         pricing=Pricing("test", price),
-        accuracy_targets=(),
+        quality_targets=(),
         summary={},
     )
 
@@ -112,7 +112,7 @@ def test_seeds_average_into_one_point_with_their_spread():
 
 def _write_run(directory: Path, label: str, budget: float, top1: float, seconds: float, **summary) -> Path:
     directory.mkdir(parents=True)
-    config = {"name": label, "scale_schedule_ratio": budget, "seed": 0, "accuracy_targets": [0.9]}
+    config = {"name": label, "scale_schedule_ratio": budget, "seed": 0, "quality_targets": [0.9]}
     config["hardware"] = {"name": "8xa100_aws", "price_per_hour": 36.0}
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
     base = {"status": "completed", "final_top1": top1, "train_seconds": seconds, "batches_per_epoch": 2}
@@ -284,3 +284,12 @@ def test_cuda_runs_time_device_buckets_with_events(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert len(rows) == 44 and all(row["device_forward"] > 0 for row in rows)
     assert sum(row["device_backward"] for row in rows) == pytest.approx(device["backward"], rel=1e-6)
+
+
+def test_a_run_written_with_the_former_accuracy_targets_key_is_timed_to_its_targets(tmp_path):
+    run = _write_run(tmp_path / "old", "mild", 1.0, 0.9, 5.0)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["accuracy_targets"] = config.pop("quality_targets") + [0.5]
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    loaded, _ = load_run(run)
+    assert loaded.quality_targets == (0.9, 0.5)

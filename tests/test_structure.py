@@ -90,7 +90,7 @@ def test_nothing_imports_the_cli():
 TASK_WORDS = re.compile(r"\bimages?\b|\btop-?[15]\b|\bclasses\b|num_classes|\blabels\b|\bpixels?\b", re.IGNORECASE)
 TASK_AGNOSTIC = [
     "core/trainer.py", "core/checkpoint.py", "core/engine.py", "core/accounts.py", "loggers/console.py",
-    "loggers/time_to_accuracy.py", "loggers/step_times.py", "sweep.py", "core/bottleneck.py", "report/curves.py",
+    "loggers/time_to_quality.py", "loggers/step_times.py", "sweep.py", "core/bottleneck.py", "report/curves.py",
     "report/command.py", "report/sections.py", "report/plots.py",
 ]  # fmt: skip
 

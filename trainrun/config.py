@@ -22,7 +22,7 @@ from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
 from trainrun.schema import TrainConfig, list_keys
-from trainrun.validation import describe_omegaconf_error, unknown_key_message, validate
+from trainrun.validation import describe_omegaconf_error, former_name_notices, unknown_key_message, validate
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -339,6 +339,9 @@ def check(
             output = str(OmegaConf.select(composed, output_key))
             with open_dict(composed):
                 del composed["hydra"]
+        if index == 0:
+            for notice in former_name_notices(composed):
+                print(f"trainrun: note: {notice}", file=sys.stderr)
         configs.append(validate(composed, files))
     if output is not None:
         check_output_dir(output_key, output)

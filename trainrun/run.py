@@ -32,7 +32,7 @@ from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.build import DataSpec, build_data
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
-from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
+from trainrun.loggers.time_to_quality import TimeToQualityLogger
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.optim.schedules import build_scheduler, warmup_batches
@@ -115,7 +115,7 @@ def optimization(config: TrainConfig, timeline: Timeline):
 class RunLogs:
     """Rank 0's files and console: time to quality, step times, the live console, extra loggers."""
 
-    quality: TimeToAccuracyLogger
+    quality: TimeToQualityLogger
     steps: StepTimeLogger
     callbacks: list[Callback]
     rank: int
@@ -133,10 +133,10 @@ class RunLogs:
         budget: WallClockBudget | None,
     ) -> RunLogs:
         rank = placement.rank
-        quality = TimeToAccuracyLogger(
+        quality = TimeToQualityLogger(
             run_dir,
             task,
-            config.accuracy_targets,
+            config.quality_targets,
             profile_prefix=stop_after,
             varying_cost=[name for name in config.algorithms if SPECS[name].varying_step_cost],
             provenance=provenance(device, placement.world_size, config.launcher.nnodes) if rank == 0 else None,

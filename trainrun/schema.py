@@ -316,7 +316,8 @@ class TrainConfig:
     device_train_microbatch_size: str | None = None
     eval_batch_size: int = positive_field(512)  # global
     scale_schedule_ratio: float = positive_field(1.0)
-    accuracy_targets: list[float] = field(default_factory=lambda: [0.9, 0.95, 0.97])  # of the task's quality metric
+    quality_targets: list[float] = field(default_factory=lambda: [0.9, 0.95, 0.97])  # of the task's quality metric
+    accuracy_targets: list[float] | None = None  # quality_targets' former name: read as it, with a notice
     resume: str | None = None  # "auto" (newest checkpoint in the run dir) or a path
     log_interval: int = positive_field(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
@@ -335,6 +336,9 @@ def budget_seconds(config: TrainConfig) -> float:
         return budget.wall_seconds
     price = config.hardware.price_per_hour
     return budget.value / (price * config.launcher.nnodes) * 3600
+
+
+FORMER_NAMES = {"accuracy_targets": "quality_targets"}  # a renamed key -> its name now
 
 
 def moved_keys() -> dict[str, str]:

@@ -19,7 +19,16 @@ from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability
 from trainrun.registry import names
-from trainrun.schema import INITIALIZERS, DataConfig, LauncherConfig, ModelConfig, TaskConfig, TrainConfig, moved_keys
+from trainrun.schema import (
+    FORMER_NAMES,
+    INITIALIZERS,
+    DataConfig,
+    LauncherConfig,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+    moved_keys,
+)
 
 
 def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
@@ -35,6 +44,10 @@ def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
         config: TrainConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise ConfigError(describe_omegaconf_error(error)) from error
+    for former, name in FORMER_NAMES.items():  # a renamed key's value is read as the new key's
+        if getattr(config, former) is not None:
+            setattr(config, name, getattr(config, former))
+            setattr(config, former, None)
     check_fields(config, "")
     for name, params in config.algorithms.items():
         check_fields(params, f"algorithms.{name}.")
@@ -42,6 +55,15 @@ def validate(cfg: DictConfig, files: bool = True) -> TrainConfig:
     if files:
         check_files(config)
     return config
+
+
+def former_name_notices(cfg: DictConfig) -> list[str]:
+    """One line for each renamed key ``cfg`` still sets (read as the new name)."""
+    return [
+        f"'{former}' is now '{name}'; read as {name} (rename it in your config)"
+        for former, name in FORMER_NAMES.items()
+        if OmegaConf.select(cfg, former) is not None
+    ]
 
 
 def unknown_key_message(key: str) -> str:
@@ -198,13 +220,13 @@ def _check_kinds(config: TrainConfig) -> None:
 
 
 def _check_quality_values(config: TrainConfig) -> None:
-    """``stop_at`` and ``accuracy_targets`` are values the task's quality can take: fractions in
+    """``stop_at`` and ``quality_targets`` are values the task's quality can take: fractions in
     (0, 1] for an accuracy, positive numbers for a loss."""
     rule = kinds.task_spec(config.task.name).quality
     kind = "a fraction in (0, 1]" if rule.percent else f"a positive {rule.label}"
     for key, values in (
         ("stop_at", [] if config.stop_at is None else [config.stop_at]),
-        ("accuracy_targets", config.accuracy_targets),
+        ("quality_targets", config.quality_targets),
     ):
         for value in values:
             if not 0 < value <= (1 if rule.percent else float("inf")):

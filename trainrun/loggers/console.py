@@ -9,13 +9,13 @@ from rich.table import Table
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
-from trainrun.loggers.time_to_accuracy import TimeToAccuracyLogger
+from trainrun.loggers.time_to_quality import TimeToQualityLogger
 
 
 class ConsoleLogger(Callback):
     """Rank 0's console. The live bar shows only on a terminal; logs get one line per evaluation."""
 
-    def __init__(self, quality_log: TimeToAccuracyLogger, live: bool = True, console: Console | None = None) -> None:
+    def __init__(self, quality_log: TimeToQualityLogger, live: bool = True, console: Console | None = None) -> None:
         self.quality_log = quality_log
         task = quality_log.task
         self.rule, self.unit = task.quality_rule, task.unit

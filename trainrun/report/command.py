@@ -42,7 +42,7 @@ def report_command(argv: list[str]) -> int:
     baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in recipes else None)
     if baseline is not None and baseline not in recipes:
         raise ConfigError(f"bad value for '--baseline': '{baseline}' (recipes: {', '.join(recipes) or 'none'})")
-    targets = args.targets or sorted({t for r in runs for t in r.accuracy_targets})
+    targets = args.targets or sorted({t for r in runs for t in r.quality_targets})
     report = Report(runs, all_points, baseline, targets, notes)
     sections = build_sections(report)
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("dirs", nargs="+", type=Path, help="run, sweep or multirun directories")
     parser.add_argument("--baseline", help="the label the speed-ups are measured against (default: 'baseline')")
     parser.add_argument(
-        "--targets", type=_fractions, help="accuracies to time, e.g. 0.9,0.95 (default: the runs' accuracy_targets)"
+        "--targets", type=_fractions, help="accuracies to time, e.g. 0.9,0.95 (default: the runs' quality_targets)"
     )
     parser.add_argument("--hardware", help="price every run as this conf/hardware option instead of its own")
     parser.add_argument("--price-per-hour", type=float, help="price every run at this many dollars per node-hour")

@@ -44,7 +44,7 @@ class Run:
     time_source: str
     nodes: int
     pricing: Pricing
-    accuracy_targets: tuple[float, ...]
+    quality_targets: tuple[float, ...]
     summary: dict[str, Any] = field(repr=False)
     budget_text: str = ""  # the budget as written: "0.5" (a ratio) or "30s" (max_duration)
     budgeted: bool = False  # trained to a wall-clock or cost budget rather than a schedule ratio
@@ -110,7 +110,8 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
         time_source=source,
         nodes=int((config.get("launcher") or {}).get("nnodes", 1)),
         pricing=pricing or Pricing(hardware.get("name", "unpriced"), hardware.get("price_per_hour")),
-        accuracy_targets=tuple(config.get("accuracy_targets", ())),
+        # runs written before the rename, or with the former key, set accuracy_targets
+        quality_targets=tuple(config.get("accuracy_targets") or config.get("quality_targets") or ()),
         summary=summary,
         budget_text=max_duration if budgeted else f"{ratio:g}",
         budgeted=budgeted,

@@ -25,7 +25,7 @@ from trainrun.core.state import State
 from trainrun.tasks.base import Task
 
 
-class TimeToAccuracyLogger(Callback):
+class TimeToQualityLogger(Callback):
     """Appends a record per evaluation and keeps when each quality target was first reached."""
 
     def __init__(
