@@ -591,3 +591,14 @@ def test_window_warmup_is_for_causal_runs_and_starts_below_its_end():
         check([*gpt_run, "algorithms.window_warmup.start=256", "algorithms.window_warmup.end=128"])
     with pytest.raises(ConfigError, match="algorithm 'window_warmup' does not apply to task masked_lm"):
         check(["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "algorithms=[window_warmup]"])
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_sample_spaces_the_continuation_as_the_tokenizer_decodes_prompt_and_continuation_together(kind):
+    from trainrun.data.token_store import train_tokenizer
+    from trainrun.sample import continued_text
+
+    documents = ["return the value of the call", "the value is returned to the caller"] * 50
+    tokenizer = train_tokenizer(documents, 300, kind)
+    prompt, drawn = tokenizer.encode("return").ids, tokenizer.encode(" the value").ids
+    assert continued_text(tokenizer, prompt, drawn) == " the value"

@@ -8,6 +8,7 @@ import torch
 
 from trainrun.core.checkpoint import (
     atomic_torch_save,
+    check_model_shapes,
     check_topology,
     checkpoint_name,
     directory,
@@ -145,3 +146,20 @@ def test_pruning_a_checkpoint_another_process_already_deleted_is_no_error(tmp_pa
     monkeypatch.setattr(checkpoint, "list_checkpoints", lambda directory: gone)
     prune(tmp_path, keep=1)  # ep0-ba1.pt was listed, then removed by another rank
     assert (tmp_path / "ep0-ba9.pt").is_file()
+
+
+def test_a_checkpoint_of_another_model_shape_is_one_line_naming_the_first_weight_that_differs():
+    run = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).state_dict()
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Linear(16, 2)).state_dict()
+    check_model_shapes(run, run)  # the same model: nothing to say
+    with pytest.raises(CheckpointError) as error:
+        check_model_shapes(run, wider)
+    assert str(error.value) == (
+        "the checkpoint holds another model than this run's: '0.weight' is [16, 4] there and [8, 4] in this "
+        "run's model (2 more differ); resume with the model settings it was trained with (its run's config.yaml)"
+    )
+    deeper = {**run, "2.weight": torch.zeros(1)}
+    with pytest.raises(CheckpointError, match=r"it has '2.weight', which this run's model has not;"):
+        check_model_shapes(run, deeper)
+    with pytest.raises(CheckpointError, match=r"it lacks '1.weight' \(1 more differ\)"):
+        check_model_shapes(run, {"0.weight": run["0.weight"], "0.bias": run["0.bias"]})

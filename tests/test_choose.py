@@ -288,3 +288,17 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status
+
+
+def test_a_table_of_another_tasks_recipes_is_named_with_the_task_they_set(tmp_path):
+    """A GPT table given to a run of digits: the line names the table and the task its recipes set."""
+    from trainrun.choose.recipes import _run_config
+    from trainrun.config import ConfigSource
+
+    table = write_table(tmp_path / "gpt.csv", [("gpt125", 0.5, 1, 0.3), ("gpt125", 1.0, 2, 0.6)])
+    with pytest.raises(ConfigError) as error:
+        _run_config(["data=digits", "max_duration=1h", f"auto.table={table}"], ConfigSource())
+    assert str(error.value).startswith(
+        f"auto.table '{table}' holds recipes of task causal_lm (gpt125 sets it), not image_classification: "
+        "bad value for 'data.name': 'digits'"
+    )

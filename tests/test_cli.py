@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -371,3 +372,44 @@ def test_the_former_accuracy_targets_key_is_read_as_quality_targets_with_one_not
     )
     (config,) = check(["quality_targets=[0.7]"], files=False)
     assert config.quality_targets == [0.7] and capsys.readouterr().err == ""
+
+
+def test_a_private_config_folder_of_a_killed_process_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from trainrun.config import private_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"trainrun-config-{gone.stdout.strip()}-abc"  # its process ended without cleaning up
+    stale.mkdir()
+    alive = tmp_path / f"trainrun-config-{os.getppid()}-def"  # a running process's: kept
+    alive.mkdir()
+    other = tmp_path / "trainrun-config-xyz"  # not named by a process: left alone
+    other.mkdir()
+    mine = private_folder("trainrun-config-")
+    assert mine.parent == tmp_path and mine.name.startswith(f"trainrun-config-{os.getpid()}-")
+    assert not stale.exists() and alive.is_dir() and other.is_dir()
+
+
+def test_help_lists_every_command_with_its_purpose():
+    import yaml
+
+    from trainrun.cli import SUBCOMMANDS
+
+    header = yaml.safe_load((config_dir() / "config.yaml").read_text())["hydra"]["help"]["header"]
+    listed = header.split("Commands:\n")[1].splitlines()
+    assert [line.split()[0] for line in listed if line.strip()] == list(SUBCOMMANDS)
+
+
+def test_help_is_trainruns_own_template_without_internal_groups_and_with_the_overrides_applied(tmp_path):
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "mine.yaml").write_text("# @package _global_\nname: mine\n")
+    result = run_cli("--help", "--config-dir", str(tmp_path), "optimizer=adamw", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "schema" not in result.stdout and "$APP_CONFIG_GROUPS" not in result.stdout
+    assert "\nrecipe: baseline, bert_base," in result.stdout and ", mine," in result.stdout  # the user's recipe too
+    config = result.stdout.split("== Config ==")[1]
+    assert "  name: adamw\n" in config and "Commands:" in result.stdout

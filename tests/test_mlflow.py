@@ -163,3 +163,21 @@ def test_a_run_logs_to_a_real_mlflow_server_over_http(tmp_path):
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        ("http://127.0.0.1:1", "no tracking server answers there within 5 s"),
+        ("ftp://host/store", "'ftp' is not a store MLflow tracks to (choose from: http, https, sqlite,"),
+        ("sqlite:///{tmp}/a-file/sub/mlflow.db", "its folder cannot be made: '{tmp}/a-file' is a file"),
+    ],
+)
+def test_a_tracking_store_that_cannot_take_runs_is_refused_before_the_run_in_one_line(tmp_path, uri, why):
+    (tmp_path / "a-file").write_text("")
+    uri, why = uri.format(tmp=tmp_path), why.format(tmp=tmp_path)
+    started = time.monotonic()
+    result = run_cli(*TINY, "loggers=[mlflow]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and time.monotonic() - started < 30
+    assert result.stderr.startswith(f"trainrun: error: bad value for 'mlflow.tracking_uri': '{uri}': {why}")
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "run").exists()

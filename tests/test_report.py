@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from trainrun.core.accounts import BUCKETS, TimeAccounts
 from trainrun.core.bottleneck import find_bottleneck
 from trainrun.report import curves
 from trainrun.report.command import report_command
-from trainrun.report.runs import FIRST_EPOCH_AS_SECOND, Pricing, Run, load_run
+from trainrun.report.runs import FIRST_EPOCH_AS_SECOND, Pricing, Run, find_runs, load_run
 
 
 class FakeClock:
@@ -293,3 +294,36 @@ def test_a_run_written_with_the_former_accuracy_targets_key_is_timed_to_its_targ
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     loaded, _ = load_run(run)
     assert loaded.quality_targets == (0.9, 0.5)
+
+
+def test_runs_are_listed_by_the_value_of_their_budget_not_its_text(tmp_path):
+    for budget, seconds in (("10s", 9.8), ("20s", 19.7), ("5s", 4.9)):
+        run = _write_run(tmp_path / "sweep" / f"budget{budget}-seed0", "mild", 1.0, 0.8, seconds)
+        config = yaml.safe_load((run / "config.yaml").read_text()) | {"max_duration": budget}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        summary = json.loads((run / "summary.json").read_text())
+        summary["bottleneck"] = {
+            "train_seconds": seconds, "compute_seconds": seconds, "input_seconds": 0.0, "host_seconds": 0.0,
+            "bottleneck_name": "device compute", "speedup_if_rest_free": 1.0, "speedup_if_bottleneck_free": None,
+            "clock": "wall clock",
+        }  # fmt: skip
+        (run / "summary.json").write_text(json.dumps(summary))
+    assert report_command([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    for title in ("## where training time goes", "## runs"):
+        table = markdown.split(title)[1].split("\n## ")[0]
+        budgets = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| mild")]
+        assert budgets == ["5s", "10s", "20s"], title
+
+
+def test_a_copy_of_a_run_under_the_scanned_folder_is_not_a_second_run(tmp_path):
+    """MLflow's artifact store beside the runs (mlartifacts/<id>/artifacts/) holds a run's files again."""
+    run = _write_run(tmp_path / "tracked" / "run", "mild", 1.0, 0.9, 5.0)
+    (run / "steps.jsonl").write_text("")
+    copy = tmp_path / "tracked" / "mlartifacts" / "1" / "abc" / "artifacts"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("steps.jsonl"))
+    other = _write_run(tmp_path / "tracked" / "other", "mild", 1.0, 0.8, 5.0)  # another run: kept
+    assert sorted(find_runs([tmp_path / "tracked"])) == sorted([other, run])
+    hand_copy = tmp_path / "tracked" / "zz-copy"  # copied by hand, step log and all: the first found is read
+    shutil.copytree(run, hand_copy)
+    assert len(find_runs([tmp_path / "tracked"])) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ from trainrun.data.segmentation import (
     store_path,
     synthetic_case,
 )
-from trainrun.errors import ConfigError, DataError
+from trainrun.errors import ConfigError, DataError, TrainrunError
 from trainrun.schema import DataConfig, SegmentationDataConfig
 from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, build, volume_dice
 from trainrun.validation import validate
@@ -460,3 +461,36 @@ def test_the_cli_trains_brats21_regions_on_a_decathlon_folder_read_from_nifti(tm
     assert 0 <= record["dice"] <= 1 and record["batch"] == 2
     assert record["dice"] == pytest.approx((record["dice_1"] + record["dice_2"] + record["dice_3"]) / 3)
     assert len(list((tmp_path / "cache").glob("decathlon-*/BRATS_*_image.npy"))) == 5
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda root: (root / "dataset.json").write_text("{not json"), r"dataset.json' is not valid JSON \(line 1"),
+        (
+            lambda root: (root / "dataset.json").write_text(json.dumps({"labels": {}, "training": []})),
+            r"dataset.json' has no 'modality' object \(the Decathlon layout\)$",
+        ),
+        (
+            lambda root: (root / "dataset.json").write_text(
+                json.dumps({"modality": {}, "labels": {}, "training": [{"image": "a.nii.gz"}]})
+            ),
+            r"dataset.json' training case 1 needs an 'image' and a 'label' path$",
+        ),
+        (
+            lambda root: (root / "imagesTr" / "BRATS_001.nii.gz").write_bytes(b"not a gzip file"),
+            r"BRATS_001.nii.gz' is not a readable NIfTI image \(",
+        ),
+        (
+            lambda root: (root / "labelsTr" / "BRATS_002.nii.gz").write_bytes(gzip.compress(b"not NIfTI")),
+            r"BRATS_002.nii.gz' is not a readable NIfTI image \(",
+        ),
+    ],
+)
+def test_a_damaged_decathlon_folder_is_one_line_naming_the_file(tmp_path, damage, message):
+    root = tmp_path / "Task01_BrainTumour"
+    write_decathlon_folder(root)
+    damage(root)
+    config = DataConfig(name="decathlon", path=str(root), cache_dir=str(tmp_path / "c"))
+    with pytest.raises(TrainrunError, match=message):
+        store_path(config)

@@ -20,6 +20,7 @@ from trainrun.config import (
     PRINT_FLAGS,
     ConfigSource,
     check,
+    help_text,
     locate,
     register_schema,
     translate,
@@ -28,6 +29,8 @@ from trainrun.errors import ConfigError, report_error
 from trainrun.provenance import record_command
 from trainrun.validation import validate
 from trainrun.versions import check_requirements
+
+HELP_FLAGS = {"-h", "--help"}  # trainrun's help (Hydra's own: --hydra-help)
 
 
 def _job(cfg: DictConfig, debug: bool) -> None:
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             from trainrun.choose import before_run
 
             overrides = before_run(overrides, source, optimize, Console(highlight=False))
+        if HELP_FLAGS & set(hydra_args):
+            print(help_text(overrides, source), end="")
+            return 0
         if not NO_RUN_FLAGS & set(hydra_args):
             multirun = bool({"-m", "--multirun"} & set(hydra_args))
             check(overrides, multirun, files=not PRINT_FLAGS & set(hydra_args), source=source)

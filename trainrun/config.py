@@ -185,10 +185,34 @@ def _users_first(source: ConfigSource, copied: list[Path]) -> ConfigSource:
     return replace(source, primary=primary, extra=(*searched, own))
 
 
+def private_folder(prefix: str) -> Path:
+    """A folder of this process's own in the temporary directory, removed when the process ends.
+
+    Its name holds the process id, so the folders of trainrun processes that were killed (no exit
+    handler runs after SIGKILL) are found and removed here, when their process is gone.
+    """
+    for stale in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = stale.name.removeprefix(prefix).split("-")[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _primary_copy(config: Path) -> Path:
     """A private folder holding a copy of ``config`` (gone when the process ends)."""
-    folder = Path(tempfile.mkdtemp(prefix="trainrun-config-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = private_folder("trainrun-config-")
     shutil.copy(config, folder / config.name)
     return folder
 
@@ -205,8 +229,7 @@ def _recipe_copy(path: Path) -> tuple[Path, str]:
     text = path.read_text()
     if not any(line.startswith("# @package") for line in text.splitlines()[:5]):
         text = "# @package _global_\n" + text
-    folder = Path(tempfile.mkdtemp(prefix="trainrun-recipe-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = private_folder("trainrun-recipe-")
     (folder / "recipe").mkdir()
     (folder / "recipe" / path.name).with_suffix(".yaml").write_text(text)
     return folder, path.stem
@@ -260,6 +283,21 @@ def group_options(group: str, source: ConfigSource | None = None) -> list[str]:
     """The options of config group ``group`` (file names under <dir>/<group>/ of every directory)."""
     directories = (source or ConfigSource()).directories
     return sorted({path.stem for directory in directories for path in (directory / group).glob("*.yaml")})
+
+
+def help_text(overrides: list[str], source: ConfigSource) -> str:
+    """``trainrun --help``: the help template of the primary config (``hydra.help``) filled in as
+    Hydra fills it, with the groups read from the config folders. Hydra's own ``--help`` deep-copies
+    every registered schema once per group it lists (3 s here) and lists the schema's internal groups."""
+    import string
+
+    composed = compose(overrides, source, with_hydra=True)
+    template = composed.hydra.help.template
+    with open_dict(composed):
+        del composed["hydra"]
+    groups = sorted({path.parent.name for d in source.directories for path in d.glob("*/*.yaml")} - {"hydra"})
+    listed = "\n".join(f"{group}: {', '.join(group_options(group, source))}" for group in groups)
+    return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=listed, CONFIG=OmegaConf.to_yaml(composed))
 
 
 def _composition_message(error: Exception, source: ConfigSource) -> str:

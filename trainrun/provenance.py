@@ -15,11 +15,12 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 import trainrun
+
+if TYPE_CHECKING:  # the CLI records the command through this module before torch is imported
+    import torch
 
 COMMAND_VARIABLE = "TRAINRUN_COMMAND"
 
@@ -48,6 +49,8 @@ def _git(*args: str) -> str | None:
 
 def provenance(device: torch.device, world_size: int, nodes: int) -> dict[str, Any]:
     """Everything needed to trace a figure back to what made it."""
+    import torch
+
     commit = _git("rev-parse", "HEAD")
     return {
         "trainrun": trainrun.__version__,

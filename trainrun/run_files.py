@@ -5,5 +5,6 @@ that a new run does not start in an earlier run's folder find them by these name
 CONFIG = "config.yaml"  # the composed config, resolved
 METRICS = "metrics.jsonl"  # one row per evaluation
 SUMMARY = "summary.json"  # written during the run, final at its end
+STEPS = "steps.jsonl"  # one row per optimizer step: where its time went (rank 0)
 CHECKPOINTS = "checkpoints"  # a folder of *.pt
 AUTO_DECISION = "auto.json"  # what recipe=auto timed, predicted and chose

@@ -46,8 +46,18 @@ def sample_command(argv: list[str]) -> int:
         raise ConfigError(f"bad value for '--prompt': {args.prompt!r} has no token in this run's vocabulary")
     generator = torch.Generator().manual_seed(args.seed)
     drawn = continuation(model, prompt, args.tokens, context, args.temperature, args.top_k, separator, generator)
-    print(args.prompt + tokenizer.decode(drawn, skip_special_tokens=True))
+    print(args.prompt + continued_text(tokenizer, prompt, drawn))
     return 0
+
+
+def continued_text(tokenizer, prompt: list[int], drawn: list[int]) -> str:
+    """The text ``drawn`` adds after ``prompt``, spaced as the tokenizer decodes the two together (a
+    WordPiece decoder puts a space between words; a byte-level BPE token carries its own)."""
+    whole = tokenizer.decode(prompt + drawn, skip_special_tokens=True)
+    before = tokenizer.decode(prompt, skip_special_tokens=True)
+    if whole.startswith(before):
+        return whole[len(before) :]
+    return " " + tokenizer.decode(drawn, skip_special_tokens=True)
 
 
 def load_run(run: Path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from trainrun.algorithms.specs import SPECS, check_methods
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability
+from trainrun.loggers.mlflow_store import check_tracking_store
 from trainrun.registry import names
 from trainrun.schema import (
     FORMER_NAMES,
@@ -144,6 +146,9 @@ def check_files(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
     if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
         raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
+    uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if "mlflow" in config.loggers and uri and (why := check_tracking_store(uri)):
+        raise ConfigError(f"bad value for 'mlflow.tracking_uri': '{uri}': {why}")
 
 
 def _check_budget(config: TrainConfig) -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainrun import run_files
 from trainrun.atomic_io import read_json, read_jsonl
 from trainrun.children import run_trainrun
-from trainrun.config import ConfigSource, override_key
+from trainrun.config import ConfigSource, override_key, private_folder
 from trainrun.core.accounts import train_seconds
 
 
@@ -39,7 +37,7 @@ class Profiler:
 
     def __init__(self, source: ConfigSource, steps: int) -> None:
         self.source, self.steps = source, steps
-        self.folder = Path(tempfile.mkdtemp(prefix="trainrun-profile-"))
+        self.folder = private_folder("trainrun-profile-")
         self.count = 0
 
     def __enter__(self) -> Profiler:
@@ -65,7 +63,7 @@ class Profiler:
             lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no output"]
             raise ProfileFailed(lines[-1].removeprefix("trainrun: error: "))
         summary = read_json(summary_path)
-        first_step = train_seconds(read_jsonl(run_dir / "steps.jsonl")[0])
+        first_step = train_seconds(read_jsonl(run_dir / run_files.STEPS)[0])
         per_step = (summary["train_seconds"] - first_step) / max(summary["batches"] - 1, 1)
         return Profile(per_step, summary["batches_per_epoch"])
 

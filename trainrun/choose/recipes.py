@@ -200,7 +200,17 @@ def _run_config(rest: list[str], source: ConfigSource) -> TrainConfig:
     given = compose(rest, source)
     first = _first_candidate(given.auto.candidates, given.auto.table)
     if first is not None and first in group_options("recipe", source):
-        return validate(compose([*rest, f"recipe={first}"], source))
+        with_first = compose([*rest, f"recipe={first}"], source)
+        try:
+            return validate(with_first)
+        except ConfigError as error:
+            if with_first.task.name == given.task.name:
+                raise
+            where = f"auto.table '{given.auto.table}'" if given.auto.table else "auto.candidates"
+            raise ConfigError(  # the command's own settings are for another task than the recipes'
+                f"{where} holds recipes of task {with_first.task.name} ({first} sets it), not "
+                f"{given.task.name}: {error}"
+            ) from error
     return validate(given)
 
 

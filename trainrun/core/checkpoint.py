@@ -115,6 +115,26 @@ def check_topology(payload: dict[str, Any], global_batch: int, ranks: int, path:
         )
 
 
+def check_model_shapes(expected: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
+    """The checkpoint's weights are those of this run's model: the same names and shapes, or one
+    line saying the first that differs and from what (resume with the config it was written with)."""
+    differing = [name for name in expected if name in saved and saved[name].shape != expected[name].shape]
+    missing, extra = [name for name in expected if name not in saved], [name for name in saved if name not in expected]
+    if not (differing or missing or extra):
+        return
+    if differing:
+        name = differing[0]
+        first = f"'{name}' is {list(saved[name].shape)} there and {list(expected[name].shape)} in this run's model"
+    else:
+        first = f"it lacks '{missing[0]}'" if missing else f"it has '{extra[0]}', which this run's model has not"
+    more = len(differing) + len(missing) + len(extra) - 1
+    raise CheckpointError(
+        f"the checkpoint holds another model than this run's: {first}"
+        + (f" ({more} more differ)" if more else "")
+        + "; resume with the model settings it was trained with (its run's config.yaml)"
+    )
+
+
 def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:
     """The checkpoint to resume from: ``auto`` = the newest in ``checkpoint_dir`` (or none)."""
     if resume is None:

@@ -404,6 +404,7 @@ class Trainer:
         """Restore a payload from :meth:`_checkpoint_payload`; return the time accounts to continue."""
         state = self.state
         checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.world_size)
+        checkpoint.check_model_shapes(state.raw_model.state_dict(), payload["model"])
         state.raw_model.load_state_dict(payload["model"])
         state.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])

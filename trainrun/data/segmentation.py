@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from trainrun.atomic_io import atomic_write_text
+from trainrun.atomic_io import atomic_write_text, read_json
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.cache import cache_prefix, write_once_per_node
 from trainrun.data.interface import Datasets
@@ -163,10 +163,8 @@ def write_synthetic(path: Path, cases: int, shape: Sequence[int]) -> None:
 def read_decathlon_case(image_file: Path, label_file: Path) -> tuple[np.ndarray, np.ndarray]:
     """One Decathlon case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with
     the axial axis z first."""
-    import nibabel
-
-    image = np.asarray(nibabel.load(image_file).dataobj, dtype=np.float32)
-    label = np.asarray(nibabel.load(label_file).dataobj)
+    image, label = (_nifti(file) for file in (image_file, label_file))
+    image = image.astype(np.float32, copy=False)
     if image.ndim == 3:
         image = image[..., None]
     if image.shape[:3] != label.shape:
@@ -174,14 +172,26 @@ def read_decathlon_case(image_file: Path, label_file: Path) -> tuple[np.ndarray,
     return image.transpose(3, 2, 0, 1), np.rint(label).astype(np.uint8).transpose(2, 0, 1)
 
 
+def _nifti(path: Path) -> np.ndarray:
+    """The array of the NIfTI file ``path``, or one line naming the file when it is not one."""
+    import nibabel
+
+    try:
+        return np.asarray(nibabel.load(path).dataobj)
+    except (nibabel.filebasedimages.ImageFileError, OSError, EOFError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"'{path}' is not a readable NIfTI image ({reason})") from None
+
+
 def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
     """``dataset.json`` and its training cases as (name, image file, label file)."""
     manifest = source / "dataset.json"
     if not manifest.is_file():
         raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
-    described = json.loads(manifest.read_text())
+    described = read_json(manifest)
+    _check_manifest(manifest, described)
     cases = []
-    for entry in described.get("training", []):
+    for entry in described["training"]:
         image, label = source / entry["image"], source / entry["label"]
         for file in (image, label):
             if not file.is_file():
@@ -190,6 +200,22 @@ def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]
     if len(cases) < 2:
         raise DataError(f"{manifest} lists {len(cases)} training case(s); a train/validation split needs 2")
     return described, sorted(cases)
+
+
+def _check_manifest(manifest: Path, described: object) -> None:
+    """``dataset.json`` names its channels (``modality``), its labels and its training cases."""
+    if not isinstance(described, dict):
+        raise DataError(f"'{manifest}' is not a Decathlon dataset.json (a JSON object with modality, labels, training)")
+    for key, kind in (("modality", dict), ("labels", dict), ("training", list)):
+        if not isinstance(described.get(key), kind):
+            raise DataError(
+                f"'{manifest}' has no '{key}' {'object' if kind is dict else 'list'} (the Decathlon layout)"
+            )
+    for number, entry in enumerate(described["training"], 1):
+        if not (
+            isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)
+        ):
+            raise DataError(f"'{manifest}' training case {number} needs an 'image' and a 'label' path")
 
 
 def write_decathlon(source: Path, path: Path) -> None:

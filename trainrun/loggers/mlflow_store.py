@@ -26,6 +26,36 @@ def tracking_uri(configured: str | None, folder: Path) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(folder / 'mlflow.db').absolute()}"
 
 
+TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
+REACH_SECONDS = 5  # how long the check before a run waits for a tracking server
+
+
+def check_tracking_store(uri: str) -> str | None:
+    """Why runs cannot be tracked at ``uri``, in a few words, or None: a scheme MLflow does not
+    track to, a server that does not answer within :data:`REACH_SECONDS`, or a SQLite file whose
+    folder cannot be made. Checked before a run starts, so that it never waits on MLflow's retries."""
+    import urllib.error
+    import urllib.request
+
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else "file"
+    if scheme not in TRACKING_SCHEMES:
+        return f"'{scheme}' is not a store MLflow tracks to (choose from: {', '.join(TRACKING_SCHEMES)})"
+    if scheme in ("http", "https"):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_SECONDS).close()
+        except urllib.error.HTTPError:
+            return None  # it answered
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            return f"no tracking server answers there within {REACH_SECONDS} s ({reason})"
+    if scheme == "sqlite":
+        folder = Path(uri.split(":///", 1)[-1]).expanduser().parent
+        blocking = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            return f"its folder cannot be made: '{blocking}' is a file"
+    return None
+
+
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """A config as ``dotted.key: text`` pairs, as MLflow parameters are."""
     if dataclasses.is_dataclass(value):

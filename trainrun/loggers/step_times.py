@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainrun import run_files
 from trainrun.atomic_io import atomic_write_text, read_jsonl
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
@@ -21,7 +22,7 @@ class StepTimeLogger(Callback):
     """Rank 0 appends the closed steps' rows of ``state.accounts`` to ``steps.jsonl``."""
 
     def __init__(self, run_dir: Path, interval: int) -> None:
-        self.path = run_dir / "steps.jsonl"
+        self.path = run_dir / run_files.STEPS
         self.interval = interval
 
     def resume_from(self, batch: int) -> None:

@@ -34,6 +34,7 @@ def report_command(argv: list[str]) -> int:
         run, note = load_run(path, args.first_epoch_as_second, pricing)
         runs.append(run)
         notes += [note] if note else []
+    runs.sort(key=lambda run: (run.label, run.budgeted, run.budget, run.seed, str(run.path)))  # 5s before 10s
     metrics = sorted({run.rule.metric for run in runs})
     if len(metrics) > 1:
         raise ConfigError(f"the runs measure different quality metrics ({', '.join(metrics)}): report each task apart")

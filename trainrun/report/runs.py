@@ -75,7 +75,18 @@ def find_runs(paths: list[Path]) -> list[Path]:
         found += sorted(summary.parent for summary in path.rglob(run_files.SUMMARY))
     if not found:
         raise ConfigError(f"no runs ({run_files.SUMMARY}) under {', '.join(str(p) for p in paths)}")
-    return list(dict.fromkeys(found))
+    return _one_folder_per_run(list(dict.fromkeys(found)))
+
+
+def _one_folder_per_run(folders: list[Path]) -> list[Path]:
+    """``folders`` without copies of a run (MLflow's artifact store, a folder copied by hand): folders
+    whose summaries are the same bytes are one run, read from the folder trainrun trained in (the
+    one with the step log that no copy carries), else the first."""
+    by_summary: dict[bytes, list[Path]] = {}
+    for folder in folders:
+        by_summary.setdefault((folder / run_files.SUMMARY).read_bytes(), []).append(folder)
+    kept = {min(same, key=lambda folder: not (folder / run_files.STEPS).is_file()) for same in by_summary.values()}
+    return [folder for folder in folders if folder in kept]
 
 
 def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing | None = None) -> tuple[Run, str | None]:
@@ -124,7 +135,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
 def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
     """Training seconds with the first epoch's time replaced by the second's (one-off warm-up)."""
     per_epoch = summary.get("batches_per_epoch")
-    rows = read_jsonl(path / "steps.jsonl")
+    rows = read_jsonl(path / run_files.STEPS)
     if not per_epoch or len(rows) < 2 * per_epoch or rows[0]["step"] != 1:
         return None
     epoch_seconds = [0.0, 0.0]
