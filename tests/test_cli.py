@@ -413,3 +413,29 @@ def test_help_is_trainruns_own_template_without_internal_groups_and_with_the_ove
     assert "\nrecipe: baseline, bert_base," in result.stdout and ", mine," in result.stdout  # the user's recipe too
     config = result.stdout.split("== Config ==")[1]
     assert "  name: adamw\n" in config and "Commands:" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task=causal_lm", "data=stdlib_docs"],
+            "bad value for 'data': 'stdlib_docs' (data.name 'text'; with task=causal_lm it must be token_stream); "
+            "choose data=stdlib_stream or data=token_stream",
+        ),
+        (
+            ["data=stdlib_docs"],
+            "bad value for 'task.name': 'image_classification' (with data=stdlib_docs it must be masked_lm); "
+            "choose task=masked_lm",
+        ),
+        (
+            ["task=segmentation", "data=digits", "model=unet2d"],
+            "bad value for 'data.name': 'digits' (with task=segmentation it must be synthetic_brats or decathlon); "
+            "choose data=synthetic_brats or data=decathlon",
+        ),
+    ],
+)
+def test_kinds_that_do_not_fit_are_named_as_the_user_chose_them(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        check([*overrides, "max_duration=1ba"], files=False)
+    assert str(error.value) == message

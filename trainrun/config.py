@@ -17,12 +17,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from trainrun import run_files
+from trainrun import kinds, run_files
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
+from trainrun.kinds import config_dir
 from trainrun.schema import TrainConfig, list_keys
-from trainrun.validation import describe_omegaconf_error, former_name_notices, unknown_key_message, validate
+from trainrun.validation import (
+    KindMismatch,
+    describe_omegaconf_error,
+    former_name_notices,
+    unknown_key_message,
+    validate,
+)
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -32,12 +39,6 @@ OPTIMIZE_FLAG = "-o1"  # trainrun's own: time the systems settings, train with t
 AUTO_RECIPE = "recipe=auto"  # trainrun's own: choose the recipe for a budget (trainrun.choose)
 PRINT_FLAGS = {"--cfg", "-c"}  # print the composed config, run nothing
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
-
-
-def config_dir() -> Path:
-    """``conf/`` inside the installed package, or beside the package in a source checkout."""
-    installed = Path(__file__).resolve().parent / "conf"
-    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "conf"
 
 
 def _is_value(token: str) -> bool:
@@ -380,7 +381,11 @@ def check(
         if index == 0:
             for notice in former_name_notices(composed):
                 print(f"trainrun: note: {notice}", file=sys.stderr)
-        configs.append(validate(composed, files))
+        try:
+            configs.append(validate(composed, files))
+        except KindMismatch as error:  # said with the options the user chose, not their registered names
+            chosen = {override_key(o): override_value(o) for o in job if override_key(o) in kinds.KIND_ORDER}
+            raise ConfigError(error.naming({k: v for k, v in chosen.items() if isinstance(v, str)})) from None
     if output is not None:
         check_output_dir(output_key, output)
         if not multirun and configs[0].resume is None:

@@ -18,7 +18,10 @@ import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from trainrun.quality import Quality
 
@@ -121,3 +124,24 @@ def tasks_offering(needs: Iterable[Capability]) -> list[str]:
 def serving(kind: str, batches: str) -> list[str]:
     """The names of ``kind`` that speak ``batches``."""
     return [name for name, spec in specs(kind).items() if spec.batches == batches]
+
+
+def config_dir() -> Path:
+    """``conf/`` inside the installed package, or beside the package in a source checkout."""
+    installed = Path(__file__).resolve().parent / "conf"
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "conf"
+
+
+def options_naming(kind: str, name: str, default: str) -> list[str]:
+    """The ``conf/<kind>/`` options that choose ``name`` (presets share a name: ``stdlib_stream``
+    is ``token_stream`` reading a built-in corpus); ``default``: the name an option that sets none keeps."""
+    folder, found = config_dir() / kind, []
+    for path in sorted(folder.glob("*.yaml")):
+        option = yaml.safe_load(path.read_text()) or {}
+        option = option.get(kind, option) if kind == "task" else option  # task options are global
+        while "name" not in option and option.get("defaults"):
+            parent = next(entry for entry in option["defaults"] if isinstance(entry, str) and entry != "_self_")
+            option = yaml.safe_load((folder / f"{parent}.yaml").read_text()) or {}
+        if option.get("name", default) == name:
+            found.append(path.stem)
+    return found

@@ -201,6 +201,27 @@ def _check_run(config: TrainConfig) -> None:
         )
 
 
+class KindMismatch(ConfigError):
+    """A task, data source or model that does not speak the batches of the kind the user chose
+    first (``anchor``): the registered names of both, the names that would do and their ``conf/`` options."""
+
+    def __init__(self, kind: str, name: str, anchor: str, anchor_name: str, allowed: list[str], options: list[str]):
+        self.kind, self.name, self.anchor, self.anchor_name = kind, name, anchor, anchor_name
+        self.allowed, self.options = allowed, options
+        super().__init__(self.naming({}))
+
+    def naming(self, choices: dict[str, str]) -> str:
+        """The refusal in the words of the ``conf/`` options the user chose (``data=stdlib_docs``), where
+        an option is a preset of another registered name (``text``)."""
+        option = choices.get(self.kind, self.name)
+        key = f"'{self.kind}.name': '{self.name}' (" if option == self.name else (
+            f"'{self.kind}': '{option}' ({self.kind}.name '{self.name}'; "
+        )  # fmt: skip
+        anchor = f"{self.anchor}={choices.get(self.anchor, self.anchor_name)}"
+        choose = f"; choose {' or '.join(self.options)}" if self.options else ""
+        return f"bad value for {key}with {anchor} it must be {' or '.join(self.allowed)}){choose}"
+
+
 def _check_kinds(config: TrainConfig) -> None:
     """The task, data source and model speak the same batches, then each passes its own checks.
 
@@ -212,10 +233,9 @@ def _check_kinds(config: TrainConfig) -> None:
     batches = parts[anchor].batches
     for kind, spec in parts.items():
         if spec.batches != batches:
-            allowed = " or ".join(kinds.serving(kind, batches))
-            raise ConfigError(
-                f"bad value for '{kind}.name': '{spec.name}' (with {anchor}={parts[anchor].name} it must be {allowed})"
-            )
+            names = kinds.serving(kind, batches)
+            options = [f"{kind}={o}" for name in names for o in kinds.options_naming(kind, name, defaults[kind])]
+            raise KindMismatch(kind, spec.name, anchor, parts[anchor].name, names, options)
     task = kinds.task_spec(config.task.name)
     if config.loss not in task.losses:
         raise ConfigError(f"bad value for 'loss': '{config.loss}' (task {task.name} trains with {task.trains_with})")
