@@ -56,3 +56,42 @@ def test_bce_sums_over_classes_and_divides_by_batch():
     one_hot = F.one_hot(labels, 3).float()
     by_hand = -(one_hot * F.logsigmoid(logits) + (1 - one_hot) * F.logsigmoid(-logits)).sum() / 4
     assert binary_cross_entropy(logits, labels) == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_an_initializer_that_finds_no_layer_is_refused_naming_it():
+    from trainrun.errors import ConfigError
+    from trainrun.models.initializers import initialize
+
+    with pytest.raises(ConfigError, match=r"^bad value for 'model.initializers': 'bn_uniform' finds no layer"):
+        initialize(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 2)), ["bn_uniform"], 2)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {
+            "task": {"name": "causal_lm"},
+            "data": {"name": "token_stream", "text": {"corpus": "stdlib_docs"}},
+            "model": {"name": "gpt"},
+        },
+        {
+            "task": {"name": "masked_lm"},
+            "data": {"name": "text", "text": {"corpus": "stdlib_docs"}},
+            "model": {"name": "bert"},
+        },
+        {
+            "task": {"name": "segmentation"},
+            "data": {"name": "synthetic_brats", "num_classes": 4, "segmentation": {"patch_size": [64, 64]}},
+            "model": {"name": "unet", "num_classes": 4},
+        },
+    ],
+)
+def test_initializers_are_refused_for_a_model_that_initialises_itself(run):
+    from omegaconf import OmegaConf
+
+    from trainrun.errors import ConfigError
+    from trainrun.validation import validate
+
+    validate(OmegaConf.create(run), files=False)  # the default list: nothing said
+    with pytest.raises(ConfigError, match=r"^bad value for 'model.initializers': \['kaiming_normal'\] \(model="):
+        validate(OmegaConf.create({**run, "model": {**run["model"], "initializers": ["kaiming_normal"]}}), files=False)

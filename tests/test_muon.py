@@ -218,3 +218,14 @@ def test_muon_and_adam_get_every_setting_as_torch_runs_them_alone(nesterov):
                 stepper.zero_grad()
     for (name, mine), theirs in zip(model.named_parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)
+
+
+def test_a_head_module_the_model_does_not_have_is_refused_naming_the_key():
+    with pytest.raises(
+        ConfigError,
+        match=r"^bad value for 'optimizer.muon.head_modules': 'no_such_module' names no module of this model "
+        r"\(its modules are named: .*head.*\)$",
+    ):
+        build_optimizer(gpt(), muon_config(head_modules=["head", "no_such_module"]), 8)
+    build_optimizer(gpt(), muon_config(head_modules=["head", "proj"]), 8)  # every name matches a module
+    build_optimizer(torch.nn.Sequential(torch.nn.Linear(4, 4)), muon_config(), 8)  # the default: no error

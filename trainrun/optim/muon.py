@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from trainrun.errors import ConfigError
-from trainrun.schema import OptimizerConfig
+from trainrun.schema import MuonConfig, OptimizerConfig
 
 ROLES = ("matrices", "embeddings", "head", "scalars")
 
@@ -59,6 +59,22 @@ def parameter_roles(model: nn.Module, head_modules: list[str]) -> dict[str, list
                 )
             roles[role].append((full, param))
     return roles
+
+
+def check_head_modules(model: nn.Module, head_modules: list[str]) -> None:
+    """Refuse a name a config gives in ``optimizer.muon.head_modules`` that is the last name of no
+    module of ``model`` (the rule would move nothing to the head's rate, without a word). The
+    default names GPT's head; on a model without one (BERT's tied decoder) it stays a no-op."""
+    if list(head_modules) == MuonConfig().head_modules:
+        return
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
+    for wanted in head_modules:
+        if wanted not in names:
+            known = ", ".join(sorted(n for n in names if not n.isdigit()))
+            raise ConfigError(
+                f"bad value for 'optimizer.muon.head_modules': '{wanted}' names no module of this model "
+                f"(its modules are named: {known})"
+            )
 
 
 class MuonWithAdam(torch.optim.Optimizer):
@@ -124,6 +140,7 @@ def build_muon(model: nn.Module, config: OptimizerConfig, lr_factor: float, mome
     ]
     if not roles["matrices"]:
         raise ConfigError("bad value for 'optimizer.name': 'muon' found no 2-D hidden matrices in this model")
+    check_head_modules(model, config.muon.head_modules)
     return MuonWithAdam(
         muon_groups,
         adam_groups,

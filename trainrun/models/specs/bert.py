@@ -7,10 +7,12 @@ from typing import Any
 from trainrun.algorithms.specs import sequence_limit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
+from trainrun.models.specs import refuse_initializers
 
 
 def check(config: Any) -> None:
     """Sequences within the positions the model has (or a method gives it), heads that divide its width."""
+    refuse_initializers(config, "Hugging Face BERT's normal(0, initializer_range)")
     positions, key = sequence_limit(config.algorithms) or (
         config.model.bert.max_position_embeddings,
         "model.bert.max_position_embeddings",

@@ -7,11 +7,13 @@ from typing import Any
 from trainrun.algorithms.specs import sequence_limit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
+from trainrun.models.specs import refuse_initializers
 
 
 def check(config: Any) -> None:
     """Heads of an even size, value-embedding tables for at most half the blocks, windows within
     the positions the model has (or a method gives it)."""
+    refuse_initializers(config, "GPT-2's normal(0, 0.02), residual projections scaled by depth")
     gpt = config.model.gpt
     if gpt.width % gpt.heads or (gpt.width // gpt.heads) % 2:
         raise ConfigError(

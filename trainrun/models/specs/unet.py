@@ -7,10 +7,12 @@ from typing import Any
 
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
+from trainrun.models.specs import refuse_initializers
 
 
 def check(config: Any) -> None:
     """A filter count and a stride per level, and training patches the levels divide."""
+    refuse_initializers(config, "MONAI DynUNet's kaiming-normal")
     unet, patch = config.model.unet, list(config.data.segmentation.patch_size)
     if len(unet.filters) != len(unet.strides) or len(unet.strides) < 3:
         raise ConfigError(
