@@ -218,3 +218,39 @@ def test_mnist5k_is_mlxtends_subset_read_without_its_slow_parser():
     assert images.dtype == np.uint8 and images.shape == (5000, 28, 28) and images.max() == 255
     assert np.array_equal(images.reshape(5000, -1), pixels) and labels.dtype == np.int64
     assert np.array_equal(labels, targets) and sorted(set(labels.tolist())) == list(range(10))
+
+
+def _break(folder):
+    """An ImageNet folder's odd files: text under a .jpg name, a JPEG cut off half-way."""
+    (folder / "not_an_image.jpg").write_text("<html>404</html>")
+    whole = (folder / "0.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+
+
+@pytest.mark.parametrize("decode", ["full", "draft"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unreadable_images_are_skipped_named_once_and_counted_across_worker_processes(tmp_path, capfd, decode, workers):
+    _folder(tmp_path, ["cat", "dog"], 3, size=(64, 48))
+    _break(tmp_path / "train" / "cat")
+    config = DataConfig(
+        name="folder", path=str(tmp_path), num_classes=2, resolution=16, eval_resolution=16, decode=decode,
+        num_workers=workers, persistent_workers=False,
+    )  # fmt: skip
+    data = build_data(config, 8, 6, seed=0)
+    for _ in range(2):  # two epochs: each bad file is warned of once
+        for images, _labels in data.train_batches(0):
+            assert images.shape == (8, 3, 16, 16)
+    bad = sorted(str(tmp_path / "train" / "cat" / name) for name in ("not_an_image.jpg", "truncated.jpg"))
+    assert data.unreadable_files() == bad  # seen here, though read in the workers
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "skipping unreadable image" in line]
+    assert sorted(line.split("'")[1] for line in warnings) == bad
+    assert "UnidentifiedImageError" in next(w for w in warnings if "not_an_image" in w)
+
+
+def test_a_folder_of_nothing_readable_is_one_line(tmp_path):
+    _folder(tmp_path, ["a", "b"], 1)
+    for path in (tmp_path / "train").rglob("*.jpg"):
+        path.write_text("no image")
+    data = build_data(DataConfig(name="folder", path=str(tmp_path), num_classes=2), 2, 2, 0)
+    with pytest.raises(DataError, match=r"^no image in data folder '.*train' can be read$"):
+        next(iter(data.train_batches(0)))

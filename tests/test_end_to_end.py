@@ -342,3 +342,26 @@ def test_tensorboard_logger_writes_the_runs_scalars(tmp_path):
     assert [event.step for event in top1] == [r["batch"] for r in records]
     assert [event.value for event in top1] == pytest.approx([r["top1"] for r in records])
     assert [event.step for event in scalars.Scalars("train/lr")] == list(range(10, 45, 10))
+
+
+@pytest.mark.slow
+def test_a_folder_with_unreadable_images_trains_to_the_end_and_lists_them(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for label, name in enumerate(("cat", "dog")):
+            folder = tmp_path / "images" / split / name
+            folder.mkdir(parents=True)
+            for i in range(8):
+                Image.new("RGB", (24, 24), (200 * label, 10 * i, 90)).save(folder / f"{i}.jpg")
+    bad = tmp_path / "images" / "val" / "dog" / "cmyk_download.JPEG"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 cut off")
+    result = run_cli(
+        "data=folder", f"data.path={tmp_path / 'images'}", "data.num_classes=2", "model.num_classes=2",
+        "data.resolution=16", "data.eval_resolution=16", "data.num_workers=1", "train_batch_size=8",
+        "eval_batch_size=8", "max_duration=2ep", "progress=false", f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "skipping unreadable image" in line]
+    assert len(warnings) == 1 and str(bad) in warnings[0]  # two evaluations, one warning
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["unreadable_files"] == [str(bad)]

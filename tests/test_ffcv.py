@@ -247,6 +247,17 @@ def test_interrupted_write_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_write_from_a_folder_with_an_unreadable_image_names_the_file(tmp_path):
+    from trainrun.data.write import source_dataset
+
+    _jpeg_folder(tmp_path / "src")
+    (tmp_path / "src" / "bee" / "broken.jpg").write_text("not an image")
+    out = tmp_path / "out.beton"
+    with pytest.raises(DataError, match=r"^cannot write '.*out.beton': '.*bee/broken.jpg': UnidentifiedImageError"):
+        write_beton(source_dataset(str(tmp_path / "src"), "train", None), out, WriteSettings(mode="raw", num_workers=1))
+    assert not out.exists()
+
+
 def _jpeg_folder(root, classes=("ant", "bee"), per_class=6):
     rng = np.random.default_rng(0)
     for name in classes:

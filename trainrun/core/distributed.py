@@ -142,6 +142,15 @@ def first_on_any_rank(value: int | None, world_size: int) -> int | None:
     return None if int(found) == torch.iinfo(torch.int64).max else int(found)
 
 
+def gathered(items: list[str], world_size: int) -> list[str]:
+    """Every rank's ``items`` together, sorted, once each, the same on every rank."""
+    if world_size == 1:
+        return sorted(set(items))
+    every: list[list[str] | None] = [None] * world_size
+    dist.all_gather_object(every, items)
+    return sorted({item for rank_items in every for item in rank_items or []})
+
+
 def average_buffers(module: torch.nn.Module, world_size: int) -> None:
     """Average ``module``'s floating-point buffers (batch-norm running statistics) over the ranks,
     as timm's ``distribute_bn(reduce=True)``: each rank updated its own from its own batches."""

@@ -56,6 +56,8 @@ class RunData(Protocol):
 
     def set_train_resolution(self, size: int) -> bool: ...
 
+    def unreadable_files(self) -> list[str]: ...
+
 
 @dataclass
 class State:
@@ -91,6 +93,7 @@ class State:
     accounts: TimeAccounts = field(default_factory=TimeAccounts)
     stop_reason: str | None = None  # why training ends before max_duration (e.g. target_reached)
     notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
+    unreadable_files: list[str] = field(default_factory=list)  # data files every rank's loaders skipped (at the end)
 
     def notice(self, text: str, level: str = "note") -> None:
         """Record something about the run a person must see: a ``note`` or a ``warning``."""

@@ -132,6 +132,7 @@ class Trainer:
         self._flush_losses()
         state.accounts.begin_step(state.batch + 1, "other")  # closes the last step's row
         state.accounts.resolve_device()
+        state.unreadable_files = distributed.gathered(state.data.unreadable_files(), state.world_size)
         self.engine.run(Event.FIT_END, state)
         if self.settings.checkpoint_dir and self.settings.checkpoint_final:
             self.save_checkpoint()

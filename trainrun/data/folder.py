@@ -7,12 +7,19 @@ still spans at least the output size each way, and resizes from that: the same c
 random draws, far less decoding when crops are large against the output (most ImageNet training
 crops at 176 px), at some fidelity (the reduced decode is a box filter; see docs/benchmarks.md).
 Files other than JPEG decode whole either way.
+
+A file that cannot be read (not an image, truncated, an unknown format under an image's name) does
+not end a long run: it is skipped with one warning naming it, a readable image takes its place,
+and the run's ``summary.json`` lists it (``unreadable_files``). Checking every file before the
+first step would cost an ImageNet-sized folder minutes of decoding on every new machine.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -58,12 +65,45 @@ class DraftResize:
         return F.center_crop(resized, self.crop)
 
 
-def _image_folder(root: Path, transform: v2.Transform, lazy: bool) -> ImageFolder:
+UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)  # PIL's errors for a bad file
+
+
+class ReadableImages(ImageFolder):
+    """An ImageFolder that skips the files it cannot read (module docstring). Which files failed is
+    kept in shared memory, so the loader's worker processes and the run's own process all see it."""
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        self.failed = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        for offset in range(len(self.samples)):  # the next readable file takes a failed one's place
+            candidate = (index + offset) % len(self.samples)
+            if self.failed[candidate]:
+                continue
+            try:
+                return super().__getitem__(candidate)
+            except UNREADABLE as error:
+                self.failed[candidate] = True
+                print(
+                    f"trainrun: warning: skipping unreadable image '{self.samples[candidate][0]}' "
+                    f"({type(error).__name__}: {error}); listed in summary.json",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        raise DataError(f"no image in data folder '{self.root}' can be read")
+
+    def unreadable_files(self) -> list[str]:
+        """The files skipped so far, in the folder's order."""
+        return [self.samples[index][0] for index in self.failed.nonzero().flatten().tolist()]
+
+
+def _image_folder(root: Path, transform: v2.Transform, lazy: bool) -> ReadableImages:
     if not root.is_dir():
         raise DataError(f"data folder '{root}' does not exist")
     try:
         # lazily opened: draft decoding needs the file before its pixels are read
-        dataset = ImageFolder(str(root), transform=transform, **({"loader": Image.open} if lazy else {}))
+        dataset = ReadableImages(str(root), transform=transform, **({"loader": Image.open} if lazy else {}))
     except (FileNotFoundError, RuntimeError) as error:
         raise DataError(f"no images in data folder '{root}': {str(error).splitlines()[0]}") from None
     if len(dataset) == 0:

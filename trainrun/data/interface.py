@@ -70,3 +70,8 @@ class DataSpec(ABC):
     def set_train_resolution(self, size: int) -> bool:
         """Decode training images at ``size`` from the next epoch on; False if this loader cannot."""
         return False
+
+    def unreadable_files(self) -> list[str]:
+        """The files this rank's loaders skipped because they could not be read (a source that
+        skips such files says so; the others stop on them)."""
+        return []

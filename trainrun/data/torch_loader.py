@@ -121,3 +121,7 @@ class TorchData(DataSpec):
     def add_train_transform(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         self.train_set.transforms.append(transform)
         return True
+
+    def unreadable_files(self) -> list[str]:
+        sets = (self.train_set.dataset, self.eval.dataset)
+        return [name for dataset in sets for name in getattr(dataset, "unreadable_files", list)()]

@@ -56,8 +56,10 @@ class NumpyImages:
         try:
             return self._convert(*self.dataset[index])
         except Exception as error:
+            samples = getattr(self.dataset, "samples", None)  # an ImageFolder names its files
+            where = f"'{samples[index][0]}'" if samples else f"sample {index}"
             with open(self.error_file, "a", encoding="utf-8") as handle:
-                handle.write(f"sample {index}: {type(error).__name__}: {error}\n")
+                handle.write(f"{where}: {type(error).__name__}: {error}\n")
             return np.zeros((1, 1, 3), dtype=np.uint8), 0
 
     @staticmethod

@@ -122,6 +122,7 @@ class TimeToQualityLogger(Callback):
             "bottleneck_after_first_epoch": None,
             "extrapolated": self.extrapolation(state) if status == "profiled" else None,
             "notices": list(state.notices) if state else [],
+            "unreadable_files": state.unreadable_files if state else [],
             "provenance": self.provenance,
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
