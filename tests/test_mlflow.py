@@ -1,6 +1,8 @@
 """loggers=[mlflow]: what a run logs, read back with MlflowClient from the SQLite store and from a
 real ``mlflow server`` over HTTP; a resumed run continues its MLflow run; reports log beside runs."""
 
+import contextlib
+import json
 import os
 import shutil
 import socket
@@ -10,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, read_metrics, run_cli, start_cli, wait_for
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -100,31 +102,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_a_run_logs_to_a_real_mlflow_server_over_http(tmp_path):
-    """``mlflow server`` on 127.0.0.1 (its own SQLite store, artifacts proxied): a 1-epoch run logs
-    to it through MLFLOW_TRACKING_URI, and the server has its metrics and files."""
+@contextlib.contextmanager
+def mlflow_server(tmp_path):
+    """``mlflow server`` on 127.0.0.1 with its own SQLite store, artifacts proxied; yields (its URI, its process)."""
     port = free_port()
     server_command = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or "mlflow"
     server = subprocess.Popen(
         [
-            server_command,
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "art"),
+            server_command, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination", str(tmp_path / "art"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )
+    )  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -136,6 +128,20 @@ def test_a_run_logs_to_a_real_mlflow_server_over_http(tmp_path):
             except OSError:
                 assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
                 time.sleep(0.5)
+        yield uri, server
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_run_logs_to_a_real_mlflow_server_over_http_and_one_that_loses_it_trains_on(tmp_path):
+    """A 1-epoch run logs to a real server through MLFLOW_TRACKING_URI, and the server has its
+    metrics and files. Then the server is killed after another run's first evaluation: that run
+    trains to its end, exit 0, warns once, keeps every evaluation in metrics.jsonl, and waits on
+    no MLflow retries for minutes."""
+    with mlflow_server(tmp_path) as (uri, server):
         env_run = subprocess.run(
             [
                 sys.executable,
@@ -160,9 +166,23 @@ def test_a_run_logs_to_a_real_mlflow_server_over_http(tmp_path):
         ] == [22]
         assert {"config.yaml", "summary.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
         assert not (tmp_path / "mlflow.db").exists()  # nothing in the local default store
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+
+        lost_dir = tmp_path / "lost"
+        run = start_cli(
+            *TINY, "loggers=[mlflow]", "max_duration=4ep", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={lost_dir}"
+        )
+        wait_for(lambda: (lost_dir / "metrics.jsonl").is_file(), run)
+        os.killpg(server.pid, 9)
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=300)
+        after_kill = time.monotonic() - killed
+    assert run.returncode == 0, err
+    warnings = [line for line in out.splitlines() if "stopped answering" in line]
+    assert len(warnings) == 1 and f"MLflow at {uri} stopped answering" in warnings[0]
+    assert "mlflow" not in err.lower()  # MLflow's own failure lines are not shown: the warning says it
+    summary = json.loads((lost_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(read_metrics(lost_dir)) == 4
+    assert after_kill < 120  # three epochs, and no wait on MLflow's retries (its defaults: over 4 minutes)
 
 
 @pytest.mark.parametrize(

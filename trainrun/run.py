@@ -144,10 +144,9 @@ class RunLogs:
         )
         steps = StepTimeLogger(run_dir, config.log_interval)
         callbacks: list[Callback] = []
-        if rank == 0:
-            callbacks = [quality, steps, ConsoleLogger(quality, live=config.progress, console=console)]
-        if rank == 0:
-            callbacks += [builder("logger", name)(run_dir, config) for name in config.loggers]
+        if rank == 0:  # the console last: it shows the notices the others add at the same event
+            extra = [builder("logger", name)(run_dir, config) for name in config.loggers]
+            callbacks = [quality, steps, *extra, ConsoleLogger(quality, live=config.progress, console=console)]
         return cls(quality, steps, callbacks, rank)
 
     def resume_from(self, batch: int) -> None:

@@ -8,6 +8,11 @@ background thread (``synchronous=False``: the training loop never waits on the s
 end the time to each accuracy target and the summary's figures as metrics, ``config.yaml``,
 ``summary.json`` and ``metrics.jsonl`` as artifacts. Nothing is logged per step.
 
+A store that stops answering during a run (a tracking server restarted or gone) neither stops nor
+slows training: MLflow's requests retry a bounded time (:data:`~trainrun.loggers.mlflow_store.BOUNDED_RETRIES`,
+in its own thread while training), then the run warns once and tracks nothing more. What was not
+tracked is in the run directory's ``metrics.jsonl`` and ``summary.json``, which ``trainrun report`` reads.
+
 Store: ``mlflow.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a SQLite file ``mlflow.db`` in
 the run directory's parent (its artifacts in ``mlartifacts/`` beside it), so the runs of one
 folder (a sweep's, say) share one experiment. The run's id is kept in ``<run>/mlflow.json``: a
@@ -19,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from mlflow.exceptions import MlflowException
 
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, read_json
@@ -38,6 +44,7 @@ class MlflowLogger(Callback):
         from trainrun.provenance import provenance
 
         self.run_dir = run_dir
+        self.lost = False  # the store stopped answering: track nothing more
         self.uri = tracking_uri(config.mlflow.tracking_uri, run_dir.parent)
         self.store = ExperimentRun(self.uri, config.mlflow.experiment, run_dir.parent)
         saved = run_dir / RUN_FILE
@@ -55,13 +62,24 @@ class MlflowLogger(Callback):
             )
 
     def run_event(self, event: Event, state: State) -> None:
-        if not state.is_main:
+        if not state.is_main or self.lost:
             return
+        try:
+            self._track(event, state)
+        except (MlflowException, OSError) as error:  # OSError: requests' connection errors too
+            self.lost = True
+            state.warn(
+                f"MLflow at {self.uri} stopped answering ({type(error).__name__}); this run tracks nothing more "
+                f"there: its metrics are in {self.run_dir / run_files.METRICS} and summary.json"
+            )
+
+    def _track(self, event: Event, state: State) -> None:
         if event is Event.FIT_START:
             device = torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else "cpu"
             tags = {"trainrun.device": device, "trainrun.devices": str(state.world_size)}
             self.store.log_tags(tags | ({"trainrun.resumed_at_step": str(state.batch)} if state.batch else {}))
         elif event is Event.EVAL_END:
+            self.store.raise_finished_errors()  # a store gone since the last evaluation: stop queueing
             metrics = dict(state.eval_metrics)
             metrics["train_loss"], metrics["throughput"] = metrics.pop("train_loss"), metrics.pop("throughput")
             self.store.log_metrics({**metrics, "epoch": state.epoch}, state.batch)
@@ -85,6 +103,8 @@ class MlflowLogger(Callback):
 
     def run_failed(self, state: State, error: BaseException) -> None:
         """The MLflow run ends as the trainrun run did: killed (Ctrl-C) or failed."""
+        if self.lost:
+            return
         self.store.flush()
         self.store.log_artifacts([self.run_dir / name for name in ARTIFACTS])
         self.store.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")

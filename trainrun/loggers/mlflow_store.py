@@ -19,6 +19,8 @@ from trainrun.atomic_io import atomic_write_json, read_json
 RUN_FILE = "mlflow.json"  # in the run directory: the MLflow run to continue
 BATCH = 100  # parameters or tags per request (MLflow's limit)
 QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic")
+# MLflow's background queue logs each failed request; a run says once that its store is gone
+SILENCED_LOGGERS = ("mlflow.utils.async_logging.async_logging_queue",)
 
 
 def tracking_uri(configured: str | None, folder: Path) -> str:
@@ -26,6 +28,13 @@ def tracking_uri(configured: str | None, folder: Path) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(folder / 'mlflow.db').absolute()}"
 
 
+# MLflow's HTTP retries, bounded (its defaults: 7 retries, 120 s timeouts, minutes in all): a run's
+# requests to a server that is gone give up in about half a minute. The environment's values win.
+BOUNDED_RETRIES = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
 REACH_SECONDS = 5  # how long the check before a run waits for a tracking server
 
@@ -75,8 +84,12 @@ class ExperimentRun:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
+        for name, value in BOUNDED_RETRIES.items():
+            os.environ.setdefault(name, value)
         for name in QUIET_LOGGERS:  # a new store's table set-up, said at INFO: not the run's business
             logging.getLogger(name).setLevel(logging.WARNING)
+        for name in SILENCED_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         self.client = MlflowClient(tracking_uri=uri)
         self.run_id: str | None = None
         self.pending: list[Any] = []  # operations queued to MLflow's background thread
@@ -124,6 +137,14 @@ class ExperimentRun:
         operation = self.client.log_batch(self.run_id, metrics=entries, synchronous=synchronous)
         if not synchronous:
             self.pending.append(operation)
+
+    def raise_finished_errors(self) -> None:
+        """Raise the error of a queued operation that has failed, without waiting for any other.
+        (MLflow's ``RunOperations`` offers only a blocking ``wait``; its futures say whether they are done.)"""
+        finished = [op for op in self.pending if all(future.done() for future in op._operation_futures)]
+        self.pending = [op for op in self.pending if op not in finished]
+        for operation in finished:
+            operation.wait()
 
     def flush(self) -> None:
         """Wait for what was queued (an error in the background raises here)."""
