@@ -494,3 +494,19 @@ def test_a_damaged_decathlon_folder_is_one_line_naming_the_file(tmp_path, damage
     config = DataConfig(name="decathlon", path=str(root), cache_dir=str(tmp_path / "c"))
     with pytest.raises(TrainrunError, match=message):
         store_path(config)
+
+
+def test_the_configured_foreground_oversampling_reaches_the_training_crops(tmp_path):
+    """Set through the config, not handed to the crop rule by the test: at 1.0 every crop of small
+    patches holds tumour, at 0.0 (uniform placement) few do."""
+    from trainrun.config import check
+    from trainrun.data.interface import datasets
+
+    small = [*TINY_SEG, "data.segmentation.patch_size=[8,8]", "data.segmentation.synthetic_shape=[8,48,48]"]
+    small += ["data.segmentation.augment=false", "data.segmentation.samples_per_volume=8", f"data.cache_dir={tmp_path}"]
+    holding_tumour = {}
+    for rate in (0.0, 1.0):
+        config = check([*small, f"data.segmentation.foreground_oversampling={rate}"], files=False)[0]
+        train = datasets(config.data).train
+        holding_tumour[rate] = sum(bool((train[i][1] > 0).any()) for i in range(len(train))) / len(train)
+    assert holding_tumour[1.0] == 1.0 and holding_tumour[0.0] < 0.5
