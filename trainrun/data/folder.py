@@ -65,7 +65,7 @@ class DraftResize:
         return F.center_crop(resized, self.crop)
 
 
-UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)  # PIL's errors for a bad file
+UNREADABLE = (OSError, SyntaxError, Image.DecompressionBombError)  # what PIL raises for a bad file
 
 
 class ReadableImages(ImageFolder):
