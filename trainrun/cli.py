@@ -21,6 +21,7 @@ from trainrun.config import (
     ConfigSource,
     check,
     help_text,
+    job_yaml,
     locate,
     register_schema,
     translate,
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             overrides = before_run(overrides, source, optimize, Console(highlight=False))
         if HELP_FLAGS & set(hydra_args):
             print(help_text(overrides, source), end="")
+            return 0
+        if hydra_args == ["--cfg", "job"]:  # printed from the one composition that checks it
+            print(job_yaml(overrides, source), end="")
             return 0
         if not NO_RUN_FLAGS & set(hydra_args):
             multirun = bool({"-m", "--multirun"} & set(hydra_args))

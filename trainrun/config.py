@@ -378,19 +378,34 @@ def check(
             output = str(OmegaConf.select(composed, output_key))
             with open_dict(composed):
                 del composed["hydra"]
-        if index == 0:
-            for notice in former_name_notices(composed):
-                print(f"trainrun: note: {notice}", file=sys.stderr)
-        try:
-            configs.append(validate(composed, files))
-        except KindMismatch as error:  # said with the options the user chose, not their registered names
-            chosen = {override_key(o): override_value(o) for o in job if override_key(o) in kinds.KIND_ORDER}
-            raise ConfigError(error.naming({k: v for k, v in chosen.items() if isinstance(v, str)})) from None
+        configs.append(_validated(job, composed, files, notices=index == 0))
     if output is not None:
         check_output_dir(output_key, output)
         if not multirun and configs[0].resume is None:
             check_no_earlier_run(output)
     return configs
+
+
+def job_yaml(overrides: list[str], source: ConfigSource | None = None) -> str:
+    """What ``--cfg job`` prints (Hydra's job config, interpolations as written), checked as
+    :func:`check` does without files, from one composition."""
+    _refuse_repeated_algorithms(overrides)
+    composed = compose(overrides, source)
+    _validated(overrides, composed, files=False, notices=True)
+    return OmegaConf.to_yaml(composed)
+
+
+def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool) -> TrainConfig:
+    """``composed`` (the config of ``job``'s overrides) validated; ``notices``: say which keys it
+    still sets by a former name."""
+    if notices:
+        for notice in former_name_notices(composed):
+            print(f"trainrun: note: {notice}", file=sys.stderr)
+    try:
+        return validate(composed, files)
+    except KindMismatch as error:  # said with the options the user chose, not their registered names
+        chosen = {override_key(o): override_value(o) for o in job if override_key(o) in kinds.KIND_ORDER}
+        raise ConfigError(error.naming({k: v for k, v in chosen.items() if isinstance(v, str)})) from None
 
 
 def check_output_dir(key: str, value: str) -> None:
