@@ -387,8 +387,7 @@ def check(
 
 
 def job_yaml(overrides: list[str], source: ConfigSource | None = None) -> str:
-    """What ``--cfg job`` prints (Hydra's job config, interpolations as written), checked as
-    :func:`check` does without files, from one composition."""
+    """What ``--cfg job`` prints (Hydra's job config), checked as :func:`check` does without files."""
     _refuse_repeated_algorithms(overrides)
     composed = compose(overrides, source)
     _validated(overrides, composed, files=False, notices=True)
@@ -396,8 +395,7 @@ def job_yaml(overrides: list[str], source: ConfigSource | None = None) -> str:
 
 
 def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool) -> TrainConfig:
-    """``composed`` (the config of ``job``'s overrides) validated; ``notices``: say which keys it
-    still sets by a former name."""
+    """``composed`` (``job``'s config) validated; ``notices``: name the keys it sets by a former name."""
     if notices:
         for notice in former_name_notices(composed):
             print(f"trainrun: note: {notice}", file=sys.stderr)
