@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainrun import registry
+from trainrun import kinds, registry
 from trainrun.schema import DataConfig, ModelConfig, TaskConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -19,22 +19,9 @@ def test_every_registered_name_resolves_to_a_builder(kind):
         assert callable(registry.builder(kind, name)), (kind, name)
 
 
-def _option_names(group: str) -> dict[str, str]:
-    """Each option of conf/<group>/ and the ``name`` it composes to (following its defaults list)."""
-    found = {}
-    for path in sorted((CONF / group).glob("*.yaml")):
-        option = yaml.safe_load(path.read_text()) or {}
-        while "name" not in option and option.get("defaults"):
-            parent = next(entry for entry in option["defaults"] if isinstance(entry, str) and entry != "_self_")
-            option = yaml.safe_load((CONF / group / f"{parent}.yaml").read_text())
-        found[path.stem] = option.get("name")
-    return found
-
-
 @pytest.mark.parametrize(("group", "config"), [("model", ModelConfig), ("data", DataConfig)])
 def test_each_conf_option_names_a_registered_builder(group, config):
-    default = config().name  # an option that sets no name keeps the schema's default
-    names = {option: name or default for option, name in _option_names(group).items()}
+    names = kinds.option_names(group, config().name)  # an option that sets no name keeps the schema's default
     assert set(names.values()) == set(registry.names(group)), names  # none unregistered, none unreachable
 
 

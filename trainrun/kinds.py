@@ -132,16 +132,21 @@ def config_dir() -> Path:
     return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "conf"
 
 
-def options_naming(kind: str, name: str, default: str) -> list[str]:
-    """The ``conf/<kind>/`` options that choose ``name`` (presets share a name: ``stdlib_stream``
-    is ``token_stream`` reading a built-in corpus); ``default``: the name an option that sets none keeps."""
-    folder, found = config_dir() / kind, []
+def option_names(kind: str, default: str) -> dict[str, str]:
+    """Each ``conf/<kind>/`` option and the registered name it chooses, following its defaults list
+    (presets share a name: ``stdlib_stream`` is ``token_stream`` reading a built-in corpus);
+    ``default``: the name an option that sets none keeps."""
+    folder, found = config_dir() / kind, {}
     for path in sorted(folder.glob("*.yaml")):
         option = yaml.safe_load(path.read_text()) or {}
         option = option.get(kind, option) if kind == "task" else option  # task options are global
         while "name" not in option and option.get("defaults"):
             parent = next(entry for entry in option["defaults"] if isinstance(entry, str) and entry != "_self_")
             option = yaml.safe_load((folder / f"{parent}.yaml").read_text()) or {}
-        if option.get("name", default) == name:
-            found.append(path.stem)
+        found[path.stem] = option.get("name", default)
     return found
+
+
+def options_naming(kind: str, name: str, default: str) -> list[str]:
+    """The ``conf/<kind>/`` options that choose ``name``."""
+    return [option for option, chosen in option_names(kind, default).items() if chosen == name]
