@@ -37,7 +37,9 @@ recipes() {  # each recipe's first steps on built-in data, at the recipe's own s
   images+=" eval_interval=24ba"
   local text="data=stdlib_docs data.num_workers=8 stop_at=null device_train_microbatch_size=auto max_duration=40ba eval_interval=40ba"
   local recipe data
-  local stream="data=stdlib_stream data.num_workers=8 stop_at=null device_train_microbatch_size=auto max_duration=20ba eval_interval=20ba"
+  # GPT: batches of 64 windows, fewer than the built-in stream's 302 (the recipes' 384 and 512 are more)
+  local stream="data=stdlib_stream data.num_workers=8 stop_at=null device_train_microbatch_size=auto train_batch_size=64"
+  stream+=" max_duration=20ba eval_interval=20ba"
   for recipe in ${RECIPES:-mild baseline medium hot bert_base bert_large gpt125 gpt_speedrun}; do
     case $recipe in
       bert*) data=$text ;;

@@ -43,6 +43,7 @@ def trainer(model, images, labels, rank=0, world_size=1, microbatching=None):
 def worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
     os.environ["LOCAL_RANK"] = str(rank)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU group: CUDA's own threads would count as the group's
     torch.set_num_threads(1)
     threads_before = len(os.listdir("/proc/self/task"))
     distributed.join("cpu", timeout_minutes=2)

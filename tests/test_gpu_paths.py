@@ -402,6 +402,7 @@ def test_gpu_bench_times_the_full_step_in_steady_state_at_the_rows_format(monkey
 
 @pytest.mark.slow
 def test_gpu_bench_loader_rate_includes_the_device_copy_and_normalisation(monkeypatch, tmp_path):
+    pytest.importorskip("ffcv")  # the GPU machine has no FFCV
     from trainrun.data.build import datasets
     from trainrun.data.write import WriteSettings, write_beton
     from trainrun.tasks.image_classification import ImageClassification
@@ -423,7 +424,10 @@ def test_a_package_below_its_declared_floor_is_refused_in_one_line(monkeypatch, 
 
     from trainrun import cli, versions
 
-    floors = importlib.metadata.requires("trainrun")
+    try:
+        floors = importlib.metadata.requires("trainrun")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on PYTHONPATH (the GPU machine)
+        pytest.skip("trainrun is not installed here: no declared floors to read")
     assert "torch>=2.6" in floors and "torchvision>=0.21" in floors
     versions.check_requirements()  # what is installed here meets them
     real_version = importlib.metadata.version

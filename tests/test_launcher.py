@@ -1,5 +1,6 @@
 """The runner: worker processes through torch's elastic launcher, failures, ports, Slurm, Ctrl-C."""
 
+import dataclasses
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import torch
 from conftest import EXACT, read_metrics, run_cli
 from hydra import compose, initialize_config_dir
 
+from trainrun import launch
 from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers
 from trainrun.schema import LauncherConfig
 
@@ -100,6 +102,16 @@ def test_ctrl_c_stops_all_ranks_and_keeps_the_last_checkpoint(tmp_path):
     for path in checkpoints.glob("*.pt"):
         assert torch.load(path, weights_only=True)["format"] == "trainrun/1"
     assert not list(checkpoints.glob("*.partial*"))
+
+
+def test_a_torch_without_a_shutdown_setting_still_launches(monkeypatch):
+    """torch 2.11's LaunchConfig has no ``shutdown_timeout``: passing it stopped every run of two ranks."""
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(launch.LaunchConfig) if f.name != "shutdown_timeout"]
+    monkeypatch.setattr(launch, "LaunchConfig", dataclasses.make_dataclass("LaunchConfig", fields))
+    settings = LauncherConfig(rdzv_endpoint="localhost:29400")  # no port to check
+    assert launch.launch_config(settings, 2).nproc_per_node == 2
+    monkeypatch.undo()
+    assert launch.launch_config(settings, 2).shutdown_timeout == launch.SHUTDOWN_SECONDS
 
 
 def test_slurm_node_lists_and_environment(monkeypatch):

@@ -85,14 +85,15 @@ def test_sgdw_matches_sgd_without_decay():
     torch.manual_seed(0)
     a, b = torch.nn.Parameter(torch.randn(5)), None
     b = torch.nn.Parameter(a.detach().clone())
-    sgdw = DecoupledSGDW([a], lr=0.1, momentum=0.9)
-    sgd = torch.optim.SGD([b], lr=0.1, momentum=0.9)
+    sgdw = DecoupledSGDW([a], lr=0.1, momentum=0.9, dampening=0.3)
+    sgd = torch.optim.SGD([b], lr=0.1, momentum=0.9, dampening=0.3)
     for _ in range(3):
         grad = torch.randn(5)
         a.grad, b.grad = grad.clone(), grad.clone()
         sgdw.step()
         sgd.step()
-    assert torch.allclose(a, b)
+        assert torch.allclose(a, b)  # the first step too: its momentum is the gradient, undamped
+    assert sgdw.param_groups[0]["dampening"] == 0.3
 
 
 def test_norm_and_bias_can_be_exempt_from_decay():
@@ -161,6 +162,32 @@ def test_a_step_the_gradient_scaler_skips_does_not_decay_the_weights():
     optimizer = DecoupledSGDW([{"params": [weight]}, {"params": [frozen]}], lr=0.1, weight_decay=0.1)
     optimizer.step()
     assert torch.equal(frozen.detach(), torch.ones(3))
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_a_skipped_first_step_leaves_the_momentum_at_zero_and_the_next_step_as_torchs(nesterov):
+    """fp16 runs begin with overflowing steps: the first step's skip must not leave torch's fused
+    kernel an uninitialised momentum buffer (it did: weights of 1e25 one step later)."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(1000))
+    reference = torch.nn.Parameter(weight.detach().clone())
+    scaler = torch.amp.GradScaler("cpu")
+    sgdw = DecoupledSGDW([weight], lr=0.1, momentum=0.9, nesterov=nesterov)
+    sgd = torch.optim.SGD([reference], lr=0.1, momentum=0.9, nesterov=nesterov)
+    torch.full((1000,), float("nan"))  # freed memory that an empty_like buffer may take
+    scaler.scale((weight * float("inf")).sum()).backward()  # the first step overflows
+    scaler.step(sgdw)
+    scaler.update()
+    assert torch.equal(sgdw.state[weight]["momentum_buffer"], torch.zeros(1000))
+    for _ in range(3):
+        grad = torch.randn(1000)
+        sgdw.zero_grad()
+        scaler.scale((weight * grad).sum()).backward()
+        scaler.step(sgdw)
+        scaler.update()
+        reference.grad = grad
+        sgd.step()
+        assert torch.allclose(weight, reference)
 
 
 def test_scale_warmup_off_keeps_the_warmup_as_written():

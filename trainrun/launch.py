@@ -11,6 +11,7 @@ and the failing rank's exit code comes back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -126,8 +127,15 @@ def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",
-        shutdown_timeout=SHUTDOWN_SECONDS,
+        **_shutdown_setting(),
     )
+
+
+def _shutdown_setting() -> dict[str, int]:
+    """``shutdown_timeout`` where this torch's LaunchConfig takes it (2.11's does not: it gives
+    workers 30 s after SIGTERM, and refused the keyword, so no run of two ranks started)."""
+    fields = {field.name for field in dataclasses.fields(LaunchConfig)}
+    return {"shutdown_timeout": SHUTDOWN_SECONDS} if "shutdown_timeout" in fields else {}
 
 
 def run_workers(

@@ -198,7 +198,7 @@ class MaskedLanguageModel(nn.Module):
         return dense
 
     def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor, float], torch.Tensor]:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         slopes, documents = self.alibi_slopes, layout.documents
         if layout.packed:  # one sequence of every real token; a token attends within its own document
@@ -225,7 +225,8 @@ class MaskedLanguageModel(nn.Module):
 
         def flex(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
             q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
-            context = compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks)
+            kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()  # as in gpt.py
+            context = kernel(q, k, v, score_mod=score_mod, block_mask=blocks)
             return context.transpose(1, 2).flatten(0, 1)
 
         return flex

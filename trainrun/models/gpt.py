@@ -163,7 +163,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         dropout = self.dropout if self.training else 0.0
         if attend.block_mask is not None:
-            kernel = compiled_flex_attention() if q.is_cuda else flex_attention
+            # inside a compiled model dynamo compiles flex_attention itself (and would trace the cache)
+            kernel = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
             context = kernel(q, k, v, score_mod=attend.score_mod, block_mask=attend.block_mask)
         elif attend.mask is None:
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
