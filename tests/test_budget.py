@@ -169,7 +169,7 @@ def test_two_ranks_end_a_budget_at_the_same_step(tmp_path):
 
 
 def test_a_sweep_takes_ratios_or_budgets_and_names_runs_by_them(tmp_path):
-    from trainrun.sweep import _budgets, plan
+    from trainrun.commands.sweep import _budgets, plan
 
     assert _budgets("[1.0,0.25,0.5]") == ["0.25", "0.5", "1"]
     assert _budgets("[2min,30s,90s]") == ["30s", "90s", "2min"]  # ordered by seconds

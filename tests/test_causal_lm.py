@@ -351,8 +351,8 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     # the finished run as transformers reads it, and trainrun sample's greedy reply equal to its generate()
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
+    from trainrun.commands.sample import load_run
     from trainrun.core.checkpoint import list_checkpoints, load_checkpoint
-    from trainrun.sample import load_run
 
     exported = tmp_path / "run" / "hf_model"
     gpt2, tokenizer = GPT2LMHeadModel.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
@@ -556,8 +556,8 @@ def test_window_warmup_gives_the_gpt_the_window_for_the_runs_progress_without_re
 
 @pytest.mark.slow
 def test_a_checkpoint_records_the_window_its_weights_last_attended_with_and_sample_takes_it(tmp_path):
+    from trainrun.commands.sample import load_run
     from trainrun.core.checkpoint import list_checkpoints
-    from trainrun.sample import load_run
 
     run = tmp_path / "run"
     warmup = [
@@ -595,8 +595,8 @@ def test_window_warmup_is_for_causal_runs_and_starts_below_its_end():
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
 def test_sample_spaces_the_continuation_as_the_tokenizer_decodes_prompt_and_continuation_together(kind):
+    from trainrun.commands.sample import continued_text
     from trainrun.data.token_store import train_tokenizer
-    from trainrun.sample import continued_text
 
     documents = ["return the value of the call", "the value is returned to the caller"] * 50
     tokenizer = train_tokenizer(documents, 300, kind)

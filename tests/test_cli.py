@@ -397,7 +397,7 @@ def test_a_private_config_folder_of_a_killed_process_is_removed_by_the_next_one(
 def test_help_lists_every_command_with_its_purpose():
     import yaml
 
-    from trainrun.cli import SUBCOMMANDS
+    from trainrun.commands import SUBCOMMANDS
 
     header = yaml.safe_load((config_dir() / "config.yaml").read_text())["hydra"]["help"]["header"]
     listed = header.split("Commands:\n")[1].splitlines()
@@ -439,3 +439,34 @@ def test_kinds_that_do_not_fit_are_named_as_the_user_chose_them(overrides, messa
     with pytest.raises(ConfigError) as error:
         check([*overrides, "max_duration=1ba"], files=False)
     assert str(error.value) == message
+
+
+def test_a_run_is_composed_and_validated_once_and_a_multirun_each_job_once(monkeypatch, tmp_path):
+    """One composition and one validation start a run (its ranks get the validated config); a
+    multirun's jobs are validated once each, before the first starts, and train their own."""
+    from trainrun import commands, config
+    from trainrun.commands import train
+
+    calls = {"compose": 0, "validate": 0}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(config, "compose", counted("compose", config.compose))
+    monkeypatch.setattr(config, "validate", counted("validate", config.validate))
+    run_hydra = train._run_hydra
+    monkeypatch.setattr(train, "_run_hydra", lambda *args: pytest.fail("a single run went through Hydra's entry"))
+    assert commands.main([*TINY, f"hydra.run.dir={tmp_path / 'run'}"]) == 0
+    assert calls == {"compose": 1, "validate": 1}
+    assert "seed: 42" in (tmp_path / "run" / "config.yaml").read_text()
+
+    monkeypatch.setattr(train, "_run_hydra", run_hydra)
+    calls.update(compose=0, validate=0)
+    assert commands.main(["-m", *TINY, "seed=3,4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]) == 0
+    assert calls["validate"] == 2
+    for job, seed in (("0", 3), ("1", 4)):
+        assert f"seed: {seed}\n" in (tmp_path / "sweep" / job / "config.yaml").read_text()

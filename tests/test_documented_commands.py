@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.cli import SUBCOMMANDS, main
+from trainrun.commands import SUBCOMMANDS, main
+from trainrun.commands.sweep import parse_sweep_arguments, plan
 from trainrun.config import AUTO_RECIPE, NO_RUN_FLAGS, check, locate, translate
-from trainrun.sweep import parse_sweep_arguments, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

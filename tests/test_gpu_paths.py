@@ -422,7 +422,7 @@ def test_a_package_below_its_declared_floor_is_refused_in_one_line(monkeypatch, 
     """The floors are setup.cfg's, read back from the installed metadata; the CLI names the package."""
     import importlib.metadata
 
-    from trainrun import cli, versions
+    from trainrun import commands, versions
 
     try:
         floors = importlib.metadata.requires("trainrun")
@@ -432,7 +432,7 @@ def test_a_package_below_its_declared_floor_is_refused_in_one_line(monkeypatch, 
     versions.check_requirements()  # what is installed here meets them
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1" if name == "torch" else real_version(name))
-    assert cli.main(["--cfg", "job"]) == 2
+    assert commands.main(["--cfg", "job"]) == 2
     assert capsys.readouterr().err == (
         "trainrun: error: trainrun needs torch>=2.6 but 2.4.1 is installed: pip install 'torch>=2.6'\n"
     )

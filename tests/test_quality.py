@@ -12,9 +12,9 @@ from test_algorithms_training import ScriptedQuality, run_to_stop_at
 from test_report import _run
 
 from trainrun.choose.recipes import Candidate, best_candidate
+from trainrun.commands.report import report_command
 from trainrun.quality import TOP1, Quality
 from trainrun.report import curves
-from trainrun.report.command import report_command
 from trainrun.report.sections import best_within
 
 LOSS = Quality("eval_loss", "validation loss", higher_is_better=False, percent=False)

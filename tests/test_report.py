@@ -12,11 +12,11 @@ import pytest
 import yaml
 from conftest import TINY, run_cli
 
+from trainrun.commands.report import report_command
 from trainrun.core import accounts as accounts_module
 from trainrun.core.accounts import BUCKETS, TimeAccounts
 from trainrun.core.bottleneck import find_bottleneck
 from trainrun.report import curves
-from trainrun.report.command import report_command
 from trainrun.report.runs import FIRST_EPOCH_AS_SECOND, Pricing, Run, find_runs, load_run
 
 

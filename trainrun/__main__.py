@@ -1,3 +1,3 @@
-from trainrun.cli import main
+from trainrun.commands import main
 
 raise SystemExit(main())

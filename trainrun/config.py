@@ -359,19 +359,45 @@ def compose(overrides: list[str], source: ConfigSource | None = None, with_hydra
         raise ConfigError(_composition_message(error, source)) from error
 
 
+@dataclass(frozen=True)
+class CheckedRun:
+    """A single run as :func:`check_run` composed and validated it: what it trains, the resolved
+    config it writes, and its folder."""
+
+    config: TrainConfig
+    yaml: str
+    run_dir: Path
+
+
 def check(
     overrides: list[str], multirun: bool = False, files: bool = True, source: ConfigSource | None = None
 ) -> list[TrainConfig]:
     """Compose and validate every job of a (multi)run; the first bad one raises. ``files=False``
     leaves out whether the data and checkpoint files exist and the output folder can be made
     (printing a config needs none)."""
+    return _checked_jobs(overrides, multirun, files, source)[0]
+
+
+def check_run(overrides: list[str], source: ConfigSource | None = None) -> CheckedRun:
+    """One run checked as :func:`check` checks it, with what it needs to start: a single run is
+    composed and validated once, here."""
+    (config,), (composed,), output = _checked_jobs(overrides, False, True, source)
+    return CheckedRun(config, OmegaConf.to_yaml(composed, resolve=True), Path(str(output)).expanduser().absolute())
+
+
+def _checked_jobs(
+    overrides: list[str], multirun: bool, files: bool, source: ConfigSource | None
+) -> tuple[list[TrainConfig], list[DictConfig], str | None]:
+    """Each job's validated config and its composition (without Hydra's settings), and the folder
+    the (multi)run writes into where ``files`` asks for it."""
     try:
         jobs = _sweep_jobs(overrides, multirun)
     except Exception as error:
         raise ConfigError(" ".join(str(error).split())) from error
     for job in jobs:
         _refuse_repeated_algorithms(job)
-    configs, output_key, output = [], "hydra.sweep.dir" if multirun else "hydra.run.dir", None
+    configs, composed_jobs, output = [], [], None
+    output_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     for index, job in enumerate(jobs):
         composed = compose(job, source, with_hydra=files and index == 0)
         if "hydra" in composed:  # a sweep's jobs share the sweep's folder: the first job's says where
@@ -379,11 +405,12 @@ def check(
             with open_dict(composed):
                 del composed["hydra"]
         configs.append(_validated(job, composed, files, notices=index == 0))
+        composed_jobs.append(composed)
     if output is not None:
-        check_output_dir(output_key, output)
+        run_files.check_output_dir(output_key, output)
         if not multirun and configs[0].resume is None:
-            check_no_earlier_run(output)
-    return configs
+            run_files.check_no_earlier_run(output)
+    return configs, composed_jobs, output
 
 
 def job_yaml(overrides: list[str], source: ConfigSource | None = None) -> str:
@@ -404,35 +431,6 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
     except KindMismatch as error:  # said with the options the user chose, not their registered names
         chosen = {override_key(o): override_value(o) for o in job if override_key(o) in kinds.KIND_ORDER}
         raise ConfigError(error.naming({k: v for k, v in chosen.items() if isinstance(v, str)})) from None
-
-
-def check_output_dir(key: str, value: str) -> None:
-    """The folder Hydra will write the run (or sweep) into, ``key`` = ``value``, can be made: no part
-    of it is a file, and the deepest existing folder is writable (Hydra would fail with a traceback)."""
-    folder = Path(value).expanduser().absolute()
-    for parent in [folder, *folder.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"bad value for '{key}': '{folder}' cannot be made: '{parent}' is a file")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ConfigError(f"bad value for '{key}': '{folder}' cannot be made: '{parent}' is not writable")
-            return
-
-
-EARLIER_RUN_FILES = (run_files.METRICS, run_files.SUMMARY, f"{run_files.CHECKPOINTS}/*.pt")
-
-
-def check_no_earlier_run(value: str) -> None:
-    """A new run (no ``resume``) does not start in a folder holding another run's records: its
-    metrics would join the earlier run's and ``resume=auto`` could later pick the earlier run's
-    checkpoint."""
-    folder = Path(value).expanduser().absolute()
-    found = next((path for pattern in EARLIER_RUN_FILES for path in sorted(folder.glob(pattern))), None)
-    if found is not None:
-        raise ConfigError(
-            f"bad value for 'hydra.run.dir': '{folder}' holds an earlier run ({found.relative_to(folder)}); "
-            "continue it with resume=auto, or choose another folder"
-        )
 
 
 def _refuse_repeated_algorithms(overrides: list[str]) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -32,7 +31,7 @@ from trainrun.core import checkpoint
 from trainrun.core.distributed import cores_per_process
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig
-from trainrun.validation import check_batch_split, check_microbatch_size, validate
+from trainrun.validation import check_batch_split, check_microbatch_size
 
 SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # A rank whose collective fails because a peer died waits this long before it exits, so that the
@@ -171,16 +170,16 @@ def run_workers(
             logger.setLevel(level)
 
 
-def train_worker(run_dir: str, config_yaml: str, debug: bool = False) -> None:
-    """One rank of a launched run: an error becomes one line naming the rank, handed to the
-    launching process (which prints it, once), and the exit code."""
+def train_worker(config: TrainConfig, run_dir: str, config_yaml: str, debug: bool = False) -> None:
+    """One rank of a launched run, of the config the launching process validated: an error becomes
+    one line naming the rank, handed to the launching process (which prints it, once), and the exit code."""
     from trainrun.run import train
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(cores_per_process())
     rank = os.environ.get("RANK", "0")
     try:
-        train(validate(OmegaConf.create(config_yaml)), Path(run_dir), config_yaml)
+        train(config, Path(run_dir), config_yaml)
     except KeyboardInterrupt:
         print(f"trainrun: rank {rank} interrupted", file=sys.stderr)
         sys.exit(130)
@@ -227,4 +226,6 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:
-        run_workers(settings, processes, train_worker, str(run_dir), config_yaml, debug, show_failure_logs=debug)
+        run_workers(
+            settings, processes, train_worker, config, str(run_dir), config_yaml, debug, show_failure_logs=debug
+        )

@@ -158,7 +158,7 @@ def run_sweep(argv: list[str]) -> int:
     failed = [name for name, status in statuses.items() if status.startswith("failed")]
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed:[/] {', '.join(failed)}", highlight=False)
-    from trainrun.report.command import report_command
+    from trainrun.commands.report import report_command
 
     report_command([str(out)])
     return 1 if failed else 0

@@ -1,0 +1,48 @@
+"""``trainrun``'s entry layer: argv to training (:mod:`.train`) or to a subcommand, each its own
+module here (write and write-text, sweep, report, sample). Each composes and validates what it
+runs once, before any heavy import or process start, and hands it on."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from trainrun.errors import report_error
+from trainrun.provenance import record_command
+from trainrun.versions import check_requirements
+
+# Each subcommand's entry point, imported when it runs: (module, function taking argv).
+SUBCOMMANDS = {
+    "write": ("trainrun.commands.write", "write_command"),  # an image folder or built-in set to a .beton
+    "write-text": ("trainrun.commands.write", "write_text_command"),  # a corpus to a token store
+    "sweep": ("trainrun.commands.sweep", "run_sweep"),  # a recipe over budgets and seeds
+    "report": ("trainrun.commands.report", "report_command"),  # trade-off curves, time and cost to accuracy
+    "sample": ("trainrun.commands.sample", "sample_command"),  # a continuation from a finished causal-LM run
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``trainrun`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        check_requirements()
+    except ImportError as error:  # a package below trainrun's floor: one line, before any work
+        print(f"trainrun: error: {error}", file=sys.stderr)
+        return 2
+    record_command(argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        from trainrun.commands.train import train_command
+
+        return train_command(argv)
+    try:
+        return run_subcommand(argv[0], [a for a in argv[1:] if a != "--debug"])
+    except KeyboardInterrupt:
+        print("trainrun: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        return report_error(error, "--debug" in argv)
+
+
+def run_subcommand(name: str, argv: list[str]) -> int:
+    module, function = SUBCOMMANDS[name]
+    return getattr(importlib.import_module(module), function)(argv)
