@@ -112,7 +112,7 @@ def test_flex_attention_gives_the_sdpa_paths_outputs_with_alibi_in_its_score_mod
     """FlexAttention (eager here: torch runs it on a CPU forward only) with a document mask over the
     packed tokens, or a padding mask, and ALiBi as ``score - slope·|i - j|``, against sdpa with the
     materialised (batch, heads, length, length) biases."""
-    monkeypatch.setattr(bert_module, "compiled_flex_attention", lambda: flex_attention)
+    monkeypatch.setattr(bert_module, "flex_kernel", lambda dynamic: flex_attention)
     model, batch = tiny_bert(alibi=alibi), loader_batch()
     outputs = {}
     with torch.no_grad():

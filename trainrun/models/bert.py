@@ -41,6 +41,7 @@ from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import predicted_slots
 from trainrun.errors import ConfigError
 from trainrun.models.alibi import alibi_slopes
+from trainrun.models.flex import flex_kernel
 from trainrun.schema import BertConfig, ModelConfig
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -198,7 +199,7 @@ class MaskedLanguageModel(nn.Module):
         return dense
 
     def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor, float], torch.Tensor]:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
 
         slopes, documents = self.alibi_slopes, layout.documents
         if layout.packed:  # one sequence of every real token; a token attends within its own document
@@ -225,8 +226,7 @@ class MaskedLanguageModel(nn.Module):
 
         def flex(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
             q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
-            kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()  # as in gpt.py
-            context = kernel(q, k, v, score_mod=score_mod, block_mask=blocks)
+            context = flex_kernel(dynamic=True)(q, k, v, score_mod=score_mod, block_mask=blocks)
             return context.transpose(1, 2).flatten(0, 1)
 
         return flex
@@ -284,14 +284,6 @@ def _layer(
 def has_varlen_attention() -> bool:
     """Whether this torch has ``torch.nn.attention.varlen`` (torch 2.9 and later)."""
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
-
-
-@functools.cache
-def compiled_flex_attention() -> Callable[..., torch.Tensor]:
-    """FlexAttention compiled once per process (uncompiled it runs a slow reference)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=True)
 
 
 def build_bert(config: BertConfig, vocab_size: int) -> MaskedLanguageModel:

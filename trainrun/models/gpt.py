@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +35,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from trainrun.data.interface import TextFacts
 from trainrun.models.alibi import alibi_slopes
+from trainrun.models.flex import flex_kernel
 from trainrun.schema import GPTConfig, ModelConfig
 
 VOCAB_MULTIPLE = 64  # the embedding and head are padded to a multiple of this (nanoGPT's 50304)
@@ -72,12 +72,6 @@ class Attend:
     mask: torch.Tensor | None = None
     block_mask: BlockMask | None = None
     score_mod: Callable | None = None
-
-
-@cache
-def compiled_flex_attention() -> Callable:
-    """FlexAttention compiled once per process: uncompiled it writes out every score."""
-    return torch.compile(flex_attention, dynamic=False)
 
 
 def document_ids(tokens: torch.Tensor, separator: int) -> torch.Tensor:
@@ -163,8 +157,7 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         dropout = self.dropout if self.training else 0.0
         if attend.block_mask is not None:
-            # inside a compiled model dynamo compiles flex_attention itself (and would trace the cache)
-            kernel = compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+            kernel = flex_kernel(dynamic=False) if q.is_cuda else flex_attention
             context = kernel(q, k, v, score_mod=attend.score_mod, block_mask=attend.block_mask)
         elif attend.mask is None:
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
