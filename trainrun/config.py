@@ -382,7 +382,7 @@ def check_run(overrides: list[str], source: ConfigSource | None = None) -> Check
     """One run checked as :func:`check` checks it, with what it needs to start: a single run is
     composed and validated once, here."""
     (config,), (composed,), output = _checked_jobs(overrides, False, True, source)
-    return CheckedRun(config, OmegaConf.to_yaml(composed, resolve=True), Path(str(output)).expanduser().absolute())
+    return CheckedRun(config, OmegaConf.to_yaml(composed, resolve=True), run_files.output_folder(str(output)))
 
 
 def _checked_jobs(

@@ -15,10 +15,15 @@ CHECKPOINTS = "checkpoints"  # a folder of *.pt
 AUTO_DECISION = "auto.json"  # what recipe=auto timed, predicted and chose
 
 
+def output_folder(value: str) -> Path:
+    """The folder ``hydra.run.dir`` or ``hydra.sweep.dir`` = ``value`` names: the one checked, the one written."""
+    return Path(value).expanduser().absolute()
+
+
 def check_output_dir(key: str, value: str) -> None:
     """The folder Hydra will write the run (or sweep) into, ``key`` = ``value``, can be made: no part
     of it is a file, and the deepest existing folder is writable (Hydra would fail with a traceback)."""
-    folder = Path(value).expanduser().absolute()
+    folder = output_folder(value)
     for parent in [folder, *folder.parents]:
         if parent.exists():
             if not parent.is_dir():
@@ -35,7 +40,7 @@ def check_no_earlier_run(value: str) -> None:
     """A new run (no ``resume``) does not start in a folder holding another run's records: its
     metrics would join the earlier run's and ``resume=auto`` could later pick the earlier run's
     checkpoint."""
-    folder = Path(value).expanduser().absolute()
+    folder = output_folder(value)
     found = next((path for pattern in EARLIER_RUN_FILES for path in sorted(folder.glob(pattern))), None)
     if found is not None:
         raise ConfigError(
