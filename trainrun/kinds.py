@@ -145,8 +145,3 @@ def option_names(kind: str, default: str) -> dict[str, str]:
             option = yaml.safe_load((folder / f"{parent}.yaml").read_text()) or {}
         found[path.stem] = option.get("name", default)
     return found
-
-
-def options_naming(kind: str, name: str, default: str) -> list[str]:
-    """The ``conf/<kind>/`` options that choose ``name``."""
-    return [option for option, chosen in option_names(kind, default).items() if chosen == name]

@@ -234,7 +234,8 @@ def _check_kinds(config: TrainConfig) -> None:
     for kind, spec in parts.items():
         if spec.batches != batches:
             names = kinds.serving(kind, batches)
-            options = [f"{kind}={o}" for name in names for o in kinds.options_naming(kind, name, defaults[kind])]
+            chooses = kinds.option_names(kind, defaults[kind])  # conf/<kind>/ option: the name it chooses
+            options = [f"{kind}={option}" for name in names for option, chosen in chooses.items() if chosen == name]
             raise KindMismatch(kind, spec.name, anchor, parts[anchor].name, names, options)
     task = kinds.task_spec(config.task.name)
     if config.loss not in task.losses:
