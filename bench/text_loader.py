@@ -13,18 +13,31 @@ process costs is training tokens/s over store tokens/s. Target: the store is nev
 bottleneck on 2 cores (that share well under 10 %) and beats tokenizing on the fly.
 
     .venv/bin/python bench/text_loader.py [--seq 128] [--batch 32] [--workers 0] [--batches 100] [--rounds 3]
+
+``--windows`` measures instead a causal LM's loader at GPU size: windows of ``--seq`` (1,024) tokens
+in batches of ``--batch`` from a token store of ``--tokens`` random ids in 16 shards and from the
+same ids as llm.c token shards (``data=token_shards``), through the torch loader with 0, 1 and 2
+workers, each batch gathered at once (as trainrun reads it) and window by window (as it read them
+before): tokens per second, and per worker, against what one GPU of the speedrun reads.
+
+    .venv/bin/python bench/text_loader.py --windows [--seq 1024] [--batch 64] [--tokens 100000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import tempfile
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainrun.core.distributed import SINGLE_PROCESS
+from trainrun.data.interface import datasets
 from trainrun.data.masked_text import cached_store, text_datasets
 from trainrun.data.token_store import read_documents, split_documents
 from trainrun.data.torch_loader import TorchData
@@ -90,6 +103,99 @@ def training_tokens_per_second(config: ModelConfig, data: TorchData, steps: int)
     return tokens / (time.perf_counter() - started)
 
 
+# The speedrun's need per GPU: record 21 read 393,216 tokens a step, 1,770 steps in 176 s on 8 GPUs
+# (3.95 M tokens/s in all, 0.49 M per GPU); the newest records read about 5 M/s, 0.7 M per GPU.
+GPU_NEED = 0.7e6
+
+
+class WindowByWindow(Dataset):
+    """A windows data set read one window per call (no batch gather): how windows were read before."""
+
+    def __init__(self, windows) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.windows[index]
+
+
+def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
+    """A 16-shard token store and llm.c shards of the same ``tokens`` random ids; each source's data overrides."""
+    import numpy as np
+
+    from trainrun.data.store_writer import ShardWriter, store_meta
+    from trainrun.data.token_store import stdlib_docstrings, store_facts, train_tokenizer
+
+    store = folder / "store"
+    store.mkdir()
+    train_tokenizer(stdlib_docstrings()[:2000], 4096, "bpe").save(str(store / "tokenizer.json"))
+    facts = store_facts(store / "tokenizer.json", "auto")
+    generator = np.random.default_rng(0)
+    ids = generator.integers(0, facts["vocab_size"], tokens, dtype=np.uint16)
+    entries = []
+    for index, piece in enumerate(np.array_split(ids, 16)):
+        lengths = np.diff(np.unique(np.r_[0, generator.integers(0, len(piece), len(piece) // 1000), len(piece)]))
+        writer = ShardWriter(store, index, facts["dtype"])
+        writer.add("train", piece, lengths)
+        writer.add("val", piece[:5000], np.array([5000]))
+        entries.append(writer.close(index))
+        header = np.zeros(256, np.int32)
+        header[:3] = 20240520, 1, len(piece)
+        with open(folder / f"shard_{index:06d}.bin", "wb") as handle:
+            handle.write(header.tobytes() + piece.tobytes())
+    digest = hashlib.sha256((store / "tokenizer.json").read_bytes()).hexdigest()
+    (store / "store.json").write_text(json.dumps(store_meta(facts, digest, entries)))
+    shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/shard_000000.bin"]
+    return {"token store": ["data=token_stream", f"data.path={store}"], "llm.c shards": ["data=token_shards", *shards]}
+
+
+def window_rates(args: argparse.Namespace) -> None:
+    from trainrun.config import check
+
+    with tempfile.TemporaryDirectory() as folder:
+        sources = write_window_sources(Path(folder), args.tokens)
+        print(
+            f"windows of {args.seq} tokens, batch {args.batch}, {args.tokens:,} tokens in 16 shards, {args.batches} "
+            f"batches x {args.rounds} rounds "
+            f"(best, after the workers start), torch {torch.__version__}; one GPU of the speedrun reads about "
+            f"{GPU_NEED / 1e6:.1f} M tokens/s"
+        )
+        for name, overrides in sources.items():
+            for workers in (0, 1, 2):
+                rates = {}
+                for mode in ("batch gather", "window by window"):
+                    common = [
+                        "task=causal_lm",
+                        "model=gpt125",
+                        f"data.text.max_seq_len={args.seq}",
+                        "data.shards.val_tokens=8192",
+                    ]
+                    config = check([*common, *overrides, f"data.num_workers={workers}"])[0]
+                    sets = datasets(config.data)
+                    data = TorchData(config.data, sets, args.batch, args.batch, seed=0)
+                    if mode == "window by window":
+                        data.train_set.dataset = WindowByWindow(data.train_set.dataset)
+                    best = 0.0
+                    for _ in zip(data.train_batches(0), range(2)):  # untimed: the workers start
+                        pass
+                    for round_index in range(args.rounds):
+                        started, count = time.perf_counter(), 0
+                        for count, _ in enumerate(data.train_batches(round_index), 1):
+                            if count == args.batches:
+                                break
+                        best = max(best, count * args.batch * (args.seq + 1) / (time.perf_counter() - started))
+                    rates[mode] = best
+                per_worker = rates["batch gather"] / max(1, workers)
+                print(
+                    f"{name:<13} {workers} workers: {rates['batch gather'] / 1e6:6.2f} M tokens/s "
+                    f"({per_worker / 1e6:.2f} M per worker, {per_worker / GPU_NEED:.1f}x a GPU's need); "
+                    f"window by window {rates['window by window'] / 1e6:.2f} M "
+                    f"({rates['batch gather'] / rates['window by window']:.1f}x slower)"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=128)
@@ -98,7 +204,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100, help="batches read per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="training steps timed per model")
+    parser.add_argument("--windows", action="store_true", help="a causal LM's windows from a store and from shards")
+    parser.add_argument("--tokens", type=int, default=100_000_000, help="--windows: random ids written")
     args = parser.parse_args()
+    if args.windows:
+        return window_rates(args)
     from transformers import DataCollatorForLanguageModeling
 
     config = DataConfig(

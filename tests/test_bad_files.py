@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import TINY, run_cli
 
-from trainrun.data.token_store import write_token_store
+from trainrun.data.store_writer import write_token_store
 
 LANGUAGE = ["task=masked_lm", "data=text", "model=bert_tiny", "max_duration=2ba", "progress=false"]
 
@@ -76,16 +76,16 @@ CASES = {
         r"'.*/store/store\.json' is not a trainrun token store's description \(list\)",
     ),
     "token index not NumPy": (
-        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: (s / "train.idx.npy").write_bytes(b"not numpy")),
-        r"'.*/store/train\.idx\.npy' is not a token store index \(a NumPy \.npy file\)",
+        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: (s / "train-000000.idx.npy").write_bytes(b"not numpy")),
+        r"'.*/store/train-000000\.idx\.npy' is not a token store index \(a NumPy \.npy file\)",
     ),
     "token index of another shape": (
-        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: np.save(s / "train.idx.npy", np.ones((2, 2)))),
-        r"'.*/store/train\.idx\.npy' is not a token store index \(rising document offsets from 0\)",
+        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: np.save(s / "train-000000.idx.npy", np.ones((2, 2)))),
+        r"'.*/store/train-000000\.idx\.npy' is not a token store index \(rising document offsets from 0\)",
     ),
     "token file missing": (
-        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: (s / "train.bin").unlink()),
-        r"token store '.*/store' has no train\.bin: write it again with 'trainrun write-text'",
+        lambda ctx: store_copy(ctx.store, ctx.tmp, lambda s: (s / "train-000000.bin").unlink()),
+        r"token store '.*/store' has no train-000000\.bin: write it again with 'trainrun write-text'",
     ),
     "weights not a checkpoint": (
         lambda ctx: [*TINY, f"model.weights={ctx.write('weights.pt', 'hello')}"],

@@ -177,3 +177,23 @@ def test_gpt_bench_times_each_recipe_to_the_baselines_final_loss(tmp_path):
     for recipe in rows:
         assert len(read_metrics(tmp_path / recipe / "round1")) == 2  # evaluations at steps 4 and 8
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_corpus_benches_make_a_corpus_and_compare_write_text_with_datasets(tmp_path):
+    pytest.importorskip("datasets")
+    made = bench("make_corpus.py", str(tmp_path / "corpus"), "--mb", "1")
+    assert made.returncode == 0, made.stderr
+    assert {"corpus.parquet", "corpus.jsonl.gz", "corpus.json"} <= {p.name for p in (tmp_path / "corpus").iterdir()}
+    result = bench("write_text.py", str(tmp_path / "corpus"), "--workers", "1", "--vocab", "600")
+    assert result.returncode == 0, result.stderr
+    assert "1 workers: trainrun " in result.stdout and "x as fast as datasets, " in result.stdout
+
+
+@pytest.mark.slow
+def test_window_loader_bench_prints_every_source_and_worker_count():
+    args = ["--windows", "--tokens", "200000", "--seq", "64", "--batch", "4", "--batches", "3", "--rounds", "1"]
+    result = bench("text_loader.py", *args)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if " workers: " in line]
+    assert len(lines) == 6 and all("x a GPU's need" in line and "x slower)" in line for line in lines)

@@ -244,7 +244,7 @@ class Store:
 
 
 def test_windows_cut_the_stream_of_documents_and_separators():
-    windows = TokenWindows(Store(), 2)  # stream 1 2 3 9 4 5 9: (7 - 1) // 2 = 3 windows of 3
+    windows = TokenWindows.of_store(Store(), 2)  # stream 1 2 3 9 4 5 9: (7 - 1) // 2 = 3 windows of 3
     assert len(windows) == 3
     assert [windows[i].tolist() for i in range(3)] == [[1, 2, 3], [3, 9, 4], [4, 5, 9]]
     assert windows[0].dtype == torch.int64
@@ -258,7 +258,8 @@ BPE_DOCUMENTS = ["Déjà vu: naïve café ✓ 🚀", "def main():\n    return 'H
 def test_byte_level_bpe_stores_round_trip_any_text_and_end_documents_with_endoftext(tmp_path):
     from tokenizers import Tokenizer
 
-    from trainrun.data.token_store import TokenStore, check_vocab_size, write_token_store
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.data.token_store import TokenStore, check_vocab_size
     from trainrun.errors import ConfigError
 
     path = write_token_store(BPE_DOCUMENTS[3:], BPE_DOCUMENTS[:3], tmp_path / "bpe", 300, kind="bpe")
@@ -270,7 +271,7 @@ def test_byte_level_bpe_stores_round_trip_any_text_and_end_documents_with_endoft
     assert [tokenizer.decode(ids.tolist()) for ids in documents] == BPE_DOCUMENTS[3:]  # exact: case, accents, emoji
     assert tokenizer.encode("never seen: 𝔘 ∮").tokens and tokenizer.token_to_id("[UNK]") is None  # no unknown text
     stream = np.concatenate([np.append(ids, 0) for ids in documents])
-    windows = TokenWindows(train, 8)
+    windows = TokenWindows.of_store(train, 8)
     assert [windows[i].tolist() for i in range(3)] == [stream[i * 8 : i * 8 + 9].tolist() for i in range(3)]
     # a given byte-level tokenizer (GPT-2's kind) keeps its <|endoftext|> as the separator
     given = write_token_store(BPE_DOCUMENTS[:6], BPE_DOCUMENTS[:3], tmp_path / "given", 0, path / "tokenizer.json")
@@ -382,12 +383,14 @@ def test_the_task_exports_a_gpt2_shaped_model_and_says_why_not_for_others(tmp_pa
 
     from transformers import AutoTokenizer
 
-    from trainrun.data.token_store import write_token_store
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.data.token_store import TokenStore
 
     documents = ["def main(): return 1", "print(main())"] * 20
-    tokenizer_file = write_token_store(documents, documents[:2], tmp_path / "store", 300, kind=kind) / "tokenizer.json"
+    store = TokenStore.open(write_token_store(documents, documents[:2], tmp_path / "store", 300, kind=kind), "train")
+    text = SimpleNamespace(tokenizer_file=store.path / "tokenizer.json", separator=store.separator)
     task = CausalLanguageModeling()
-    state = SimpleNamespace(raw_model=gpt(), data=SimpleNamespace(text=SimpleNamespace(tokenizer_file=tokenizer_file)))
+    state = SimpleNamespace(raw_model=gpt(), data=SimpleNamespace(text=text))
     assert task.export(state, tmp_path) == [
         f"wrote {tmp_path / 'hf_model'} (GPT2LMHeadModel and its tokenizer, for transformers' from_pretrained)"
     ]

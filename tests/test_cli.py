@@ -80,7 +80,7 @@ def test_help_lists_groups_and_options(tmp_path):
         "mild, unet_brats",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step, wsd",
         "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "
-        "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_stream",
+        "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_shards, token_stream",
         "task: causal_lm, image_classification, masked_lm, segmentation",
     ):
         assert line in result.stdout
@@ -323,7 +323,7 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     assert moved["data.patch_size"] == "data.segmentation.patch_size" and moved["model.strides"] == "model.unet.strides"
     assert moved["data.tokenizer"] == "data.text.tokenizer" and moved["model.window"] == "model.gpt.window"
     assert moved["model.value_embeddings"] == "model.gpt.value_embeddings"
-    assert len(moved) == 48
+    assert moved["data.val_tokens"] == "data.shards.val_tokens" and len(moved) == 49
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):
@@ -420,8 +420,8 @@ def test_help_is_trainruns_own_template_without_internal_groups_and_with_the_ove
     [
         (
             ["task=causal_lm", "data=stdlib_docs"],
-            "bad value for 'data': 'stdlib_docs' (data.name 'text'; with task=causal_lm it must be token_stream); "
-            "choose data=stdlib_stream or data=token_stream",
+            "bad value for 'data': 'stdlib_docs' (data.name 'text'; with task=causal_lm it must be token_stream or "
+            "token_shards); choose data=stdlib_stream or data=token_stream or data=token_shards",
         ),
         (
             ["data=stdlib_docs"],

@@ -31,8 +31,9 @@ READ_AROUND_A_RUN = {
     "mlflow": "the MLflow logger, with loggers=[mlflow] (tests/test_mlflow.py)",
     "name": "trainrun report labels a run from its config.yaml",
     "accuracy_targets": "validation reads it as quality_targets",
-    "data.train": "data=beton (tests/test_ffcv.py trains on .beton files)",
-    "data.val": "data=beton (tests/test_ffcv.py trains on .beton files)",
+    "data.train": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
+    "data.val": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
+    "data.shards": "data=token_shards (tests/test_token_shards.py trains on llm.c shards)",
 }
 SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.unet", "data.ffcv", "data.text")
 SECTIONS += ("data.segmentation", "optimizer.muon")

@@ -58,6 +58,20 @@ def test_resumable_sampler_skips_into_the_epoch():
     assert list(sampler) == full[8:] and len(sampler) == 12
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_resumable_sampler_keeps_torchs_distributed_order(drop_last, shuffle):
+    """Its order (kept as a tensor, handed out in chunks) is DistributedSampler's, padding included."""
+    from torch.utils.data import DistributedSampler
+
+    for length, world in ((5, 3), (17, 8), (100, 3), (70_000, 1)):
+        for rank in range(world):
+            torchs = DistributedSampler(range(length), world, rank, shuffle=shuffle, seed=3, drop_last=drop_last)
+            ours = ResumableSampler(range(length), world, rank, shuffle=shuffle, seed=3, drop_last=drop_last)
+            torchs.set_epoch(2), ours.set_epoch(2, skip=1)
+            assert list(ours) == list(torchs)[1:]
+
+
 def _epoch_images(placement, epoch, batch):
     """Epoch ``epoch``'s augmented training images of one rank of the digits set, by label position."""
     config = DataConfig(name="digits", random_crop_padding=2, hflip=True, num_workers=0)

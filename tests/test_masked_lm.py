@@ -24,13 +24,13 @@ from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.core.events import Event
 from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import IGNORED, MaskedSequences, cached_store, collate_masked
+from trainrun.data.store_writer import write_token_store
 from trainrun.data.token_store import (
     TokenStore,
     check_token_dtype,
     load_tokenizer,
     read_documents,
     split_documents,
-    write_token_store,
 )
 from trainrun.data.torch_loader import AugmentedDataset
 from trainrun.errors import ConfigError, DataError, FileFormatError
@@ -57,7 +57,7 @@ def store(tmp_path_factory):
 
 def test_token_store_layout_and_round_trip(store):
     meta = json.loads((store / "store.json").read_text())
-    assert meta["format"] == "trainrun-tokens/1" and meta["dtype"] == "uint16" and meta["vocab_size"] <= 200
+    assert meta["format"] == "trainrun-tokens/2" and meta["dtype"] == "uint16" and meta["vocab_size"] <= 200
     assert meta["train"]["documents"] + meta["val"]["documents"] == len(DOCUMENTS)
     train = TokenStore.open(store, "train")
     from tokenizers import Tokenizer
@@ -244,7 +244,7 @@ def test_corpora_files_folders_and_bad_text(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"text": "third"}\n\n{"text": "fourth"}\n')
     assert read_documents(str(tmp_path)) == ["first document\nstill first", "second document", "third", "fourth"]
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
-    with pytest.raises(DataError, match=r"corpus file '.*bad.txt' is not UTF-8 \(byte 3\)"):
+    with pytest.raises(DataError, match=r"corpus file '.*bad.txt' is not UTF-8 \(line 1\)"):
         read_documents(str(tmp_path / "bad.txt"))
     (tmp_path / "empty.txt").write_text("\n\n  \n")
     with pytest.raises(DataError, match="has no text"):
@@ -606,10 +606,8 @@ def test_stores_hold_only_the_documents_tokens_and_say_how_many(store, tmp_path)
         assert meta[split]["tokens"] == len(opened.tokens) == int(opened.offsets[-1]) > 0
         assert not np.isin(opened.tokens, list(meta["special"].values())).any()  # no [CLS]/[SEP] stored
     empty = write_token_store(DOCUMENTS[:8], [], tmp_path / "empty", vocab_size=60)
-    assert (empty / "val.bin").stat().st_size == 0 and json.loads((empty / "store.json").read_text())["val"] == {
-        "documents": 0,
-        "tokens": 0,
-    }
+    val = json.loads((empty / "store.json").read_text())["val"]
+    assert (empty / "val-000000.bin").stat().st_size == 0 and (val["documents"], val["tokens"]) == (0, 0)
     assert len(TokenStore.open(empty, "val").tokens) == 0
     assert TokenStore.open(empty, "train").vocab_size == 60  # the vocabulary asked for, not the trainer's default
 
@@ -656,8 +654,10 @@ def test_a_read_only_store_opens_and_damaged_or_foreign_ones_are_named(store, tm
     with pytest.raises(DataError, match=r"does not fit float32 ids$"):
         TokenStore.open(copy, "train")
     (copy / "store.json").write_text(json.dumps(meta))
-    (copy / "train.bin").write_bytes((copy / "train.bin").read_bytes()[:-2])  # one uint16 token short
-    expected = rf"^'.*train\.bin' holds {meta['train']['tokens'] - 1} tokens, its index says {meta['train']['tokens']}$"
+    (copy / "train-000000.bin").write_bytes((copy / "train-000000.bin").read_bytes()[:-2])  # one uint16 token short
+    expected = (
+        rf"^'.*train-000000\.bin' holds {meta['train']['tokens'] - 1} tokens, its index says {meta['train']['tokens']}$"
+    )
     with pytest.raises(DataError, match=expected):
         TokenStore.open(copy, "train")
     (copy / "tokenizer.json").write_text("{}")
@@ -673,18 +673,18 @@ def test_a_read_only_store_opens_and_damaged_or_foreign_ones_are_named(store, tm
             r"'.*store\.json' is not a trainrun token store's description \(list\)$",
         ),
         (
-            lambda s: (s / "train.idx.npy").write_bytes(b"not numpy"),
-            r"'.*train\.idx\.npy' is not a token store index \(a NumPy \.npy file\): ",
+            lambda s: (s / "train-000000.idx.npy").write_bytes(b"not numpy"),
+            r"'.*train-000000\.idx\.npy' is not a token store index \(a NumPy \.npy file\): ",
         ),
         (
-            lambda s: np.save(s / "train.idx.npy", np.ones((2, 2))),
-            r"'.*train\.idx\.npy' is not a token store index \(rising document offsets from 0\)$",
+            lambda s: np.save(s / "train-000000.idx.npy", np.ones((2, 2))),
+            r"'.*train-000000\.idx\.npy' is not a token store index \(rising document offsets from 0\)$",
         ),
-        (lambda s: np.save(s / "train.idx.npy", np.array([1, 5])), r"\(rising document offsets from 0\)$"),
-        (lambda s: np.save(s / "train.idx.npy", np.array([0.0, 5.0])), r"\(rising document offsets from 0\)$"),
+        (lambda s: np.save(s / "train-000000.idx.npy", np.array([1, 5])), r"\(rising document offsets from 0\)$"),
+        (lambda s: np.save(s / "train-000000.idx.npy", np.array([0.0, 5.0])), r"\(rising document offsets from 0\)$"),
         (
-            lambda s: (s / "train.bin").unlink(),
-            r"^token store '.*damaged' has no train\.bin: write it again with 'trainrun write-text'$",
+            lambda s: (s / "train-000000.bin").unlink(),
+            r"^token store '.*damaged' has no train-000000\.bin: write it again with 'trainrun write-text'$",
         ),
         (
             lambda s: (s / "store.json").write_text(json.dumps({"format": "trainrun-tokens/1", "dtype": "uint16"})),
@@ -733,7 +733,8 @@ def test_a_json_lines_corpus_names_the_file_and_line_of_a_bad_record(tmp_path):
     corpus.write_text('{"text": "fine"}\n{"text": 3}\n')
     with pytest.raises(
         DataError,
-        match=r'^corpus file \'.*corpus\.jsonl\' line 2 has no "text" string \(one \{"text": \.\.\.\} per line\)$',
+        match=r'^corpus file \'.*corpus\.jsonl\' line 2 has no "text" string \(one \{"text": \.\.\.\} per line; '
+        r"--text-field ",
     ):
         read_documents(str(corpus))
     corpus.write_text('{"text": "fine"}\n{"text": \n')
@@ -770,17 +771,37 @@ def test_a_given_tokenizer_without_bert_special_tokens_serves_causal_lm_only(sto
         write_token_store(DOCUMENTS[:4], DOCUMENTS[:2], tmp_path / "out2", 100, tmp_path / "none.json")
 
 
-def test_corpus_folders_read_every_text_file_and_nothing_else(tmp_path):
+def test_corpus_folders_read_every_file_of_a_known_kind_and_refuse_the_others_by_name(tmp_path):
     (tmp_path / "a.txt").write_text("first\n\nsecond")
     (tmp_path / "b.txt").write_text("third")
-    (tmp_path / "notes.md").write_text("not a corpus file")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: main")  # hidden: not part of the corpus
     assert read_documents(str(tmp_path)) == ["first", "second", "third"]
+    (tmp_path / "notes.md").write_text("not a corpus file")
+    with pytest.raises(
+        DataError, match=r"^corpus file '.*notes\.md' is of a kind write-text does not read \(it reads "
+    ):
+        read_documents(str(tmp_path))
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "readme.md").write_text("no text files here")
-    with pytest.raises(DataError, match=r"^no \.txt or \.jsonl files in corpus folder '.*empty'$"):
+    with pytest.raises(DataError, match=r"^corpus folder '.*empty' holds no file \(it reads \.txt, "):
         read_documents(str(tmp_path / "empty"))
-    with pytest.raises(DataError, match=r"^corpus 'no_such' is neither a file, a folder nor one of: stdlib_docs$"):
+    with pytest.raises(DataError, match=r"^corpus 'no_such' is neither a file nor a folder$"):
         read_documents("no_such")
+
+
+def test_a_store_written_before_shards_opens_unchanged(store, tmp_path):
+    """``trainrun-tokens/1``: one ``<split>.bin`` and ``<split>.idx.npy`` per split, no shard list."""
+    old = tmp_path / "old"
+    shutil.copytree(store, old)
+    meta = json.loads((old / "store.json").read_text())
+    for split in ("train", "val"):
+        for suffix in (".bin", ".idx.npy"):
+            (old / f"{split}-000000{suffix}").rename(old / f"{split}{suffix}")
+        meta[split] = {key: meta[split][key] for key in ("documents", "tokens")}
+    (old / "store.json").write_text(json.dumps({**meta, "format": "trainrun-tokens/1"}))
+    for split in ("train", "val"):
+        before, now = TokenStore.open(old, split), TokenStore.open(store, split)
+        assert np.array_equal(before.tokens, now.tokens) and np.array_equal(before.offsets, now.offsets)
 
 
 def test_document_splits_are_seeded_and_keep_one_document_aside_unless_there_is_only_one():

@@ -198,7 +198,7 @@ def test_text_batches_go_to_the_device_with_their_labels_and_real_token_counts_s
 def test_a_finished_bert_run_is_exported_for_transformers_with_its_caveats(tmp_path):
     from trainrun.algorithms.gated_linear_units import apply_glu
     from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
-    from trainrun.data.token_store import write_token_store
+    from trainrun.data.store_writer import write_token_store
     from trainrun.models.bert import build_bert
     from trainrun.schema import BertConfig
 

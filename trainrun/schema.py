@@ -157,14 +157,23 @@ class SegmentationDataConfig:
 
 
 @dataclass
+class ShardsConfig:
+    """``data=token_shards``: llm.c / modded-nanogpt token shards matched by ``data.train`` and
+    ``data.val`` (trainrun/data/token_shards.py)."""
+
+    val_tokens: int = positive_field(10_485_760)  # validation reads the first this many (the speedrun's)
+    tokenizer: str | None = None  # the shards' tokenizer.json (trainrun sample, the hf_model export)
+
+
+@dataclass
 class DataConfig:
     """Where images or text come from and how they are cut, augmented (or masked) and batched."""
 
     name: str = choice_field("digits", *names("data"))
     loader: str = choice_field("torch", "torch", "ffcv")
     path: str | None = None  # folder: a directory with train/ and val/ ImageFolder trees; text: a token store
-    train: str | None = None  # beton: the training .beton file
-    val: str | None = None  # beton: the validation .beton file
+    train: str | None = None  # beton: the training .beton file; token_shards: a glob of training shards
+    val: str | None = None  # beton: the validation .beton file; token_shards: a glob of validation shards
     cache_dir: str = "~/.cache/trainrun"  # where built-in sets (.beton files, token stores) are written once
     num_classes: int = positive_field(10)
     resolution: int = positive_field(8)  # training image side
@@ -189,6 +198,7 @@ class DataConfig:
     ffcv: FFCVConfig = field(default_factory=FFCVConfig)
     text: TextConfig = field(default_factory=TextConfig)
     segmentation: SegmentationDataConfig = field(default_factory=SegmentationDataConfig)
+    shards: ShardsConfig = field(default_factory=ShardsConfig)
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """``trainrun sample RUN --prompt TEXT``: a continuation from a finished causal-LM run.
 
-The run's own ``config.yaml`` rebuilds its GPT over its token store's vocabulary, the newest
-checkpoint in ``RUN/checkpoints`` gives the weights (a GPT trained with ALiBi has no position
-table, and is rebuilt so), and the store's tokenizer encodes the prompt and decodes the reply.
-Tokens are drawn one at a time from the last ``data.text.max_seq_len`` tokens' next-token
-distribution at ``--temperature`` among the ``--top-k`` likeliest (temperature 0: the likeliest),
-seeded by ``--seed``, until ``--tokens`` are drawn or the document separator is.
+The run's own ``config.yaml`` rebuilds its GPT over its data's vocabulary, the newest checkpoint in
+``RUN/checkpoints`` gives the weights (a GPT trained with ALiBi has no position table, and is
+rebuilt so), and the data's tokenizer (a store's, or token shards' ``data.shards.tokenizer``) encodes the
+prompt and decodes the reply. Tokens are drawn one at a time from the last ``data.text.max_seq_len``
+tokens' next-token distribution at ``--temperature`` among the ``--top-k`` likeliest (temperature 0:
+the likeliest), seeded by ``--seed``, until ``--tokens`` are drawn or the document separator is.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from trainrun import run_files
 from trainrun.atomic_io import read_yaml
 from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoint
 from trainrun.core.distributed import SINGLE_PROCESS
-from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.models.build import build_model
@@ -65,8 +64,8 @@ def load_run(run: Path):
     where it ran), in evaluation mode; its store's tokenizer and document separator; the longest
     context it was trained on)."""
     from trainrun.algorithms import build_algorithms
-    from trainrun.data.causal_text import store_path
-    from trainrun.data.token_store import TokenStore, load_tokenizer
+    from trainrun.data.interface import datasets
+    from trainrun.data.token_store import load_tokenizer
 
     config_file = run / run_files.CONFIG
     if not config_file.is_file():
@@ -78,9 +77,11 @@ def load_run(run: Path):
     checkpoints = list_checkpoints(directory(run))
     if not checkpoints:
         raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
-    store = store_path(config.data, SINGLE_PROCESS)
-    tokens = TokenStore.open(store, "train")
-    text = TextFacts(tokens.vocab_size, config.data.text.max_seq_len, store / "tokenizer.json", tokens.separator)
+    text = datasets(config.data, SINGLE_PROCESS, augment=False).text
+    if text.tokenizer_file is None:
+        raise ConfigError(
+            f"bad value for 'RUN': '{run}' read token shards without data.shards.tokenizer (sample needs it)"
+        )
     model = build_model(config.model, text)
     payload = load_checkpoint(checkpoints[-1])
     methods = build_algorithms(config.algorithms)

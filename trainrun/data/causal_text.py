@@ -19,33 +19,67 @@ from torch.utils.data import Dataset
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.interface import Datasets, TextFacts
 from trainrun.data.masked_text import cached_store
+from trainrun.data.token_pieces import ConcatenatedTokens
 from trainrun.data.token_store import TokenStore
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 
 class TokenWindows(Dataset):
-    """Window ``i``: tokens ``i·L … i·L + L`` of the stream (L + 1 of them), as int64."""
+    """Window ``i``: positions ``i·L … i·L + L`` of a token stream (L + 1 tokens), as int64.
 
-    def __init__(self, store: TokenStore, max_seq_len: int) -> None:
-        self.store, self.max_seq_len = store, max_seq_len
-        self.separator = store.separator
-        # where each document's separator sits in the stream: after its tokens and the separators before it
-        self.separators = store.offsets[1:] + np.arange(len(store.offsets) - 1)
-        self.length = len(store.tokens) + len(self.separators)
-        self.windows = (self.length - 1) // max_seq_len
+    The stream is ``tokens`` with, where ``document_ends`` is given (a store's documents are kept
+    bare), the ``separator`` after each document; llm.c's shards hold their separators already.
+    ``windows`` caps how many are read (validation on a fixed number of tokens). A batch of windows
+    is gathered in one indexing of the tokens (``__getitems__``, which torch's loader calls with a
+    batch's indices): no Python work per window. Nothing is drawn at random, so a batch read at once
+    equals its windows read one by one.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray | ConcatenatedTokens,
+        max_seq_len: int,
+        separator: int,
+        document_ends: np.ndarray | None = None,
+        windows: int | None = None,
+    ) -> None:
+        self.tokens, self.max_seq_len, self.separator = tokens, max_seq_len, separator
+        self.separators = None
+        length = len(tokens)
+        if document_ends is not None:
+            # where each document's separator sits in the stream: after its tokens and the separators before it
+            self.separators = document_ends + np.arange(len(document_ends))
+            length += len(self.separators)
+        self.windows = max(0, (length - 1) // max_seq_len) if windows is None else windows
+
+    @classmethod
+    def of_store(cls, store: TokenStore, max_seq_len: int) -> TokenWindows:
+        """The windows of one split of a token store: its documents, each followed by its separator."""
+        return cls(store.tokens, max_seq_len, store.separator, store.offsets[1:])
 
     def __len__(self) -> int:
         return self.windows
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        if not 0 <= index < self.windows:
-            raise IndexError(index)
-        positions = np.arange(index * self.max_seq_len, (index + 1) * self.max_seq_len + 1)
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        index = np.asarray(indices, dtype=np.int64)
+        if index.size and (index.min() < 0 or index.max() >= self.windows):
+            raise IndexError(f"window index out of range (0 to {self.windows - 1})")
+        positions = index[:, None] * self.max_seq_len + np.arange(self.max_seq_len + 1)
+        if self.separators is None:
+            return torch.from_numpy(self.tokens[positions].astype(np.int64))
         before = np.searchsorted(self.separators, positions)  # separators before each position (or at it)
         is_separator = self.separators[np.minimum(before, len(self.separators) - 1)] == positions
-        tokens = self.store.tokens[np.where(is_separator, 0, positions - before)].astype(np.int64)
+        tokens = self.tokens[np.where(is_separator, 0, positions - before)].astype(np.int64)
         return torch.from_numpy(np.where(is_separator, self.separator, tokens))
+
+
+def window_batch(batch: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """A batch of windows as the loader collates it: gathered at once already, or stacked from single windows."""
+    return batch if isinstance(batch, torch.Tensor) else torch.stack(batch)
 
 
 def store_path(config: DataConfig, placement: Placement) -> Path:
@@ -58,9 +92,9 @@ def stream_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, a
     path = store_path(config, placement)
     train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
     length = config.text.max_seq_len
-    training, evaluation = TokenWindows(train, length), TokenWindows(val, length)
+    training, evaluation = TokenWindows.of_store(train, length), TokenWindows.of_store(val, length)
     for name, windows in (("training", training), ("validation", evaluation)):
         if len(windows) == 0:
             raise DataError(f"token store '{path}' has no {name} window of {length + 1} tokens (data.text.max_seq_len)")
     facts = TextFacts(train.vocab_size, length, path / "tokenizer.json", train.separator)
-    return Datasets(training, evaluation, None, facts)
+    return Datasets(training, evaluation, window_batch, facts)

@@ -22,7 +22,7 @@ class TextFacts:
 
     vocab_size: int
     max_seq_len: int  # the longest sequence a batch holds
-    tokenizer_file: Path  # the store's tokenizer.json
+    tokenizer_file: Path | None  # the store's tokenizer.json (None: token shards given without one)
     separator: int  # the token id that ends each document (a GPT's document mask reads it)
 
 

@@ -33,7 +33,8 @@ from torch.utils.data import Dataset
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.cache import cache_prefix, write_once
 from trainrun.data.interface import Datasets, TextFacts
-from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents, write_token_store
+from trainrun.data.store_writer import write_token_store
+from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
+import torch
 from torch.utils.data import DistributedSampler, Sampler
 
 
@@ -21,7 +23,21 @@ class ResumableSampler(DistributedSampler):
         self.skip = skip
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.skip :])
+        """``DistributedSampler``'s order, kept as a tensor and handed out in chunks: a 10-billion-token
+        corpus has ten million windows, which as one Python list would take about 400 MB per epoch."""
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(len(self.dataset), generator=generator)
+        else:
+            indices = torch.arange(len(self.dataset))
+        if self.drop_last:
+            indices = indices[: self.total_size]
+        elif self.total_size > len(indices):  # padded with its own start, repeated as often as needed
+            repeats = math.ceil((self.total_size - len(indices)) / len(indices))
+            indices = torch.cat([indices, indices.repeat(repeats)[: self.total_size - len(indices)]])
+        mine = indices[self.rank : self.total_size : self.num_replicas][self.skip :]
+        for chunk in mine.split(1 << 16):
+            yield from chunk.tolist()
 
     def __len__(self) -> int:
         return super().__len__() - self.skip

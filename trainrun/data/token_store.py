@@ -1,12 +1,14 @@
-"""Text corpora stored as token ids: one flat memory-mapped file per split and each document's start.
+"""Text corpora stored as token ids: memory-mapped files of ids and each document's start.
 
-The layout nanoGPT and Megatron use: ``<split>.bin`` holds every document's token ids back to back
-(uint16 when the vocabulary fits, else uint32), ``<split>.idx.npy`` the offset of each document
-(one more than there are documents). Beside them: ``tokenizer.json`` (a Hugging Face
-``tokenizers`` tokenizer: WordPiece as BERT's or byte-level BPE as GPT-2's, trained on the training
-documents, or one the user gives, GPT-2's or Llama's say) and ``store.json`` (format, dtype, sizes,
-special-token ids, the document separator, the tokenizer's SHA-256). A store is written to a
-temporary folder beside its target and renamed into place when complete.
+The layout nanoGPT and Megatron use, in shards: ``<split>-NNNNNN.bin`` holds documents' token ids
+back to back (uint16 when the vocabulary fits, else uint32), ``<split>-NNNNNN.idx.npy`` the offset
+of each of its documents (one more than there are documents); a split's shards, in order, are its
+documents (``trainrun-tokens/2``, written by :mod:`trainrun.data.store_writer`). Stores of
+``trainrun-tokens/1`` (one ``<split>.bin`` and ``<split>.idx.npy``) are read as one shard. Beside
+them: ``tokenizer.json`` (a Hugging Face ``tokenizers`` tokenizer: WordPiece as BERT's or
+byte-level BPE as GPT-2's, trained on training documents, or one the user gives, GPT-2's or
+Llama's say) and ``store.json`` (format, dtype, sizes, special-token ids, the document separator,
+the tokenizer's SHA-256, each split's shards).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import ast
 import gc
 import hashlib
-import json
 import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trainrun.atomic_io import atomic_directory, read_json
+from trainrun.atomic_io import read_json
+from trainrun.data.token_pieces import ConcatenatedTokens, one_array
 from trainrun.errors import ConfigError, DataError, FileFormatError
 
-FORMAT = "trainrun-tokens/1"
+FORMATS = ("trainrun-tokens/1", "trainrun-tokens/2")  # what a store says it is: one file per split, shards
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # a WordPiece store's, which masked LM reads
 END_OF_TEXT = "<|endoftext|>"  # a byte-level BPE store's one special token, as GPT-2's
 # the token that ends a document in a causal stream: the first of these the tokenizer has
@@ -75,47 +77,16 @@ def stdlib_docstrings(min_chars: int = 40) -> list[str]:
 
 
 def read_documents(source: str) -> list[str]:
-    """Documents of a built-in corpus or of the files at ``source``: a ``.txt`` file holds documents
-    separated by blank lines, a ``.jsonl`` file one ``{"text": ...}`` per line, a folder every such
-    file under it. Text must be UTF-8."""
-    if source == "stdlib_docs":
+    """Every document of a built-in corpus or of the corpus at ``source`` (:mod:`trainrun.data.corpus`'s
+    kinds), in order, held in memory: for small corpora (the built-in ones, tests)."""
+    from trainrun.data.corpus import corpus_files, records
+
+    if source in BUILTIN_CORPORA:
         return stdlib_docstrings()
-    root = Path(source).expanduser()
-    if root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
-        if not files:
-            raise DataError(f"no .txt or .jsonl files in corpus folder '{root}'")
-    elif root.is_file():
-        files = [root]
-    else:
-        raise DataError(f"corpus '{source}' is neither a file, a folder nor one of: {', '.join(BUILTIN_CORPORA)}")
-    documents = []
-    for path in files:
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DataError(f"corpus file '{path}' is not UTF-8 (byte {error.start})") from None
-        if path.suffix == ".jsonl":
-            documents += [_jsonl_text(path, number, line) for number, line in enumerate(text.splitlines(), 1)]
-        else:
-            documents += [block.strip() for block in text.split("\n\n")]
-    documents = [document for document in documents if document.strip()]
+    documents = [text for _, text, _ in records(corpus_files(source), "text") if text.strip()]
     if not documents:
         raise DataError(f"corpus '{source}' has no text")
     return documents
-
-
-def _jsonl_text(path: Path, number: int, line: str) -> str:
-    """The ``text`` of line ``number`` of a JSON-lines corpus ('' for a blank line)."""
-    if not line.strip():
-        return ""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(f"corpus file '{path}' line {number} is not a JSON record ({error.msg})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise DataError(f'corpus file \'{path}\' line {number} has no "text" string (one {{"text": ...}} per line)')
-    return record["text"]
 
 
 STORE_KEYS = ("format", "dtype", "vocab_size", "special", "tokenizer_sha256")  # what store.json must hold
@@ -183,57 +154,27 @@ def check_token_dtype(vocab_size: int, dtype: str) -> None:
         )
 
 
-def write_token_store(
-    train: list[str],
-    val: list[str],
-    out: Path,
-    vocab_size: int,
-    tokenizer_path: Path | None = None,
-    dtype: str = "auto",
-    kind: str = "wordpiece",
-) -> Path:
-    """Tokenize ``train`` and ``val`` into a store at ``out`` (atomically) with a ``kind`` vocabulary
-    of ``vocab_size`` trained on ``train``, or the tokenizer at ``tokenizer_path`` (whatever its
-    size); token ids as ``dtype`` (``auto``: the smallest type that fits); return ``out``."""
-    if tokenizer_path is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    else:
-        tokenizer = train_tokenizer(train, vocab_size, kind)
+def store_facts(tokenizer_file: Path, dtype: str, given: Path | None = None) -> dict:
+    """What ``store.json`` says of the tokenizer at ``tokenizer_file``: the token id type (``auto``:
+    the smallest that fits), vocabulary, special tokens and the document separator (``given``: the
+    tokenizer's path as the user named it, for the line that refuses one without a separator)."""
+    tokenizer = load_tokenizer(tokenizer_file)
     separator = next((token for token in SEPARATORS if tokenizer.token_to_id(token) is not None), None)
     if separator is None:
         raise DataError(
-            f"tokenizer '{tokenizer_path}' has no token to end a document with (one of {', '.join(SEPARATORS)})"
+            f"tokenizer '{given or tokenizer_file}' has no token to end a document with "
+            f"(one of {', '.join(SEPARATORS)})"
         )
     vocab = tokenizer.get_vocab_size()
     if dtype == "auto":
         dtype = smallest_token_dtype(vocab)
     check_token_dtype(vocab, dtype)
-    with atomic_directory(out) as partial:
-        tokenizer.save(str(partial / "tokenizer.json"))
-        counts = {}
-        for split, documents in (("train", train), ("val", val)):
-            encoded = tokenizer.encode_batch(documents, add_special_tokens=False)
-            lengths = np.array([len(e.ids) for e in encoded], dtype=np.int64)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            tokens = np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encoded] or [np.zeros(0, dtype)])
-            tokens.tofile(partial / f"{split}.bin")
-            np.save(partial / f"{split}.idx.npy", offsets)
-            counts[split] = {"documents": len(documents), "tokens": int(offsets[-1])}
-        meta = {
-            "format": FORMAT,
-            "dtype": np.dtype(dtype).name,
-            "vocab_size": vocab,
-            "special": {
-                token: tokenizer.token_to_id(token)
-                for token in dict.fromkeys(SPECIAL_TOKENS + SEPARATORS)
-                if tokenizer.token_to_id(token) is not None
-            },
-            "separator": separator,
-            "tokenizer_sha256": _sha256(partial / "tokenizer.json"),
-            **counts,
-        }
-        (partial / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return out
+    special = {
+        token: tokenizer.token_to_id(token)
+        for token in dict.fromkeys(SPECIAL_TOKENS + SEPARATORS)
+        if tokenizer.token_to_id(token) is not None
+    }
+    return {"dtype": np.dtype(dtype).name, "vocab_size": vocab, "special": special, "separator": separator}
 
 
 def _sha256(path: Path) -> str:
@@ -256,8 +197,8 @@ class TokenStore:
     """An opened store: one split's tokens (memory-mapped) and document offsets, and its metadata."""
 
     path: Path
-    tokens: np.ndarray
-    offsets: np.ndarray
+    tokens: np.ndarray | ConcatenatedTokens  # the split's shards end to end
+    offsets: np.ndarray  # each document's start in them, and their end
     meta: dict
 
     @classmethod
@@ -269,24 +210,33 @@ class TokenStore:
         meta = read_json(meta_path)
         if not isinstance(meta, dict):
             raise DataError(f"'{meta_path}' is not a trainrun token store's description ({type(meta).__name__})")
-        if meta.get("format") != FORMAT:
+        if meta.get("format") not in FORMATS:
             raise DataError(f"'{path}' is a token store of another format ({meta.get('format')})")
         missing = [key for key in STORE_KEYS if key not in meta]
         if missing:
             raise DataError(
                 f"'{meta_path}' lacks {', '.join(missing)}: write the store again with 'trainrun write-text'"
             )
-        for name in ("tokenizer.json", f"{split}.idx.npy", f"{split}.bin"):
-            if not (path / name).is_file():
-                raise DataError(f"token store '{path}' has no {name}: write it again with 'trainrun write-text'")
+        if not (path / "tokenizer.json").is_file():
+            raise DataError(f"token store '{path}' has no tokenizer.json: write it again with 'trainrun write-text'")
         if _sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
             raise DataError(f"'{path / 'tokenizer.json'}' is not the tokenizer the store was written with")
         if meta["vocab_size"] > TOKEN_DTYPES.get(meta["dtype"], 0):
             raise DataError(f"'{meta_path}': a vocabulary of {meta['vocab_size']:,} does not fit {meta['dtype']} ids")
-        offsets = _offsets(path / f"{split}.idx.npy")
-        tokens = np.memmap(path / f"{split}.bin", dtype=meta["dtype"], mode="r") if offsets[-1] else np.zeros(0)
-        if len(tokens) != offsets[-1]:
-            raise DataError(f"'{path / f'{split}.bin'}' holds {len(tokens)} tokens, its index says {offsets[-1]}")
+        names = [split] if meta["format"] == FORMATS[0] else [shard["name"] for shard in meta[split]["shards"]]
+        pieces, offsets = [], [np.zeros(1, np.int64)]
+        for name in names:
+            for file in (f"{name}.idx.npy", f"{name}.bin"):
+                if not (path / file).is_file():
+                    raise DataError(f"token store '{path}' has no {file}: write it again with 'trainrun write-text'")
+            shard_offsets = _offsets(path / f"{name}.idx.npy")
+            tokens = np.memmap(path / f"{name}.bin", dtype=meta["dtype"], mode="r") if shard_offsets[-1] else []
+            if len(tokens) != shard_offsets[-1]:
+                found, said = len(tokens), shard_offsets[-1]
+                raise DataError(f"'{path / f'{name}.bin'}' holds {found} tokens, its index says {said}")
+            pieces.append(tokens)
+            offsets.append(shard_offsets[1:] + offsets[-1][-1])
+        tokens, offsets = one_array(pieces, meta["dtype"]), np.concatenate(offsets)
         return cls(path, tokens, offsets, meta)
 
     @property

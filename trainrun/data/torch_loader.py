@@ -49,6 +49,14 @@ class AugmentedDataset(Dataset):
             generator.set_state(saved)
         return item
 
+    def __getitems__(self, keys: list[tuple[int, int]]) -> Any:
+        """A batch: read at once where the data set gathers batches (it then draws nothing at random,
+        and no transform is added), else sample by sample."""
+        gather = getattr(self.dataset, "__getitems__", None)
+        if gather is not None and not self.transforms:
+            return gather([index for _, index in keys])
+        return [self[key] for key in keys]
+
 
 class EpochKeys(Sampler[tuple[int, int]]):
     """``(epoch, index)`` for each index ``sampler`` yields in its current epoch."""

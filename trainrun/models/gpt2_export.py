@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainrun.atomic_io import atomic_directory, read_json
+from trainrun.atomic_io import atomic_directory
 from trainrun.models.gpt import GPT
 
 
@@ -82,21 +82,21 @@ def _norm(prefix: str, norm: torch.nn.LayerNorm) -> dict[str, torch.Tensor]:
     return {f"{prefix}.weight": norm.weight, f"{prefix}.bias": norm.bias}
 
 
-def export_gpt2(model: GPT, tokenizer_file: Path, directory: Path) -> None:
-    """Write ``model`` and the store's tokenizer as a ``save_pretrained`` folder (atomically); the
-    store's document separator is the tokenizer's end of text (and the model's beginning and end of
-    text, where ``generate`` stops, as ``trainrun sample`` does), its [UNK] and [PAD] where it has them."""
+def export_gpt2(model: GPT, tokenizer_file: Path, separator: int, directory: Path) -> None:
+    """Write ``model`` and its tokenizer as a ``save_pretrained`` folder (atomically); the document
+    ``separator`` is the tokenizer's end of text (and the model's beginning and end of text, where
+    ``generate`` stops, as ``trainrun sample`` does), its [UNK] and [PAD] where it has them."""
     from transformers import PreTrainedTokenizerFast
 
-    from trainrun.data.token_store import load_tokenizer, separator_of
+    from trainrun.data.token_store import load_tokenizer
     from trainrun.models.weights import quiet_transformers
 
-    store = read_json(tokenizer_file.parent / "store.json")
+    loaded = load_tokenizer(tokenizer_file)
     named = {"unk_token": "[UNK]", "pad_token": "[PAD]"}
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=load_tokenizer(tokenizer_file),
-        eos_token=separator_of(store),
-        **{role: token for role, token in named.items() if token in store["special"]},
+        tokenizer_object=loaded,
+        eos_token=loaded.id_to_token(separator),
+        **{role: token for role, token in named.items() if loaded.token_to_id(token) is not None},
     )
     with atomic_directory(directory) as partial, quiet_transformers():
         to_gpt2(model, tokenizer.eos_token_id).save_pretrained(partial)

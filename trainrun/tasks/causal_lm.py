@@ -79,7 +79,10 @@ class CausalLanguageModeling(SequenceTask):
         if mismatch:
             reason = f"GPT2LMHeadModel cannot hold this GPT: {mismatch}"
             return [f"note: no {directory.name} ({reason}); 'trainrun sample' reads the run"]
-        export_gpt2(state.raw_model, state.data.text.tokenizer_file, directory)
+        text = state.data.text
+        if text.tokenizer_file is None:
+            return [f"note: no {directory.name} (no tokenizer: set data.tokenizer to the shards' tokenizer.json)"]
+        export_gpt2(state.raw_model, text.tokenizer_file, text.separator, directory)
         return [f"wrote {directory} (GPT2LMHeadModel and its tokenizer, for transformers' from_pretrained)"]
 
 

@@ -1,0 +1,178 @@
+"""data=token_shards: llm.c / modded-nanogpt shards, written here with NumPy by the format's own rule
+(a 256 x int32 header: magic, version, token count; then the tokens), read and trained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+
+from trainrun.data.token_pieces import ConcatenatedTokens
+from trainrun.errors import DataError, FileFormatError
+
+GPT2 = (20240520, 1, np.uint16)
+LLAMA3 = (20240801, 7, np.uint32)
+
+
+def write_shard(path: Path, tokens: np.ndarray, shard_format: tuple = GPT2) -> Path:
+    """A shard as llm.c's ``write_datafile`` lays it out."""
+    magic, version, dtype = shard_format
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, version, len(tokens)
+    with open(path, "wb") as handle:
+        handle.write(header.tobytes())
+        handle.write(np.asarray(tokens, dtype=dtype).tobytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> dict:
+    """Standard-library docstrings tokenized by a byte-level BPE, each document after <|endoftext|>:
+    three training shards and one validation shard, with the tokenizer.json beside them."""
+    from trainrun.data.token_store import read_documents, train_tokenizer
+
+    folder = tmp_path_factory.mktemp("shards")
+    documents = read_documents("stdlib_docs")[:1500]
+    tokenizer = train_tokenizer(documents[100:], 512, kind="bpe")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    eot = tokenizer.token_to_id("<|endoftext|>")
+
+    def stream(texts: list[str]) -> np.ndarray:
+        return np.concatenate([[eot, *encoded.ids] for encoded in tokenizer.encode_batch(texts)])
+
+    train = stream(documents[100:])
+    for index, piece in enumerate(np.array_split(train, 3)):
+        write_shard(folder / f"tiny_train_{index:06d}.bin", piece)
+    write_shard(folder / "tiny_val_000000.bin", stream(documents[:100]))
+    return {"folder": folder, "train": train, "eot": eot}
+
+
+def shard_args(shards: dict) -> list[str]:
+    folder = shards["folder"]
+    return [
+        "task=causal_lm",
+        "data=token_shards",
+        f"data.train={folder}/tiny_train_*.bin",
+        f"data.val={folder}/tiny_val_*.bin",
+        f"data.shards.tokenizer={folder}/tokenizer.json",
+        "data.shards.val_tokens=4096",
+        "data.text.max_seq_len=32",
+        "model=gpt_tiny",
+    ]
+
+
+def test_windows_cross_shard_boundaries_and_a_batch_is_gathered_at_once(shards):
+    from trainrun.config import compose
+    from trainrun.data.interface import datasets
+    from trainrun.validation import validate
+
+    config = validate(compose(shard_args(shards)), files=False)
+    sets = datasets(config.data)
+    train, stream = sets.train, shards["train"]
+    assert isinstance(train.tokens, ConcatenatedTokens) and len(train.tokens.pieces) == 3
+    assert len(train) == (len(stream) - 1) // 32
+    boundary = len(np.array_split(stream, 3)[0]) // 32  # the window that crosses the first shard's end
+    for index in (0, boundary, len(train) - 1):
+        assert train[index].tolist() == stream[index * 32 : index * 32 + 33].tolist()
+    batch = train.__getitems__([boundary, 3, 0])
+    assert torch.equal(batch, torch.stack([train[boundary], train[3], train[0]])) and batch.dtype == torch.int64
+    assert len(sets.val) == 4096 // 32  # the first data.shards.val_tokens tokens, in order
+    assert sets.text.vocab_size == 512 and sets.text.separator == shards["eot"]
+    with pytest.raises(IndexError):
+        train.__getitems__([len(train)])
+
+
+def test_concatenated_tokens_answer_slices_and_positions_like_one_array():
+    pieces = [np.arange(0, 5), np.arange(5, 6), np.arange(6, 12)]
+    joined, whole = ConcatenatedTokens(pieces, np.int64), np.arange(12)
+    for start, stop in ((0, 12), (3, 7), (5, 6), (4, 11), (7, 7), (11, 12)):
+        assert joined[start:stop].tolist() == whole[start:stop].tolist()
+    positions = np.array([[0, 5, 11], [4, 6, 3]])
+    assert joined[positions].tolist() == whole[positions].tolist() and len(joined) == 12
+    assert np.array_equal(np.asarray(joined), whole) and int(joined[np.int64(7)]) == 7
+
+
+@pytest.mark.slow
+def test_gpt_tiny_trains_on_shards_and_stops_at_a_target_loss(shards, tmp_path):
+    args = [*shard_args(shards), "optimizer=adamw", "optimizer.lr=3e-3", "train_batch_size=16"]
+    args += ["max_duration=40ba", "eval_interval=10ba", "progress=false"]
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    losses = [json.loads(line)["eval_loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3
+    stopped = run_cli(*args, f"hydra.run.dir={tmp_path / 'stop'}", f"stop_at={losses[1] + 1e-6}")
+    assert stopped.returncode == 0, stopped.stderr
+    summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
+    assert summary["status"] == "target_reached" and summary["batches"] == 20
+    assert (
+        tmp_path / "run" / "hf_model" / "tokenizer.json"
+    ).is_file()  # data.shards.tokenizer is exported with the model
+    sampled = run_cli("sample", str(tmp_path / "run"), "--prompt", "Return the", "--tokens", "4", "--temperature", "0")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("Return the"), sampled.stderr
+
+
+def damage(folder: Path, kind: str) -> str:
+    """A training glob over good shards and one damaged as ``kind`` says; the damaged file's name."""
+    good = np.arange(100) % 50
+    write_shard(folder / "train_000000.bin", good)
+    bad = folder / "train_000001.bin"
+    if kind == "magic":
+        write_shard(bad, good, (20240521, 1, np.uint16))
+    elif kind == "version":
+        write_shard(bad, good, (20240520, 7, np.uint16))
+    elif kind == "truncated":
+        bad.write_bytes(write_shard(bad, good).read_bytes()[:-10])
+    elif kind == "header":
+        bad.write_bytes(b"\0" * 100)
+    elif kind == "mixed":
+        write_shard(bad, good, LLAMA3)
+    write_shard(folder / "val_000000.bin", good)
+    return str(bad)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("magic", r"^'{bad}' is not a token shard: magic number 20240521, not one of 20240520 \(GPT-2\), 20240801"),
+        ("version", r"^'{bad}': version 7 with magic number 20240520 \(GPT-2 shards are version 1\)$"),
+        ("truncated", r"^'{bad}' is truncated or damaged: its header says 100 tokens \(1,224 bytes\), the file has "),
+        ("header", r"^'{bad}' is not a token shard: 100 bytes, less than the 1024-byte header$"),
+        ("mixed", r"^'{bad}' has magic number 20240801; '.*train_000000.bin' of the same glob another$"),
+    ],
+)
+def test_a_damaged_shard_is_one_line_naming_the_file(tmp_path, kind, message):
+    from trainrun.data.token_shards import open_shards
+
+    bad = damage(tmp_path, kind)
+    with pytest.raises((DataError, FileFormatError), match=message.format(bad=bad)):
+        open_shards(str(tmp_path / "train_*.bin"), "train")
+
+
+@pytest.mark.slow
+def test_bad_shards_and_an_empty_glob_stop_the_cli_before_anything_is_written(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    bad = damage(folder, "truncated")
+    common = [
+        "task=causal_lm",
+        "data=token_shards",
+        "model=gpt_tiny",
+        "data.text.max_seq_len=16",
+        "data.shards.val_tokens=32",
+    ]
+    common.append(f"data.val={folder}/val_*.bin")
+    cases = {
+        f"data.train={folder}/train_*.bin": f"'{bad}' is truncated or damaged",
+        f"data.train={folder}/none_*.bin": f"bad value for 'data.train': no file matches '{folder}/none_*.bin'",
+    }
+    for override, message in cases.items():
+        result = run_cli(*common, override, f"hydra.run.dir={tmp_path / 'run'}")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"trainrun: error: {message}"), lines
+        assert not (tmp_path / "run").exists()
+    unscored = run_cli(*common, f"data.train={folder}/train_000000.bin", "data.shards.val_tokens=20")
+    assert unscored.returncode == 2 and "bad value for 'data.shards.val_tokens': 20 (a multiple of" in unscored.stderr

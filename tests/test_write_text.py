@@ -1,0 +1,195 @@
+"""``trainrun write-text`` on corpora of every kind it reads: streamed, tokenized in workers, written
+in shards, and continued after a kill to the store an uninterrupted write gives."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from trainrun.data.corpus import held_out
+from trainrun.data.store_writer import partial_folder
+from trainrun.data.token_store import TokenStore, read_documents, train_tokenizer
+from trainrun.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[str]:
+    return read_documents("stdlib_docs")[:1200]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(documents, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    train_tokenizer(documents, 600, kind="bpe").save(str(path))
+    return path
+
+
+def write_corpus_files(folder: Path, documents: list[str]) -> dict[str, Path]:
+    """The same documents in every kind write-text reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps({"text": document}) + "\n" for document in documents)
+    files = {"jsonl": folder / "c.jsonl", "ndjson": folder / "c.ndjson", "txt": folder / "c.txt"}
+    files["jsonl"].write_text(lines)
+    files["ndjson"].write_text(lines)
+    files["txt"].write_text("\n\n".join(" ".join(document.split()) for document in documents))  # one line each
+    files["json.gz"] = folder / "c.json.gz"
+    with gzip.open(files["json.gz"], "wt") as handle:
+        handle.write(lines)
+    files["jsonl.zst"] = folder / "c.jsonl.zst"
+    files["jsonl.zst"].write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    files["parquet"] = folder / "c.parquet"
+    pq.write_table(
+        pa.table({"id": list(range(len(documents))), "text": documents}), files["parquet"], row_group_size=300
+    )
+    return files
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(store.iterdir())}
+
+
+def write_text(corpus: Path, out: Path, tokenizer: Path, *flags: str) -> subprocess.CompletedProcess:
+    result = run_cli("write-text", str(corpus), str(out), "--tokenizer", str(tokenizer), *flags)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.mark.slow
+def test_every_kind_gives_the_same_store_whatever_the_workers(documents, tokenizer, tmp_path):
+    files = write_corpus_files(tmp_path / "corpus", documents)
+    flags = ("--shard-tokens", "20000", "--val-fraction", "0.1")
+    reference = write_text(files["jsonl"], tmp_path / "jsonl", tokenizer, *flags, "--workers", "0")
+    assert "shard 0: " in reference.stdout and " MB/s, " in reference.stdout  # a progress line per shard off a terminal
+    expected = store_files(tmp_path / "jsonl")
+    assert sum(name.startswith("train-") for name in expected) == 4  # two shards (.bin and .idx.npy each)
+    for kind in ("ndjson", "json.gz", "jsonl.zst", "parquet"):
+        write_text(files[kind], tmp_path / kind, tokenizer, *flags, "--workers", "2" if kind == "parquet" else "1")
+        written = store_files(tmp_path / kind)
+        assert {name: data for name, data in written.items() if name != "store.json"} == {
+            name: data for name, data in expected.items() if name != "store.json"
+        }, kind
+    store = TokenStore.open(tmp_path / "jsonl", "train")
+    meta = store.meta
+    assert meta["format"] == "trainrun-tokens/2" and meta["train"]["documents"] + meta["val"]["documents"] == 1200
+    held = held_out(np.arange(1200), 0.1, 0)
+    from tokenizers import Tokenizer
+
+    decode = Tokenizer.from_file(str(tokenizer)).decode
+    kept = [document for document, out in zip(documents, held) if not out]
+    assert [decode(ids.tolist()) for ids in store.documents()] == kept  # in order, across shards
+    # a plain-text corpus: its blank-line-separated blocks are the documents
+    write_text(files["txt"], tmp_path / "txt", tokenizer, *flags)
+    meta = TokenStore.open(tmp_path / "txt", "train").meta
+    assert (meta["train"]["documents"], meta["val"]["documents"]) == (len(kept), 1200 - len(kept))
+
+
+@pytest.mark.slow
+def test_a_folder_datasets_save_to_disk_wrote_is_read_as_its_arrow_files(documents, tokenizer, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": documents, "n": list(range(len(documents)))}).save_to_disk(
+        tmp_path / "saved", max_shard_size="200KB"
+    )
+    assert len(list((tmp_path / "saved").glob("*.arrow"))) > 1
+    files = write_corpus_files(tmp_path / "corpus", documents)
+    write_text(tmp_path / "saved", tmp_path / "from_saved", tokenizer)
+    write_text(files["jsonl"], tmp_path / "from_jsonl", tokenizer)
+    for split in ("train", "val"):
+        saved, lines = TokenStore.open(tmp_path / "from_saved", split), TokenStore.open(tmp_path / "from_jsonl", split)
+        assert np.array_equal(np.asarray(saved.tokens), np.asarray(lines.tokens))
+
+
+@pytest.mark.slow
+def test_a_killed_write_continues_to_the_store_an_uninterrupted_one_gives(documents, tokenizer, tmp_path):
+    corpus = tmp_path / "big.jsonl.gz"
+    with gzip.open(corpus, "wt") as handle:
+        for round_index in range(6):
+            for document in documents:
+                handle.write(json.dumps({"text": f"{round_index}: {document}"}) + "\n")
+    args = ["write-text", str(corpus), "--tokenizer", str(tokenizer), "--shard-tokens", "20000", "--workers", "1"]
+    whole = run_cli(*args[:2], str(tmp_path / "whole"), *args[2:])
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainrun", *args[:2], str(out), *args[2:]], stdout=subprocess.DEVNULL
+    )
+    progress = partial_folder(out) / "progress.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if progress.is_file() and len(json.loads(progress.read_text())["shards"]) >= 3:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL and not out.exists()
+    finished = len(json.loads(progress.read_text())["shards"])
+    again = run_cli(*args[:2], str(out), *args[2:])
+    assert again.returncode == 0, again.stderr
+    assert f"continuing after {finished} finished shards" in again.stdout
+    assert store_files(out) == store_files(tmp_path / "whole") and not partial_folder(out).exists()
+
+
+def test_unreadable_kinds_are_refused_by_name_and_nothing_is_left(tokenizer, tmp_path):
+    for name in ("corpus.csv", "corpus.jsonl.bz2", "corpus.md"):
+        (tmp_path / name).write_text("text")
+        result = run_cli("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+        assert result.returncode == 2 and result.stderr.strip() == (
+            f"trainrun: error: corpus file '{tmp_path / name}' is of a kind write-text does not read (it reads .txt, "
+            ".jsonl, .ndjson or .json (each also .gz or .zst), .parquet, or a folder datasets' save_to_disk wrote)"
+        )
+    (tmp_path / "array.json").write_text('[{"text": "a"},\n {"text": "b"}]\n')
+    result = run_cli("write-text", str(tmp_path / "array.json"), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+    assert (
+        result.returncode == 2 and "'" + str(tmp_path / "array.json") + "' line 1 is not a JSON record" in result.stderr
+    )
+    (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:-30])
+    result = run_cli(
+        "write-text", str(tmp_path / "broken.jsonl.gz"), str(tmp_path / "out"), "--tokenizer", str(tokenizer)
+    )
+    assert (
+        result.returncode == 2
+        and f"corpus file '{tmp_path / 'broken.jsonl.gz'}' is damaged after line" in result.stderr
+    )
+    (tmp_path / "other.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match=r"^corpus file '.*other\.parquet' is not a readable parquet file \("):
+        read_documents(str(tmp_path / "other.parquet"))
+    assert not (tmp_path / "out").exists() and not partial_folder(tmp_path / "out").exists()
+
+
+def test_the_validation_share_is_a_seeded_hash_of_the_record_number():
+    numbers = np.arange(200_000)
+    held = held_out(numbers, 0.05, seed=0)
+    assert abs(held.mean() - 0.05) < 0.003  # the share asked for
+    assert np.array_equal(held[1000:2000], held_out(numbers[1000:2000], 0.05, seed=0))  # whatever the batch
+    assert (held != held_out(numbers, 0.05, seed=1)).any() and not held_out(numbers, 0.0, 0).any()
+
+
+def test_a_text_field_names_another_json_field_or_column(tokenizer, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"document number {i} of a corpus with a body field" for i in range(60)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": text}) + "\n" for text in texts))
+    pq.write_table(pa.table({"body": texts}), tmp_path / "c.parquet")
+    for name in ("c.jsonl", "c.parquet"):
+        missing = run_cli("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+        assert missing.returncode == 2 and (
+            'no "text" string' in missing.stderr or "no 'text' column" in missing.stderr
+        )
+        out = tmp_path / f"out_{name}"
+        write_text(tmp_path / name, out, tokenizer, "--text-field", "body", "--val-fraction", "0.2")
+        meta = json.loads((out / "store.json").read_text())
+        assert meta["train"]["documents"] + meta["val"]["documents"] == 60 and meta["settings"]["text_field"] == "body"

@@ -1,0 +1,242 @@
+"""Text corpora read as a stream of records, one file and one batch at a time, with bounded memory.
+
+A corpus is a file, a folder of files (every file under it, in name order) or a folder that
+Hugging Face ``datasets``' ``save_to_disk`` wrote. Each file kind is named by its suffix:
+
+- ``.txt``: documents separated by blank lines (a record is a block of lines);
+- ``.jsonl``, ``.ndjson``, ``.json``: one JSON record per line, the text in ``text_field``;
+- any of these compressed: ``.gz`` (gzip) or ``.zst`` (Zstandard), read as a stream;
+- ``.parquet``: the ``text_field`` column, one row group at a time (pyarrow);
+- a ``save_to_disk`` folder: its Arrow files (a ``DatasetDict``'s splits in its own order).
+
+Any other file is refused by name, never read as text nor skipped in silence. Records are numbered
+in stream order from 0, empty ones too (they hold no document and are dropped later): the number
+decides a record's split (:func:`held_out`) and is where a resumed write continues.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from trainrun.errors import DataError
+
+TEXT_KINDS = {".txt": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+COMPRESSIONS = (".gz", ".zst")
+READABLE = ".txt, .jsonl, .ndjson or .json (each also .gz or .zst), .parquet, or a folder datasets' save_to_disk wrote"
+HF_FOLDER_FILES = ("state.json", "dataset_dict.json")  # what marks a save_to_disk folder (a Dataset, a DatasetDict)
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One file of a corpus and how it is read: ``text``, ``jsonl``, ``parquet`` or ``arrow``."""
+
+    path: Path
+    kind: str
+    compression: str = ""  # "", ".gz" or ".zst"
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+def file_kind(path: Path) -> CorpusFile:
+    """How ``path`` is read, from its suffixes; one line naming it if write-text does not read its kind."""
+    suffixes = [suffix.lower() for suffix in path.suffixes]
+    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSIONS else ""
+    last = suffixes[-1] if suffixes else ""
+    if last == ".parquet" and not compression:
+        return CorpusFile(path, "parquet")
+    if last in TEXT_KINDS:
+        return CorpusFile(path, TEXT_KINDS[last], compression)
+    raise DataError(f"corpus file '{path}' is of a kind write-text does not read (it reads {READABLE})")
+
+
+def corpus_files(source: str | Path) -> list[CorpusFile]:
+    """Every file of the corpus at ``source``, in reading order, each of a kind it reads."""
+    root = Path(source).expanduser()
+    if root.is_file():
+        return [file_kind(root)]
+    if not root.is_dir():
+        raise DataError(f"corpus '{source}' is neither a file nor a folder")
+    if any((root / name).is_file() for name in HF_FOLDER_FILES):
+        return saved_dataset_files(root)
+    files = sorted(path for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root)))
+    if not files:
+        raise DataError(f"corpus folder '{root}' holds no file (it reads {READABLE})")
+    return [file_kind(path) for path in files]
+
+
+def _hidden(relative: Path) -> bool:
+    """A dot-file or a file in a dot-folder (version control, editors' state): not part of a corpus."""
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def saved_dataset_files(root: Path) -> list[CorpusFile]:
+    """The Arrow files of a ``save_to_disk`` folder: a Dataset's in ``state.json``'s order, a
+    DatasetDict's splits in ``dataset_dict.json``'s."""
+    if (root / "dataset_dict.json").is_file():
+        splits = _json_file(root / "dataset_dict.json").get("splits", [])
+        return [file for split in splits for file in saved_dataset_files(root / split)]
+    state = _json_file(root / "state.json")
+    names = [entry["filename"] for entry in state.get("_data_files", []) if "filename" in entry]
+    missing = [name for name in names if not (root / name).is_file()]
+    if not names or missing:
+        raise DataError(f"'{root}' is a damaged datasets folder: state.json names {missing or 'no'} Arrow files")
+    return [CorpusFile(root / name, "arrow") for name in names]
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"'{path}' is not JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise DataError(f"'{path}' is not a JSON object")
+    return content
+
+
+class CountingReader(io.RawIOBase):
+    """A binary file that counts the bytes read from disk (the progress of a compressed stream)."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle, self.consumed = handle, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self.handle.readinto(buffer)
+        self.consumed += count or 0
+        return count
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
+def _decompressed(raw: IO[bytes], compression: str) -> IO[bytes]:
+    if compression == ".gz":
+        return gzip.GzipFile(fileobj=raw)
+    if compression == ".zst":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return raw
+
+
+def _text_lines(file: CorpusFile, counter: CountingReader) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) of a text file, decoded as UTF-8; one line naming the file if not."""
+    stream = io.TextIOWrapper(io.BufferedReader(_decompressed(counter, file.compression)), encoding="utf-8")
+    number = 0
+    try:
+        for number, line in enumerate(stream, 1):
+            yield number, line
+    except UnicodeDecodeError:
+        raise DataError(f"corpus file '{file.path}' is not UTF-8 (line {number + 1})") from None
+    except (OSError, EOFError) as error:  # gzip's and zstandard's damaged streams
+        raise DataError(f"corpus file '{file.path}' is damaged after line {number} ({error})") from None
+
+
+def _json_text(file: CorpusFile, number: int, line: str, field: str) -> str:
+    """The ``field`` of line ``number`` of a JSON-lines file ('' for a blank line)."""
+    if not line.strip():
+        return ""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"corpus file '{file.path}' line {number} is not a JSON record ({error.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        raise DataError(
+            f"corpus file '{file.path}' line {number} has no \"{field}\" string "
+            f'(one {{"{field}": ...}} per line; --text-field names another field)'
+        )
+    return record[field]
+
+
+def _column_batches(file: CorpusFile, field: str) -> Iterator[tuple[object, float]]:
+    """(the ``field`` column of a record batch, the share of the file read after it) of a Parquet or Arrow file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if file.kind == "parquet":
+            table = pq.ParquetFile(file.path)
+            names, total = table.schema_arrow.names, max(1, table.metadata.num_rows)
+            batches = table.iter_batches(batch_size=4096, columns=[field] if field in names else None)
+        else:
+            reader = pa.ipc.open_stream(pa.memory_map(str(file.path)))
+            names, total, batches = reader.schema.names, 0, reader
+        if field not in names:
+            raise DataError(f"corpus file '{file.path}' has no '{field}' column (it has {', '.join(names)})")
+        rows = 0
+        for batch in batches:
+            rows += batch.num_rows
+            yield batch.column(batch.schema.get_field_index(field)), rows / total if total else 0.0
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"corpus file '{file.path}' is not a readable {file.kind} file ({error})") from None
+
+
+def file_records(file: CorpusFile, field: str, skip: int = 0) -> Iterator[tuple[str | None, int]]:
+    """(text, bytes of the file read so far) of each record of ``file``: '' for an empty record,
+    None for each of the first ``skip``, which are passed over without decoding (nor JSON parsing)."""
+    if file.kind in ("parquet", "arrow"):
+        for column, share in _column_batches(file, field):
+            position = round(share * file.size)
+            if skip >= len(column):
+                skip -= len(column)
+                yield from ((None, position) for _ in range(len(column)))
+                continue
+            yield from ((None, position) for _ in range(skip))
+            for text in column.slice(skip).to_pylist():
+                if not isinstance(text, str | None):
+                    raise DataError(f"corpus file '{file.path}' column '{field}' holds {type(text).__name__}, not text")
+                yield text or "", position
+            skip = 0
+        return
+    with open(file.path, "rb") as handle:
+        counter = CountingReader(handle)
+        if file.kind == "jsonl":
+            for number, line in _text_lines(file, counter):
+                yield (_json_text(file, number, line, field) if number > skip else None), counter.consumed
+            return
+        block: list[str] = []
+        for _, line in _text_lines(file, counter):  # blocks of lines between blank lines
+            if line.strip("\r\n"):
+                block.append(line)
+            elif block:
+                yield ("".join(block).strip() if skip <= 0 else None), counter.consumed
+                skip, block = skip - 1, []
+        if block:
+            yield ("".join(block).strip() if skip <= 0 else None), counter.consumed
+
+
+def records(files: list[CorpusFile], field: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(record number, text, bytes of the corpus read so far) of every record from number ``start``
+    on, across ``files`` in order (the records before it are counted, not decoded)."""
+    number, done = 0, 0
+    for file in files:
+        for text, position in file_records(file, field, skip=max(0, start - number)):
+            if text is not None:
+                yield number, text, done + position
+            number += 1
+        done += file.size
+
+
+def held_out(numbers: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Which records go to validation: those whose keyed hash of (``seed``, number) falls below
+    ``fraction`` (SplitMix64, a fixed mixing of integers): a seeded share that does not depend on
+    how the corpus is batched, read by how many workers, or where a resumed write starts."""
+    with np.errstate(over="ignore"):
+        mixed = np.asarray(numbers, dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        mixed ^= mixed >> np.uint64(31)
+    return (mixed >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
