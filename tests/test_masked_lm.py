@@ -883,7 +883,7 @@ def test_the_standard_library_is_read_while_other_threads_parse_python(tmp_path,
 
 
 def test_write_text_says_when_the_corpus_gives_a_smaller_vocabulary_than_asked(tmp_path, capsys):
-    from trainrun.commands.write import write_text_command
+    from trainrun.commands.write_text import write_text_command
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(["the cat sat on the mat", "a dog ran to the park"] * 20))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import run_cli
 
@@ -130,11 +131,13 @@ def test_a_killed_write_continues_to_the_store_an_uninterrupted_one_gives(docume
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         if progress.is_file() and len(json.loads(progress.read_text())["shards"]) >= 3:
+            workers = psutil.Process(process.pid).children(recursive=True)
             os.kill(process.pid, signal.SIGKILL)
             break
         time.sleep(0.05)
     process.wait()
     assert process.returncode == -signal.SIGKILL and not out.exists()
+    assert workers and psutil.wait_procs(workers, timeout=10)[1] == []  # its workers end with it
     finished = len(json.loads(progress.read_text())["shards"])
     again = run_cli(*args[:2], str(out), *args[2:])
     assert again.returncode == 0, again.stderr

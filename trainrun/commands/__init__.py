@@ -14,7 +14,7 @@ from trainrun.versions import check_requirements
 # Each subcommand's entry point, imported when it runs: (module, function taking argv).
 SUBCOMMANDS = {
     "write": ("trainrun.commands.write", "write_command"),  # an image folder or built-in set to a .beton
-    "write-text": ("trainrun.commands.write", "write_text_command"),  # a corpus to a token store
+    "write-text": ("trainrun.commands.write_text", "write_text_command"),  # a corpus to a token store
     "sweep": ("trainrun.commands.sweep", "run_sweep"),  # a recipe over budgets and seeds
     "report": ("trainrun.commands.report", "report_command"),  # trade-off curves, time and cost to accuracy
     "sample": ("trainrun.commands.sample", "sample_command"),  # a continuation from a finished causal-LM run

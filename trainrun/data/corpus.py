@@ -168,7 +168,7 @@ def _column_batches(file: CorpusFile, field: str) -> Iterator[tuple[object, floa
 
     try:
         if file.kind == "parquet":
-            table = pq.ParquetFile(file.path)
+            table = pq.ParquetFile(file.path, pre_buffer=False, buffer_size=1 << 20)  # a stream, not whole columns
             names, total = table.schema_arrow.names, max(1, table.metadata.num_rows)
             batches = table.iter_batches(batch_size=4096, columns=[field] if field in names else None)
         else:

@@ -8,6 +8,8 @@ tokenizer thread each, spread the encoding over the cores while the writer reads
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -20,11 +22,21 @@ import numpy as np
 _TOKENIZER = None
 
 
-def _load_worker_tokenizer(path: str) -> None:
+def _load_worker_tokenizer(path: str, parent: int | None = None) -> None:
+    """Load the tokenizer a worker encodes with; a worker of process ``parent`` ends when that process does."""
     global _TOKENIZER
     from tokenizers import Tokenizer
 
     _TOKENIZER = Tokenizer.from_file(path)
+    if parent is not None:
+        threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """Exit once ``parent`` is gone: a writer killed (SIGKILL) shuts no worker down, which would wait on forever."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def encode(texts: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +62,7 @@ class Encoder:
                 workers,
                 mp_context=get_context("spawn"),
                 initializer=_load_worker_tokenizer,
-                initargs=(str(tokenizer_file),),
+                initargs=(str(tokenizer_file), os.getpid()),
             )
         else:
             _load_worker_tokenizer(str(tokenizer_file))
