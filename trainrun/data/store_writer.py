@@ -280,6 +280,9 @@ def write_corpus(
         except (ConfigError, DataError, FileFormatError):  # a wrong corpus or setting: nothing to continue from
             shutil.rmtree(folder)
             raise
+        except KeyboardInterrupt:
+            console.print(f"interrupted: the finished shards stay in '{folder}'; the same command continues after them")
+            raise
     if out.exists():
         shutil.rmtree(out)
     os.replace(folder, out)
