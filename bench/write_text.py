@@ -161,7 +161,7 @@ def main() -> None:
         for workers in args.workers:
             out = work / f"trainrun_{workers}"
             command = [*trainrun, str(out), "--tokenizer", str(tokenizer), "--workers", str(workers)]
-            results[("trainrun", workers)] = measured(command)
+            results[("write-text", workers)] = measured(command)
             shutil.rmtree(out) if not args.kill or workers != max(args.workers) else None
             if "datasets" in args.peers:
                 job = work / f"datasets_{workers}"
@@ -180,14 +180,14 @@ def main() -> None:
             )
         for workers in args.workers:
             if ("datasets", workers) in results:
-                ours, theirs = results[("trainrun", workers)], results[("datasets", workers)]
+                ours, theirs = results[("write-text", workers)], results[("datasets", workers)]
                 print(
-                    f"{workers} workers: trainrun {theirs['seconds'] / ours['seconds']:.2f}x as fast as datasets, "
+                    f"{workers} workers: write-text {theirs['seconds'] / ours['seconds']:.2f}x as fast as datasets, "
                     f"{theirs['peak_gb'] / ours['peak_gb']:.2f}x less memory"
                 )
         if args.kill:
             workers = max(args.workers)
-            whole = results[("trainrun", workers)]
+            whole = results[("write-text", workers)]
             out = work / "killed"
             command = [*trainrun, str(out), "--tokenizer", str(tokenizer), "--workers", str(workers)]
             first = measured(command, kill_after=whole["seconds"] / 2)

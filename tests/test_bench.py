@@ -187,7 +187,7 @@ def test_corpus_benches_make_a_corpus_and_compare_write_text_with_datasets(tmp_p
     assert {"corpus.parquet", "corpus.jsonl.gz", "corpus.json"} <= {p.name for p in (tmp_path / "corpus").iterdir()}
     result = bench("write_text.py", str(tmp_path / "corpus"), "--workers", "1", "--vocab", "600")
     assert result.returncode == 0, result.stderr
-    assert "1 workers: trainrun " in result.stdout and "x as fast as datasets, " in result.stdout
+    assert "1 workers: write-text " in result.stdout and "x as fast as datasets, " in result.stdout
 
 
 @pytest.mark.slow
