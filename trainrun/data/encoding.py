@@ -22,14 +22,15 @@ import numpy as np
 _TOKENIZER = None
 
 
-def _load_worker_tokenizer(path: str, parent: int | None = None) -> None:
-    """Load the tokenizer a worker encodes with; a worker of process ``parent`` ends when that process does."""
+def _start_worker(path: str, parent: int) -> None:
+    """A worker's start: one tokenizer thread (workers share the cores), the tokenizer it encodes
+    with, and a watch that ends it when ``parent`` does."""
     global _TOKENIZER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers when it encodes
     from tokenizers import Tokenizer
 
     _TOKENIZER = Tokenizer.from_file(path)
-    if parent is not None:
-        threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
 
 
 def _end_with(parent: int) -> None:
@@ -40,8 +41,8 @@ def _end_with(parent: int) -> None:
 
 
 def encode(texts: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
-    """(every text's token ids end to end, each text's length) with ``tokenizer`` (a worker's own by
-    default), through ``encode_batch_fast`` where ``tokenizers`` has it (no character offsets)."""
+    """(every text's token ids end to end, each text's length) with ``tokenizer`` (in a worker, its
+    own by default), through ``encode_batch_fast`` where ``tokenizers`` has it (no character offsets)."""
     tokenizer = tokenizer or _TOKENIZER
     batch_encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     ids = [item.ids for item in batch_encode(texts, add_special_tokens=False)]
@@ -55,23 +56,24 @@ class Encoder:
     own threads). At most two batches per worker are in flight."""
 
     def __init__(self, tokenizer_file: Path, workers: int) -> None:
-        self.pool = None
+        self.pool, self.tokenizer = None, None
         if workers > 0:
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # inherited by the workers: one thread each
             self.pool = ProcessPoolExecutor(
                 workers,
                 mp_context=get_context("spawn"),
-                initializer=_load_worker_tokenizer,
+                initializer=_start_worker,
                 initargs=(str(tokenizer_file), os.getpid()),
             )
         else:
-            _load_worker_tokenizer(str(tokenizer_file))
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.limit = 2 * max(1, workers)
 
     def map(self, batches: Iterator) -> Iterator:
         """(batch, (ids, lengths)) for each ``batch`` (whose ``texts`` are encoded), in order."""
         if self.pool is None:
-            yield from ((batch, encode(batch.texts)) for batch in batches)
+            yield from ((batch, encode(batch.texts, self.tokenizer)) for batch in batches)
             return
         pending: deque[tuple[object, Future]] = deque()
         for batch in batches:

@@ -30,7 +30,7 @@ import numpy as np
 from trainrun.atomic_io import atomic_directory, atomic_write_json, read_json
 from trainrun.data.corpus import CorpusFile, corpus_files, held_out, records
 from trainrun.data.encoding import Encoder, encode
-from trainrun.data.token_store import TEXT_VAL_FRACTION, load_tokenizer, store_facts, train_tokenizer
+from trainrun.data.token_store import TEXT_VAL_FRACTION, file_sha256, load_tokenizer, store_facts, train_tokenizer
 from trainrun.errors import ConfigError, DataError, FileFormatError
 from trainrun.schema import DataConfig, TextConfig
 
@@ -112,11 +112,7 @@ def shard_intact(folder: Path, entry: dict, itemsize: int) -> bool:
             return False
         if len(offsets) != part["documents"] + 1 or offsets[-1] != part["tokens"]:
             return False
-        digest = hashlib.sha256()
-        with open(ids, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 24), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != part["sha256"]:
+        if file_sha256(ids) != part["sha256"]:
             return False
     return True
 
@@ -133,6 +129,11 @@ class Batch:
 
 def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> Iterator[Batch]:
     """The corpus's documents from record ``start`` on, in batches (empty records dropped)."""
+
+    def batch(texts: list[str], numbers: list[int], records_end: int, position: int) -> Batch:
+        held = held_out(np.array(numbers), settings.val_fraction, settings.split_seed)
+        return Batch(texts, held, records_end, position)
+
     texts, numbers = [], []
     number, position = start - 1, 0
     for number, text, position in records(files, settings.text_field, start):
@@ -140,14 +141,10 @@ def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> It
             texts.append(text)
             numbers.append(number)
         if len(texts) == BATCH_DOCUMENTS:
-            yield Batch(
-                texts, held_out(np.array(numbers), settings.val_fraction, settings.split_seed), number + 1, position
-            )
+            yield batch(texts, numbers, number + 1, position)
             texts, numbers = [], []
     if texts or number + 1 > start:
-        yield Batch(
-            texts, held_out(np.array(numbers), settings.val_fraction, settings.split_seed), number + 1, position
-        )
+        yield batch(texts, numbers, number + 1, position)
 
 
 class Progress:
@@ -198,7 +195,7 @@ def _identity(files: list[CorpusFile], settings: CorpusSettings, tokenizer: Path
         "format": FORMAT,
         "files": [[str(file.path.resolve()), file.size, file.path.stat().st_mtime_ns] for file in files],
         "settings": asdict(settings),
-        "tokenizer": hashlib.sha256(tokenizer.read_bytes()).hexdigest() if tokenizer else None,
+        "tokenizer": file_sha256(tokenizer) if tokenizer else None,
         "batch_documents": BATCH_DOCUMENTS,
     }
 
@@ -275,8 +272,9 @@ def write_corpus(
     folder = partial_folder(out)
     with locked(folder):
         try:
-            shards = _resume(folder, identity, settings, tokenizer, files, console)
-            meta = _finish(folder, source, settings, _write_shards(folder, files, settings, shards, workers, console))
+            shards, facts = _resume(folder, identity, settings, tokenizer, files, console)
+            shards = _write_shards(folder, identity, files, settings, facts["dtype"], shards, workers, console)
+            meta = _finish(folder, source, settings, facts, shards)
         except (ConfigError, DataError, FileFormatError):  # a wrong corpus or setting: nothing to continue from
             shutil.rmtree(folder)
             raise
@@ -291,9 +289,9 @@ def write_corpus(
 
 def _resume(
     folder: Path, identity: dict, settings: CorpusSettings, tokenizer: Path | None, files: list[CorpusFile], console
-) -> list[dict]:
-    """The partial folder's tokenizer (copied, trained on a sample, or kept from before) and the
-    shards it holds that are intact, in order."""
+) -> tuple[list[dict], dict]:
+    """The shards the partial folder holds that are intact, in order, and the facts of its tokenizer
+    (copied, trained on a sample, or kept from before)."""
     shards = finished_shards(folder, identity, console)
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -304,7 +302,8 @@ def _resume(
             trained = train_tokenizer(sample_documents(files, settings), settings.vocab_size, settings.tokenizer_kind)
             trained.save(str(folder / "tokenizer.json.tmp"))
         os.replace(folder / "tokenizer.json.tmp", tokenizer_file)
-    itemsize = np.dtype(store_facts(tokenizer_file, settings.dtype, tokenizer)["dtype"]).itemsize
+    facts = store_facts(tokenizer_file, settings.dtype, tokenizer)
+    itemsize = np.dtype(facts["dtype"]).itemsize
     kept = []
     for entry in shards:
         if not shard_intact(folder, entry, itemsize):
@@ -313,14 +312,14 @@ def _resume(
         kept.append(entry)
     if kept:
         console.print(f"continuing after {len(kept)} finished shards (record {kept[-1]['records_end']:,})")
-    return kept
+    return kept, facts
 
 
-def _finish(folder: Path, source: str, settings: CorpusSettings, shards: list[dict]) -> dict:
+def _finish(folder: Path, source: str, settings: CorpusSettings, facts: dict, shards: list[dict]) -> dict:
     """``store.json`` of the finished shards, written; the partial folder's own files removed."""
-    tokenizer_file = folder / "tokenizer.json"
-    facts = store_facts(tokenizer_file, settings.dtype)
-    meta = store_meta(facts, _file_sha256(tokenizer_file), shards, corpus=str(source), settings=asdict(settings))
+    meta = store_meta(
+        facts, file_sha256(folder / "tokenizer.json"), shards, corpus=str(source), settings=asdict(settings)
+    )
     if meta["train"]["tokens"] == 0 or meta["val"]["tokens"] == 0:
         split = "training" if meta["train"]["tokens"] == 0 else "validation"
         raise DataError(
@@ -333,15 +332,18 @@ def _finish(folder: Path, source: str, settings: CorpusSettings, shards: list[di
     return meta
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _write_shards(
-    folder: Path, files: list[CorpusFile], settings: CorpusSettings, kept: list[dict], workers: int, console
+    folder: Path,
+    identity: dict,
+    files: list[CorpusFile],
+    settings: CorpusSettings,
+    dtype: str,
+    kept: list[dict],
+    workers: int,
+    console,
 ) -> list[dict]:
-    """Tokenize the records after the ``kept`` shards into shards; every shard's entry, in order."""
-    dtype = store_facts(folder / "tokenizer.json", settings.dtype)["dtype"]
+    """Tokenize the records after the ``kept`` shards into shards of ``dtype`` ids; every shard's
+    entry, in order, each recorded in ``progress.json`` as it closes."""
     start = kept[-1]["records_end"] if kept else 0
     progress = Progress(console, sum(file.size for file in files), kept[-1]["position"] if kept else 0)
     encoder = Encoder(folder / "tokenizer.json", workers)
@@ -355,7 +357,7 @@ def _write_shards(
             start, position = batch.records_end, batch.position
             if writer.tokens["train"] >= settings.shard_tokens:
                 kept.append({**writer.close(start), "position": position})
-                atomic_write_json(folder / "progress.json", {**read_json(folder / "progress.json"), "shards": kept})
+                atomic_write_json(folder / "progress.json", {"identity": identity, "shards": kept})
                 progress.shard(writer.index, position)
                 writer = ShardWriter(folder, writer.index + 1, dtype)
         if writer.tokens["train"] or writer.tokens["val"] or not kept:
@@ -390,6 +392,6 @@ def write_token_store(
         writer, saved = ShardWriter(partial, 0, facts["dtype"]), load_tokenizer(tokenizer_file)
         for split, documents in zip(SPLITS, (train, val)):
             writer.add(split, *encode(documents, saved))
-        meta = store_meta(facts, _file_sha256(tokenizer_file), [writer.close(len(train) + len(val))])
+        meta = store_meta(facts, file_sha256(tokenizer_file), [writer.close(len(train) + len(val))])
         atomic_write_json(partial / "store.json", meta)
     return out

@@ -177,8 +177,13 @@ def store_facts(tokenizer_file: Path, dtype: str, given: Path | None = None) -> 
     return {"dtype": np.dtype(dtype).name, "vocab_size": vocab, "special": special, "separator": separator}
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, read in 16 MB pieces (a store's shards are tens of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def _offsets(path: Path) -> np.ndarray:
@@ -219,7 +224,7 @@ class TokenStore:
             )
         if not (path / "tokenizer.json").is_file():
             raise DataError(f"token store '{path}' has no tokenizer.json: write it again with 'trainrun write-text'")
-        if _sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
+        if file_sha256(path / "tokenizer.json") != meta["tokenizer_sha256"]:
             raise DataError(f"'{path / 'tokenizer.json'}' is not the tokenizer the store was written with")
         if meta["vocab_size"] > TOKEN_DTYPES.get(meta["dtype"], 0):
             raise DataError(f"'{meta_path}': a vocabulary of {meta['vocab_size']:,} does not fit {meta['dtype']} ids")
