@@ -26,6 +26,7 @@ from typing import IO
 
 import numpy as np
 
+from trainrun.atomic_io import read_json
 from trainrun.errors import DataError
 
 TEXT_KINDS = {".txt": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
@@ -83,9 +84,9 @@ def saved_dataset_files(root: Path) -> list[CorpusFile]:
     """The Arrow files of a ``save_to_disk`` folder: a Dataset's in ``state.json``'s order, a
     DatasetDict's splits in ``dataset_dict.json``'s."""
     if (root / "dataset_dict.json").is_file():
-        splits = _json_file(root / "dataset_dict.json").get("splits", [])
+        splits = _json_object(root / "dataset_dict.json").get("splits", [])
         return [file for split in splits for file in saved_dataset_files(root / split)]
-    state = _json_file(root / "state.json")
+    state = _json_object(root / "state.json")
     names = [entry["filename"] for entry in state.get("_data_files", []) if "filename" in entry]
     missing = [name for name in names if not (root / name).is_file()]
     if not names or missing:
@@ -93,11 +94,9 @@ def saved_dataset_files(root: Path) -> list[CorpusFile]:
     return [CorpusFile(root / name, "arrow") for name in names]
 
 
-def _json_file(path: Path) -> dict:
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(f"'{path}' is not JSON ({error})") from None
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path`` (a save_to_disk folder's description); one line naming it if not."""
+    content = read_json(path)
     if not isinstance(content, dict):
         raise DataError(f"'{path}' is not a JSON object")
     return content
