@@ -197,3 +197,17 @@ def test_window_loader_bench_prints_every_source_and_worker_count():
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if " workers: " in line]
     assert len(lines) == 6 and all("x a GPU's need" in line and "x slower)" in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharding_bench_prints_a_ranks_memory_under_fsdp_against_ddp_and_each_checkpointing_mode():
+    result = bench("sharding.py", "--ranks", "2", "--seq", "64")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert rows["fsdp"].endswith("| 0.500x |")  # weights, gradients and AdamW's state: half of DDP's per rank
+    assert {"none", "selective", "full"} <= rows.keys()
+    speed = bench("sharding.py", "speed", "--model", "llama_tiny", "--batch", "1", "--seq", "32", "--steps", "1")
+    assert speed.returncode == 0, speed.stderr
+    assert "| ddp, bf16 |" in speed.stdout and "| fsdp, bf16 |" in speed.stdout
+    assert "| fp8 | bad value for 'precision': 'fp8' needs a GPU" in speed.stdout

@@ -75,9 +75,11 @@ def test_help_lists_groups_and_options(tmp_path):
         "algorithms: alibi, blurpool, channels_last, colout, cutmix, ema, fixres, fused_layers, "
         "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
         "low_precision_layernorm, masked_head",
-        "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, medium, "
-        "mild, unet_brats",
+        "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, llama3_1b, llama3_8b, llama_tiny, "
+        "resnet101, resnet18, resnet34, resnet50",
+        "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, "
+        "llama31_8b, medium, mild, unet_brats",
+        "parallel: ddp, fsdp",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step, wsd",
         "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "
         "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_shards, token_stream",
@@ -199,7 +201,7 @@ BAD_INPUTS = [
     (["algorithms=[ema]", "algorithms.ema.half_life=5"], "bad value for 'algorithms.ema.half_life'"),
     (["optimizer.lr=-0.1"], "bad value for 'optimizer.lr'"),
     (["scale_schedule_ratio=0"], "bad value for 'scale_schedule_ratio'"),
-    (["precision=fp8"], "bad value for 'precision'"),
+    (["precision=fp4"], "bad value for 'precision'"),
     (["model=resnet9000"], "unknown option 'resnet9000' for 'model'"),
     (["recipe=scorching"], "unknown option 'scorching' for 'recipe'"),
     (["quality_targets=[1.5]"], "bad value for 'quality_targets'"),
@@ -323,7 +325,7 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     assert moved["data.patch_size"] == "data.segmentation.patch_size" and moved["model.strides"] == "model.unet.strides"
     assert moved["data.tokenizer"] == "data.text.tokenizer" and moved["model.window"] == "model.gpt.window"
     assert moved["model.value_embeddings"] == "model.gpt.value_embeddings"
-    assert moved["data.val_tokens"] == "data.shards.val_tokens" and len(moved) == 49
+    assert moved["data.val_tokens"] == "data.shards.val_tokens" and len(moved) == 57
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):

@@ -35,7 +35,7 @@ READ_AROUND_A_RUN = {
     "data.val": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
     "data.shards": "data=token_shards (tests/test_token_shards.py trains on llm.c shards)",
 }
-SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.unet", "data.ffcv", "data.text")
+SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.llama", "model.unet", "data.ffcv", "data.text")
 SECTIONS += ("data.segmentation", "optimizer.muon")
 READ_UNDER = {  # key: the run here that makes the setting it is read under
     "data.crop_scale": "folder",  # a folder's random-resized crops
@@ -74,6 +74,7 @@ OWNS = {  # each run's sections (its kinds', its optimizer's)
     "masked_lm": {"model.bert", "data.text"},
     "causal_lm": {"model.gpt", "data.text", "optimizer.muon"},
     "segmentation": {"model.unet", "data.segmentation"},
+    "llama": {"model.llama", "data.text"},
     "folder": set(),
     "synthetic": {"model.resnet_small"},
 }
@@ -84,6 +85,11 @@ RUNS = {
     "causal_lm": [
         "task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=32", "optimizer=muon",
         "scheduler=wsd", "train_batch_size=8",
+    ],
+    "llama": [
+        "task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "data.text.max_seq_len=32", "optimizer=adamw",
+        "train_batch_size=8", "model.llama.rope_factor=8.0", "parallel=fsdp",
+        "parallel.activation_checkpointing=selective", "checkpoint.async_save=true",
     ],
     "segmentation": [
         "task=segmentation", "data=synthetic_brats", "model=unet2d", "model.unet.filters=[8,16,32]",

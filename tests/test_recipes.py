@@ -362,3 +362,55 @@ def test_unet_brats_carries_composers_published_values():
         "name": "unet_brats",
     }
     _assert_values(cfg, published)
+
+
+def test_llama31_8b_carries_mlperfs_reference_values():
+    """Key by key against mlcommons/training small_llm_pretraining/nemo (pretrain_llama31.py,
+    config_H200_1x8x1_8b.sh) and NeMo's distributed_fused_adam_with_cosine_annealing."""
+    cfg = compose(["recipe=llama31_8b", "data.path=/data/c4_llama3"])
+    reference = {
+        "task.name": "causal_lm",
+        "model.name": "llama",
+        "model.llama.layers": 32,  # Llama31Config8B
+        "model.llama.heads": 32,
+        "model.llama.kv_heads": 8,
+        "model.llama.width": 4096,
+        "model.llama.ffn_hidden": 14336,
+        "model.llama.rope_theta": 500_000.0,
+        "model.llama.rope_factor": 8.0,
+        "model.llama.rope_low_freq_factor": 1.0,
+        "model.llama.rope_high_freq_factor": 4.0,
+        "model.llama.rope_original_positions": 8192,
+        "model.llama.norm_eps": 1e-5,
+        "model.llama.tie_head": False,
+        "data.text.max_seq_len": 8192,  # seq_length = 8192
+        "train_batch_size": 32,  # GBS=32
+        "optimizer.name": "adamw",
+        "optimizer.lr": 5e-4,  # MAX_LR="5e-4"
+        "optimizer.betas": [0.9, 0.95],  # NeMo's adam_beta1, adam_beta2
+        "optimizer.eps": 1e-5,  # adam_eps
+        "optimizer.weight_decay": 0.1,
+        "scheduler.name": "cosine",
+        "scheduler.t_warmup": "512ba",  # WARMUP_STEPS=512
+        "scheduler.alpha_f": 0.1,  # min_lr = 0.1 x max_lr
+        "max_duration": "1200000ba",  # max_steps=1200000
+        "eval_interval": "384ba",  # EVAL_EVERY=12288 sequences / GBS 32
+        "algorithms.gradient_clipping.type": "norm",
+        "algorithms.gradient_clipping.threshold": 1.0,  # clip_grad=1.0
+        "stop_at": 3.3,  # --target_log_ppl 3.3
+        "seed": 1234,
+        "parallel.name": "fsdp",
+        "precision": "bf16",
+        "name": "llama31_8b",
+    }
+    _assert_values(cfg, reference)
+    assert 12_288 // cfg.train_batch_size == 384 and cfg.quality_targets[-1] == 3.3
+
+
+@pytest.mark.slow
+def test_llama31_8b_runs_a_few_steps_at_llama_tiny_size(tmp_path):
+    args = ["recipe=llama31_8b", "data=stdlib_stream", "model=llama_tiny", "data.text.max_seq_len=64"]
+    args += ["train_batch_size=4", "eval_batch_size=8", "max_duration=2ba", "eval_interval=2ba", "precision=fp32"]
+    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path)[-1]["batch"] == 2 and (tmp_path / "checkpoints" / "ep0-ba2" / ".metadata").is_file()

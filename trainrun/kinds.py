@@ -43,6 +43,8 @@ class Capability(str, Enum):
     MASKED_HEAD = "an output head that scores the masked positions only"
     ENCODER_LAYERS = "Hugging Face encoder layers (gated feed-forward, LayerNorm, fused blocks)"
     HIDDEN_MATRICES = "hidden weights that are 2-D matrices (Muon)"
+    TRANSFORMER_BLOCKS = "a list of repeated blocks (model.blocks): FSDP2's units, activation checkpointing's"
+    META_INIT = "weights set one at a time after a build on the meta device (no rank holds the whole model)"
 
 
 Check = Callable[[Any], None]  # the run's TrainConfig -> raise ConfigError naming the key

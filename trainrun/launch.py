@@ -29,6 +29,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint
 from trainrun.core.distributed import cores_per_process
+from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size
@@ -221,6 +222,8 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
         checkpoint.check_topology(
             checkpoint.load_checkpoint(resume_path, mmap=True), config.train_batch_size, ranks, resume_path
         )
+        checkpoint.check_readable(resume_path, config.parallel.name == "fsdp" and ranks > 1, ranks)
+    check_float8(config.precision, config.device)
     check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):

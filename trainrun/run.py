@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from trainrun import run_files
+from trainrun import kinds, run_files
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import atomic_write_text
-from trainrun.core import checkpoint, distributed
+from trainrun.core import checkpoint, distributed, parallel
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.distributed import Placement
@@ -30,6 +30,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.build import DataSpec, build_data
+from trainrun.kinds import Capability
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
 from trainrun.loggers.time_to_quality import TimeToQualityLogger
@@ -48,7 +49,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
-    model = build_seeded_model(config, data)
+    model = build_seeded_model(config, data, placement)
     timeline, budget = plan_timeline(config, data)
     task = build_task(config.task.name, config.data)
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
@@ -64,10 +65,8 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     print_banner(config, run_dir, state, task, console, budget)
     try:
         trainer.fit(offset)
-        if placement.rank == 0 and config.checkpoint.save_final and config.profile_prefix is None:
-            with engine.evaluated_model(state):  # the weights the final evaluation scored
-                for line in task.export(state, run_dir):
-                    console.print(line, highlight=False, soft_wrap=True)
+        if config.checkpoint.save_final and config.profile_prefix is None:
+            export(config, state, engine, task, run_dir, console)
     except BaseException as error:
         logs.record_failure(state, error)
         raise
@@ -75,6 +74,38 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
     return state
+
+
+def export(config: TrainConfig, state: State, engine: Engine, task: Task, run_dir: Path, console: Console) -> None:
+    """Rank 0 writes what the task exports of the weights the final evaluation scored; a sharded
+    model is gathered whole to rank 0 for it first (every rank takes part)."""
+    sharded = parallel.is_sharded(state.raw_model)
+    with engine.evaluated_model(state):
+        whole = parallel.whole_state(state.raw_model) if sharded else None
+        if state.rank == 0 and not sharded:
+            write_export(task, state, run_dir, console)
+    if state.rank == 0 and sharded:
+        with swapped_model(state, config, whole):
+            write_export(task, state, run_dir, console)
+
+
+def write_export(task: Task, state: State, run_dir: Path, console: Console) -> None:
+    for line in task.export(state, run_dir):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def swapped_model(state: State, config: TrainConfig, weights: dict[str, torch.Tensor]):
+    """``state.model`` replaced, for the block, by the run's model built whole on the host with ``weights``."""
+    whole = build_model(config.model, state.data.text)
+    for method in build_algorithms(config.algorithms):
+        method.rebuild(whole)
+    whole.load_state_dict(weights)
+    model, state.model = state.model, whole
+    try:
+        yield
+    finally:
+        state.model = model
 
 
 def build_precision(name: str, device: torch.device, console: Console) -> Precision:
@@ -85,11 +116,22 @@ def build_precision(name: str, device: torch.device, console: Console) -> Precis
     return precision
 
 
-def build_seeded_model(config: TrainConfig, data: DataSpec) -> torch.nn.Module:
+def build_seeded_model(config: TrainConfig, data: DataSpec, placement: Placement) -> torch.nn.Module:
     """The model with the same initial weights on every rank (and the same surgery at INIT); each
-    training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`)."""
+    training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`). Sharded
+    over several ranks, a model that can is built on the meta device (the trainer materialises
+    each rank's shards): no rank holds it whole."""
     seed_everything(config.seed)
-    return build_model(config.model, data.text)
+    meta_init = Capability.META_INIT in kinds.offers(config)
+    on_meta = parallel.shards_on_meta(parallelism(config), placement.world_size, meta_init)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        return build_model(config.model, data.text)
+
+
+def parallelism(config: TrainConfig) -> parallel.Parallelism:
+    """How the run's ranks share its model, as the trainer reads it."""
+    settings = config.parallel
+    return parallel.Parallelism(settings.name, settings.reshard_after_forward, settings.activation_checkpointing)
 
 
 def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:
@@ -221,6 +263,8 @@ def trainer_settings(
         stop_at=config.stop_at,
         microbatching=Microbatching.parse(config.device_train_microbatch_size),
         budget=budget,
+        parallel=parallelism(config),
+        async_checkpoints=config.checkpoint.async_save,
     )
 
 
@@ -232,7 +276,7 @@ def resume(config: TrainConfig, trainer: Trainer, logs: RunLogs, console: Consol
         if config.resume is not None:
             logs.resume_from(0)
         return None
-    offset = trainer.load_checkpoint(checkpoint.load_checkpoint(resume_path))
+    offset = trainer.load_checkpoint(resume_path)
     state = trainer.state
     logs.resume_from(state.batch)
     console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")

@@ -82,6 +82,27 @@ class GPTConfig:
 
 
 @dataclass
+class LlamaConfig:
+    """``model=llama*``: Llama 3 (trainrun/models/llama.py); the defaults are ``llama_tiny``, a size
+    this CPU trains; the vocabulary comes from the token store."""
+
+    layers: int = positive_field(2)
+    heads: int = positive_field(4)
+    kv_heads: int = positive_field(2)  # grouped-query attention: key/value heads, dividing heads
+    width: int = positive_field(128)
+    ffn_hidden: int = positive_field(384)  # SwiGLU's hidden width
+    max_seq_len: int = positive_field(256)  # the rotary tables' length: the longest window
+    norm_eps: float = field(default=1e-5, metadata={"exclusive_min": 0})
+    rope_theta: float = positive_field(500_000.0)
+    # Llama 3's rotary frequency scaling (null: none); 8 for Llama 3.1, 32 for Llama 3.2 1B
+    rope_factor: float | None = field(default=None, metadata={"exclusive_min": 0})
+    rope_low_freq_factor: float = positive_field(1.0)
+    rope_high_freq_factor: float = positive_field(4.0)
+    rope_original_positions: int = positive_field(8192)  # the context the frequencies were scaled from
+    tie_head: bool = False  # the output head shares the token embedding (Llama 3.2 1B: true)
+
+
+@dataclass
 class UNetConfig:
     """``model=unet2d|unet3d``: MONAI's DynUNet, the nnU-Net network (trainrun/models/unet.py); the
     defaults are Composer's 2D UNet for BraTS."""
@@ -108,6 +129,7 @@ class ModelConfig:
     resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
     bert: BertConfig = field(default_factory=BertConfig)
     gpt: GPTConfig = field(default_factory=GPTConfig)
+    llama: LlamaConfig = field(default_factory=LlamaConfig)
     unet: UNetConfig = field(default_factory=UNetConfig)
 
 
@@ -254,6 +276,21 @@ class CheckpointConfig:
     interval: str | None = interval_field(None)  # e.g. 1ep or 500ba; null = only at the end
     keep: int = positive_field(2)  # newest checkpoints kept in <run>/checkpoints
     save_final: bool = True
+    # parallel=fsdp: write each sharded checkpoint in the background, training on meanwhile
+    async_save: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    """How the ranks share the model (conf/parallel/): each a whole copy (ddp) or a shard (fsdp)."""
+
+    name: str = choice_field("ddp", "ddp", "fsdp")  # fsdp: FSDP2, per block and on the whole model
+    # fsdp: free each block's gathered weights after its forward and gather them again for the
+    # backward (least memory); false keeps them until the backward (less communication)
+    reshard_after_forward: bool = True
+    # recompute activations in the backward: none; selective (each block's matrix products and
+    # attention kept, the cheap element-wise work recomputed); full (each block's input only)
+    activation_checkpointing: str = choice_field("none", "none", "selective", "full")
 
 
 @dataclass
@@ -308,12 +345,14 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     algorithms: dict[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     auto: AutoConfig = field(default_factory=AutoConfig)
     name: str | None = None  # the run's label in reports (recipes set their own name)
     loss: str = choice_field("soft_ce", "soft_ce", "bce")
-    precision: str = choice_field("fp32", "fp32", "amp", "bf16")
+    # fp8: bf16 with torchao's float8 matrix products (a GPU of compute capability 8.9 or newer)
+    precision: str = choice_field("fp32", "fp32", "amp", "bf16", "fp8")
     compile: bool = False  # torch.compile the model (after model surgery, before DDP)
     device: str = choice_field("auto", "auto", "cpu", "cuda")
     seed: int = non_negative_field(42)

@@ -144,7 +144,7 @@ def check_files(config: TrainConfig) -> None:
         raise ConfigError(f"bad value for 'model.weights': '{weights}' does not exist")
     if data.path and not Path(data.path).expanduser().is_dir():
         raise ConfigError(f"bad value for 'data.path': '{data.path}' is not a directory")
-    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().is_file():
+    if config.resume not in (None, "auto") and not Path(config.resume).expanduser().exists():
         raise ConfigError(f"bad value for 'resume': checkpoint '{config.resume}' does not exist")
     uri = config.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if "mlflow" in config.loggers and uri and (why := check_tracking_store(uri)):
@@ -192,6 +192,7 @@ def _check_run(config: TrainConfig) -> None:
             raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(names('logger'))})")
     _check_quality_values(config)
     _check_kinds(config)
+    _check_parallel(config)
     if config.optimizer.name == "muon" and Capability.HIDDEN_MATRICES not in kinds.offers(config):
         models = kinds.specs("model").values()
         matrices = " or ".join(f"model={spec.name}" for spec in models if Capability.HIDDEN_MATRICES in spec.offers)
@@ -199,6 +200,34 @@ def _check_run(config: TrainConfig) -> None:
             f"bad value for 'optimizer.name': 'muon' takes 2-D matrices; model '{config.model.name}' has "
             f"convolutions (use it with {matrices})"
         )
+
+
+def _check_parallel(config: TrainConfig) -> None:
+    """Sharding and activation checkpointing where the model and the methods allow them."""
+    settings, offered = config.parallel, kinds.offers(config)
+    if settings.activation_checkpointing != "none" and Capability.TRANSFORMER_BLOCKS not in offered:
+        blocks = " or ".join(
+            spec.name for spec in kinds.specs("model").values() if Capability.TRANSFORMER_BLOCKS in spec.offers
+        )
+        raise ConfigError(
+            f"bad value for 'parallel.activation_checkpointing': '{settings.activation_checkpointing}' recomputes "
+            f"blocks, which model '{config.model.name}' has not (use it with model={blocks})"
+        )
+    if settings.name != "fsdp":
+        return
+    if config.precision == "amp":
+        raise ConfigError(
+            "bad value for 'precision': 'amp' (fp16 with loss scaling) does not run under parallel=fsdp; "
+            "use precision=bf16 (bfloat16 compute, float32 master weights and gradient reduction)"
+        )
+    if config.device_train_microbatch_size == "auto":
+        raise ConfigError(
+            "bad value for 'device_train_microbatch_size': 'auto' retries a pass that ran out of memory, which under "
+            "parallel=fsdp would leave the other ranks waiting in a gather; give the micro-batch size"
+        )
+    for name in config.algorithms:
+        if SPECS[name].unsharded:
+            raise ConfigError(f"algorithm '{name}' does not run under parallel=fsdp: {SPECS[name].unsharded}")
 
 
 class KindMismatch(ConfigError):

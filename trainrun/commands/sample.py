@@ -1,12 +1,12 @@
 """``trainrun sample RUN --prompt TEXT``: a continuation from a finished causal-LM run.
 
-The run's own ``config.yaml`` rebuilds its GPT over its data's vocabulary, the newest checkpoint in
-``RUN/checkpoints`` gives the weights (a GPT trained with ALiBi has no position table, and is
-rebuilt so), and the data's tokenizer (a store's, or token shards' ``data.shards.tokenizer``) encodes the
-prompt and decodes the reply. Tokens are drawn one at a time from the last ``data.text.max_seq_len``
-tokens' next-token distribution at ``--temperature`` among the ``--top-k`` likeliest (temperature 0:
-the likeliest), seeded by ``--seed``, until ``--tokens`` are drawn or the document separator is.
-"""
+The run's own ``config.yaml`` rebuilds its model (GPT or Llama) over its data's vocabulary, the
+newest checkpoint in ``RUN/checkpoints`` (one file, or a sharded run's folder) gives the weights (a
+GPT trained with ALiBi has no position table, and is rebuilt so), and the data's tokenizer (a
+store's, or token shards' ``data.shards.tokenizer``) encodes the prompt and decodes the reply.
+Tokens are drawn one at a time from the last ``data.text.max_seq_len`` tokens' next-token
+distribution at ``--temperature`` among the ``--top-k`` likeliest (temperature 0: the likeliest),
+seeded by ``--seed``, until ``--tokens`` are drawn or the document separator is."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from omegaconf import OmegaConf
 
 from trainrun import run_files
 from trainrun.atomic_io import read_yaml
-from trainrun.core.checkpoint import directory, list_checkpoints, load_checkpoint
+from trainrun.core.checkpoint import directory, is_sharded, list_checkpoints, load_checkpoint
 from trainrun.core.distributed import SINGLE_PROCESS
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.models.build import build_model
+from trainrun.schema import TrainConfig
 from trainrun.validation import validate
 
 
@@ -60,13 +61,21 @@ def continued_text(tokenizer, prompt: list[int], drawn: list[int]) -> str:
 
 
 def load_run(run: Path):
-    """(the run's GPT with its newest checkpoint's weights as its evaluation saw them (EMA's average
-    where it ran), in evaluation mode; its store's tokenizer and document separator; the longest
-    context it was trained on)."""
-    from trainrun.algorithms import build_algorithms
-    from trainrun.data.interface import datasets
+    """(the run's model with its newest checkpoint's weights as its evaluation saw them (EMA's
+    average where it ran), in evaluation mode; its store's tokenizer and document separator; the
+    longest context it was trained on)."""
     from trainrun.data.token_store import load_tokenizer
 
+    config = run_config(run)
+    checkpoints = list_checkpoints(directory(run))
+    if not checkpoints:
+        raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
+    model, text = run_model(config, run, checkpoints[-1])
+    return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
+
+
+def run_config(run: Path) -> TrainConfig:
+    """Causal-LM run ``run``'s validated config, or one line saying why ``run`` is not one."""
     config_file = run / run_files.CONFIG
     if not config_file.is_file():
         raise ConfigError(f"bad value for 'RUN': '{run}' has no {run_files.CONFIG} (not a trainrun run directory)")
@@ -74,23 +83,30 @@ def load_run(run: Path):
     if Capability.CAUSAL_SEQUENCES not in task_spec(config.task.name).offers:
         generating = " or ".join(tasks_offering({Capability.CAUSAL_SEQUENCES}))
         raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs {generating}")
-    checkpoints = list_checkpoints(directory(run))
-    if not checkpoints:
-        raise ConfigError(f"bad value for 'RUN': '{run}' has no checkpoint in {directory(run)}")
+    return config
+
+
+def run_model(config: TrainConfig, run: Path, path: Path):
+    """(run ``run``'s model with checkpoint ``path``'s weights (one file or shards) as its
+    evaluations saw them; the run's text facts, its tokenizer file among them)."""
+    from trainrun.algorithms import build_algorithms
+    from trainrun.core.sharded_checkpoint import whole_weights
+    from trainrun.data.interface import datasets
+
     text = datasets(config.data, SINGLE_PROCESS, augment=False).text
     if text.tokenizer_file is None:
         raise ConfigError(
             f"bad value for 'RUN': '{run}' read token shards without data.shards.tokenizer (sample needs it)"
         )
     model = build_model(config.model, text)
-    payload = load_checkpoint(checkpoints[-1])
+    payload = load_checkpoint(path)
     methods = build_algorithms(config.algorithms)
     for method in methods:  # the model's structure as the run's methods left it (ALiBi: no position table)
         method.rebuild(model)
-    model.load_state_dict(payload["model"])
+    model.load_state_dict(whole_weights(path) if is_sharded(path) else payload["model"])
     for method in methods:  # what each method's evaluations saw (EMA's average)
         method.restore_evaluated(model, payload["algorithms"].get(method.name, {}))
-    return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
+    return model, text
 
 
 @torch.no_grad()

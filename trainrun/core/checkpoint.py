@@ -1,8 +1,14 @@
-"""Atomic checkpoint files: write to a temporary name, then rename; read with ``weights_only``."""
+"""Atomic checkpoint files: write to a temporary name, then rename; read with ``weights_only``.
+
+A checkpoint is one file ``ep{E}-ba{B}.pt`` (``parallel=ddp``) or a folder ``ep{E}-ba{B}/`` of
+shards (``parallel=fsdp``: :mod:`trainrun.core.sharded_checkpoint`) whose ``trainer.pt`` holds the
+same payload less the weights and the optimizer state.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -13,7 +19,8 @@ from trainrun.atomic_io import atomic_write
 from trainrun.errors import CheckpointError
 
 FORMAT = "trainrun/1"  # a checkpoint payload's "format"
-_NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)(\.pt)?$")
+TRAINER_FILE = "trainer.pt"  # a sharded checkpoint's payload less the weights and optimizer state
 
 
 def directory(run_dir: Path) -> Path:
@@ -21,8 +28,13 @@ def directory(run_dir: Path) -> Path:
     return run_dir / run_files.CHECKPOINTS
 
 
-def checkpoint_name(epoch: int, batch: int) -> str:
-    return f"ep{epoch}-ba{batch}.pt"
+def checkpoint_name(epoch: int, batch: int, sharded: bool = False) -> str:
+    return f"ep{epoch}-ba{batch}" + ("" if sharded else ".pt")
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether checkpoint ``path`` is a folder of shards."""
+    return path.is_dir()
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -71,7 +83,14 @@ class _FailureRecordingWriter:
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by :func:`atomic_torch_save`, tensors on the CPU (``mmap``: read
-    from the file only when used, so a launcher checks a large checkpoint's entries in milliseconds)."""
+    from the file only when used, so a launcher checks a large checkpoint's entries in milliseconds);
+    of a sharded checkpoint, its ``trainer.pt``."""
+    if path.is_dir():
+        if not (path / ".metadata").is_file() or not (path / TRAINER_FILE).is_file():
+            raise CheckpointError(
+                f"checkpoint '{path}' is not a sharded trainrun checkpoint (no .metadata and {TRAINER_FILE})"
+            )
+        path = path / TRAINER_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
@@ -115,6 +134,16 @@ def check_topology(payload: dict[str, Any], global_batch: int, ranks: int, path:
         )
 
 
+def check_readable(path: Path, sharded_run: bool, ranks: int) -> None:
+    """A run sharded over several ranks reads sharded checkpoints only (a one-file checkpoint
+    continues under DDP or on one rank, which read both)."""
+    if sharded_run and not is_sharded(path):
+        raise CheckpointError(
+            f"checkpoint '{path}' is one file, which a run sharded over {ranks} ranks does not read: "
+            "resume it with parallel=ddp (or on one rank)"
+        )
+
+
 def check_model_shapes(expected: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
     """The checkpoint's weights are those of this run's model: the same names and shapes, or one
     line saying the first that differs and from what (resume with the config it was written with)."""
@@ -143,7 +172,7 @@ def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:
         found = list_checkpoints(checkpoint_dir)
         return found[-1] if found else None
     path = Path(resume).expanduser()
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist (resume={resume})")
     return path
 
@@ -151,4 +180,7 @@ def resolve_resume(resume: str | None, checkpoint_dir: Path) -> Path | None:
 def prune(directory: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` checkpoints."""
     for path in list_checkpoints(directory)[:-keep]:
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

@@ -1,8 +1,11 @@
-"""Numeric precision of the forward pass: fp32, amp (fp16 + loss scaling) or bf16."""
+"""Numeric precision of the forward pass: fp32, amp (fp16 + loss scaling), bf16, or fp8 (bf16
+with torchao's float8 linear layers: each matrix product in float8 with dynamic per-tensor scales,
+the output head left in bf16, as torchtitan and torchao's recipes do)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -10,6 +13,11 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from trainrun.errors import ConfigError
+
+FLOAT8_CAPABILITY = (8, 9)  # the first GPUs with float8 matrix units: Ada (L4, L40S), then Hopper, Blackwell
 
 
 @dataclass
@@ -20,6 +28,14 @@ class Precision:
     device_type: str
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
+    float8: bool = False  # the linear layers' matrix products in float8 (torchao)
+
+    def convert(self, model: nn.Module) -> None:
+        """Under fp8, swap ``model``'s eligible linear layers for torchao's float8 training layers."""
+        if self.float8:
+            from torchao.float8 import convert_to_float8_training
+
+            convert_to_float8_training(model, module_filter_fn=float8_eligible)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Step ``optimizer``: through the gradient scaler (which skips a step whose gradients
@@ -59,10 +75,40 @@ def _limit_cpu_isa_if_amx_faults() -> str | None:
     return "this CPU faults on AMX bf16 kernels; limited oneDNN to AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA)"
 
 
+def float8_eligible(module: nn.Module, name: str) -> bool:
+    """A linear layer whose sides float8 kernels take (multiples of 16), other than the output head."""
+    return isinstance(module, nn.Linear) and name != "head" and module.in_features % 16 == module.out_features % 16 == 0
+
+
+def check_float8(name: str, device_name: str) -> None:
+    """precision=fp8 where it runs: a GPU of compute capability 8.9 or newer, with torchao installed;
+    one line naming what is missing otherwise (checked before any process starts)."""
+    if name != "fp8":
+        return
+    if device_name == "cpu" or not torch.cuda.is_available():
+        raise ConfigError(
+            "bad value for 'precision': 'fp8' needs a GPU with float8 matrix units (compute capability 8.9 or newer: "
+            "L4, L40S, H100, H200, B200); this run has none (use precision=bf16)"
+        )
+    capability = torch.cuda.get_device_capability()
+    if capability < FLOAT8_CAPABILITY:
+        raise ConfigError(
+            f"bad value for 'precision': 'fp8' needs compute capability 8.9 or newer; {torch.cuda.get_device_name()} "
+            f"has {capability[0]}.{capability[1]} (use precision=bf16)"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError(
+            "bad value for 'precision': 'fp8' trains through torchao's float8 layers: pip install torchao"
+        )
+
+
 def resolve_precision(name: str, device: torch.device) -> tuple[Precision, list[str]]:
     """The precision to run ``name`` with on ``device``, and notes to show once."""
     if name == "fp32":
         return Precision(name, device.type), []
+    if name == "fp8":
+        check_float8(name, device.type)
+        return Precision(name, device.type, torch.bfloat16, float8=True), []
     if device.type == "cuda":
         if name == "bf16" and torch.cuda.is_bf16_supported(including_emulation=False):
             return Precision(name, device.type, torch.bfloat16), []

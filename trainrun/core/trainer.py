@@ -7,7 +7,6 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,9 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from trainrun.core import checkpoint, distributed
+from trainrun.core import checkpoint, distributed, parallel
 from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import compile_model
@@ -26,16 +24,10 @@ from trainrun.core.engine import Engine
 from trainrun.core.events import Event
 from trainrun.core.microbatches import Microbatching, StepPlan, average_gradients, take
 from trainrun.core.seeding import seed_step
+from trainrun.core.sharded_checkpoint import ShardedCheckpoints, load_sharded, load_whole
 from trainrun.core.state import State
-from trainrun.errors import TrainingDiverged, WriteError
+from trainrun.errors import CheckpointError, TrainingDiverged, WriteError
 
-# Each rank keeps its own batch-norm statistics between evaluations (no broadcast before every
-# forward); they are averaged over the ranks where they are read. torch 2.15 renamed the switch.
-NO_BUFFER_BROADCAST = (
-    {"forward_sync_buffers": False}
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    else {"broadcast_buffers": False}
-)
 MAX_SKIPPED_STEPS = 50  # fp16: consecutive non-finite losses the gradient scaler may skip before a run has diverged
 
 
@@ -55,6 +47,8 @@ class TrainerSettings:
     stop_at: float | None = None  # stop at the first evaluation whose quality metric reaches this
     microbatching: Microbatching = field(default_factory=Microbatching)  # gradient accumulation per process
     budget: WallClockBudget | None = None  # train until this much training time is spent
+    parallel: parallel.Parallelism = field(default_factory=parallel.Parallelism)  # whole copies (DDP) or shards
+    async_checkpoints: bool = False  # sharded checkpoints written in the background
 
 
 @dataclass
@@ -90,20 +84,20 @@ class Trainer:
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
+        state.precision.convert(state.model)  # fp8: float8 linear layers, before sharding
+        compute_dtype = state.precision.dtype if state.precision.dtype == torch.bfloat16 else None
+        state.model = parallel.prepare(state.model, settings.parallel, compute_dtype, state.device, state.world_size)
         state.optimizer, self.scheduler = optimization(state.model)
-        state.model.to(state.device)
         if settings.compile:
             state.model = compile_model(state.model, state.warn)
-        if state.world_size > 1:
-            device_ids = [state.device] if state.device.type == "cuda" else None
-            state.model = DistributedDataParallel(
-                state.model,
-                device_ids=device_ids,
-                find_unused_parameters=state.find_unused_parameters,
-                # gradients live in DDP's buckets: no copy of every gradient into and out of them
-                gradient_as_bucket_view=True,
-                **NO_BUFFER_BROADCAST,
-            )
+        if state.world_size > 1 and not parallel.is_sharded(state.raw_model):
+            # each rank keeps its own batch-norm statistics between evaluations (averaged where read)
+            state.model = parallel.replicate(state.model, state.device, state.find_unused_parameters)
+        self.shards = (
+            ShardedCheckpoints(state.is_main, state.world_size, settings.checkpoint_keep, settings.async_checkpoints)
+            if settings.parallel.name == "fsdp"
+            else None
+        )
 
     @property
     def last_batch(self) -> int:
@@ -136,6 +130,8 @@ class Trainer:
         self.engine.run(Event.FIT_END, state)
         if self.settings.checkpoint_dir and self.settings.checkpoint_final:
             self.save_checkpoint()
+        if self.shards:
+            self.shards.finish()
         return state
 
     def _train_epoch(self, batches: Iterator) -> None:
@@ -239,7 +235,7 @@ class Trainer:
             if len(parts) > 1:
                 state.inputs, state.targets = take(inputs, part, plan.batch_size), take(targets, part, plan.batch_size)
             synchronise = plan.synchronises(index) or state.world_size == 1
-            with contextlib.nullcontext() if synchronise else state.model.no_sync():
+            with contextlib.nullcontext() if synchronise else parallel.no_sync(state.model, state.raw_model):
                 accounts.switch("forward")
                 with state.precision.autocast():
                     run(Event.BEFORE_FORWARD, state)
@@ -360,16 +356,19 @@ class Trainer:
         previous = state.accounts.switch("checkpoint")
         distributed.average_buffers(state.raw_model, state.world_size)  # as an evaluation here would see them
         window = self._global_window()
-        if state.is_main:
-            path = directory / checkpoint.checkpoint_name(state.epoch, state.batch)
-            try:
-                checkpoint.atomic_torch_save(self._checkpoint_payload(window), path)
-            except OSError as error:  # disk full, quota, permissions: the older checkpoints are untouched
-                raise WriteError(
-                    f"could not write checkpoint '{path}': {error.strerror or error}; the checkpoints written "
-                    f"before it are intact (resume=auto continues from the newest)"
-                ) from error
-            checkpoint.prune(directory, self.settings.checkpoint_keep)
+        name = checkpoint.checkpoint_name(state.epoch, state.batch, sharded=self.shards is not None)
+        try:
+            if self.shards:
+                payload = self._checkpoint_payload(window, weights=False)
+                self.shards.save(directory / name, state.raw_model, state.optimizer, payload)
+            elif state.is_main:
+                checkpoint.atomic_torch_save(self._checkpoint_payload(window), directory / name)
+                checkpoint.prune(directory, self.settings.checkpoint_keep)
+        except OSError as error:  # disk full, quota, permissions: the older checkpoints are untouched
+            raise WriteError(
+                f"could not write checkpoint '{directory / name}': {error.strerror or error}; the checkpoints "
+                "written before it are intact (resume=auto continues from the newest)"
+            ) from error
         distributed.wait_for_all(state.world_size)
         state.accounts.switch(previous)
 
@@ -382,15 +381,15 @@ class Trainer:
         dist.all_reduce(losses)  # through gloo: the window lives on the host
         return Window(float(losses[0]), int(losses[1]), window.samples, window.started)
 
-    def _checkpoint_payload(self, window: Window) -> dict[str, Any]:
+    def _checkpoint_payload(self, window: Window, weights: bool = True) -> dict[str, Any]:
         """What a run continues from, on any number of ranks that divides its global batch: no
         per-rank state (each step's draws are keyed to (seed, step, rank); the samples' order and
-        augmentation to (seed, epoch) and the sample)."""
+        augmentation to (seed, epoch) and the sample). Without ``weights``: less the model and
+        optimizer state, which a sharded checkpoint's ranks write themselves."""
         state = self.state
-        return {
+        kept = {"model": state.raw_model.state_dict(), "optimizer": state.optimizer.state_dict()} if weights else {}
+        return kept | {
             "format": checkpoint.FORMAT,
-            "model": state.raw_model.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
             "algorithms": self.engine.state_dict(),
@@ -401,13 +400,23 @@ class Trainer:
             "window": asdict(window),
         }
 
-    def load_checkpoint(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Restore a payload from :meth:`_checkpoint_payload`; return the time accounts to continue."""
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore checkpoint ``path`` (one file or a folder of shards, written by any number of
+        ranks); return the time accounts to continue."""
         state = self.state
+        payload = checkpoint.load_checkpoint(path)
         checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.world_size)
-        checkpoint.check_model_shapes(state.raw_model.state_dict(), payload["model"])
-        state.raw_model.load_state_dict(payload["model"])
-        state.optimizer.load_state_dict(payload["optimizer"])
+        checkpoint.check_readable(path, parallel.is_sharded(state.raw_model), state.world_size)
+        if checkpoint.is_sharded(path):
+            load_sharded(path, state.raw_model, state.optimizer, state.world_size)
+        elif payload.get("optimizer") is None:
+            raise CheckpointError(
+                f"checkpoint '{path}' holds weights only (consolidate --weights-only): start from them with "
+                f"model.weights={path}"
+            )
+        else:
+            checkpoint.check_model_shapes(state.raw_model.state_dict(), payload["model"])
+            load_whole(state.raw_model, state.optimizer, payload["model"], payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         if state.precision.scaler and payload["scaler"]:
             state.precision.scaler.load_state_dict(payload["scaler"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -204,6 +205,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token ids (batch, length) to next-token logits (batch, length, vocabulary)."""
 
+    transformers_class = "GPT2LMHeadModel"  # what export_pretrained writes
+
     def __init__(self, config: GPTConfig, vocab_size: int, separator: int | None = None) -> None:
         super().__init__()
         if config.document_mask and separator is None:
@@ -281,6 +284,16 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+    def export_pretrained(self, tokenizer_file: Path, separator: int, directory: Path) -> str | None:
+        """Write ``directory`` as a ``GPT2LMHeadModel`` and its tokenizer; or say why it cannot hold this GPT."""
+        from trainrun.models.gpt2_export import export_gpt2, gpt2_mismatch
+
+        mismatch = gpt2_mismatch(self)
+        if mismatch:
+            return f"GPT2LMHeadModel cannot hold this GPT: {mismatch}"
+        export_gpt2(self, tokenizer_file, separator, directory)
+        return None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]

@@ -9,15 +9,15 @@ vocabulary are the padding rows'.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from trainrun.atomic_io import atomic_directory
-from trainrun.models.gpt import GPT
 
 
-def gpt2_mismatch(model: GPT) -> str | None:
+def gpt2_mismatch(model: torch.nn.Module) -> str | None:
     """Why ``model`` is not a GPT-2 (one phrase), or None if it is one."""
     config = model.config
     differences = {
@@ -33,7 +33,7 @@ def gpt2_mismatch(model: GPT) -> str | None:
     return next((reason for reason, differs in differences.items() if differs), None)
 
 
-def to_gpt2(model: GPT, end_of_text: int | None = None):
+def to_gpt2(model: torch.nn.Module, end_of_text: int | None = None):
     """A ``GPT2LMHeadModel`` with ``model``'s weights (``model`` must have GPT-2's shape) whose
     beginning and end of text, where ``generate`` stops, are token ``end_of_text`` (GPT-2's own
     50256 would lie outside a store's vocabulary)."""
@@ -82,10 +82,16 @@ def _norm(prefix: str, norm: torch.nn.LayerNorm) -> dict[str, torch.Tensor]:
     return {f"{prefix}.weight": norm.weight, f"{prefix}.bias": norm.bias}
 
 
-def export_gpt2(model: GPT, tokenizer_file: Path, separator: int, directory: Path) -> None:
-    """Write ``model`` and its tokenizer as a ``save_pretrained`` folder (atomically); the document
-    ``separator`` is the tokenizer's end of text (and the model's beginning and end of text, where
-    ``generate`` stops, as ``trainrun sample`` does), its [UNK] and [PAD] where it has them."""
+def export_gpt2(model: torch.nn.Module, tokenizer_file: Path, separator: int, directory: Path) -> None:
+    """Write ``model`` and its tokenizer as a ``save_pretrained`` folder (atomically)."""
+    save_pretrained(lambda eos: to_gpt2(model, eos), tokenizer_file, separator, directory)
+
+
+def save_pretrained(exported: Callable, tokenizer_file: Path, separator: int, directory: Path) -> None:
+    """Write ``exported(end of text id)``, a ``transformers`` model, and the run's tokenizer as a
+    ``save_pretrained`` folder (atomically); the document ``separator`` is the tokenizer's end of
+    text (and the model's beginning and end of text, where ``generate`` stops, as ``trainrun
+    sample`` does), its [UNK] and [PAD] where it has them."""
     from transformers import PreTrainedTokenizerFast
 
     from trainrun.data.token_store import load_tokenizer
@@ -99,5 +105,5 @@ def export_gpt2(model: GPT, tokenizer_file: Path, separator: int, directory: Pat
         **{role: token for role, token in named.items() if loaded.token_to_id(token) is not None},
     )
     with atomic_directory(directory) as partial, quiet_transformers():
-        to_gpt2(model, tokenizer.eos_token_id).save_pretrained(partial)
+        exported(tokenizer.eos_token_id).save_pretrained(partial)
         tokenizer.save_pretrained(partial)

@@ -27,9 +27,14 @@ KEY = "model.weights"
 
 
 def load_weights(model: nn.Module, path: str) -> None:
-    """Load the weights at ``path`` into ``model`` (a folder into trainrun's BERT, a file into any)."""
+    """Load the weights at ``path`` into ``model`` (a Hugging Face folder into trainrun's BERT, a
+    file or a sharded checkpoint's folder into any)."""
     source = Path(path).expanduser()
-    if source.is_dir():
+    if (source / ".metadata").is_file():  # a sharded checkpoint (parallel=fsdp), read whole
+        from trainrun.core.sharded_checkpoint import whole_weights
+
+        state = whole_weights(source)
+    elif source.is_dir():
         bert = getattr(model, "bert", None)
         if bert is None:
             raise ConfigError(f"bad value for '{KEY}': '{path}' is a Hugging Face folder; only model=bert reads one")
@@ -37,8 +42,8 @@ def load_weights(model: nn.Module, path: str) -> None:
         model = bert
     else:
         state = _weights_file(source, path)
-    try:
-        model.load_state_dict(state)
+    try:  # a model built on the meta device (to be sharded) takes the tensors themselves
+        model.load_state_dict(state, assign=any(parameter.is_meta for parameter in model.parameters()))
     except RuntimeError as error:
         problem = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None

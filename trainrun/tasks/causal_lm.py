@@ -71,19 +71,15 @@ class CausalLanguageModeling(SequenceTask):
         return NextTokenEvaluator(state.device, state.world_size)
 
     def export(self, state: State, run_dir: Path) -> list[str]:
-        """``<run>/hf_model``: a GPT with GPT-2's shape and its tokenizer for ``transformers``."""
-        from trainrun.models.gpt2_export import export_gpt2, gpt2_mismatch
-
-        directory = run_dir / "hf_model"
-        mismatch = gpt2_mismatch(state.raw_model)
-        if mismatch:
-            reason = f"GPT2LMHeadModel cannot hold this GPT: {mismatch}"
-            return [f"note: no {directory.name} ({reason}); 'trainrun sample' reads the run"]
-        text = state.data.text
+        """``<run>/hf_model``: the model as its ``transformers`` class (GPT-2's, Llama's) and its tokenizer."""
+        directory, text = run_dir / "hf_model", state.data.text
         if text.tokenizer_file is None:
             return [f"note: no {directory.name} (no tokenizer: set data.tokenizer to the shards' tokenizer.json)"]
-        export_gpt2(state.raw_model, text.tokenizer_file, text.separator, directory)
-        return [f"wrote {directory} (GPT2LMHeadModel and its tokenizer, for transformers' from_pretrained)"]
+        unwritten = state.raw_model.export_pretrained(text.tokenizer_file, text.separator, directory)
+        if unwritten:
+            return [f"note: no {directory.name} ({unwritten}); 'trainrun sample' reads the run"]
+        written = state.raw_model.transformers_class
+        return [f"wrote {directory} ({written} and its tokenizer, for transformers' from_pretrained)"]
 
 
 def build(data: DataConfig | None = None) -> CausalLanguageModeling:

@@ -36,6 +36,7 @@ class MethodSpec:
     varying_step_cost: bool = False  # the step's cost changes along the run: a profiled prefix misleads
     systems: bool = False  # changes how a step runs, not what it computes: -o1 may toggle it
     sequence_limit: str | None = None  # the config field bounding the sequence length the model accepts
+    unsharded: str | None = None  # why it cannot run under parallel=fsdp (None: it can)
     check: Callable[[Any, Any], None] | None = None  # (its config, the run's TrainConfig) -> raise ConfigError
 
     def applies_to(self, offered: frozenset[Capability]) -> bool:

@@ -18,6 +18,10 @@ class EMAConfig:
 
 SPEC = MethodSpec(
     name="ema",
+    unsharded=(
+        "its average is a whole copy of the model beside the shards"
+        " (torch's AveragedModel copies the module, which FSDP2 does not allow); train with parallel=ddp"
+    ),
     config=EMAConfig,
     position=190,
     order_reason="at BATCH_END (reversed) averages after SWA: the step that loads SWA's average feeds it to EMA",

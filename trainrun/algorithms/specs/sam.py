@@ -29,6 +29,10 @@ def check(config: SAMConfig, run: Any) -> None:
 
 SPEC = MethodSpec(
     name="sam",
+    unsharded=(
+        "its ascent step perturbs the weights by each rank's own whole gradient"
+        ", which FSDP2 only holds reduced into shards; train with parallel=ddp"
+    ),
     config=SAMConfig,
     position=160,
     order_reason=(

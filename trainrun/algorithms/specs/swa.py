@@ -19,6 +19,10 @@ class SWAConfig:
 
 SPEC = MethodSpec(
     name="swa",
+    unsharded=(
+        "its average is a whole copy of the model beside the shards"
+        " (torch's AveragedModel copies the module, which FSDP2 does not allow); train with parallel=ddp"
+    ),
     config=SWAConfig,
     position=200,
     order_reason="at BATCH_END (reversed) loads its average into the model before EMA reads the weights",

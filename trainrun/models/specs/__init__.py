@@ -17,3 +17,22 @@ def refuse_initializers(config: Any, scheme: str) -> None:
             f"bad value for 'model.initializers': {list(config.model.initializers)} (model={config.model.name} "
             f"initialises its own weights: {scheme}; the initializers apply to the ResNets)"
         )
+
+
+def check_even_heads(kind: str, width: int, heads: int) -> None:
+    """Rotary positions turn pairs of a head's dimensions: ``model.<kind>.heads`` must split the
+    width into heads of an even size."""
+    if width % heads or (width // heads) % 2:
+        raise ConfigError(
+            f"bad value for 'model.{kind}.heads': {heads} heads do not split model.{kind}.width {width} "
+            "into heads of an even size"
+        )
+
+
+def check_window_limit(config: Any, limit: tuple[int, str] | None) -> None:
+    """The windows (``data.text.max_seq_len``) within the positions the model or a method allows."""
+    if limit is not None and config.data.text.max_seq_len > limit[0]:
+        raise ConfigError(
+            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
+            f"{limit[1]} {limit[0]}"
+        )

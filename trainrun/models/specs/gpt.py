@@ -7,7 +7,7 @@ from typing import Any
 from trainrun.algorithms.specs import sequence_limit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
-from trainrun.models.specs import refuse_initializers
+from trainrun.models.specs import check_even_heads, check_window_limit, refuse_initializers
 
 
 def check(config: Any) -> None:
@@ -15,11 +15,7 @@ def check(config: Any) -> None:
     the positions the model has (or a method gives it)."""
     refuse_initializers(config, "GPT-2's normal(0, 0.02), residual projections scaled by depth")
     gpt = config.model.gpt
-    if gpt.width % gpt.heads or (gpt.width // gpt.heads) % 2:
-        raise ConfigError(
-            f"bad value for 'model.gpt.heads': {gpt.heads} heads do not split model.gpt.width {gpt.width} "
-            "into heads of an even size"
-        )
+    check_even_heads("gpt", gpt.width, gpt.heads)
     if 2 * gpt.value_embeddings > gpt.layers:
         raise ConfigError(
             f"bad value for 'model.gpt.value_embeddings': {gpt.value_embeddings} tables serve the first and the "
@@ -28,11 +24,7 @@ def check(config: Any) -> None:
     limit = sequence_limit(config.algorithms) or (
         None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
     )
-    if limit is not None and config.data.text.max_seq_len > limit[0]:
-        raise ConfigError(
-            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
-            f"{limit[1]} {limit[0]}"
-        )
+    check_window_limit(config, limit)
 
 
 SPECS = (
@@ -40,7 +32,9 @@ SPECS = (
         name="gpt",
         builder="trainrun.models.gpt:build",
         batches="token_windows",
-        offers=frozenset({Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES}),
+        offers=frozenset(
+            {Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS}
+        ),
         check=check,
     ),
 )

@@ -1,0 +1,183 @@
+"""Sharded training: Llama 3, FSDP2 equal to one rank and to DDP, sharded checkpoints resumed on
+another number of ranks, activation checkpointing, and what a sharded run refuses."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli, wait_for
+
+from trainrun.config import compose
+from trainrun.core.parallel import checkpoint_activations
+from trainrun.core.sharded_checkpoint import whole_weights
+from trainrun.errors import ConfigError
+from trainrun.models.llama import Llama
+from trainrun.models.llama_export import equal_logits, to_llama
+from trainrun.schema import LlamaConfig
+from trainrun.validation import validate
+
+LLAMA = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "optimizer=adamw", "optimizer.lr=3e-3"]
+# Adam's eps well above the gradients' float noise: a weight whose gradient is ~0 moves by noise / eps
+LLAMA += ["optimizer.eps=1e-5", "train_batch_size=8", "data.text.max_seq_len=32", "progress=false"]
+CLIPPED = ["algorithms=[gradient_clipping]", "device_train_microbatch_size=2"]  # 2 passes a rank, clipped
+
+
+def assert_same_weights(got: dict, expected: dict, atol: float = 1e-4) -> None:
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-3, atol=atol, msg=name)
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The model of a run's newest checkpoint: one file, or a sharded folder read whole."""
+    newest = max((run / "checkpoints").iterdir(), key=lambda path: int(path.name.split("-ba")[1].split(".")[0]))
+    return whole_weights(newest) if newest.is_dir() else torch.load(newest, weights_only=True)["model"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [{}, {"kv_heads": 1, "rope_factor": 8.0, "rope_original_positions": 64, "tie_head": True}],
+    ids=["llama_tiny", "scaled_rope_tied_head"],
+)
+def test_the_llama_export_gives_transformers_logits_equal_to_trainruns(shape):
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**shape), vocab_size=300).eval()
+    exported = to_llama(model)
+    assert type(exported).__name__ == "LlamaForCausalLM"
+    assert equal_logits(model, exported, torch.randint(0, 300, (2, 200))) < 1e-5  # positions past 64: scaled
+
+
+def test_a_llama_built_on_the_meta_device_materialises_the_weights_built_whole():
+    torch.manual_seed(3)
+    whole = Llama(LlamaConfig(tie_head=True), vocab_size=300)
+    torch.manual_seed(3)
+    with torch.device("meta"):
+        meta = Llama(LlamaConfig(tie_head=True), vocab_size=300)
+    meta.to_empty(device="cpu")
+    meta.initialise()
+    assert meta.head.weight is meta.embed.weight
+    for (name, a), b in zip(whole.state_dict().items(), meta.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(whole.rotary_cos, meta.rotary_cos)
+
+
+def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[int, torch.Tensor, list]:
+    """What autograd keeps from a forward pass for the backward (bytes), the loss and the gradients."""
+    saved = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += tensor.numel() * tensor.element_size() if not isinstance(tensor, torch.nn.Parameter) else 0
+        return tensor
+
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(tokens).logsumexp(-1).mean()
+    loss.backward()
+    return saved, loss.detach(), [parameter.grad.clone() for parameter in model.parameters()]
+
+
+def test_activation_checkpointing_keeps_outputs_and_gradients_and_saves_activations():
+    """The saving is measured as the bytes autograd keeps for the backward pass."""
+    tokens = torch.randint(0, 300, (4, 128))
+    results = {}
+    for mode in ("none", "selective", "full"):
+        torch.manual_seed(0)
+        model = Llama(LlamaConfig(layers=4), vocab_size=300)
+        checkpoint_activations(model, mode)
+        results[mode] = saved_activation_bytes(model, tokens)
+    for mode in ("selective", "full"):
+        assert torch.equal(results[mode][1], results["none"][1])
+        for got, expected in zip(results[mode][2], results["none"][2], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    none, selective, full = (results[mode][0] for mode in ("none", "selective", "full"))
+    assert full < selective < none and full < none / 3
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["algorithms=[ema]"],
+            "algorithm 'ema' does not run under parallel=fsdp: its average is a whole copy of the model",
+        ),
+        (["precision=amp"], "bad value for 'precision': 'amp' (fp16 with loss scaling) does not run under"),
+        (["device_train_microbatch_size=auto"], "bad value for 'device_train_microbatch_size': 'auto' retries"),
+    ],
+)
+def test_what_a_sharded_run_cannot_do_is_refused_in_one_line(args, line):
+    with pytest.raises(ConfigError) as refused:
+        validate(compose([*LLAMA, "parallel=fsdp", *args]), files=False)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+
+
+def test_activation_checkpointing_needs_blocks():
+    with pytest.raises(ConfigError, match="'parallel.activation_checkpointing': 'full' recomputes blocks, which model"):
+        validate(compose(["parallel.activation_checkpointing=full"]), files=False)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
+    """llama_tiny (built on the meta device and materialised in shards) and gpt_tiny (built whole,
+    then sharded), with clipping over the sharded gradients and two micro-batches a rank."""
+    runs = {
+        "llama_one": [*LLAMA, *CLIPPED],
+        "llama_ddp": [*LLAMA, *CLIPPED, "launcher.devices=2"],
+        "llama_fsdp": [*LLAMA, *CLIPPED, "launcher.devices=2", "parallel=fsdp"],
+        "gpt_one": [*LLAMA, *CLIPPED, "model=gpt_tiny"],
+        "gpt_fsdp": [*LLAMA, *CLIPPED, "model=gpt_tiny", "launcher.devices=2", "parallel=fsdp"],
+    }
+    for name, args in runs.items():
+        result = run_cli(*args, "max_duration=10ba", "eval_interval=10ba", f"hydra.run.dir={tmp_path / name}")
+        assert result.returncode == 0, result.stderr
+    expected = final_weights(tmp_path / "llama_one")
+    assert_same_weights(final_weights(tmp_path / "llama_ddp"), expected)
+    assert_same_weights(final_weights(tmp_path / "llama_fsdp"), expected)
+    assert_same_weights(final_weights(tmp_path / "gpt_fsdp"), final_weights(tmp_path / "gpt_one"))
+    assert (tmp_path / "llama_fsdp" / "hf_model" / "config.json").is_file()  # gathered whole to rank 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_path):
+    """SIGKILL to the whole 2-rank job after its second sharded checkpoint; resume=auto on 1 and on 4
+    ranks (DCP reshards weights and AdamW's state) ends with the uninterrupted run's weights. Then
+    the checkpoint is consolidated into one file and the resumed run samples text."""
+    args = [*LLAMA, "parallel=fsdp", "max_duration=24ba", "eval_interval=12ba", "checkpoint.interval=4ba"]
+    args += ["checkpoint.keep=10"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert run_cli(*args, "launcher.devices=2", f"hydra.run.dir={whole}").returncode == 0
+    assert sorted(path.name for path in (whole / "checkpoints" / "ep0-ba24").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",  # each rank's shards
+        "__1_0.distcp",
+        "trainer.pt",
+    ]
+    command = [sys.executable, "-m", "trainrun", *args, "launcher.devices=2", f"hydra.run.dir={killed}"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: (killed / "checkpoints" / "ep0-ba8").is_dir(), process)
+    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks at once: no handler runs
+    process.wait(timeout=30)
+    assert not (killed / "checkpoints" / "ep0-ba24").exists()
+    expected = final_weights(whole)
+    for ranks in (1, 4):
+        resumed = tmp_path / f"on{ranks}"
+        shutil.copytree(killed, resumed)
+        result = run_cli(*args, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
+        assert result.returncode == 0, result.stderr
+        assert "resumed from" in result.stdout and "ep0-ba8 at epoch 0, batch 8" in result.stdout
+        assert_same_weights(final_weights(resumed), expected, atol=1e-5)
+    resumed = tmp_path / "on1"
+    result = run_cli("consolidate", str(resumed / "checkpoints" / "ep0-ba24"), "--hf", str(tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    one_file = torch.load(resumed / "ep0-ba24.pt", weights_only=True)
+    assert_same_weights(one_file["model"], expected, atol=1e-5)
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    sampled = run_cli("sample", str(resumed), "--prompt", "The file", "--tokens", "5", "--temperature", "0")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("The file"), sampled.stderr

@@ -1,0 +1,158 @@
+"""How the ranks share a model: a whole copy each (DDP) or a shard each (FSDP2), and activation
+checkpointing beside either.
+
+Under ``parallel=fsdp`` each of the model's blocks (``model.blocks``) is one FSDP2 unit, and the
+whole model the root unit holding the rest (embeddings, final norm, head): a rank keeps 1/N of every
+weight, gradient and optimizer state, gathers a block's weights just before its forward and
+backward, and reduce-scatters its gradients (in float32 under ``precision=bf16``, whose policy
+computes in bfloat16 on float32 master weights). A model that can (``Capability.META_INIT``) is
+built on the meta device and materialised shard by shard. Gradients of the micro-batches before the
+last stay unreduced (``set_requires_gradient_sync``), as DDP's ``no_sync`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How the ranks share the model (a run's ``parallel`` settings)."""
+
+    name: str = "ddp"  # ddp: a whole copy per rank; fsdp: FSDP2 shards
+    reshard_after_forward: bool = True  # fsdp: gather each block's weights again for its backward
+    activation_checkpointing: str = "none"  # none, selective or full
+
+
+# What selective activation checkpointing keeps from each block's forward: the matrix products and
+# attention (the costly work); everything element-wise (norms, activations, rotary) is recomputed.
+KEPT_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(torch.ops.aten, name)
+)
+
+
+def _keep_products(context, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(forward: Callable, selective: bool) -> Callable:
+    """``forward`` recomputed in the backward pass (all of it, or under ``selective`` its cheap ops)."""
+
+    def context():
+        return create_selective_checkpoint_contexts(_keep_products)
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        if selective:
+            return checkpoint(
+                forward, *args, use_reentrant=False, context_fn=context, respect_saved_tensors_hooks=True, **kwargs
+            )
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def checkpoint_activations(model: nn.Module, mode: str) -> None:
+    """Recompute each block's activations in the backward (``mode``: none, selective or full)."""
+    if mode == "none":
+        return
+    for block in model.blocks:
+        block.forward = checkpointed(block.forward, selective=mode == "selective")
+
+
+def shards_on_meta(settings: Parallelism, world_size: int, meta_init: bool) -> bool:
+    """Whether the model is built on the meta device: sharded over several ranks, and it can be."""
+    return settings.name == "fsdp" and world_size > 1 and meta_init
+
+
+def prepare(
+    model: nn.Module, settings: Parallelism, dtype: torch.dtype | None, device: torch.device, world_size: int
+) -> nn.Module:
+    """``model`` with activation checkpointing, on ``device``, sharded under FSDP2 where the run asks
+    for it and has a process group (every run on several ranks; a bench on one) (DDP wraps it
+    later, after the optimizer and ``torch.compile``)."""
+    checkpoint_activations(model, settings.activation_checkpointing)
+    if settings.name != "fsdp" or not torch.distributed.is_initialized():  # one process: nothing to shard
+        return model.to(device)
+    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (world_size,))
+    # bf16: compute in bfloat16 from float32 master weights, gradients reduced in float32
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+    for block in getattr(model, "blocks", ()):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=settings.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # the backward starts at once
+    if any(parameter.is_meta for parameter in model.parameters()):
+        model.to_empty(device=device)
+        model.initialise()  # each weight whole on the host in turn, each rank keeping its shard
+    return model
+
+
+# Each rank keeps its own batch-norm statistics between evaluations (no broadcast before every
+# forward); they are averaged over the ranks where they are read. torch 2.15 renamed the switch.
+NO_BUFFER_BROADCAST = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
+
+
+def replicate(model: nn.Module, device: torch.device, find_unused_parameters: bool) -> nn.Module:
+    """``model`` under DDP (already on ``device``); gradients live in DDP's buckets (no copy of every
+    gradient into and out of them), each rank's buffers its own."""
+    return DistributedDataParallel(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        find_unused_parameters=find_unused_parameters,
+        gradient_as_bucket_view=True,
+        **NO_BUFFER_BROADCAST,
+    )
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` (unwrapped) holds its weights as FSDP2 shards."""
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def no_sync(model: nn.Module, raw_model: nn.Module) -> Iterator[None]:
+    """Gradients of this pass stay on their rank, unreduced (DDP's ``no_sync``, FSDP2's gradient sync off)."""
+    if isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(raw_model, FSDPModule):
+        raw_model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            raw_model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def whole_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights, whole, on the host of rank 0 (under FSDP2 a collective every rank
+    calls; the others get nothing)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_sharded(model):
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -1,0 +1,151 @@
+"""Sharded checkpoints (``parallel=fsdp``): each rank writes its own shards with
+``torch.distributed.checkpoint`` (DCP), and a checkpoint loads on any number of ranks.
+
+A checkpoint is a folder ``ep{E}-ba{B}/`` beside the one-file checkpoints: DCP's files for the
+model and the optimizer (a ``__R_0.distcp`` per rank and ``.metadata``) and ``trainer.pt``, rank 0's
+one-file payload of everything else (progress, schedule, time accounts, the algorithms' state).
+It is written as ``.ep{E}-ba{B}.partial/`` and renamed once every rank's files and ``trainer.pt``
+are complete, so a killed run leaves either the whole checkpoint or none. Loading reads each
+rank's part of every weight from whichever files hold it (DCP reshards): 2 ranks' checkpoint
+continues on 1, 4 or under DDP. Under ``checkpoint.async_save`` the ranks copy their shards to
+host memory and train on while a thread writes them (through a process group of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from trainrun.core import checkpoint, distributed
+from trainrun.errors import CheckpointError
+
+
+@contextlib.contextmanager
+def single_process_quiet() -> Iterator[None]:
+    """DCP without a process group (one rank, or a command reading a checkpoint) says it assumes one
+    process at every call: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (load|save) in a single process")
+        yield
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.partial")
+
+
+@dataclass
+class PendingSave:
+    """A checkpoint whose shards are being written; :meth:`finish` completes it on every rank."""
+
+    path: Path
+    payload: dict[str, Any]
+    written: Future | None  # None: already written
+    is_main: bool
+    world_size: int
+    keep: int
+
+    def finish(self) -> None:
+        """Wait for every rank's shards, then rank 0 writes ``trainer.pt`` and renames the folder."""
+        if self.written is not None:
+            self.written.result()
+        distributed.wait_for_all(self.world_size)
+        if self.is_main:
+            partial = partial_path(self.path)
+            checkpoint.atomic_torch_save(self.payload, partial / checkpoint.TRAINER_FILE)
+            shutil.rmtree(self.path, ignore_errors=True)
+            partial.rename(self.path)
+            checkpoint.prune(self.path.parent, self.keep)
+        distributed.wait_for_all(self.world_size)
+
+
+class ShardedCheckpoints:
+    """Writes a run's sharded checkpoints (one at a time: the next waits for the last)."""
+
+    def __init__(self, is_main: bool, world_size: int, keep: int, asynchronous: bool) -> None:
+        self.is_main, self.world_size, self.keep, self.asynchronous = is_main, world_size, keep, asynchronous
+        self.pending: PendingSave | None = None
+        self._group = None  # the background writer's own process group: training's collectives go on beside it
+
+    def save(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, payload: dict[str, Any]) -> None:
+        """Write ``model``'s and ``optimizer``'s shards and ``payload`` as the checkpoint ``path``."""
+        self.finish()
+        partial = partial_path(path)
+        if self.is_main:
+            shutil.rmtree(partial, ignore_errors=True)  # a killed run's unfinished write
+            partial.mkdir(parents=True)
+        distributed.wait_for_all(self.world_size)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        written = None
+        if self.asynchronous and self.world_size > 1:
+            if self._group is None:
+                self._group = dist.new_group(backend="gloo")
+            written = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
+        else:
+            with single_process_quiet():
+                dcp.save(state, checkpoint_id=partial, no_dist=self.world_size == 1)
+        self.pending = PendingSave(path, payload, written, self.is_main, self.world_size, self.keep)
+        if written is None:
+            self.finish()
+
+    def finish(self) -> None:
+        """Complete the checkpoint being written, if any."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.finish()
+
+
+def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> None:
+    """Load the weights and optimizer state of checkpoint ``path`` into this rank's ``model`` and
+    ``optimizer`` (sharded or whole), whatever number of ranks wrote it."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    try:
+        with single_process_quiet():
+            dcp.load(state, checkpoint_id=path, no_dist=world_size == 1)
+    except Exception as error:  # DCP raises a CheckpointException naming each rank's failure
+        first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"checkpoint '{path}' does not load into this run's model: {first}; resume with the model settings it "
+            "was trained with (its run's config.yaml)"
+        ) from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optimizer_state: dict) -> None:
+    """Load a one-file checkpoint's state: its optimizer state as ``optimizer.state_dict()`` gives it
+    (by parameter index), or by weight name as :func:`one_file` writes it."""
+    model.load_state_dict(weights)
+    if any(isinstance(key, str) for key in optimizer_state.get("state", {})):
+        set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optimizer_state)
+    else:
+        optimizer.load_state_dict(optimizer_state)
+
+
+def whole_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Checkpoint ``path``'s model weights, whole, in this process (no process group)."""
+    with single_process_quiet():
+        return _load_state_dict_from_keys({"model"}, checkpoint_id=path)["model"]
+
+
+def one_file(path: Path, with_optimizer: bool = True) -> dict[str, Any]:
+    """Checkpoint ``path`` as a one-file checkpoint's payload: its ``trainer.pt`` with the whole
+    weights and (``with_optimizer``) the optimizer state, keyed by weight name as DCP keeps it."""
+    payload = checkpoint.load_checkpoint(path)
+    keys = {"model", "optimizer"} if with_optimizer else {"model"}
+    with single_process_quiet():
+        state = _load_state_dict_from_keys(keys, checkpoint_id=path)
+    return payload | {"model": state["model"], "optimizer": state.get("optimizer")}
