@@ -140,7 +140,7 @@ def test_muon_for_an_image_model_is_refused_before_any_process_starts():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "trainrun: error: bad value for 'optimizer.name': 'muon' takes 2-D matrices; model 'resnet_small' has "
-        "convolutions (use it with model=bert or model=gpt)"
+        "convolutions (use it with model=bert or model=gpt or model=llama)"
     ]
 
 

@@ -147,12 +147,14 @@ def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
 @pytest.mark.distributed
 def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_path):
     """SIGKILL to the whole 2-rank job after its second sharded checkpoint; resume=auto on 1 and on 4
-    ranks (DCP reshards weights and AdamW's state) ends with the uninterrupted run's weights. Then
-    the checkpoint is consolidated into one file and the resumed run samples text."""
+    ranks (DCP reshards weights and AdamW's state) ends with the uninterrupted run's weights (whose
+    checkpoints were written in the background). Then the checkpoint is consolidated into one file
+    and the resumed run samples text."""
     args = [*LLAMA, "parallel=fsdp", "max_duration=24ba", "eval_interval=12ba", "checkpoint.interval=4ba"]
     args += ["checkpoint.keep=10"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert run_cli(*args, "launcher.devices=2", f"hydra.run.dir={whole}").returncode == 0
+    # the uninterrupted run writes in the background (async_save): the same checkpoints
+    assert run_cli(*args, "launcher.devices=2", "checkpoint.async_save=true", f"hydra.run.dir={whole}").returncode == 0
     assert sorted(path.name for path in (whole / "checkpoints" / "ep0-ba24").iterdir()) == [
         ".metadata",
         "__0_0.distcp",  # each rank's shards
