@@ -17,7 +17,7 @@ from trainrun.core.parallel import checkpoint_activations
 from trainrun.core.sharded_checkpoint import whole_weights
 from trainrun.errors import ConfigError
 from trainrun.models.llama import Llama
-from trainrun.models.llama_export import equal_logits, to_llama
+from trainrun.models.llama_export import equal_logits, hf_name, to_llama
 from trainrun.schema import LlamaConfig
 from trainrun.validation import validate
 
@@ -140,7 +140,11 @@ def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
     assert_same_weights(final_weights(tmp_path / "llama_ddp"), expected)
     assert_same_weights(final_weights(tmp_path / "llama_fsdp"), expected)
     assert_same_weights(final_weights(tmp_path / "gpt_fsdp"), final_weights(tmp_path / "gpt_one"))
-    assert (tmp_path / "llama_fsdp" / "hf_model" / "config.json").is_file()  # gathered whole to rank 0
+    from transformers import LlamaForCausalLM
+
+    exported = LlamaForCausalLM.from_pretrained(tmp_path / "llama_fsdp" / "hf_model").state_dict()
+    fsdp = final_weights(tmp_path / "llama_fsdp")  # gathered whole to rank 0 for the export
+    assert all(torch.equal(exported[hf_name(name)], value) for name, value in fsdp.items())
 
 
 @pytest.mark.slow

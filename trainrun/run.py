@@ -96,11 +96,18 @@ def write_export(task: Task, state: State, run_dir: Path, console: Console) -> N
 
 @contextlib.contextmanager
 def swapped_model(state: State, config: TrainConfig, weights: dict[str, torch.Tensor]):
-    """``state.model`` replaced, for the block, by the run's model built whole on the host with ``weights``."""
-    whole = build_model(config.model, state.data.text)
+    """``state.model`` replaced, for the block, by the run's model on the host holding ``weights``
+    (a model that can is built on the meta device and set from them: no initial values drawn)."""
+    meta_init = Capability.META_INIT in kinds.offers(config)
+    with torch.device("meta") if meta_init else contextlib.nullcontext():
+        whole = build_model(config.model, state.data.text)
     for method in build_algorithms(config.algorithms):
         method.rebuild(whole)
-    whole.load_state_dict(weights)
+    if meta_init:
+        whole.to_empty(device="cpu")
+        whole.initialise(weights)
+    else:
+        whole.load_state_dict(weights)
     model, state.model = state.model, whole
     try:
         yield

@@ -130,15 +130,16 @@ class Llama(nn.Module):
         return torch.empty(parameter.shape).normal_(0.0, std, generator=generator)
 
     @torch.no_grad()
-    def initialise(self) -> None:
+    def initialise(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Set every weight (each rank's shard of it under FSDP2) and the rotary tables, one weight at
-        a time: the way a model built on the meta device is materialised after ``to_empty``."""
+        a time: the way a model built on the meta device is materialised after ``to_empty``. With
+        ``weights``, from them (a whole state dict) instead of the initial values."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         if self.config.tie_head and self.head.weight is not self.embed.weight:  # to_empty unties them
             self.head.weight = self.embed.weight
         for name, parameter in self.named_parameters():
-            value = self.initial_value(name, parameter)
+            value = weights[name] if weights is not None else self.initial_value(name, parameter)
             if isinstance(parameter, DTensor):
                 shard = distribute_tensor(value, parameter.device_mesh, parameter.placements, src_data_rank=None)
                 parameter.to_local().copy_(shard.to_local())
