@@ -80,7 +80,7 @@ def memory_rank(rank: int, ranks: int, port: int, preset: str, vocab: int, resul
         torch.manual_seed(0)
         with torch.device("meta") if mode == "fsdp" else torch.device("cpu"):
             model = Llama(config, vocab)
-        model = parallel.prepare(model, parallel.Parallelism(name=mode), None, torch.device("cpu"), ranks)
+        model = parallel.prepare(model, parallel.Parallelism(name=mode), None, torch.device("cpu"))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         wrapped = parallel.replicate(model, torch.device("cpu"), False) if mode == "ddp" else model
         tokens = torch.randint(0, vocab, (2, 65))
@@ -144,7 +144,7 @@ def build_variant(config: LlamaConfig, mode: str, precision, args, device: torch
         model.to_empty(device=device)
         model.initialise()
     settings = parallel.Parallelism(name=mode, activation_checkpointing=args.activation_checkpointing)
-    model = parallel.prepare(model, settings, precision.dtype, device, 1)
+    model = parallel.prepare(model, settings, precision.dtype, device)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
 

@@ -30,6 +30,7 @@ from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.build import DataSpec, build_data
+from trainrun.data.interface import TextFacts
 from trainrun.kinds import Capability
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
@@ -49,7 +50,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
-    model = build_seeded_model(config, data, placement)
+    model = build_seeded_model(config, data)
     timeline, budget = plan_timeline(config, data)
     task = build_task(config.task.name, config.data)
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
@@ -96,23 +97,29 @@ def write_export(task: Task, state: State, run_dir: Path, console: Console) -> N
 
 @contextlib.contextmanager
 def swapped_model(state: State, config: TrainConfig, weights: dict[str, torch.Tensor]):
-    """``state.model`` replaced, for the block, by the run's model on the host holding ``weights``
-    (a model that can is built on the meta device and set from them: no initial values drawn)."""
-    meta_init = Capability.META_INIT in kinds.offers(config)
-    with torch.device("meta") if meta_init else contextlib.nullcontext():
-        whole = build_model(config.model, state.data.text)
-    for method in build_algorithms(config.algorithms):
-        method.rebuild(whole)
-    if meta_init:
-        whole.to_empty(device="cpu")
-        whole.initialise(weights)
-    else:
-        whole.load_state_dict(weights)
-    model, state.model = state.model, whole
+    """``state.model`` replaced, for the block, by the run's model on the host holding ``weights``."""
+    model, state.model = state.model, model_holding(config, state.data.text, weights)
     try:
         yield
     finally:
         state.model = model
+
+
+def model_holding(config: TrainConfig, text: TextFacts | None, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The run's model, as its methods left its structure, on the host holding ``weights`` (a whole
+    state dict); a model that can is built on the meta device and set from them (no initial values
+    drawn: for an 8B Llama, 8e9 of them)."""
+    meta_init = Capability.META_INIT in kinds.offers(config)
+    with torch.device("meta") if meta_init else contextlib.nullcontext():
+        model = build_model(config.model, text)
+    for method in build_algorithms(config.algorithms):
+        method.rebuild(model)
+    if meta_init:
+        model.to_empty(device="cpu")
+        model.initialise(weights)
+    else:
+        model.load_state_dict(weights)
+    return model
 
 
 def build_precision(name: str, device: torch.device, console: Console) -> Precision:
@@ -123,14 +130,13 @@ def build_precision(name: str, device: torch.device, console: Console) -> Precis
     return precision
 
 
-def build_seeded_model(config: TrainConfig, data: DataSpec, placement: Placement) -> torch.nn.Module:
+def build_seeded_model(config: TrainConfig, data: DataSpec) -> torch.nn.Module:
     """The model with the same initial weights on every rank (and the same surgery at INIT); each
-    training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`). Sharded
-    over several ranks, a model that can is built on the meta device (the trainer materialises
-    each rank's shards): no rank holds it whole."""
+    training step then seeds its rank's draws (:func:`~trainrun.core.seeding.seed_step`). Where the
+    run shards it, a model that can is built on the meta device (the trainer materialises each
+    rank's shards): no rank holds it whole."""
     seed_everything(config.seed)
-    meta_init = Capability.META_INIT in kinds.offers(config)
-    on_meta = parallel.shards_on_meta(parallelism(config), placement.world_size, meta_init)
+    on_meta = Capability.META_INIT in kinds.offers(config) and parallel.shards(parallelism(config))
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         return build_model(config.model, data.text)
 

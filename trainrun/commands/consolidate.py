@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainrun.core.checkpoint import atomic_torch_save, load_checkpoint
+from trainrun.core.checkpoint import atomic_torch_save
 from trainrun.errors import ConfigError
 
 
@@ -29,10 +29,9 @@ def consolidate_command(argv: list[str]) -> int:
     path = args.checkpoint
     if not path.is_dir():
         raise ConfigError(f"bad value for 'CHECKPOINT': '{path}' is not a sharded checkpoint folder")
-    load_checkpoint(path)  # one line if it is not a complete sharded checkpoint
     run = path.parent.parent
     output = args.output or run / f"{path.name}.pt"
-    payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)
+    payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete
     atomic_torch_save(payload, output)
     print(f"wrote {output} ({len(payload['model'])} weights{'' if args.weights_only else ' and optimizer state'})")
     if args.hf:

@@ -22,7 +22,6 @@ from trainrun.core.checkpoint import directory, is_sharded, list_checkpoints, lo
 from trainrun.core.distributed import SINGLE_PROCESS
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, task_spec, tasks_offering
-from trainrun.models.build import build_model
 from trainrun.schema import TrainConfig
 from trainrun.validation import validate
 
@@ -98,13 +97,11 @@ def run_model(config: TrainConfig, run: Path, path: Path):
         raise ConfigError(
             f"bad value for 'RUN': '{run}' read token shards without data.shards.tokenizer (sample needs it)"
         )
-    model = build_model(config.model, text)
+    from trainrun.run import model_holding
+
     payload = load_checkpoint(path)
-    methods = build_algorithms(config.algorithms)
-    for method in methods:  # the model's structure as the run's methods left it (ALiBi: no position table)
-        method.rebuild(model)
-    model.load_state_dict(whole_weights(path) if is_sharded(path) else payload["model"])
-    for method in methods:  # what each method's evaluations saw (EMA's average)
+    model = model_holding(config, text, whole_weights(path) if is_sharded(path) else payload["model"])
+    for method in build_algorithms(config.algorithms):  # what each method's evaluations saw (EMA's average)
         method.restore_evaluated(model, payload["algorithms"].get(method.name, {}))
     return model, text
 

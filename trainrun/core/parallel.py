@@ -80,21 +80,20 @@ def checkpoint_activations(model: nn.Module, mode: str) -> None:
         block.forward = checkpointed(block.forward, selective=mode == "selective")
 
 
-def shards_on_meta(settings: Parallelism, world_size: int, meta_init: bool) -> bool:
-    """Whether the model is built on the meta device: sharded over several ranks, and it can be."""
-    return settings.name == "fsdp" and world_size > 1 and meta_init
+def shards(settings: Parallelism) -> bool:
+    """Whether the model is sharded: the run asks for FSDP2 and has a process group (every run on
+    several ranks; a bench on one). On one process without a group there is nothing to shard."""
+    return settings.name == "fsdp" and torch.distributed.is_initialized()
 
 
-def prepare(
-    model: nn.Module, settings: Parallelism, dtype: torch.dtype | None, device: torch.device, world_size: int
-) -> nn.Module:
-    """``model`` with activation checkpointing, on ``device``, sharded under FSDP2 where the run asks
-    for it and has a process group (every run on several ranks; a bench on one) (DDP wraps it
-    later, after the optimizer and ``torch.compile``)."""
+def prepare(model: nn.Module, settings: Parallelism, dtype: torch.dtype | None, device: torch.device) -> nn.Module:
+    """``model`` with activation checkpointing, on ``device``, sharded under FSDP2 where
+    :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``); a model built on
+    the meta device is materialised shard by shard."""
     checkpoint_activations(model, settings.activation_checkpointing)
-    if settings.name != "fsdp" or not torch.distributed.is_initialized():  # one process: nothing to shard
+    if not shards(settings):
         return model.to(device)
-    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (world_size,))
+    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     # bf16: compute in bfloat16 from float32 master weights, gradients reduced in float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     for block in getattr(model, "blocks", ()):

@@ -42,6 +42,19 @@ def single_process_quiet() -> Iterator[None]:
         yield
 
 
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What DCP saves and loads of a rank: its model's and optimizer's state, by weight name
+    (its shards under FSDP2)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def read_whole(path: Path, keys: set[str]) -> dict[str, Any]:
+    """The entries ``keys`` of checkpoint ``path``, whole, in this process (no process group)."""
+    with single_process_quiet():
+        return _load_state_dict_from_keys(keys, checkpoint_id=path)
+
+
 def partial_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.partial")
 
@@ -87,9 +100,7 @@ class ShardedCheckpoints:
             shutil.rmtree(partial, ignore_errors=True)  # a killed run's unfinished write
             partial.mkdir(parents=True)
         distributed.wait_for_all(self.world_size)
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        written = None
+        state, written = training_state(model, optimizer), None
         if self.asynchronous and self.world_size > 1:
             if self._group is None:
                 self._group = dist.new_group(backend="gloo")
@@ -111,8 +122,7 @@ class ShardedCheckpoints:
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> None:
     """Load the weights and optimizer state of checkpoint ``path`` into this rank's ``model`` and
     ``optimizer`` (sharded or whole), whatever number of ranks wrote it."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = training_state(model, optimizer)
     try:
         with single_process_quiet():
             dcp.load(state, checkpoint_id=path, no_dist=world_size == 1)
@@ -128,24 +138,21 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
 def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optimizer_state: dict) -> None:
     """Load a one-file checkpoint's state: its optimizer state as ``optimizer.state_dict()`` gives it
     (by parameter index), or by weight name as :func:`one_file` writes it."""
-    model.load_state_dict(weights)
     if any(isinstance(key, str) for key in optimizer_state.get("state", {})):
         set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optimizer_state)
     else:
+        model.load_state_dict(weights)
         optimizer.load_state_dict(optimizer_state)
 
 
 def whole_weights(path: Path) -> dict[str, torch.Tensor]:
     """Checkpoint ``path``'s model weights, whole, in this process (no process group)."""
-    with single_process_quiet():
-        return _load_state_dict_from_keys({"model"}, checkpoint_id=path)["model"]
+    return read_whole(path, {"model"})["model"]
 
 
 def one_file(path: Path, with_optimizer: bool = True) -> dict[str, Any]:
     """Checkpoint ``path`` as a one-file checkpoint's payload: its ``trainer.pt`` with the whole
     weights and (``with_optimizer``) the optimizer state, keyed by weight name as DCP keeps it."""
     payload = checkpoint.load_checkpoint(path)
-    keys = {"model", "optimizer"} if with_optimizer else {"model"}
-    with single_process_quiet():
-        state = _load_state_dict_from_keys(keys, checkpoint_id=path)
+    state = read_whole(path, {"model", "optimizer"} if with_optimizer else {"model"})
     return payload | {"model": state["model"], "optimizer": state.get("optimizer")}

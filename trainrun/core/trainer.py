@@ -86,7 +86,7 @@ class Trainer:
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         state.precision.convert(state.model)  # fp8: float8 linear layers, before sharding
         compute_dtype = state.precision.dtype if state.precision.dtype == torch.bfloat16 else None
-        state.model = parallel.prepare(state.model, settings.parallel, compute_dtype, state.device, state.world_size)
+        state.model = parallel.prepare(state.model, settings.parallel, compute_dtype, state.device)
         state.optimizer, self.scheduler = optimization(state.model)
         if settings.compile:
             state.model = compile_model(state.model, state.warn)
