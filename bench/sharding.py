@@ -11,12 +11,13 @@ none, selective and full (one process).
 ``speed`` (a GPU): one process, a process group of one, ``--model`` (default ``llama3_1b``) under
 DDP's path (the model whole) and under FSDP2 (``fully_shard`` per block and on the root, a mesh of
 one GPU: its gathers and reduce-scatters with nothing to exchange), for each of ``--precisions``
-(bf16; fp8 through torchao where the GPU has it), alternating rounds; tokens per second and MFU,
+(bf16; fp8 through torchao where the GPU has it), eager or compiled (``--compile``, as ``compile=true``:
+fp8 is slower than bf16 without it); tokens per second and MFU,
 with model FLOPs per token ``6·N + 12·L·D·T`` (N the blocks' and head's weights, L layers, D width,
 T tokens a window; nanoGPT's estimate) against the bf16 peak of ``gpu_throughput.py``'s table.
 
     .venv/bin/python bench/sharding.py [--ranks 2] [--model llama_tiny]
-    python bench/sharding.py speed [--model llama3_1b] [--batch 2] [--seq 4096] [--precisions bf16 fp8]
+    python bench/sharding.py speed [--model llama3_1b] [--batch 2] [--seq 4096] [--precisions bf16 fp8] [--compile]
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ def memory(args: argparse.Namespace) -> None:
     sizes = {mode: saved_activation_bytes(config, args.vocab, mode, args.batch, args.seq) for mode in CHECKPOINTING}
     for mode, size in sizes.items():
         print(f"| {mode} | {size / 1e6:.1f} | {size / sizes['none']:.3f}x |")
+    if not parallel.SAC_HOOKS:
+        print(f"(torch {torch.__version__} keeps selective checkpointing's tensors outside the hooks: not counted)")
 
 
 def flops_per_token(model: Llama, seq: int) -> float:
@@ -145,7 +148,8 @@ def build_variant(config: LlamaConfig, mode: str, precision, args, device: torch
         model.initialise()
     settings = parallel.Parallelism(name=mode, activation_checkpointing=args.activation_checkpointing)
     model = parallel.prepare(model, settings, precision.dtype, device)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    return (torch.compile(model) if args.compile else model), optimizer  # as a run with compile=true
 
 
 def timed_steps(model, optimizer, precision, tokens: torch.Tensor, steps: int, device: torch.device) -> float:
@@ -172,6 +176,7 @@ def speed(args: argparse.Namespace) -> None:
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
     peak = peak_tflops(device, "bf16", args.peak_tflops, False)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    name += ", compiled" if args.compile else ""
     print(f"model={args.model} on {name}: {args.batch} x {args.seq} tokens a step, best of {args.rounds} rounds")
     print("| variant | step ms | tokens/s | model TFLOP/s | MFU (bf16 peak) | peak memory GB |")
     print("|---|---|---|---|---|---|")
@@ -212,6 +217,7 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["bf16", "fp8"])
     parser.add_argument("--activation-checkpointing", default="none", choices=CHECKPOINTING)
     parser.add_argument("--peak-tflops", type=float)
+    parser.add_argument("--compile", action="store_true", help="speed: torch.compile each variant (fp8 needs it)")
     args = parser.parse_args()
     on_memory = args.what == "memory"
     args.model = args.model or ("llama_tiny" if on_memory else "llama3_1b")

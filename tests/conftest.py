@@ -38,11 +38,19 @@ EXACT = ["data=digits", "data.hflip=true", "model.resnet_small.width=8", "model.
 EXACT += ["max_duration=1ep", "train_batch_size=64", "progress=false"]
 
 
+def on_cpu_beyond_gpus(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``args`` with ``device=cpu`` added where they start more ranks than this machine has GPUs
+    (trainrun refuses that on CUDA): a test's gloo ranks then run on a GPU machine too."""
+    ranks = [value for arg in args for key, _, value in [arg.partition("=")] if key == "launcher.devices"]
+    many = ranks and ranks[-1].isdigit() and int(ranks[-1]) > torch.cuda.device_count() > 0
+    return [*args, "device=cpu"] if many and not any(arg.startswith("device=") for arg in args) else list(args)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m trainrun ARGS`` with captured text output."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "trainrun", *args],
+        [sys.executable, "-m", "trainrun", *on_cpu_beyond_gpus(args)],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -54,7 +62,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
 def start_cli(*args: str) -> subprocess.Popen:
     """``python -m trainrun ARGS`` started in the background, its output piped."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "trainrun", *args]
+    command = [sys.executable, "-m", "trainrun", *on_cpu_beyond_gpus(args)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

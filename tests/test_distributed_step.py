@@ -6,6 +6,7 @@ import copy
 import importlib
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def worker(rank: int, port: int, out: str) -> None:
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU group: CUDA's own threads would count as the group's
     torch.set_num_threads(1)
-    threads_before = len(os.listdir("/proc/self/task"))
+    threads_before = thread_names()
     distributed.join("cpu", timeout_minutes=2)
     results = {}
     norm = torch.nn.BatchNorm1d(3)
@@ -88,8 +89,13 @@ def worker(rank: int, port: int, out: str) -> None:
     for each in (run, diverging):
         each.state.model = distributed.unwrapped(each.state.model)
     distributed.leave()
-    results["threads"] = [threads_before, len(os.listdir("/proc/self/task"))]
+    results["threads"] = [threads_before, thread_names()]
     torch.save(results, f"{out}/{rank}.pt")
+
+
+def thread_names() -> list[str]:
+    """This process's threads, by the names the kernel shows (sorted)."""
+    return sorted(Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task"))
 
 
 def free_port() -> int:
@@ -116,7 +122,7 @@ def test_ddp_keeps_gradients_in_its_buckets_and_each_ranks_own_statistics(two_ra
 def test_leaving_ends_the_groups_threads_before_interpreter_exit(two_ranks):
     for rank in two_ranks:
         before, after = rank["threads"]
-        assert after == before, "the process group outlived distributed.leave()"
+        assert after == before, f"the process group outlived distributed.leave(): {before} then {after}"
 
 
 @pytest.mark.distributed

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, read_metrics, run_cli
+from conftest import EXACT, on_cpu_beyond_gpus, read_metrics, run_cli
 from hydra import compose, initialize_config_dir
 
 from trainrun import launch
+from trainrun.config import register_schema
+from trainrun.core.distributed import check_gpus_for
+from trainrun.errors import ConfigError
 from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers
 from trainrun.schema import LauncherConfig
 
@@ -86,7 +89,7 @@ def test_a_port_in_use_is_one_clear_line(tmp_path):
 @pytest.mark.distributed
 def test_ctrl_c_stops_all_ranks_and_keeps_the_last_checkpoint(tmp_path):
     command = [sys.executable, "-m", "trainrun", *EXACT, "max_duration=200ep", "checkpoint.interval=5ba"]
-    command += ["launcher.devices=2", f"hydra.run.dir={tmp_path}"]
+    command = [*on_cpu_beyond_gpus([*command, "launcher.devices=2"]), f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     checkpoints = tmp_path / "checkpoints"
@@ -111,7 +114,8 @@ def test_a_torch_without_a_shutdown_setting_still_launches(monkeypatch):
     settings = LauncherConfig(rdzv_endpoint="localhost:29400")  # no port to check
     assert launch.launch_config(settings, 2).nproc_per_node == 2
     monkeypatch.undo()
-    assert launch.launch_config(settings, 2).shutdown_timeout == launch.SHUTDOWN_SECONDS
+    if "shutdown_timeout" in {field.name for field in dataclasses.fields(launch.LaunchConfig)}:  # torch 2.12 on
+        assert launch.launch_config(settings, 2).shutdown_timeout == launch.SHUTDOWN_SECONDS
 
 
 def test_slurm_node_lists_and_environment(monkeypatch):
@@ -135,6 +139,7 @@ def test_slurm_node_lists_and_environment(monkeypatch):
 
 
 def test_slurm_launcher_config_composes():
+    register_schema()  # the recipes' defaults name the schema's structured configs
     overrides = ["hydra/launcher=trainrun_slurm", "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, "recipe=mild"], return_hydra_config=True)
@@ -154,3 +159,13 @@ def test_slurm_launcher_config_composes():
 def test_bad_launcher_settings(args, message, tmp_path):
     result = run_cli(*EXACT, *args, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_more_ranks_than_gpus_is_refused_before_any_process_starts(monkeypatch):
+    """Each rank would take GPU 0 and NCCL would stop them all ("Duplicate GPU detected")."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"'launcher.devices': 2 ranks on this node, which has 1 GPU"):
+        check_gpus_for(2, "auto")
+    check_gpus_for(2, "cpu")  # gloo ranks on the CPU
+    check_gpus_for(1, "cuda")

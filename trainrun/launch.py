@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint
-from trainrun.core.distributed import cores_per_process
+from trainrun.core.distributed import check_gpus_for, cores_per_process
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.schema import LauncherConfig, TrainConfig
@@ -224,6 +224,8 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
         )
         checkpoint.check_readable(resume_path, config.parallel.name == "fsdp" and ranks > 1, ranks)
     check_float8(config.precision, config.device)
+    if not started_elsewhere:
+        check_gpus_for(processes, config.device)
     check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):

@@ -48,7 +48,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
     console = Console(stderr=False, quiet=placement.rank != 0)
-    precision = build_precision(config.precision, device, console)
+    precision = build_precision(config.precision, device, config.compile, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
     model = build_seeded_model(config, data)
     timeline, budget = plan_timeline(config, data)
@@ -122,9 +122,9 @@ def model_holding(config: TrainConfig, text: TextFacts | None, weights: dict[str
     return model
 
 
-def build_precision(name: str, device: torch.device, console: Console) -> Precision:
-    """The precision ``name`` asks for as this device runs it, with a note where it differs."""
-    precision, notes = resolve_precision(name, device)
+def build_precision(name: str, device: torch.device, compiled: bool, console: Console) -> Precision:
+    """The precision ``name`` asks for as this device runs it, with a note where it differs or is slow."""
+    precision, notes = resolve_precision(name, device, compiled)
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     return precision

@@ -70,6 +70,19 @@ def cuda_index(local_rank: int) -> int:
     )
 
 
+def check_gpus_for(processes: int, device_name: str) -> None:
+    """Refuse, before any process starts, more ranks on this node than it has GPUs: each would take
+    GPU 0 and NCCL stops them all ("Duplicate GPU detected")."""
+    if processes < 2 or device_name == "cpu" or not torch.cuda.is_available():
+        return
+    visible = torch.cuda.device_count()
+    if processes > visible:
+        raise ConfigError(
+            f"bad value for 'launcher.devices': {processes} ranks on this node, which has {visible} GPU(s); "
+            f"NCCL runs one rank per GPU (launcher.devices={visible}, or device=cpu for ranks on the CPU)"
+        )
+
+
 def select_device(name: str, local_rank: int, deterministic: bool = False) -> torch.device:
     """The device for ``device=name`` (auto, cpu, cuda), made current; cuDNN autotuning on for CUDA
     unless ``deterministic`` asks for torch's deterministic kernels (slower on a GPU)."""

@@ -51,6 +51,15 @@ KEPT_OPS = frozenset(
 )
 
 
+# torch 2.12 and later can route the tensors selective checkpointing keeps through the surrounding
+# saved-tensors hooks (offloading, measurement); torch 2.11 keeps them aside and takes no such setting.
+SAC_HOOKS = (
+    {"respect_saved_tensors_hooks": True}
+    if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    else {}
+)
+
+
 def _keep_products(context, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -64,9 +73,7 @@ def checkpointed(forward: Callable, selective: bool) -> Callable:
     @functools.wraps(forward)
     def run(*args, **kwargs):
         if selective:
-            return checkpoint(
-                forward, *args, use_reentrant=False, context_fn=context, respect_saved_tensors_hooks=True, **kwargs
-            )
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **SAC_HOOKS, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
