@@ -211,3 +211,16 @@ def test_sharding_bench_prints_a_ranks_memory_under_fsdp_against_ddp_and_each_ch
     assert speed.returncode == 0, speed.stderr
     assert "| ddp, bf16 |" in speed.stdout and "| fsdp, bf16 |" in speed.stdout
     assert "| fp8 | bad value for 'precision': 'fp8' needs a GPU" in speed.stdout
+
+
+@pytest.mark.slow
+def test_segmentation_data_bench_prepares_crops_and_evaluates_generated_cases(tmp_path):
+    args = ["--cases", "2", "--shape", "16", "40", "40", "--workers", "0", "1", "--patch", "16", "16", "16"]
+    args += ["--crops", "3", "--eval-patches", "64", "--window-batches", "1"]
+    result = bench("segmentation_data.py", str(tmp_path), *args)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    prepared = [row for row in rows if row[0] in ("| 0", "| 1")]
+    assert len(prepared) == 2 and prepared[0][4] == prepared[1][4]  # the same store bytes a case either way
+    assert "loader workers of this CPU" in result.stdout
+    assert any(row[0] == "| 64^3" and row[1] == "1" for row in rows)  # one case evaluated, its memory measured

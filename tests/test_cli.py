@@ -78,9 +78,9 @@ def test_help_lists_groups_and_options(tmp_path):
         "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, llama3_1b, llama3_8b, llama_tiny, "
         "resnet101, resnet18, resnet34, resnet50",
         "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, "
-        "llama31_8b, medium, mild, unet_brats",
+        "llama31_8b, medium, mild, unet3d_brats, unet_brats",
         "parallel: ddp, fsdp",
-        "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, step, wsd",
+        "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, poly, step, wsd",
         "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "
         "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_shards, token_stream",
         "task: causal_lm, image_classification, masked_lm, segmentation",
@@ -139,7 +139,7 @@ def test_own_recipes_and_configs_from_a_folder_or_a_path(tmp_path):
     for flags in (["-cd", str(tmp_path), "-cn", "mine"], ["-cp", str(tmp_path), "--config-name", "mine.yaml"]):
         source, _, overrides = locate(flags, [])
         assert check(overrides, source=source)[0].max_duration == "3ep"
-    refused = r"unknown option 'nosuch' for 'recipe' \(choose from: .*mild, quick, unet_brats\)"
+    refused = r"unknown option 'nosuch' for 'recipe' \(choose from: .*mild, quick, unet3d_brats, unet_brats\)"
     with pytest.raises(ConfigError, match=refused):
         source, _, overrides = locate(["-cd", str(tmp_path)], ["recipe=nosuch"])
         check(overrides, source=source)
@@ -325,7 +325,7 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     assert moved["data.patch_size"] == "data.segmentation.patch_size" and moved["model.strides"] == "model.unet.strides"
     assert moved["data.tokenizer"] == "data.text.tokenizer" and moved["model.window"] == "model.gpt.window"
     assert moved["model.value_embeddings"] == "model.gpt.value_embeddings"
-    assert moved["data.val_tokens"] == "data.shards.val_tokens" and len(moved) == 57
+    assert moved["data.val_tokens"] == "data.shards.val_tokens" and len(moved) == 62
     for old, new in moved.items():  # as a user's own YAML (a --config-dir recipe) would spell it
         group, key = old.split(".")
         with pytest.raises(ConfigError, match=f"^unknown config key '{old}': it is now '{new}' "):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainrun.commands import SUBCOMMANDS, main
-from trainrun.commands.sweep import parse_sweep_arguments, plan
+from trainrun.commands.sweep import parse_folds, parse_sweep_arguments, plan
 from trainrun.config import AUTO_RECIPE, NO_RUN_FLAGS, check, locate, translate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +99,9 @@ def check_subcommand(argv: list[str], capsys) -> None:
     """A sweep plans and validates its first and last runs; any other subcommand knows each flag shown."""
     name, arguments = argv[0], argv[1:]
     if name == "sweep":
-        budgets, seeds, out, overrides, source = parse_sweep_arguments(arguments)
-        jobs = plan(budgets, seeds, out or Path("sweeps"), overrides)
+        budgets, seeds, out, overrides, source, folds = parse_sweep_arguments(arguments)
+        base = check(overrides, files=False, source=source)[0]
+        jobs = plan(budgets, seeds, out or Path("sweeps"), overrides, parse_folds(folds, base.data.segmentation.folds))
         for job in (jobs[0], jobs[-1]):
             check(list(job.overrides), files=False, source=source)
         return

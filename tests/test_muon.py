@@ -229,3 +229,11 @@ def test_a_head_module_the_model_does_not_have_is_refused_naming_the_key():
         build_optimizer(gpt(), muon_config(head_modules=["head", "no_such_module"]), 8)
     build_optimizer(gpt(), muon_config(head_modules=["head", "proj"]), 8)  # every name matches a module
     build_optimizer(torch.nn.Sequential(torch.nn.Linear(4, 4)), muon_config(), 8)  # the default: no error
+
+
+def test_the_poly_schedule_falls_as_one_minus_the_share_done_to_the_power_by_hand():
+    """nnU-Net's PolyLRScheduler: lr x (1 - step / total) ** 0.9."""
+    for step in (0, 25, 50, 99, 100):
+        expected = (1 - step / 100) ** 0.9
+        assert multiplier(step, shape="poly", warmup=0, total=100, power=0.9) == pytest.approx(expected)
+    assert multiplier(50, shape="poly", warmup=0, total=100, power=2.0, alpha_f=0.1) == pytest.approx(0.1 + 0.9 * 0.25)

@@ -145,6 +145,11 @@ def test_every_optimizer_setting_reaches_the_optimizer():
     assert type(radam) is torch.optim.RAdam and radam.defaults["foreach"] is True
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-3, (0.8, 0.98), 1e-7, 0.05)
     assert group["decoupled_weight_decay"] is False  # L2 decay, as Composer's UNet recipe ran RAdam
+    nnunet = OptimizerConfig(name="sgd", lr=0.01, momentum=0.99, nesterov=True, weight_decay=3e-5)
+    sgd = build_optimizer(model, nnunet, 2)
+    (group,) = sgd.param_groups
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["foreach"] is True and not sgd.defaults["fused"]
+    assert (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (0.01, 0.99, True, 3e-5)
 
 
 def test_a_step_the_gradient_scaler_skips_does_not_decay_the_weights():

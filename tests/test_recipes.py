@@ -7,6 +7,7 @@ from conftest import read_metrics, run_cli
 from omegaconf import OmegaConf
 
 from trainrun.config import compose
+from trainrun.tasks.segmentation import deep_supervision_weights
 
 SHARED = {
     "model.name": "resnet50",
@@ -362,6 +363,44 @@ def test_unet_brats_carries_composers_published_values():
         "name": "unet_brats",
     }
     _assert_values(cfg, published)
+
+
+def test_unet3d_brats_carries_nnunets_published_values():
+    """Key by key against MIC-DKFZ/nnUNet's nnUNetTrainer (959729c) and its BraTS plan."""
+    cfg = compose(["recipe=unet3d_brats", "data.path=/data/Task01_BrainTumour"])
+    published = {
+        "task.name": "segmentation",
+        "model.name": "unet",
+        "model.unet.dimensions": 3,
+        "model.unet.filters": [32, 64, 128, 256, 320, 320],  # the plan's 6 stages, 320 at most
+        "model.unet.strides": [1, 2, 2, 2, 2, 2],
+        "model.unet.norm": "instance",
+        "model.unet.residual": False,
+        "model.unet.deep_supervision": 3,  # 4 of the 5 outputs weighted (1, 1/2, 1/4, 1/8; the fifth 0)
+        "data.name": "decathlon",
+        "data.segmentation.patch_size": [128, 128, 128],
+        "data.segmentation.foreground_oversampling": 0.33,  # oversample_foreground_percent
+        "data.segmentation.folds": 5,
+        "data.segmentation.mirror_axes": [0, 1, 2],  # inference_allowed_mirroring_axes for 3D
+        "data.split_seed": 12345,  # KFold(n_splits=5, shuffle=True, random_state=12345)
+        "optimizer.name": "sgd",
+        "optimizer.lr": 1e-2,  # initial_lr
+        "optimizer.momentum": 0.99,
+        "optimizer.nesterov": True,
+        "optimizer.weight_decay": 3e-5,
+        "scheduler.name": "poly",  # PolyLRScheduler(optimizer, initial_lr, num_epochs), exponent 0.9
+        "scheduler.power": 0.9,
+        "scheduler.t_warmup": "0ba",
+        "scheduler.alpha_f": 0.0,
+        "train_batch_size": 2,
+        "max_duration": "250000ba",  # num_epochs 1000 x num_iterations_per_epoch 250
+        "precision": "amp",
+        "name": "unet3d_brats",
+    }
+    _assert_values(cfg, published)
+    deep = deep_supervision_weights(4)
+    nnunet = [1, 1 / 2, 1 / 4, 1 / 8, 0]
+    assert deep == pytest.approx([weight / sum(nnunet) for weight in nnunet[:4]])
 
 
 def test_llama31_8b_carries_mlperfs_reference_values():

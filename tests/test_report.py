@@ -237,7 +237,11 @@ def test_sweep_trains_each_budget_once_and_reports(tmp_path):
 
 
 BAD_SUBCOMMANDS = [
-    (["sweep", "data=digits"], "'trainrun sweep' needs 'budgets'"),
+    (["sweep", "data=digits"], "'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0], or 'folds'"),
+    (["sweep", "task=segmentation", "data=synthetic_brats", "model=unet2d", "folds=[0,5]"], "bad value for 'folds'"),
+    (["sweep", "folds=all", "data.segmentation.fold=1"], "sets scale_schedule_ratio, seed, data.segmentation.fold"),
+    (["sweep", "folds=all"], "bad value for 'folds': all (cross-validation folds are task=segmentation's)"),
+    (["ensemble", "{empty}", "--data", "{empty}"], "no runs (summary.json) under"),
     (["sweep", "budgets=[0,1]"], "bad value for 'budgets'"),
     (["sweep", "budgets=[1]", "seeds=[a]"], "bad value for 'seeds': 'a'"),
     (["sweep", "budgets=[1]", "seed=3"], "sets scale_schedule_ratio, seed and the run directory itself"),

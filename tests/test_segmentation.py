@@ -14,16 +14,8 @@ import torch.nn.functional as F
 from conftest import killed_and_resumed, read_metrics, run_cli
 
 from trainrun.config import compose
-from trainrun.data.segmentation import (
-    VolumeStore,
-    biased_crop,
-    by_class,
-    fold_cases,
-    gaussian_blur,
-    preprocess,
-    store_path,
-    synthetic_case,
-)
+from trainrun.data.segmentation import biased_crop, by_class, fold_cases, gaussian_blur, store_path, synthetic_case
+from trainrun.data.volume_store import VolumeStore, preprocess
 from trainrun.errors import ConfigError, DataError, TrainrunError
 from trainrun.schema import DataConfig, SegmentationDataConfig
 from trainrun.tasks.segmentation import DiceCrossEntropy, Segmentation, build, volume_dice
@@ -230,7 +222,7 @@ def test_crops_contain_foreground_at_the_configured_rate(rate):
     label = np.zeros((1, 64, 64), np.uint8)
     label[0, 40:44, 10:14] = 1  # a small lesion: a uniform 16x16 crop holds some of it in about 9 % of draws
     image = np.ones((1, 1, 64, 64), np.float32)
-    from trainrun.data.segmentation import foreground_locations
+    from trainrun.data.volume_store import foreground_locations
 
     foreground = by_class(foreground_locations(label, 2, 0))
     torch.manual_seed(0)
@@ -355,6 +347,11 @@ def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
         (["data.segmentation.regions=[[1,2,3],[2,3],[3]]"], "has 3 regions (one output each)"),
         (["data.segmentation.regions=[[1,4]]", "model.num_classes=1"], "the foreground labels 1 to 3"),
         (["model=unet3d", "data.segmentation.patch_size=[32,32,32]"], "which instance norm cannot normalise"),
+        (["data.segmentation.mirror_axes=[1,3]"], "bad value for 'data.segmentation.mirror_axes': [1, 3]"),
+        (["data.segmentation.mirror_axes=[1,1]"], "distinct volume axes"),
+        (["model.unet.deep_supervision=5"], "bad value for 'model.unet.deep_supervision': 5 (at most 4"),
+        (["data.segmentation.window_batch=0"], "bad value for 'data.segmentation.window_batch': 0"),
+        (["data.segmentation.blend_device=gpu"], "bad value for 'data.segmentation.blend_device'"),
     ],
 )
 def test_a_segmentation_config_is_refused_with_one_line_naming_the_key(overrides, message):
@@ -510,3 +507,104 @@ def test_the_configured_foreground_oversampling_reaches_the_training_crops(tmp_p
         train = datasets(config.data).train
         holding_tumour[rate] = sum(bool((train[i][1] > 0).any()) for i in range(len(train))) / len(train)
     assert holding_tumour[1.0] == 1.0 and holding_tumour[0.0] < 0.5
+
+
+# ------------------------------------------------------------------------------ preparing a task folder
+def store_files(path):
+    return {file.name: file.read_bytes() for file in sorted(path.iterdir()) if file.suffix in (".npy", ".json")}
+
+
+def test_cases_prepared_in_worker_processes_give_the_bytes_of_one_process(tmp_path, capsys):
+    from trainrun.data.decathlon import write_decathlon
+
+    write_decathlon_folder(tmp_path / "task", cases=4)
+    write_decathlon(tmp_path / "task", tmp_path / "serial")
+    write_decathlon(tmp_path / "task", tmp_path / "parallel", workers=2)
+    assert store_files(tmp_path / "serial") == store_files(tmp_path / "parallel")
+    assert len(store_files(tmp_path / "serial")) == 4 * 3 + 1
+    out = capsys.readouterr().out
+    assert "preparing 4 of 4 cases of" in out and "prepared: 4/4 cases" in out
+
+
+def test_a_killed_preparation_continues_with_the_cases_it_lacks_to_the_same_store(tmp_path, capsys):
+    from trainrun.data.decathlon import write_decathlon
+
+    write_decathlon_folder(tmp_path / "task", cases=4)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    write_decathlon(tmp_path / "task", whole)
+    write_decathlon(tmp_path / "task", killed)
+    # what a kill during the third case leaves: two cases whole, the third's image, a temporary file, no index
+    (killed / "index.json").unlink()
+    for file in killed.glob("BRATS_003_*"):
+        file.unlink()
+    (killed / "BRATS_002_label.npy").unlink()
+    (killed / "BRATS_002_locations.npy").unlink()
+    (killed / ".BRATS_002_label.npy.tmp999").write_bytes(b"half")
+    kept = {file.name: file.stat().st_mtime_ns for file in killed.glob("BRATS_00[01]_*")}
+    capsys.readouterr()
+    write_decathlon(tmp_path / "task", killed)
+    assert "preparing 2 of 4 cases" in capsys.readouterr().out and "(2 kept from an earlier preparation)"
+    assert {file.name: file.stat().st_mtime_ns for file in killed.glob("BRATS_00[01]_*")} == kept
+    assert store_files(killed) == store_files(whole)
+
+
+def test_cases_of_another_spacing_are_resampled_to_the_median_spacing(tmp_path):
+    import nibabel
+
+    from trainrun.data.decathlon import write_decathlon
+
+    arrays = write_decathlon_folder(tmp_path / "task", cases=3)
+    image, label = arrays["BRATS_001"]
+    coarse = np.diag([2.0, 2.0, 2.0, 1.0])  # one case at 2 mm, the others at 1 mm: the median is 1 mm
+    nibabel.save(nibabel.Nifti1Image(image, coarse), tmp_path / "task" / "imagesTr" / "BRATS_001.nii.gz")
+    nibabel.save(nibabel.Nifti1Image(label, coarse), tmp_path / "task" / "labelsTr" / "BRATS_001.nii.gz")
+    write_decathlon(tmp_path / "task", tmp_path / "store")
+    store = VolumeStore.open(tmp_path / "store")
+    assert json.loads((tmp_path / "store" / "index.json").read_text())["spacing"] == [1.0, 1.0, 1.0]
+    assert store.label(0).shape == (4, 6, 8) and store.label(1).shape == (8, 12, 16)  # the box, twice as fine
+    assert set(np.unique(store.label(1)).tolist()) == {0, 2}  # labels stay labels (nearest neighbour)
+    assert (store.label(1) == 2).sum() == 8 * (label == 2).sum()
+
+
+@pytest.mark.slow
+def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_them(tmp_path):
+    """``trainrun sweep folds=all``, then ``trainrun ensemble`` on a held-out Decathlon folder: the
+    ensemble's per-case Dice is that of the runs' averaged probabilities, computed here by hand."""
+    out = tmp_path / "cv"
+    args = ["sweep", *TINY_SEG, "data.segmentation.folds=3", "folds=all", "max_duration=1ep", f"out={out}"]
+    args += [f"data.cache_dir={tmp_path / 'cache'}", "name=unet_cv"]
+    result = run_cli(*args, timeout=600)
+    assert result.returncode == 0, result.stderr
+    runs = sorted(out.glob("ssr1-fold*"))
+    assert [run.name for run in runs] == ["ssr1-fold0", "ssr1-fold1", "ssr1-fold2"]
+    assert json.loads((out / "sweep.json").read_text())["folds"] == [0, 1, 2]
+    assert [read_metrics(run)[-1]["dice"] for run in runs]  # each fold evaluated on its held-out cases
+    assert all((run / "model.pt").is_file() for run in runs)
+    report = (out / "report.csv").read_text().splitlines()
+    (entry,) = report[1:]  # the folds are one entry: their mean, spread and range
+    assert entry.startswith("unet_cv,1,2,3,"), report
+    write_decathlon_folder(tmp_path / "heldout", cases=3)
+    ensembled = run_cli("ensemble", str(out), "--data", str(tmp_path / "heldout"), timeout=300)
+    assert ensembled.returncode == 0, ensembled.stderr
+    assert "ensemble" in ensembled.stdout and "mean Dice on 3 held-out cases" in ensembled.stdout
+    scores = json.loads((out / "ensemble.json").read_text())
+    assert set(scores["cases"]) == {"ssr1-fold0", "ssr1-fold1", "ssr1-fold2", "ensemble"}
+    # the ensemble by hand for the first case: the three folds' softmax averaged, its arg-max scored
+    from trainrun.commands.ensemble import run_config
+    from trainrun.data.segmentation import store_path
+    from trainrun.run import model_holding
+
+    configs = [run_config(run) for run in runs]
+    data = DataConfig(**{**vars(configs[0].data), "name": "decathlon", "path": str(tmp_path / "heldout")})
+    store = VolumeStore.open(store_path(data))
+    task = Segmentation(data)
+    volume, label = torch.from_numpy(store.image(0).astype("float32")), torch.from_numpy(store.label(0).astype("int64"))
+    average = 0
+    for run, config in zip(runs, configs, strict=True):
+        model = model_holding(config, None, torch.load(run / "model.pt", weights_only=True)).eval()
+        with torch.inference_mode():
+            average = average + task.predict(model, [volume])[0].softmax(0) / 3
+    by_hand = volume_dice(average.log(), label)
+    assert scores["cases"]["ensemble"][0] == pytest.approx(by_hand.tolist(), abs=1e-6)
+    bad = run_cli("ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout"))
+    assert bad.returncode == 2 and "no runs (summary.json) under" in bad.stderr

@@ -12,6 +12,7 @@ METRICS = "metrics.jsonl"  # one row per evaluation
 SUMMARY = "summary.json"  # written during the run, final at its end
 STEPS = "steps.jsonl"  # one row per optimizer step: where its time went (rank 0)
 CHECKPOINTS = "checkpoints"  # a folder of *.pt
+MODEL = "model.pt"  # segmentation: the weights the final evaluation scored (a state dict), for ensembles
 AUTO_DECISION = "auto.json"  # what recipe=auto timed, predicted and chose
 
 

@@ -114,6 +114,9 @@ class UNetConfig:
     strides: list[int] = field(default_factory=lambda: [1, 2, 2, 2, 2, 2])
     norm: str = choice_field("batch", "batch", "instance")
     residual: bool = True  # residual blocks (Composer's); nnU-Net's plain conv-norm-act pairs when false
+    # deep supervision: this many extra outputs at the decoder's lower levels, their losses weighted
+    # 1/2, 1/4, ... of the full-resolution one and normalised (nnU-Net's); 0: off
+    deep_supervision: int = non_negative_field(0)
 
 
 @dataclass
@@ -176,6 +179,18 @@ class SegmentationDataConfig:
     regions: list[list[int]] = field(default_factory=list)
     synthetic_cases: int = field(default=40, metadata={"min": 2})  # synthetic_brats: volumes generated
     synthetic_shape: list[int] = field(default_factory=lambda: [32, 64, 64])  # synthetic_brats: (D, H, W)
+    # evaluation of whole volumes (trainrun/tasks/segmentation.py): windows (3D) or axial slices (2D) per
+    # forward pass, which bounds its memory; None: one window (nnU-Net's), 64 slices (Composer's)
+    window_batch: int | None = positive_field(None)
+    # where the blended prediction of a volume and its Gaussian weights live: beside the model, or
+    # in host memory (the windows still run on the model's device; MONAI's sw_device / device)
+    blend_device: str = choice_field("model", "model", "cpu")
+    # test-time mirroring: volume axes (0 depth, 1 height, 2 width) flipped, the logits averaged over
+    # every combination (nnU-Net's [0, 1, 2]: 8 passes; a 2D model flips 1 and 2)
+    mirror_axes: list[int] = field(default_factory=list)
+    # BraTS post-processing: a predicted enhancing tumour (the last class or region) of fewer voxels
+    # is removed (its voxels take their next most likely class); 0: off
+    enhancing_min_voxels: int = non_negative_field(0)
 
 
 @dataclass
@@ -238,9 +253,10 @@ class MuonConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Decoupled SGDW, AdamW, LAMB (MLPerf BERT's closed-division optimizer), Muon with Adam or RAdam."""
+    """Decoupled SGDW, SGD (L2 weight decay, nnU-Net's), AdamW, LAMB (MLPerf BERT's closed-division
+    optimizer), Muon with Adam or RAdam."""
 
-    name: str = choice_field("sgdw", "sgdw", "adamw", "lamb", "muon", "radam")
+    name: str = choice_field("sgdw", "sgdw", "sgd", "adamw", "lamb", "muon", "radam")
     lr: float = positive_field(0.2)
     momentum: float = non_negative_field(0.9)
     dampening: float = non_negative_field(0.0)
@@ -259,9 +275,10 @@ class OptimizerConfig:
 class SchedulerConfig:
     """Linear warmup, then one decay shape; every time in any unit, applied every step."""
 
-    name: str = choice_field("cosine", "cosine", "linear", "step", "multistep", "constant", "wsd")
+    name: str = choice_field("cosine", "cosine", "linear", "poly", "step", "multistep", "constant", "wsd")
     t_warmup: str = time_field("1ep")
-    alpha_f: float = non_negative_field(0.0)  # final multiplier of cosine / linear / wsd decay
+    alpha_f: float = non_negative_field(0.0)  # final multiplier of cosine / linear / poly / wsd decay
+    power: float = positive_field(0.9)  # poly: the multiplier falls as (1 - share of the decay done) ** power
     cooldown: float = positive_fraction_field(0.4)  # wsd: the run's last share, decaying linearly to alpha_f
     step_size: str = interval_field("30ep")  # step: decay every step_size
     gamma: float = positive_field(0.1)  # step, multistep: factor per step / per milestone

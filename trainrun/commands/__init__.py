@@ -1,5 +1,5 @@
 """``trainrun``'s entry layer: argv to training (:mod:`.train`) or to a subcommand, each its own
-module here (write and write-text, sweep, report, sample, consolidate). Each composes and validates what it
+module here (write and write-text, sweep, report, sample, consolidate, ensemble). Each composes and validates what it
 runs once, before any heavy import or process start, and hands it on."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from trainrun.versions import check_requirements
 SUBCOMMANDS = {
     "write": ("trainrun.commands.write", "write_command"),  # an image folder or built-in set to a .beton
     "write-text": ("trainrun.commands.write_text", "write_text_command"),  # a corpus to a token store
-    "sweep": ("trainrun.commands.sweep", "run_sweep"),  # a recipe over budgets and seeds
+    "sweep": ("trainrun.commands.sweep", "run_sweep"),  # a recipe over budgets, seeds and folds
     "report": ("trainrun.commands.report", "report_command"),  # trade-off curves, time and cost to accuracy
     "sample": ("trainrun.commands.sample", "sample_command"),  # a continuation from a finished causal-LM run
     "consolidate": ("trainrun.commands.consolidate", "consolidate_command"),  # a sharded checkpoint as one file
+    "ensemble": ("trainrun.commands.ensemble", "ensemble_command"),  # segmentation folds averaged on held-out cases
 }
 
 

@@ -1,4 +1,5 @@
-"""``trainrun sweep``: one recipe trained at several budgets (and seeds) into one directory.
+"""``trainrun sweep``: one recipe trained at several budgets (and seeds, and cross-validation folds)
+into one directory.
 
 A budget is either a ``scale_schedule_ratio`` (a number: it stretches the run's length and every
 time in its schedule) or a wall-clock or cost budget (``30s``, ``5min``, ``2usd``: it becomes the
@@ -6,6 +7,11 @@ run's ``max_duration``). Each (budget, seed) runs as its own ``trainrun`` proces
 ``OUT/ssr<ratio>-seed<seed>/`` or ``OUT/budget<budget>-seed<seed>/``; a run whose
 ``summary.json`` says it completed, with the same config, is reused rather than repeated, and an
 interrupted one resumes from its newest checkpoint. Every job is composed and validated before the first one starts.
+
+``folds=[0,1,2,3,4]`` (or ``folds=all``) trains each fold of a segmentation set's cross-validation
+(``data.segmentation.fold``; budgets default to the recipe as written) into ``OUT/.../fold<k>``:
+the report shows the folds as one entry (their mean, spread and range), and ``trainrun ensemble``
+averages their predictions on a held-out set.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from trainrun.core.time import Time, TimeUnit, budget_size, is_budget
 from trainrun.errors import ConfigError
 from trainrun.schema import TrainConfig
 
-SWEEP_KEYS = ("budgets", "seeds", "out")
+SWEEP_KEYS = ("budgets", "seeds", "folds", "out")
+FOLD_KEY = "data.segmentation.fold"
 RUN_ONLY_KEYS = ("progress", "resume")  # may differ between a finished run and its rerun
 
 
@@ -38,17 +45,20 @@ class SweepJob:
     seed: int | None
     run_dir: Path
     overrides: tuple[str, ...]
+    fold: int | None = None
 
     @property
     def label(self) -> str:
         kind = "max_duration" if is_budget(self.budget) else "ssr"
-        return f"{kind}={self.budget}" + (f" seed={self.seed}" if self.seed is not None else "")
+        seed = f" seed={self.seed}" if self.seed is not None else ""
+        return f"{kind}={self.budget}{seed}" + (f" fold={self.fold}" if self.fold is not None else "")
 
 
 def parse_sweep_arguments(
     argv: list[str],
-) -> tuple[list[str], list[int | None], Path | None, list[str], ConfigSource]:
-    """(budgets, seeds, out, run overrides, where configs come from) from ``trainrun sweep`` arguments."""
+) -> tuple[list[str], list[int | None], Path | None, list[str], ConfigSource, str | None]:
+    """(budgets, seeds, out, run overrides, where configs come from, folds as written) from
+    ``trainrun sweep`` arguments."""
     from trainrun.config import locate, translate
 
     hydra_args, overrides, _ = translate(argv)
@@ -62,17 +72,28 @@ def parse_sweep_arguments(
             settings[key] = value
         else:
             run_overrides.append(override)
-    if "budgets" not in settings:
-        raise ConfigError("'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0]")
-    budgets = _budgets(settings["budgets"])
+    if "budgets" not in settings and "folds" not in settings:
+        raise ConfigError("'trainrun sweep' needs 'budgets', e.g. budgets=[0.25,0.5,1.0], or 'folds'")
+    budgets = _budgets(settings.get("budgets", "1"))
     seeds: list[int | None] = [None]
     if "seeds" in settings:
         seeds = [_number(value, "seeds", int) for value in _values("seeds", settings["seeds"])]
     out = Path(settings["out"]) if "out" in settings else None
-    swept = ("max_duration" if is_budget(budgets[0]) else "scale_schedule_ratio", "seed", "hydra.run.dir")
-    if any(override_key(o) in swept for o in run_overrides):
-        raise ConfigError(f"'trainrun sweep' sets {swept[0]}, seed and the run directory itself")
-    return budgets, seeds, out, run_overrides, source
+    swept = ("max_duration" if is_budget(budgets[0]) else "scale_schedule_ratio", "seed")
+    swept += (FOLD_KEY,) if "folds" in settings else ()
+    if any(override_key(o) in (*swept, "hydra.run.dir") for o in run_overrides):
+        raise ConfigError(f"'trainrun sweep' sets {', '.join(swept)} and the run directory itself")
+    return budgets, seeds, out, run_overrides, source, settings.get("folds")
+
+
+def parse_folds(text: str | None, folds: int) -> list[int | None]:
+    """The folds ``folds=`` names (``all``: each of the set's ``folds``), or one run without a fold."""
+    if text is None:
+        return [None]
+    chosen = list(range(folds)) if text == "all" else [_number(value, "folds", int) for value in _values("folds", text)]
+    if not chosen or any(fold < 0 or fold >= folds for fold in chosen):
+        raise ConfigError(f"bad value for 'folds': {text} (all, or folds 0 to {folds - 1} of data.segmentation.folds)")
+    return sorted(set(chosen))
 
 
 def _budgets(text: str) -> list[str]:
@@ -93,15 +114,20 @@ def _budgets(text: str) -> list[str]:
     return [f"{ratio:g}" for ratio in sorted(set(ratios))]
 
 
-def plan(budgets: list[str], seeds: list[int | None], out: Path, overrides: list[str]) -> list[SweepJob]:
+def plan(
+    budgets: list[str], seeds: list[int | None], out: Path, overrides: list[str], folds: list[int | None] = (None,)
+) -> list[SweepJob]:
     """The jobs of a sweep, in budget order."""
     jobs = []
     for budget in budgets:
         for seed in seeds:
-            setting = f"max_duration={budget}" if is_budget(budget) else f"scale_schedule_ratio={budget}"
-            name = ("budget" if is_budget(budget) else "ssr") + budget + (f"-seed{seed}" if seed is not None else "")
-            extra = [setting] + ([f"seed={seed}"] if seed is not None else [])
-            jobs.append(SweepJob(budget, seed, out / name, (*overrides, *extra)))
+            for fold in folds:
+                setting = f"max_duration={budget}" if is_budget(budget) else f"scale_schedule_ratio={budget}"
+                name = ("budget" if is_budget(budget) else "ssr") + budget
+                name += (f"-seed{seed}" if seed is not None else "") + (f"-fold{fold}" if fold is not None else "")
+                extra = [setting] + ([f"seed={seed}"] if seed is not None else [])
+                extra += [f"{FOLD_KEY}={fold}"] if fold is not None else []
+                jobs.append(SweepJob(budget, seed, out / name, (*overrides, *extra), fold))
     return jobs
 
 
@@ -131,9 +157,13 @@ def run_sweep(argv: list[str]) -> int:
     from trainrun.config import compose
     from trainrun.validation import validate
 
-    budgets, seeds, out, overrides, source = parse_sweep_arguments(argv)
-    out = out or Path("sweeps") / (validate(compose(overrides, source)).name or "sweep")
-    jobs = plan(budgets, seeds, out, overrides)
+    budgets, seeds, out, overrides, source, folds_text = parse_sweep_arguments(argv)
+    base = validate(compose(overrides, source))
+    out = out or Path("sweeps") / (base.name or "sweep")
+    if folds_text is not None and base.task.name != "segmentation":
+        raise ConfigError(f"bad value for 'folds': {folds_text} (cross-validation folds are task=segmentation's)")
+    folds = parse_folds(folds_text, base.data.segmentation.folds)
+    jobs = plan(budgets, seeds, out, overrides, folds)
     composed = {}
     for job in jobs:
         config = compose(list(job.overrides), source)
@@ -151,10 +181,10 @@ def run_sweep(argv: list[str]) -> int:
         console.print(f"[{index}/{len(jobs)}] {job.label}: training in {job.run_dir}", highlight=False)
         code = _train(job, source)
         statuses[job.run_dir.name] = "completed" if code == 0 else f"failed (exit {code})"
-        atomic_write_json(out / "sweep.json", _record(budgets, seeds, overrides, statuses))
+        atomic_write_json(out / "sweep.json", _record(budgets, seeds, folds, overrides, statuses))
         if code == 130:
             raise KeyboardInterrupt
-    atomic_write_json(out / "sweep.json", _record(budgets, seeds, overrides, statuses))
+    atomic_write_json(out / "sweep.json", _record(budgets, seeds, folds, overrides, statuses))
     failed = [name for name, status in statuses.items() if status.startswith("failed")]
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed:[/] {', '.join(failed)}", highlight=False)
@@ -170,8 +200,9 @@ def _train(job: SweepJob, source: ConfigSource) -> int:
     return run_trainrun(arguments).returncode
 
 
-def _record(budgets, seeds, overrides, statuses) -> dict:
-    return {"budgets": budgets, "seeds": seeds, "overrides": list(overrides), "runs": statuses}
+def _record(budgets, seeds, folds, overrides, statuses) -> dict:
+    record = {"budgets": budgets, "seeds": seeds, "overrides": list(overrides), "runs": statuses}
+    return record | ({"folds": folds} if folds != [None] else {})
 
 
 @functools.cache

@@ -20,11 +20,8 @@ whole volumes; the task evaluates them slice by slice (2D) or by sliding windows
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,85 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from trainrun.atomic_io import atomic_write_text, read_json
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.cache import cache_prefix, write_once_per_node
+from trainrun.data.decathlon import decathlon_listing, write_decathlon
 from trainrun.data.interface import Datasets
+from trainrun.data.volume_store import STORE_VERSION, VolumeStore, case_written, write_case, write_index
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig, SegmentationDataConfig
 
-STORE_VERSION = 1
-LOCATIONS_PER_CLASS = 10_000  # nnU-Net's sample of each class's voxels for foreground crops
 SYNTHETIC_MODALITIES = ("FLAIR", "T1w", "T1gd", "T2w")  # the Decathlon brain-tumour task's channels
 SYNTHETIC_LABELS = ("background", "edema", "non-enhancing tumour", "enhancing tumour")
-
-
-# ------------------------------------------------------------------------------ preprocessing
-def preprocess(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """nnU-Net's preprocessing of one case: crop ``image`` (C, D, H, W) and ``label`` (D, H, W) to
-    the box of voxels non-zero in any channel, z-score each channel over those voxels and set the
-    rest to 0; float16 and uint8 for the store."""
-    brain = (image != 0).any(axis=0)
-    if not brain.any():
-        raise DataError("a case has no non-zero voxel in any channel")
-    box = tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(brain))
-    image, label, brain = image[(slice(None), *box)].astype(np.float32), label[box], brain[box]
-    for channel in image:
-        values = channel[brain]
-        channel[:] = np.where(brain, (channel - values.mean()) / max(float(values.std()), 1e-8), 0.0)
-    return image.astype(np.float16), label.astype(np.uint8)
-
-
-def foreground_locations(label: np.ndarray, classes: int, seed: int) -> np.ndarray:
-    """Rows of (class, d, h, w): every voxel of each foreground class, or a seeded sample of
-    :data:`LOCATIONS_PER_CLASS` of them."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for cls in range(1, classes):
-        where = np.argwhere(label == cls)
-        if len(where) > LOCATIONS_PER_CLASS:
-            where = where[np.sort(rng.choice(len(where), LOCATIONS_PER_CLASS, replace=False))]
-        rows.append(np.concatenate([np.full((len(where), 1), cls), where], axis=1))
-    return np.concatenate(rows).astype(np.int32) if rows else np.zeros((0, 4), np.int32)
-
-
-# ------------------------------------------------------------------------------ the store
-@dataclass(frozen=True)
-class VolumeStore:
-    """A preprocessed set of cases in ``path`` (see the module's docstring)."""
-
-    path: Path
-    cases: tuple[str, ...]
-    channels: tuple[str, ...]
-    labels: tuple[str, ...]
-
-    @classmethod
-    def open(cls, path: Path) -> VolumeStore:
-        index = json.loads((path / "index.json").read_text())
-        return cls(path, tuple(index["cases"]), tuple(index["channels"]), tuple(index["labels"]))
-
-    def image(self, case: int) -> np.ndarray:
-        return np.load(self.path / f"{self.cases[case]}_image.npy", mmap_mode="r")
-
-    def label(self, case: int) -> np.ndarray:
-        return np.load(self.path / f"{self.cases[case]}_label.npy", mmap_mode="r")
-
-    def locations(self, case: int) -> np.ndarray:
-        return np.load(self.path / f"{self.cases[case]}_locations.npy")
-
-
-def write_case(path: Path, name: str, image: np.ndarray, label: np.ndarray, classes: int) -> None:
-    """Preprocess one case and add its arrays to the store being written in ``path``."""
-    image, label = preprocess(image, label)
-    np.save(path / f"{name}_image.npy", image)
-    np.save(path / f"{name}_label.npy", label)
-    np.save(path / f"{name}_locations.npy", foreground_locations(label, classes, zlib.crc32(name.encode())))
-
-
-def write_index(path: Path, cases: Sequence[str], channels: Sequence[str], labels: Sequence[str]) -> None:
-    """Written last: a store with an index is complete."""
-    index = {"version": STORE_VERSION, "cases": list(cases), "channels": list(channels), "labels": list(labels)}
-    atomic_write_text(path / "index.json", json.dumps(index, indent=1))
 
 
 # ------------------------------------------------------------------------------ sources
@@ -156,86 +84,9 @@ def write_synthetic(path: Path, cases: int, shape: Sequence[int]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     names = [f"synthetic_{index:03d}" for index in range(cases)]
     for index, name in enumerate(names):
-        write_case(path, name, *synthetic_case(index, shape), classes=len(SYNTHETIC_LABELS))
+        if not case_written(path, name):
+            write_case(path, name, *synthetic_case(index, shape), classes=len(SYNTHETIC_LABELS))
     write_index(path, names, SYNTHETIC_MODALITIES, SYNTHETIC_LABELS)
-
-
-def read_decathlon_case(image_file: Path, label_file: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One Decathlon case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with
-    the axial axis z first."""
-    image, label = (_nifti(file) for file in (image_file, label_file))
-    image = image.astype(np.float32, copy=False)
-    if image.ndim == 3:
-        image = image[..., None]
-    if image.shape[:3] != label.shape:
-        raise DataError(f"{image_file.name}: image {image.shape[:3]} and label {label.shape} differ in size")
-    return image.transpose(3, 2, 0, 1), np.rint(label).astype(np.uint8).transpose(2, 0, 1)
-
-
-def _nifti(path: Path) -> np.ndarray:
-    """The array of the NIfTI file ``path``, or one line naming the file when it is not one."""
-    import nibabel
-
-    try:
-        return np.asarray(nibabel.load(path).dataobj)
-    except (nibabel.filebasedimages.ImageFileError, OSError, EOFError, ValueError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise DataError(f"'{path}' is not a readable NIfTI image ({reason})") from None
-
-
-def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
-    """``dataset.json`` and its training cases as (name, image file, label file)."""
-    manifest = source / "dataset.json"
-    if not manifest.is_file():
-        raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
-    described = read_json(manifest)
-    _check_manifest(manifest, described)
-    cases = []
-    for entry in described["training"]:
-        image, label = source / entry["image"], source / entry["label"]
-        for file in (image, label):
-            if not file.is_file():
-                raise DataError(f"{manifest}: '{file.relative_to(source)}' is listed but missing")
-        cases.append((image.name.split(".")[0], image, label))
-    if len(cases) < 2:
-        raise DataError(f"{manifest} lists {len(cases)} training case(s); a train/validation split needs 2")
-    return described, sorted(cases)
-
-
-def _check_manifest(manifest: Path, described: object) -> None:
-    """``dataset.json`` names its channels (``modality``), its labels and its training cases."""
-    if not isinstance(described, dict):
-        raise DataError(f"'{manifest}' is not a Decathlon dataset.json (a JSON object with modality, labels, training)")
-    for key, kind in (("modality", dict), ("labels", dict), ("training", list)):
-        if not isinstance(described.get(key), kind):
-            raise DataError(
-                f"'{manifest}' has no '{key}' {'object' if kind is dict else 'list'} (the Decathlon layout)"
-            )
-    for number, entry in enumerate(described["training"], 1):
-        if not (
-            isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)
-        ):
-            raise DataError(f"'{manifest}' training case {number} needs an 'image' and a 'label' path")
-
-
-def write_decathlon(source: Path, path: Path) -> None:
-    described, cases = decathlon_listing(source)
-    channels = [described["modality"][key] for key in sorted(described["modality"], key=int)]
-    values = sorted(int(key) for key in described["labels"])
-    labels = [described["labels"][str(value)] for value in values]
-    # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
-    lookup = np.full(256, 255, np.uint8)
-    lookup[values] = np.arange(len(values))
-    path.mkdir(parents=True, exist_ok=True)
-    for name, image_file, label_file in cases:
-        image, label = read_decathlon_case(image_file, label_file)
-        if image.shape[0] != len(channels):
-            raise DataError(f"{image_file.name} has {image.shape[0]} channel(s); dataset.json names {len(channels)}")
-        label = lookup[label]
-        if (label == 255).any():
-            raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
-        write_case(path, name, image, label, classes=len(labels))
-    write_index(path, [name for name, _, _ in cases], channels, labels)
 
 
 def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> Path:
@@ -253,7 +104,7 @@ def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> Pat
         identity = {"source": str(source), "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
 
         def write(path: Path) -> None:
-            write_decathlon(source, path)
+            write_decathlon(source, path, config.num_workers)
 
     prefix = cache_prefix(config.cache_dir, config.name, {**identity, "version": STORE_VERSION})
     write_once_per_node(prefix, (prefix / "index.json").is_file, lambda: write(prefix), placement)

@@ -5,7 +5,9 @@ encoder level per stride (the first at stride 1), strided convolutions down, tra
 convolutions up, LeakyReLU 0.01, kaiming-normal initialisation. ``model.unet`` chooses the
 published forms: Composer's 2D network (residual blocks, BatchNorm, filters 32-512, strides
 1,2,2,2,2,2) and nnU-Net's 3D one (plain blocks, InstanceNorm). The output is one logit per class
-and voxel at the input's size, whose sides must divide by the product of the strides.
+and voxel at the input's size, whose sides must divide by the product of the strides. With
+``model.unet.deep_supervision`` k, training returns (N, 1 + k, K, *spatial): the output and those of
+the k decoder levels below it, upsampled (the segmentation task weighs their losses).
 """
 
 from __future__ import annotations
@@ -33,4 +35,6 @@ def build(config: ModelConfig, text: TextFacts | None = None) -> nn.Module:
         norm_name=norm,
         act_name=("leakyrelu", {"inplace": True, "negative_slope": 0.01}),
         res_block=unet.residual,
+        deep_supervision=unet.deep_supervision > 0,
+        deep_supr_num=max(unet.deep_supervision, 1),
     )

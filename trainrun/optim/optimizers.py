@@ -81,7 +81,7 @@ def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
 def build_optimizer(
     model: nn.Module, config: OptimizerConfig, global_batch_size: int, timeline: Timeline | None = None
 ) -> torch.optim.Optimizer:
-    """Decoupled SGDW, torch's AdamW, timm's LAMB, torch's RAdam or Muon with Adam over the model's trainable
+    """Decoupled SGDW, torch's SGD, AdamW, timm's LAMB, torch's RAdam or Muon with Adam over the model's trainable
     parameters (``timeline`` converts Muon's momentum warmup to steps; none: no warmup).
 
     LAMB applies its trust ratio only where weight decay is on, so with ``exclude_norm_and_bias``
@@ -95,15 +95,10 @@ def build_optimizer(
         return build_muon(model, config, factor, warmup)
     lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)
+    sgd = {"lr": lr, "weight_decay": config.weight_decay, "momentum": config.momentum}
+    sgd |= {"dampening": config.dampening, "nesterov": config.nesterov}
     if config.name == "sgdw":
-        return DecoupledSGDW(
-            groups,
-            lr=lr,
-            weight_decay=config.weight_decay,
-            momentum=config.momentum,
-            dampening=config.dampening,
-            nesterov=config.nesterov,
-        )
+        return DecoupledSGDW(groups, **sgd)
     if config.name == "lamb":
         from timm.optim import Lamb
 
@@ -115,6 +110,9 @@ def build_optimizer(
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
         )
+    if config.name == "sgd":  # L2 weight decay, scaled by the lr and by momentum: nnU-Net's
+        # foreach, not the fused kernel: GradScaler skips an overflowing step before it runs
+        return torch.optim.SGD(groups, **sgd, foreach=True)
     if config.name == "radam":  # L2 weight decay, torch's default, as Composer's UNet recipe ran it
         return torch.optim.RAdam(
             groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, foreach=True

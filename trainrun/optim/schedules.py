@@ -27,6 +27,7 @@ def multiplier(
     gamma: float = 0.1,
     milestones: Sequence[int] = (),
     cooldown: float = 1.0,
+    power: float = 1.0,
     fraction: Callable[[int], float] | None = None,
 ) -> float:
     """LR multiplier after ``batch`` steps: linear warmup 0→1 over ``warmup``, then ``shape``.
@@ -34,7 +35,8 @@ def multiplier(
     The decay follows ``fraction(step)``, the share of the run done (``step / total`` unless
     given: a budgeted run's comes from its re-planned timeline). ``step`` multiplies by ``gamma``
     every ``step_size`` steps, ``multistep`` at each of ``milestones`` reached; ``wsd`` holds 1
-    until the last ``cooldown`` share of the decay, then falls linearly to ``alpha_f``.
+    until the last ``cooldown`` share of the decay, then falls linearly to ``alpha_f``; ``poly``
+    falls as ``(1 - done) ** power``.
     """
     if batch < warmup:
         return batch / warmup
@@ -54,6 +56,8 @@ def multiplier(
         return alpha_f + (1 - alpha_f) * (1 + math.cos(math.pi * tau)) / 2
     if shape == "linear":
         return 1.0 + (alpha_f - 1.0) * tau
+    if shape == "poly":  # nnU-Net's PolyLRScheduler (stepped per epoch there, per step here)
+        return alpha_f + (1.0 - alpha_f) * (1.0 - tau) ** power
     if shape == "wsd":  # warmup-stable-decay: constant, then linear to alpha_f over the last ``cooldown``
         return 1.0 + (alpha_f - 1.0) * max(0.0, tau - (1.0 - cooldown)) / cooldown
     raise ValueError(f"unknown schedule '{shape}'")
@@ -81,6 +85,7 @@ def schedule_function(config: SchedulerConfig, timeline: Timeline) -> Callable[[
             gamma=config.gamma,
             milestones=[timeline.stretched_batches(milestone) for milestone in config.milestones],
             cooldown=config.cooldown,
+            power=config.power,
             fraction=timeline.fraction,
         )
 

@@ -17,6 +17,9 @@ region's (logit above 0) by the same rule.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,12 +27,68 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from trainrun import run_files
+from trainrun.atomic_io import atomic_write
 from trainrun.core.state import State
 from trainrun.schema import DataConfig
 from trainrun.tasks.base import Evaluator, LossFunction, Task
 
 SLIDING_WINDOW_OVERLAP = 0.5  # nnU-Net's inference
-WINDOWS_PER_PASS = 64  # slices or windows per forward pass (Composer's 2D inference: chunks of 64 slices)
+# data.segmentation.window_batch when unset: nnU-Net's one 3D window a pass, Composer's 2D chunks of 64 slices
+WINDOWS_PER_PASS = {2: 64, 3: 1}
+
+
+def deep_supervision_weights(outputs: int) -> list[float]:
+    """The loss weights of the full-resolution output and each lower one: halving per level,
+    normalised to sum to 1 (nnU-Net's)."""
+    weights = [0.5**level for level in range(outputs)]
+    return [weight / sum(weights) for weight in weights]
+
+
+class DeepSupervision:
+    """``loss`` over the outputs of every decoder level: MONAI's DynUNet stacks them on axis 1 in
+    training, each upsampled to the input's size (so each is compared with the full-size labels,
+    where nnU-Net downsamples the labels instead), weighted by :func:`deep_supervision_weights`."""
+
+    def __init__(self, loss: LossFunction) -> None:
+        self.loss = loss
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.dim() == labels.dim() + 1:  # one output (evaluation)
+            return self.loss(logits, labels)
+        weights = deep_supervision_weights(logits.shape[1])
+        return sum(weight * self.loss(logits[:, level], labels) for level, weight in enumerate(weights))
+
+
+Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def mirrored(predict: Predictor, dims: list[int]) -> Predictor:
+    """``predict`` averaged over every combination of flips of ``dims`` (test-time mirroring: the
+    logits of each flipped input flipped back, nnU-Net's)."""
+    if not dims:
+        return predict
+    flips = [list(chosen) for count in range(len(dims) + 1) for chosen in itertools.combinations(dims, count)]
+
+    def run(windows: torch.Tensor) -> torch.Tensor:
+        total = predict(windows).float()
+        for flip in flips[1:]:
+            total += predict(windows.flip(flip)).float().flip(flip)
+        return total / len(flips)
+
+    return run
+
+
+def without_small_enhancing(logits: torch.Tensor, min_voxels: int, regions: bool) -> torch.Tensor:
+    """BraTS post-processing: where the predicted enhancing tumour (the last region, or the last class
+    where it is the arg-max) has fewer than ``min_voxels`` voxels, none is predicted: the region's
+    logits are set below 0, or the class's to its lowest so that each voxel takes its next class."""
+    predicted = logits[-1] > 0 if regions else logits.argmax(0) == logits.shape[0] - 1
+    if min_voxels == 0 or int(predicted.sum()) >= min_voxels:
+        return logits
+    logits = logits.clone()
+    logits[-1] = torch.finfo(logits.dtype).min
+    return logits
 
 
 class DiceCrossEntropy:
@@ -89,8 +148,8 @@ class DiceEvaluator(Evaluator):
 
     def update(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
         for logits, label in zip(outputs, targets, strict=True):
-            self.sums[:-2] += volume_dice(logits, label, self.task.regions)
             self.sums[-2] += self.task.loss_function(logits[None], label[None])
+            self.sums[:-2] += self.task.volume_dice(logits, label)
             self.sums[-1] += 1
 
     def compute(self) -> dict[str, float]:
@@ -108,9 +167,15 @@ class Segmentation(Task):
 
     def __init__(self, data: DataConfig | None = None) -> None:
         data = data or DataConfig()
-        self.patch = list(data.segmentation.patch_size)
-        self.regions = [list(region) for region in data.segmentation.regions]
+        settings = data.segmentation
+        self.patch = list(settings.patch_size)
+        self.regions = [list(region) for region in settings.regions]
         self.loss_function = RegionDiceBCE(self.regions) if self.regions else DiceCrossEntropy()
+        self.training_loss = DeepSupervision(self.loss_function)
+        self.window_batch = settings.window_batch or WINDOWS_PER_PASS[len(self.patch)]
+        self.blend_on_host = settings.blend_device == "cpu"
+        self.mirror_axes = [axis for axis in settings.mirror_axes if len(self.patch) == 3 or axis > 0]
+        self.enhancing_min_voxels = settings.enhancing_min_voxels
         self.scored = len(self.regions) or data.num_classes - 1  # regions, or foreground classes
         # each one's Dice is logged and shown beside the mean
         self.metrics = {"dice": "mean Dice", **{f"dice_{k}": f"Dice {k}" for k in range(1, self.scored + 1)}}
@@ -124,25 +189,51 @@ class Segmentation(Task):
         return images, labels.to(state.device, non_blocking=True), len(labels)
 
     def predict(self, model: nn.Module, inputs: Any) -> Any:
-        """Logits (K, D, H, W) of each whole volume: slice by slice (2D) or by sliding windows (3D)."""
+        """Logits (K, D, H, W) of each whole volume: slice by slice (2D) or by sliding windows (3D),
+        ``window_batch`` windows a pass, each mirrored along ``mirror_axes`` (volume axes; a 2D
+        model's slice has the volume's height and width as its axes 0 and 1)."""
         if isinstance(inputs, torch.Tensor):
             return model(inputs)
         from monai.inferers import sliding_window_inference
 
+        predictor = mirrored(model, [axis + (2 if len(self.patch) == 3 else 1) for axis in self.mirror_axes])
+
         def infer(images: torch.Tensor) -> torch.Tensor:
             return sliding_window_inference(
-                images, self.patch, WINDOWS_PER_PASS, model, overlap=SLIDING_WINDOW_OVERLAP, mode="gaussian"
-            ).float()
+                images, self.patch, self.window_batch, predictor, overlap=SLIDING_WINDOW_OVERLAP, mode="gaussian",
+                sw_device=images.device, device="cpu" if self.blend_on_host else images.device,
+            ).float()  # fmt: skip
 
         if len(self.patch) == 2:  # the volume's axial slices as a batch of images
             return [infer(volume.movedim(1, 0)).movedim(0, 1) for volume in inputs]
         return [infer(volume[None])[0] for volume in inputs]
 
     def loss(self, name: str) -> LossFunction:
-        return self.loss_function
+        return self.training_loss
 
     def evaluator(self, state: State) -> DiceEvaluator:
         return DiceEvaluator(self, state.device, state.world_size)
+
+    def export(self, state: State, run_dir: Path) -> list[str]:
+        """``<run>/model.pt``: the weights the final evaluation scored, for ``trainrun ensemble``."""
+        path = run_dir / run_files.MODEL
+        atomic_write(path, lambda handle: torch.save(state.raw_model.state_dict(), handle))
+        return [f"wrote {path} (the final weights, for trainrun ensemble)"]
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each class's probability (softmax over axis 0), or each region's (sigmoid)."""
+        return logits.sigmoid() if self.regions else logits.softmax(0)
+
+    def scores(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """Logits with these :meth:`probabilities` (log-odds, or log-probabilities), for the Dice and
+        the post-processing that read logits."""
+        probabilities = probabilities.clamp(1e-7, 1 - 1e-7)
+        return probabilities.logit() if self.regions else probabilities.log()
+
+    def volume_dice(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """Each foreground class's (region's) Dice of one volume, after the post-processing."""
+        logits = without_small_enhancing(logits, self.enhancing_min_voxels, bool(self.regions))
+        return volume_dice(logits, label, self.regions)
 
 
 def build(data: DataConfig | None = None) -> Segmentation:

@@ -19,6 +19,11 @@ def check(config: Any) -> None:
             f"bad value for 'model.unet.filters': {len(unet.filters)} levels but model.unet.strides has "
             f"{len(unet.strides)} (one of each per level, at least 3)"
         )
+    if unet.deep_supervision > len(unet.strides) - 2:
+        raise ConfigError(
+            f"bad value for 'model.unet.deep_supervision': {unet.deep_supervision} (at most "
+            f"{len(unet.strides) - 2}: an extra output at each decoder level below the top and above the bottom)"
+        )
     divisor = math.prod(unet.strides)
     if len(patch) != unet.dimensions or any(side <= 0 or side % divisor for side in patch):
         raise ConfigError(

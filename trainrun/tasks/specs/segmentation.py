@@ -17,6 +17,11 @@ def check(config: Any) -> None:
             f"bad value for 'data.segmentation.fold': {segmentation.fold} (folds are 0 to {segmentation.folds - 1})"
         )
     _check_outputs(config)
+    axes = list(segmentation.mirror_axes)
+    if len(set(axes)) != len(axes) or any(axis not in (0, 1, 2) for axis in axes):
+        raise ConfigError(
+            f"bad value for 'data.segmentation.mirror_axes': {axes} (distinct volume axes: 0 depth, 1 height, 2 width)"
+        )
 
 
 def _check_outputs(config: Any) -> None:

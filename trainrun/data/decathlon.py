@@ -1,0 +1,182 @@
+"""The Medical Segmentation Decathlon layout (``dataset.json``, ``imagesTr/``, ``labelsTr/``) read into
+a volume store (:mod:`trainrun.data.volume_store`).
+
+Cases are prepared in ``data.num_workers`` processes (in this one at 0), one case at a time in each,
+so memory is bounded by a case per worker whatever the task's size; a line reports progress every
+few cases. Each case's files are written whole or not at all, and a preparation started again (after
+a kill) prepares only the cases missing. Where the cases' voxel spacings differ, each is resampled
+after cropping and normalisation (nnU-Net's order) to their median spacing (nnU-Net's target
+spacing): images trilinearly, labels by nearest neighbour; BraTS and the Decathlon's brain tumours
+are 1 mm isotropic and are not resampled.
+Written here rather than with nnU-Net's preprocessing, which needs its own folder layout and plans.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainrun.atomic_io import read_json
+from trainrun.data.volume_store import case_written, preprocess, write_arrays, write_index
+from trainrun.errors import DataError
+
+PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
+
+
+def read_decathlon_case(image_file: Path, label_file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One Decathlon case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with
+    the axial axis z first."""
+    image, label = (_nifti(file) for file in (image_file, label_file))
+    image = image.astype(np.float32, copy=False)
+    if image.ndim == 3:
+        image = image[..., None]
+    if image.shape[:3] != label.shape:
+        raise DataError(f"{image_file.name}: image {image.shape[:3]} and label {label.shape} differ in size")
+    return image.transpose(3, 2, 0, 1), np.rint(label).astype(np.uint8).transpose(2, 0, 1)
+
+
+def _nifti(path: Path, header_only: bool = False):
+    """The array of the NIfTI file ``path`` (its header alone with ``header_only``), or one line
+    naming the file when it is not one."""
+    import nibabel
+
+    try:
+        image = nibabel.load(path)
+        return image.header if header_only else np.asarray(image.dataobj)
+    except (nibabel.filebasedimages.ImageFileError, OSError, EOFError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"'{path}' is not a readable NIfTI image ({reason})") from None
+
+
+def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
+    """``dataset.json`` and its training cases as (name, image file, label file)."""
+    manifest = source / "dataset.json"
+    if not manifest.is_file():
+        raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
+    described = read_json(manifest)
+    _check_manifest(manifest, described)
+    cases = []
+    for entry in described["training"]:
+        image, label = source / entry["image"], source / entry["label"]
+        for file in (image, label):
+            if not file.is_file():
+                raise DataError(f"{manifest}: '{file.relative_to(source)}' is listed but missing")
+        cases.append((image.name.split(".")[0], image, label))
+    if len(cases) < 2:
+        raise DataError(f"{manifest} lists {len(cases)} training case(s); a train/validation split needs 2")
+    return described, sorted(cases)
+
+
+def _check_manifest(manifest: Path, described: object) -> None:
+    """``dataset.json`` names its channels (``modality``), its labels and its training cases."""
+    if not isinstance(described, dict):
+        raise DataError(f"'{manifest}' is not a Decathlon dataset.json (a JSON object with modality, labels, training)")
+    for key, kind in (("modality", dict), ("labels", dict), ("training", list)):
+        if not isinstance(described.get(key), kind):
+            raise DataError(
+                f"'{manifest}' has no '{key}' {'object' if kind is dict else 'list'} (the Decathlon layout)"
+            )
+    for number, entry in enumerate(described["training"], 1):
+        if not (
+            isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)
+        ):
+            raise DataError(f"'{manifest}' training case {number} needs an 'image' and a 'label' path")
+
+
+def voxel_spacing(image_file: Path) -> tuple[float, float, float]:
+    """A case's voxel size in mm along the store's (D, H, W) axes: NIfTI's z, x, y (its header alone)."""
+    x, y, z = (float(size) for size in _nifti(image_file, header_only=True).get_zooms()[:3])
+    return z, x, y
+
+
+def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (C, D, H, W) and ``label`` (D, H, W) from ``spacing`` to ``target`` mm a voxel."""
+    if np.allclose(spacing, target):
+        return image, label
+    size = [max(1, round(side * have / want)) for side, have, want in zip(label.shape, spacing, target, strict=True)]
+    image = torch.from_numpy(image.astype(np.float32))[None]
+    image = F.interpolate(image, size=size, mode="trilinear", align_corners=False)[0].to(torch.float16)
+    label = F.interpolate(torch.from_numpy(label)[None, None].float(), size=size, mode="nearest-exact")[0, 0]
+    return image.numpy(), label.to(torch.uint8).numpy()
+
+
+def prepare_case(
+    case: tuple[str, Path, Path], channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path
+) -> str:
+    """Read, check, resample and preprocess one case into the store at ``path``; its name."""
+    name, image_file, label_file = case
+    image, label = read_decathlon_case(image_file, label_file)
+    if image.shape[0] != channels:
+        raise DataError(f"{image_file.name} has {image.shape[0]} channel(s); dataset.json names {channels}")
+    label = lookup[label]
+    if (label == 255).any():
+        raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
+    image, label = resampled(*preprocess(image, label), voxel_spacing(image_file), target)  # nnU-Net's order
+    write_arrays(path, name, image, label, classes)
+    return name
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)  # a worker per core: each case's arithmetic on one thread
+
+
+def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
+    """The task folder ``source`` as a volume store in ``path``: the missing cases prepared (in
+    ``workers`` processes), then the index."""
+    described, cases = decathlon_listing(source)
+    channels = [described["modality"][key] for key in sorted(described["modality"], key=int)]
+    values = sorted(int(key) for key in described["labels"])
+    labels = [described["labels"][str(value)] for value in values]
+    # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
+    lookup = np.full(256, 255, np.uint8)
+    lookup[values] = np.arange(len(values))
+    target = tuple(float(side) for side in np.median([voxel_spacing(image) for _, image, _ in cases], axis=0))
+    path.mkdir(parents=True, exist_ok=True)
+    missing = [case for case in cases if not case_written(path, case[0])]
+    progress = CaseProgress(len(cases), len(cases) - len(missing), source, path)
+    arguments = (len(channels), len(labels), lookup, target, path)
+    if workers == 0:
+        for case in missing:
+            prepare_case(case, *arguments)
+            progress.done()
+    else:
+        context = get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(missing) or 1), context, initializer=_one_thread) as pool:
+            for future in as_completed([pool.submit(prepare_case, case, *arguments) for case in missing]):
+                future.result()
+                progress.done()
+    progress.finish()
+    write_index(path, [name for name, _, _ in cases], channels, labels, target)
+
+
+class CaseProgress:
+    """A line every :data:`PROGRESS_SECONDS` while cases are prepared: cases done, seconds a case, time left."""
+
+    def __init__(self, total: int, already: int, source: Path, path: Path) -> None:
+        self.total, self.already, self.count = total, already, already
+        self.started = self.shown = time.perf_counter()
+        if already < total:
+            kept = f" ({already} kept from an earlier preparation)" if already else ""
+            print(f"preparing {total - already} of {total} cases of {source} into {path}{kept}", flush=True)
+
+    def line(self) -> str:
+        done = self.count - self.already
+        each = (time.perf_counter() - self.started) / max(done, 1)
+        left = each * (self.total - self.count) / 60
+        return f"{self.count}/{self.total} cases, {each:.1f} s a case, {left:.1f} min left"
+
+    def done(self) -> None:
+        self.count += 1
+        if time.perf_counter() - self.shown >= PROGRESS_SECONDS:
+            self.shown = time.perf_counter()
+            print(f"preparing: {self.line()}", flush=True)
+
+    def finish(self) -> None:
+        if self.count > self.already:
+            print(f"prepared: {self.line()}", flush=True)
