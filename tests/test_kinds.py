@@ -42,12 +42,14 @@ def test_every_capability_is_offered_by_some_kind_and_needed_by_some_method_or_c
     offered = set().union(*(spec.offers for kind in KINDS for spec in kinds.specs(kind).values()))
     assert offered == set(Capability)
     needed = set().union(*(spec.needs for spec in SPECS.values()))
-    # alibi's and sample's; Muon's; parallel.activation_checkpointing's; a sharded run's meta-device build
+    # alibi's and sample's; Muon's; parallel.activation_checkpointing's; a sharded run's meta-device
+    # build; sweep folds= and ensemble
     read_elsewhere = {
         Capability.CAUSAL_SEQUENCES,
         Capability.HIDDEN_MATRICES,
         Capability.TRANSFORMER_BLOCKS,
         Capability.META_INIT,
+        Capability.FOLDS,
     }
     assert needed | read_elsewhere == set(Capability)
 

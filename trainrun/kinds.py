@@ -45,6 +45,7 @@ class Capability(str, Enum):
     HIDDEN_MATRICES = "hidden weights that are 2-D matrices (Muon)"
     TRANSFORMER_BLOCKS = "a list of repeated blocks (model.blocks): FSDP2's units, activation checkpointing's"
     META_INIT = "weights set one at a time after a build on the meta device (no rank holds the whole model)"
+    FOLDS = "cases in cross-validation folds, predicted whole (trainrun sweep folds=, trainrun ensemble)"
 
 
 Check = Callable[[Any], None]  # the run's TrainConfig -> raise ConfigError naming the key

@@ -21,6 +21,7 @@ from rich.table import Table
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, read_yaml
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.schema import TrainConfig
 
 ENSEMBLE = "ensemble.json"
@@ -78,8 +79,9 @@ def run_config(run: Path) -> TrainConfig:
     from trainrun.validation import validate
 
     config = validate(OmegaConf.create(read_yaml(run / run_files.CONFIG)), files=False)
-    if config.task.name != "segmentation":
-        raise ConfigError(f"bad value for 'RUNS': '{run}' trained task {config.task.name}, not segmentation")
+    if Capability.FOLDS not in task_spec(config.task.name).offers:
+        tasks = " or ".join(tasks_offering({Capability.FOLDS}))
+        raise ConfigError(f"bad value for 'RUNS': '{run}' trained task {config.task.name}; ensemble needs {tasks}")
     return config
 
 

@@ -30,6 +30,7 @@ from trainrun.children import run_trainrun
 from trainrun.config import ConfigSource, override_key, override_value
 from trainrun.core.time import Time, TimeUnit, budget_size, is_budget
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.schema import TrainConfig
 
 SWEEP_KEYS = ("budgets", "seeds", "folds", "out")
@@ -160,8 +161,9 @@ def run_sweep(argv: list[str]) -> int:
     budgets, seeds, out, overrides, source, folds_text = parse_sweep_arguments(argv)
     base = validate(compose(overrides, source))
     out = out or Path("sweeps") / (base.name or "sweep")
-    if folds_text is not None and base.task.name != "segmentation":
-        raise ConfigError(f"bad value for 'folds': {folds_text} (cross-validation folds are task=segmentation's)")
+    if folds_text is not None and Capability.FOLDS not in task_spec(base.task.name).offers:
+        tasks = " or ".join(f"task={name}" for name in tasks_offering({Capability.FOLDS}))
+        raise ConfigError(f"bad value for 'folds': {folds_text} (cross-validation folds are {tasks}'s)")
     folds = parse_folds(folds_text, base.data.segmentation.folds)
     jobs = plan(budgets, seeds, out, overrides, folds)
     composed = {}

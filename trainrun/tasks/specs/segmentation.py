@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainrun.errors import ConfigError
-from trainrun.kinds import TaskSpec
+from trainrun.kinds import Capability, TaskSpec
 from trainrun.quality import Quality
 
 
@@ -48,6 +48,7 @@ SPECS = (
         name="segmentation",
         builder="trainrun.tasks.segmentation:build",
         batches="volumes",
+        offers=frozenset({Capability.FOLDS}),
         check=check,
         quality=Quality("dice", "mean Dice"),
         trains_with="Dice + cross-entropy",
