@@ -88,7 +88,7 @@ def run_config(run: Path) -> TrainConfig:
 def predict(runs: list[Path], configs: list[TrainConfig], data) -> dict[str, list[list[float]]]:
     """Per case, the Dice of each class (region) as each run and the ensemble predict it."""
     from trainrun.core.distributed import select_device
-    from trainrun.data.segmentation import store_path
+    from trainrun.data.segmentation import Volumes, store_path
     from trainrun.data.volume_store import VolumeStore
     from trainrun.run import model_holding
     from trainrun.tasks.segmentation import Segmentation
@@ -107,9 +107,8 @@ def predict(runs: list[Path], configs: list[TrainConfig], data) -> dict[str, lis
     store = VolumeStore.open(store_path(data))
     scores: dict[str, list[list[float]]] = {run.name: [] for run in runs} | {"ensemble": []}
     with torch.inference_mode():
-        for case in range(len(store.cases)):
-            volume = torch.from_numpy(store.image(case).astype("float32")).to(device)
-            label = torch.from_numpy(store.label(case).astype("int64")).to(device)
+        for volume, label in Volumes(store, list(range(len(store.cases)))):  # as evaluation reads them
+            volume, label = volume.to(device), label.to(device)
             total = None
             for run, model in zip(runs, models, strict=True):
                 (logits,) = task.predict(model, [volume])
