@@ -7,14 +7,18 @@ recipe=...``, its own process) at a size this CPU trains in minutes: ``model=gpt
 the speedrun's value embedding and attention window shrunk alike), the built-in corpus as a token
 stream, 16 windows of 64 tokens a step, fp32, each recipe's schedule shrunk to ``--steps`` steps by
 ``scale_schedule_ratio`` (warmups, cooldowns and Muon's momentum warmup with it), evaluated every
-``--eval-every`` steps. Rounds alternate the recipes' order; the best round of each counts.
+``--eval-every`` steps. Rounds alternate the runs' order; the best round of each counts.
 
-Printed per recipe: the final validation loss, the training seconds to the loss the baseline ends
-at (the first evaluation at or below it; evaluation time excluded) and that time over the
-baseline's (below 1: faster to the same quality). The runs stay under ``--out``, so that
-``trainrun report OUT/*/round1`` draws their trade-off plots.
+The baseline is tuned for this size: ``gpt125`` runs at its published learning rate and at every
+other rate of ``--rates``, and the one ending at the lowest validation loss is the baseline the
+others are timed against; the published-rate run stays beside it. Printed per run: the final
+validation loss, the training seconds to the tuned baseline's final loss (the first evaluation at
+or below it; evaluation time excluded), that time over the tuned baseline's and, the same way, over
+the published-rate run's (below 1: faster to the same quality). The runs stay under ``--out``, so
+that ``trainrun report OUT/*/round1`` draws their trade-off plots.
 
-    .venv/bin/python bench/gpt.py [--steps 400] [--rounds 1] [--out /tmp/gpt-bench] [--plot docs/gpt_companion.png]
+    .venv/bin/python bench/gpt.py [--steps 400] [--rounds 1] [--rates 6e-4 2e-3 6e-3 1e-2] [--out /tmp/gpt-bench]
+        [--plot docs/gpt_companion.png]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED_STEPS = {"gpt125": 14_000, "gpt125_mosaic": 14_000, "gpt_speedrun": 1_770}
 COMPANION = [
     "data=stdlib_stream", "model=gpt_tiny", "model.gpt.heads=2", "data.text.max_seq_len=64", "train_batch_size=16",
-    "eval_batch_size=32", "device_train_microbatch_size=null", "data.num_workers=1", "precision=fp32",
+    "eval_batch_size=32", "device_train_microbatch_size=null", "data.num_workers=0", "precision=fp32",
     "progress=false",
 ]  # fmt: skip
 # the speedrun's shape at gpt_tiny's size: one value-embedding table for two blocks (the record: 3
@@ -46,12 +50,17 @@ SHRUNK = {
 }
 
 
-def run(recipe: str, steps: int, eval_every: int, run_dir: Path) -> list[dict]:
-    """One companion run of ``recipe`` into ``run_dir`` (emptied first: it is this bench's); its
-    evaluations (metrics.jsonl rows)."""
+def schedule_ratio(recipe: str, steps: int) -> str:
+    """The ``scale_schedule_ratio`` argument that shrinks ``recipe``'s run to ``steps`` steps
+    (trainrun truncates scaled times to whole steps, so half a step more lands on ``steps``)."""
+    return f"scale_schedule_ratio={(steps + 0.5) / PUBLISHED_STEPS[recipe]:.8f}"
+
+
+def run(recipe: str, steps: int, eval_every: int, run_dir: Path, extra: list[str]) -> list[dict]:
+    """One companion run of ``recipe`` (and ``extra`` arguments) into ``run_dir`` (emptied first: it
+    is this bench's); its evaluations (metrics.jsonl rows)."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    ratio = steps / PUBLISHED_STEPS[recipe]
-    args = [f"recipe={recipe}", *COMPANION, *SHRUNK.get(recipe, []), f"scale_schedule_ratio={ratio:.6f}"]
+    args = [f"recipe={recipe}", *COMPANION, *SHRUNK.get(recipe, []), schedule_ratio(recipe, steps), *extra]
     args.append(f"eval_interval={eval_every}ba")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -67,38 +76,62 @@ def seconds_to(rows: list[dict], loss: float) -> float | None:
     return next((row["train_seconds"] for row in rows if row["eval_loss"] <= loss), None)
 
 
+def published_rate() -> float:
+    """recipe=gpt125's learning rate, as the recipe states it."""
+    from trainrun.config import compose
+
+    return float(compose(["recipe=gpt125"]).optimizer.lr)
+
+
+def run_list(rates: list[float]) -> dict[str, tuple[str, list[str]]]:
+    """Each run's label -> (recipe, its extra arguments): gpt125 at its published rate and at every
+    other rate of the sweep, then the two recipes it is the baseline of."""
+    published = published_rate()
+    runs = {"gpt125": ("gpt125", [])}
+    runs |= {f"gpt125 lr {rate:g}": ("gpt125", [f"optimizer.lr={rate}"]) for rate in rates if rate != published}
+    return runs | {"gpt125_mosaic": ("gpt125_mosaic", []), "gpt_speedrun": ("gpt_speedrun", [])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rates", type=float, nargs="*", default=[6e-4, 2e-3, 6e-3, 1e-2], help="gpt125's sweep")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gpt-bench"))
     parser.add_argument("--plot", type=Path, help="also draw validation loss against training seconds to this PNG")
     args = parser.parse_args()
-    recipes = list(PUBLISHED_STEPS)
-    results: dict[str, list[list[dict]]] = {recipe: [] for recipe in recipes}
+    runs = run_list(args.rates)
+    results: dict[str, list[list[dict]]] = {label: [] for label in runs}
     for index in range(args.rounds):
-        order = recipes if index % 2 == 0 else recipes[::-1]
-        for recipe in order:
-            rows = run(recipe, args.steps, args.eval_every, args.out / recipe / f"round{index + 1}")
-            results[recipe].append(rows)
-    target = min(rounds[-1]["eval_loss"] for rounds in results["gpt125"])  # the baseline's best end
-    base = min(seconds_to(rows, target) for rows in results["gpt125"])
+        for label in list(runs) if index % 2 == 0 else list(runs)[::-1]:
+            recipe, extra = runs[label]
+            folder = args.out / label.replace(" lr ", "-lr") / f"round{index + 1}"
+            results[label].append(run(recipe, args.steps, args.eval_every, folder, extra))
+    final = {label: min(rows[-1]["eval_loss"] for rows in rounds) for label, rounds in results.items()}
+    tuned = min((label for label in runs if runs[label][0] == "gpt125"), key=final.get)
     print(
-        f"GPT recipes' CPU companions: gpt_tiny, 16 x 64 tokens a step, {args.steps} steps, fp32, "
-        f"best of {args.rounds} round(s); target = the baseline's final validation loss {target:.4f}"
+        f"GPT recipes' CPU companions: gpt_tiny, 16 x 64 tokens a step, {args.steps} steps, fp32, best of "
+        f"{args.rounds} round(s); gpt125 swept over learning rates {', '.join(f'{r:g}' for r in args.rates)} "
+        f"(published: {published_rate():g})"
     )
-    print("| recipe | final loss (best) | train s | s to target | vs gpt125 |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for recipe, rounds in results.items():
-        final = min(rows[-1]["eval_loss"] for rows in rounds)
+    print(f"tuned baseline: {tuned} (final validation loss {final[tuned]:.4f})")
+    print("| run | final loss (best) | train s | s to the tuned baseline's loss | vs tuned | vs published-rate |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    base = {
+        name: min(filter(None, (seconds_to(rows, final[name]) for rows in results[name]))) for name in (tuned, "gpt125")
+    }
+    for label, rounds in results.items():
         seconds = min(rows[-1]["train_seconds"] for rows in rounds)
-        reached = [t for t in (seconds_to(rows, target) for rows in rounds) if t is not None]
-        to_target = f"{min(reached):.1f}" if reached else "not reached"
-        ratio = f"{min(reached) / base:.2f}x" if reached else "–"
-        print(f"| {recipe} | {final:.4f} | {seconds:.1f} | {to_target} | {ratio} |")
+        cells = []
+        for name in (tuned, "gpt125"):
+            reached = [t for t in (seconds_to(rows, final[name]) for rows in rounds) if t is not None]
+            cells.append(
+                (f"{min(reached):.1f}", f"{min(reached) / base[name]:.2f}x") if reached else ("not reached", "–")
+            )
+        print(f"| {label} | {final[label]:.4f} | {seconds:.1f} | {cells[0][0]} | {cells[0][1]} | {cells[1][1]} |")
     if args.plot:
-        plot(results, target, args.plot)
+        plot({label: results[label] for label in (tuned, "gpt125_mosaic", "gpt_speedrun")}, final[tuned], args.plot)
 
 
 def plot(results: dict[str, list[list[dict]]], target: float, path: Path) -> None:
@@ -112,7 +145,7 @@ def plot(results: dict[str, list[list[dict]]], target: float, path: Path) -> Non
     for recipe, rounds in results.items():
         rows = min(rounds, key=lambda rows: rows[-1]["train_seconds"])
         axes.plot([r["train_seconds"] for r in rows], [r["eval_loss"] for r in rows], marker=".", label=recipe)
-    axes.axhline(target, color="grey", linestyle=":", label=f"baseline's final loss {target:.3f}")
+    axes.axhline(target, color="grey", linestyle=":", label=f"tuned baseline's final loss {target:.3f}")
     axes.set(xlabel="training seconds (2-core CPU)", ylabel="validation loss (lower is better)")
     axes.set_title("GPT recipes' CPU companions (gpt_tiny, 400 steps)")
     axes.legend()

@@ -1,11 +1,14 @@
 """The benchmarks run (tiny sizes on this CPU), and compile=true trains like eager mode."""
 
 import math
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import TINY, read_metrics, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,16 +169,23 @@ def test_gpt_step_bench_compares_adamw_muon_and_the_document_mask_at_nanogpts_fl
 
 
 @pytest.mark.slow
-def test_gpt_bench_times_each_recipe_to_the_baselines_final_loss(tmp_path):
+def test_gpt_bench_times_each_recipe_to_the_tuned_baselines_final_loss(tmp_path):
     result = bench(
-        "gpt.py", "--steps", "8", "--eval-every", "4", "--out", str(tmp_path), "--plot", str(tmp_path / "p.png")
-    )
+        "gpt.py", "--steps", "8", "--eval-every", "4", "--rates", "6e-4", "3e-3", "--out", str(tmp_path),
+        "--plot", str(tmp_path / "p.png"),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| gpt")}
-    assert list(rows) == ["gpt125", "gpt125_mosaic", "gpt_speedrun"]
-    assert rows["gpt125"].rstrip().endswith("| 1.00x |")  # the baseline reaches its own final loss, at its end
-    for recipe in rows:
-        assert len(read_metrics(tmp_path / recipe / "round1")) == 2  # evaluations at steps 4 and 8
+    assert list(rows) == ["gpt125", "gpt125 lr 0.003", "gpt125_mosaic", "gpt_speedrun"]
+    assert (
+        rows["gpt125"].rstrip().endswith("| 1.00x |")
+    )  # the published-rate run reaches its own final loss, at its end
+    tuned = result.stdout.split("tuned baseline: ")[1].split(" (")[0]  # the lower final loss of the two
+    finals = {label: float(rows[label].split("|")[2]) for label in ("gpt125", "gpt125 lr 0.003")}
+    assert tuned == min(finals, key=finals.get)
+    assert rows[tuned].split("|")[5].strip() == "1.00x"
+    for folder in ("gpt125", "gpt125-lr0.003", "gpt125_mosaic", "gpt_speedrun"):
+        assert len(read_metrics(tmp_path / folder / "round1")) == 2  # evaluations at steps 4 and 8
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
@@ -224,3 +234,30 @@ def test_segmentation_data_bench_prepares_crops_and_evaluates_generated_cases(tm
     assert len(prepared) == 2 and prepared[0][4] == prepared[1][4]  # the same store bytes a case either way
     assert "loader workers of this CPU" in result.stdout
     assert any(row[0] == "| 64^3" and row[1] == "1" for row in rows)  # one case evaluated, its memory measured
+
+
+def test_peers_bench_refuses_a_nanogpt_folder_without_its_train_py(tmp_path):
+    result = bench("peers.py", "--only", "gpt", "--nanogpt", str(tmp_path))
+    assert result.returncode != 0
+    assert f"--nanogpt {tmp_path}: no train.py there" in result.stderr
+
+
+def test_peers_bench_hands_nanogpt_the_token_stream_trainrun_trains_on_and_scores_both_alike(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import peers
+
+    stream = torch.arange(1, 64 * 5 + 2) % 50
+    windows = torch.stack([stream[i * 64 : i * 64 + 65] for i in range(5)])
+    checkout = tmp_path / "nanoGPT"
+    checkout.mkdir()
+    (checkout / "configurator.py").write_text("")
+    work = peers.nanogpt_workdir(checkout, tmp_path / "out", windows, windows[:2], 50)
+    data = work / "data" / "trainrun"
+    assert np.array_equal(np.fromfile(data / "train.bin", dtype=np.uint16), stream.numpy())
+    assert np.array_equal(np.fromfile(data / "val.bin", dtype=np.uint16), stream[: 2 * 64 + 1].numpy())
+    assert pickle.loads((data / "meta.pkl").read_bytes()) == {"vocab_size": 50}
+    assert (work / "configurator.py").resolve() == checkout / "configurator.py"
+    # the evaluator: uniform logits score ln(vocabulary) per token, whatever the targets
+    uniform = peers.next_token_loss(lambda x, y: torch.zeros(*x.shape, 50), windows)
+    assert uniform == pytest.approx(math.log(50))
+    assert peers.step_ms([9.0, 9.0] + [0.1] * 18 + [0.2] * 10) == pytest.approx(100.0)  # first tenth (>= 2) left out

@@ -18,7 +18,7 @@ from trainrun import kinds, run_files
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import atomic_write_text
-from trainrun.core import checkpoint, distributed, parallel
+from trainrun.core import checkpoint, distributed, host_memory, parallel
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.distributed import Placement
@@ -46,6 +46,8 @@ from trainrun.tasks.base import Task, build_task
 
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
+    if config.host_memory == "reuse":
+        host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, config.compile, console)

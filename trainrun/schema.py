@@ -374,6 +374,9 @@ class TrainConfig:
     device: str = choice_field("auto", "auto", "cpu", "cuda")
     seed: int = non_negative_field(42)
     deterministic: bool = False  # torch's deterministic kernels, no cuDNN autotuning: bitwise-repeatable GPU runs
+    # reuse: freed host memory stays in the process for the next step (no page faults; up to 2 GiB
+    # kept free); system: the C library's defaults (big blocks handed back to the kernel at once)
+    host_memory: str = choice_field("reuse", "reuse", "system")
     max_duration: str = field(default="12ep", metadata={"time": True, "budget": True})  # or 30min, 50usd
     eval_interval: str = interval_field("1ep")
     train_batch_size: int = positive_field(64)  # global: divided among ranks
