@@ -90,10 +90,15 @@ def trainrun(args: list[str], run_dir: Path) -> tuple[list[dict], float, float]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()], user, system
 
 
+def warm(values: list) -> list:
+    """What follows the first tenth of a run's steps, and at least two (allocator, caches and
+    threads warm)."""
+    return values[max(2, len(values) // 10) :]
+
+
 def step_ms(durations: list[float]) -> float:
-    """The median step, in ms, after the first tenth of the steps and at least two (allocator,
-    caches and threads warm)."""
-    return 1000 * statistics.median(durations[max(2, len(durations) // 10) :])
+    """The median warm step, in ms."""
+    return 1000 * statistics.median(warm(durations))
 
 
 def trainrun_steps(run_dir: Path) -> list[float]:
@@ -377,7 +382,8 @@ def masked_accuracy(model_dir: Path, held_out) -> float:
 
 
 def compare_bert(args: argparse.Namespace) -> None:
-    held_out = bert_sets().val
+    sets = bert_sets()
+    held_out, samples_a_run = sets.val, len(sets.train) // 32 * 32 * args.epochs
     sides = {"trainrun, full head": [], "trainrun, masked_head": [], "Trainer": []}
     results: dict[str, list[tuple[float, float, float, float, float]]] = {side: [] for side in sides}
     duration = [f"max_duration={args.epochs}ep", f"eval_interval={args.epochs}ep"]
@@ -391,7 +397,7 @@ def compare_bert(args: argparse.Namespace) -> None:
                 _, user, system = timed(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
                 seconds = json.loads((out / "result.json").read_text())["train_seconds"]
                 accuracy = masked_accuracy(out / "model", held_out)
-                samples = len(bert_sets().train) // 32 * 32 * args.epochs
+                samples = samples_a_run
             else:
                 methods = ["algorithms=[masked_head]"] if "masked" in side else []
                 metrics, user, system = trainrun([*BERT_COMPANION, *duration, *methods], out)
@@ -540,8 +546,7 @@ def profile_resnet(args: argparse.Namespace, python: Path, data: Path, weights: 
         profile = json.loads(result.read_text())
         rows[f"{label} ({profile.pop('torch')})"] = profile
     steps = [json.loads(line) for line in (args.out / "resnet" / "trainrun-bare-round1" / "steps.jsonl").open()]
-    skip = max(2, len(steps) // 10)
-    phases = {key: 1000 * statistics.median(row[key] for row in steps[skip:]) for key in steps[0] if key != "step"}
+    phases = {key: 1000 * statistics.median(row[key] for row in warm(steps)) for key in steps[0] if key != "step"}
     rows["trainrun (its steps.jsonl)"] = {"data": phases.pop("data"), "forward": phases.pop("forward"),
         "backward": phases.pop("backward"), "optimizer": phases.pop("optimizer"),
         "other": sum(v for k, v in phases.items() if k not in ("eval", "checkpoint"))}  # fmt: skip

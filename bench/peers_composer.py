@@ -81,17 +81,19 @@ class Images(Dataset):
         return (self.augment(self.images[index]).float() - MEAN) / STD, self.labels[index]
 
 
+def train_loader(arrays, batch: int) -> DataLoader:
+    """The training images as a Composer user (and the hand loop) reads them: a torch DataLoader,
+    each image padded-and-cropped as mnist5k's, shuffled, the last partial batch dropped."""
+    images = Images(arrays["train_images"], arrays["train_labels"], v2.RandomCrop(28, padding=2))
+    return DataLoader(images, batch, shuffle=True, drop_last=True)
+
+
 def plain_profile(arrays, weights: str, steps: int, batch: int = 64, lr: float = 0.2) -> dict[str, float]:
     """A hand-written loop of the same training (the same loader, model and SGD with momentum) on
     whichever torch runs it: the median ms of each phase of a step, after the first tenth."""
     module = SmallResNet()
     module.load_state_dict(torch.load(weights))
-    loader = DataLoader(
-        Images(arrays["train_images"], arrays["train_labels"], v2.RandomCrop(28, padding=2)),
-        batch,
-        shuffle=True,
-        drop_last=True,
-    )
+    loader = train_loader(arrays, batch)
     optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     phases: dict[str, list[float]] = {"data": [], "forward": [], "backward": [], "optimizer": []}
     batches = iter(())
@@ -139,10 +141,7 @@ def main() -> None:
     module = SmallResNet()
     module.load_state_dict(torch.load(args.weights))
     held_out = torch.from_numpy(arrays["val_images"]), torch.from_numpy(arrays["val_labels"]).long()
-    crop = v2.RandomCrop(28, padding=2)
-    train = DataLoader(
-        Images(arrays["train_images"], arrays["train_labels"], crop), args.batch, shuffle=True, drop_last=True
-    )
+    train = train_loader(arrays, args.batch)
     settings = {
         "BlurPool": {"replace_convs": True, "replace_maxpools": True, "blur_first": True, "min_channels": 16},
         "ChannelsLast": {},

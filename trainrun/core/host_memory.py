@@ -20,7 +20,7 @@ import ctypes.util
 import platform
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
-KEPT_FREE_BYTES = 2 << 30  # free heap kept at its top for the next step (a BERT full head's step: ~1.5 GB)
+KEPT_FREE_BYTES = (1 << 31) - 1  # free heap kept at its top for the next step: 2 GiB, the most a C int holds
 
 
 def reuse_freed_memory() -> bool:
@@ -29,4 +29,5 @@ def reuse_freed_memory() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]  # a value past int's range raises, never wraps
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES))
