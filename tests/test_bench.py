@@ -223,6 +223,16 @@ def test_sharding_bench_prints_a_ranks_memory_under_fsdp_against_ddp_and_each_ch
     assert "| fp8 | bad value for 'precision': 'fp8' needs a GPU" in speed.stdout
 
 
+def test_estimate_check_estimates_the_gpus_shapes_and_says_it_measures_a_gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import estimate_check
+
+    assert estimate_check.estimated("llama_tiny", 512, "fsdp", 1, 64, "selective") > 0  # as the GPU call runs it
+    if not torch.cuda.is_available():
+        result = bench("estimate_check.py")
+        assert result.returncode == 1 and "measures a GPU" in result.stderr
+
+
 @pytest.mark.slow
 def test_segmentation_data_bench_prepares_crops_and_evaluates_generated_cases(tmp_path):
     args = ["--cases", "2", "--shape", "16", "40", "40", "--workers", "0", "1", "--patch", "16", "16", "16"]

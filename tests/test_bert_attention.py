@@ -211,3 +211,22 @@ def test_the_masked_lm_task_says_which_attention_its_bert_gets_at_the_datas_leng
     assert MaskedLanguageModeling().startup_notes(state) == ["attention: 32 torch.float32 cpu"]  # fp32: no autocast
     state.precision = Precision("bf16", "cpu", torch.bfloat16)
     assert MaskedLanguageModeling().startup_notes(state) == ["attention: 32 torch.bfloat16 cpu"]
+
+
+@pytest.mark.parametrize("masked_head", [False, True])
+def test_repeated_evaluation_samples_are_not_scored(masked_head):
+    """A rank's last evaluation batch repeats a sample to run the other ranks' passes: its metrics
+    equal those of the batch cut to its own samples, with or without a masked head's rows."""
+    model = tiny_bert()
+    model.masked_head = masked_head
+    model.eval()
+    task, device = MaskedLanguageModeling(), torch.device("cpu")
+    batch = loader_batch()
+    inputs, targets, size = task.batch(batch, SimpleNamespace(device=device))
+    own = 3
+    cut_inputs, cut_targets, _ = task.batch(loader_batch(LENGTHS[:own]), SimpleNamespace(device=device))
+    with torch.no_grad():
+        repeated, alone = MaskedTokenEvaluator(device, 1), MaskedTokenEvaluator(device, 1)
+        repeated.update(*task.without_repeats(model(inputs), targets, own, size))
+        alone.update(model(cut_inputs), cut_targets)
+    assert repeated.compute() == pytest.approx(alone.compute())

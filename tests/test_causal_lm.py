@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from conftest import resume_after_step_6, run_cli
 
+from trainrun.config import compose
 from trainrun.data.causal_text import TokenWindows
+from trainrun.errors import ConfigError
 from trainrun.kinds import task_spec
 from trainrun.models.gpt import (
     GPT,
@@ -25,6 +27,7 @@ from trainrun.models.gpt import (
 from trainrun.registry import builder, names
 from trainrun.schema import GPTConfig
 from trainrun.tasks.causal_lm import CausalLanguageModeling, NextTokenEvaluator, next_token_cross_entropy
+from trainrun.validation import validate
 
 SEPARATOR = 7
 
@@ -250,6 +253,28 @@ def test_windows_cut_the_stream_of_documents_and_separators():
     assert windows[0].dtype == torch.int64
     with pytest.raises(IndexError):
         windows[3]
+
+
+@pytest.mark.parametrize("vocab", [50, 64])  # padded to 64, and not
+def test_the_gpt_returns_fresh_logits_not_a_view(vocab):
+    """An FSDP2 root hooks its output: a view would lose the hook to an in-place op downstream."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(layers=1, heads=2, width=16, max_seq_len=8), vocab_size=vocab, separator=SEPARATOR)
+    logits = model(torch.randint(0, vocab, (2, 8)))
+    assert logits.shape == (2, 8, vocab) and not logits._is_view()
+
+
+def test_a_validation_cap_reads_the_first_windows_of_the_stream_by_value():
+    capped = TokenWindows.of_store(Store(), 2, tokens=4)  # the first 4 tokens: 2 windows of 2 (+1)
+    assert [capped[i].tolist() for i in range(len(capped))] == [[1, 2, 3], [3, 9, 4]]
+    assert len(TokenWindows.of_store(Store(), 2, tokens=1000)) == 3  # a cap beyond the stream: all of it
+    base = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=64"]
+    with pytest.raises(ConfigError, match=r"^bad value for 'data.text.val_tokens': 100 \(a multiple of"):
+        validate(compose([*base, "data.text.val_tokens=100"]), files=False)
+    with pytest.raises(ConfigError, match=r"^bad value for 'data.text.val_tokens': data=text \(masked LM\)"):
+        validate(
+            compose(["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.text.val_tokens=128"]), files=False
+        )
 
 
 BPE_DOCUMENTS = ["Déjà vu: naïve café ✓ 🚀", "def main():\n    return 'Hello, World!'", "Zürich 42\t€"] * 20

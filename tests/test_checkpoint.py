@@ -1,12 +1,15 @@
 """Checkpoint files without a run: names and order, atomic writes, loading, topology, resume, pruning."""
 
 import io
+import os
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from trainrun.core.checkpoint import (
+    FORMAT,
     atomic_torch_save,
     check_model_shapes,
     check_topology,
@@ -17,7 +20,7 @@ from trainrun.core.checkpoint import (
     prune,
     resolve_resume,
 )
-from trainrun.errors import CheckpointError
+from trainrun.errors import CheckpointError, ConfigError
 
 PAYLOAD = {"format": "trainrun/1", "model": {"w": torch.arange(3.0)}, "progress": {"batch": 7}}
 
@@ -163,3 +166,50 @@ def test_a_checkpoint_of_another_model_shape_is_one_line_naming_the_first_weight
         check_model_shapes(run, deeper)
     with pytest.raises(CheckpointError, match=r"it lacks '1.weight' \(1 more differ\)"):
         check_model_shapes(run, {"0.weight": run["0.weight"], "0.bias": run["0.bias"]})
+
+
+def sharded_checkpoint(folder: Path) -> Path:
+    """A sharded checkpoint (DCP's files, trainer.pt) of a tiny Llama and its AdamW state, written here."""
+    from trainrun.core.sharded_checkpoint import ShardedCheckpoints
+    from trainrun.models.llama import Llama
+    from trainrun.schema import LlamaConfig
+
+    model = Llama(LlamaConfig(layers=1, width=32, heads=2, kv_heads=1, ffn_hidden=64, max_seq_len=8), 40)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 40, (1, 8))).sum().backward()
+    optimizer.step()
+    path = folder / "checkpoints" / "ep0-ba1"
+    ShardedCheckpoints(True, 1, keep=2, asynchronous=False).save(path, model, optimizer, {"format": FORMAT})
+    return path
+
+
+DAMAGES = {
+    "metadata garbled": (lambda path: (path / ".metadata").write_bytes(b"garbage"), "/.metadata' is damaged"),
+    "metadata empty": (lambda path: (path / ".metadata").write_bytes(b""), "/.metadata' is damaged"),
+    "shard missing": (lambda path: (path / "__0_0.distcp").unlink(), "__0_0.distcp' is missing"),
+    "shard truncated": (lambda path: os.truncate(path / "__0_0.distcp", 100), "__0_0.distcp' has 100 bytes"),
+    "trainer.pt truncated": (lambda path: os.truncate(path / "trainer.pt", 50), "trainer.pt' is corrupt"),
+    "trainer.pt missing": (lambda path: (path / "trainer.pt").unlink(), "is not a sharded trainrun checkpoint"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_sharded_checkpoint_is_one_line_naming_the_file_for_resume_weights_and_consolidate(
+    tmp_path, damage, capsys
+):
+    """The class of damaged sharded checkpoints: each read (resume's, model.weights', consolidate's)
+    refuses it in one line naming the file, exit 2, and consolidate writes nothing."""
+    from trainrun.commands import main
+    from trainrun.models.weights import sharded_files_whole
+
+    path = sharded_checkpoint(tmp_path)
+    harm, named = DAMAGES[damage]
+    harm(path)
+    with pytest.raises(CheckpointError, match=re.escape(named)):
+        load_checkpoint(path)  # what resume= and consolidate read first
+    if damage.startswith(("metadata", "shard")):  # model.weights reads the shards alone
+        with pytest.raises(ConfigError, match="^bad value for 'model.weights': checkpoint .*" + re.escape(named)):
+            sharded_files_whole(path)
+    assert main(["consolidate", str(path), "--output", str(tmp_path / "one.pt")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert named in error and len(error.splitlines()) == 1 and not (tmp_path / "one.pt").exists()

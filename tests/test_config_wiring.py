@@ -53,6 +53,7 @@ READ_UNDER = {  # key: the run here that makes the setting it is read under
     "data.text.mlm_probability": "masked_lm",
     "data.text.eval_mlm_probability": "masked_lm",
     "data.text.packing": "masked_lm",
+    "data.text.val_tokens": "causal_lm",  # the token stream's validation cap (masked LM refuses it)
     "data.mean": "image",  # images: the image task normalises
     "data.std": "image",
     "data.hflip": "image",

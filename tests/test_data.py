@@ -45,9 +45,14 @@ def test_synthetic_images_are_deterministic_and_class_dependent():
     assert same < other
 
 
-def test_shards_cover_the_set_once_without_padding():
-    shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
-    assert sorted(sum(shards, [])) == list(range(10))
+def test_shards_cover_the_set_once_and_repeat_one_sample_to_equal_lengths():
+    samplers = [ShardSampler(10, rank, 3) for rank in range(3)]
+    shards = [list(sampler) for sampler in samplers]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7, 1], [2, 5, 8, 2]]  # every rank runs the same passes
+    assert [sampler.real for sampler in samplers] == [4, 3, 3] and {len(s) for s in samplers} == {4}
+    own = sorted(index for shard, sampler in zip(shards, samplers, strict=True) for index in shard[: sampler.real])
+    assert own == list(range(10))  # each sample scored by exactly one rank
+    assert list(ShardSampler(1, 1, 2)) == [0] and ShardSampler(1, 1, 2).real == 0  # a rank with none
 
 
 def test_resumable_sampler_skips_into_the_epoch():

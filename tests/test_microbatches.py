@@ -181,3 +181,58 @@ def test_two_ranks_with_micro_batches_train_what_one_rank_trains(tmp_path, setti
     (first,), (second,) = read_metrics(one), read_metrics(two)
     assert second["train_loss"] == pytest.approx(first["train_loss"], abs=1e-5)
     assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-4)
+
+
+class EvaluationPasses(torch.nn.Module):
+    """``model``, recording each evaluation pass's size."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model, self.passes = model, []
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            self.passes.append(len(inputs))
+        return self.model(inputs)
+
+
+def evaluated(size: int | None, own: int | None = None) -> tuple[dict, list[int]]:
+    """One evaluation of a fixed batch of 64 in micro-batches of ``size``, this rank's own samples
+    being its first ``own`` (the rest repeats, as on a rank with fewer samples than the others)."""
+    torch.manual_seed(1)
+    images = torch.randint(0, 256, (64, 3, 4, 4), dtype=torch.uint8)
+    labels = torch.randint(0, 5, (64,))
+    if own is not None:
+        images, labels = images.clone(), labels.clone()
+        images[own:], labels[own:] = images[0], labels[0]  # the repeats: what ShardSampler pads with
+    model = EvaluationPasses(group_norm_model())
+    state = fixed_batch_state(model, images, labels, 1, num_classes=5)
+    state.data.eval_samples = own
+
+    def optimization(final_model):
+        optimizer = torch.optim.SGD(final_model.parameters(), lr=0.0)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    trainer = Trainer(
+        state, optimization, Engine([], []), TrainerSettings("1000ba", 1, microbatching=Microbatching(size))
+    )
+    state.accounts.start()
+    metrics = trainer.evaluate()
+    return {key: metrics[key] for key in ("top1", "eval_loss")}, model.passes
+
+
+def test_evaluation_runs_in_the_training_micro_batches_and_scores_only_the_ranks_own_samples():
+    whole, passes = evaluated(None)
+    assert passes == [64]
+    split, passes = evaluated(16)
+    assert passes == [16, 16, 16, 16] and split == pytest.approx(whole)  # peak within a training pass's
+    own, passes = evaluated(16, own=40)  # 24 repeats: the passes stay those of every other rank
+    assert passes == [16, 16, 16, 16]
+    torch.manual_seed(1)
+    images, labels = torch.randint(0, 256, (64, 3, 4, 4), dtype=torch.uint8), torch.randint(0, 5, (64,))
+    model = group_norm_model().eval()
+    with torch.no_grad():
+        logits = model(ImageClassification().normalise(images[:40]))
+    expected_loss = torch.nn.functional.cross_entropy(logits, labels[:40]).item()
+    assert own["eval_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert own["top1"] == pytest.approx((logits.argmax(1) == labels[:40]).float().mean().item())

@@ -61,6 +61,9 @@ class KindSpec:
     offers: frozenset[Capability] = frozenset()
     check: Check | None = None  # its own rules for a composed config
     check_files: Check | None = None  # the files it reads exist and are what it reads (runs only)
+    # a language model's vocabulary as published (its tokenizer's), which trainrun estimate sizes
+    # the model with where the run names no data to read it from
+    published_vocab: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -209,6 +209,41 @@ def record_failure(line: str) -> None:
     Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
+AUTO_MEMORY_SHARE = 0.95  # of a GPU's memory that auto under fsdp plans for (the CUDA context takes some)
+
+
+def microbatch_before_start(config: TrainConfig) -> TrainConfig:
+    """``device_train_microbatch_size=auto`` under fsdp, decided before any worker starts (a pass
+    retried after running out of memory would leave the other ranks waiting in a gather): the largest
+    micro-batch whose step and evaluation ``trainrun estimate`` finds within this node's GPU memory
+    (or the ``hardware`` group's), halving from the per-rank batch as ``auto`` does."""
+    from trainrun.estimate import auto_microbatch, world_of
+
+    if config.device != "cpu" and torch.cuda.is_available():
+        limit = torch.cuda.get_device_properties(0).total_memory / 1e9 * AUTO_MEMORY_SHARE
+    else:
+        limit = config.hardware.device_memory_gb
+    per_rank = config.train_batch_size // world_of(config)[0]
+    if limit is None:
+        size, why = per_rank, "no device memory to plan for (a CPU run, hardware.device_memory_gb unset)"
+    else:
+        try:
+            size = auto_microbatch(config, limit)
+        except ConfigError as error:
+            raise ConfigError(
+                f"bad value for 'device_train_microbatch_size': auto under parallel=fsdp is decided by trainrun "
+                f"estimate, which refuses this run ({error}); give the micro-batch size"
+            ) from None
+        if size is None:
+            raise ConfigError(
+                f"bad value for 'device_train_microbatch_size': auto under parallel=fsdp: not even one sample a pass "
+                f"fits {limit:.0f} GB a device (trainrun estimate); use more ranks or activation checkpointing"
+            )
+        why = f"the largest that fits {limit:.0f} GB a device (trainrun estimate)"
+    print(f"trainrun: note: device_train_microbatch_size=auto under parallel=fsdp: {size} ({why})", file=sys.stderr)
+    return dataclasses.replace(config, device_train_microbatch_size=str(size))
+
+
 def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = False) -> None:
     """Train ``config`` in ``run_dir`` on every device this launch asks for."""
     from trainrun.run import train
@@ -223,11 +258,17 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
             checkpoint.load_checkpoint(resume_path, mmap=True), config.train_batch_size, ranks, resume_path
         )
         checkpoint.check_readable(resume_path, config.parallel.name == "fsdp" and ranks > 1, ranks)
+    if config.model.weights and (Path(config.model.weights).expanduser() / ".metadata").is_file():
+        from trainrun.models.weights import sharded_files_whole
+
+        sharded_files_whole(Path(config.model.weights).expanduser())  # one line, before any worker starts
     check_float8(config.precision, config.device)
     if not started_elsewhere:
         check_gpus_for(processes, config.device)
     check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)  # before any worker starts
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
+    if config.parallel.name == "fsdp" and config.device_train_microbatch_size == "auto":
+        config = microbatch_before_start(config)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:

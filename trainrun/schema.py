@@ -160,6 +160,9 @@ class TextConfig:
     packing: str = choice_field("pad", "pad", "pack")  # pad: a document per sample; pack: documents end to end
     mlm_probability: float = positive_fraction_field(0.15)  # tokens masked
     eval_mlm_probability: float = positive_fraction_field(0.15)
+    # data=token_stream: validation reads the first this many held-out tokens, in order, the same on
+    # any number of ranks (a multiple of max_seq_len; null: every held-out window)
+    val_tokens: int | None = positive_field(None)
 
 
 @dataclass
@@ -349,6 +352,10 @@ class HardwareConfig:
     name: str = "unpriced"
     price_per_hour: float | None = field(default=None, metadata={"min": 0})  # one node, in dollars
     description: str = ""
+    # one device's memory in GB (10^9 bytes, as the vendor states it) and its dense bf16 peak in
+    # TFLOP/s: what trainrun estimate sizes and times a run against (null: not said)
+    device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})
+    peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})
 
 
 @dataclass

@@ -220,10 +220,11 @@ def _check_parallel(config: TrainConfig) -> None:
             "bad value for 'precision': 'amp' (fp16 with loss scaling) does not run under parallel=fsdp; "
             "use precision=bf16 (bfloat16 compute, float32 master weights and gradient reduction)"
         )
-    if config.device_train_microbatch_size == "auto":
+    if config.optimizer.name == "muon":
         raise ConfigError(
-            "bad value for 'device_train_microbatch_size': 'auto' retries a pass that ran out of memory, which under "
-            "parallel=fsdp would leave the other ranks waiting in a gather; give the micro-batch size"
+            "bad value for 'optimizer.name': 'muon' does not run under parallel=fsdp (it orthogonalises whole "
+            "matrices, and its state lives in two inner optimizers a sharded checkpoint does not read); use "
+            "parallel=ddp, or optimizer=adamw under fsdp"
         )
     for name in config.algorithms:
         if SPECS[name].unsharded:

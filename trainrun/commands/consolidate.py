@@ -11,10 +11,12 @@ leaves the optimizer out: about 32 GB).
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from trainrun.core.checkpoint import atomic_torch_save
 from trainrun.errors import ConfigError
+from trainrun.run_files import check_output_dir
 
 
 def consolidate_command(argv: list[str]) -> int:
@@ -31,15 +33,29 @@ def consolidate_command(argv: list[str]) -> int:
         raise ConfigError(f"bad value for 'CHECKPOINT': '{path}' is not a sharded checkpoint folder")
     run = path.parent.parent
     output = args.output or run / f"{path.name}.pt"
-    payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete
-    atomic_torch_save(payload, output)
-    print(f"wrote {output} ({len(payload['model'])} weights{'' if args.weights_only else ' and optimizer state'})")
+    check_output_dir("--output", str(output.parent))  # a folder that cannot be made: one line, before any work
     if args.hf:
-        from trainrun.commands.sample import run_config, run_model
-
-        model, text = run_model(run_config(run), run, path)
-        unwritten = model.export_pretrained(text.tokenizer_file, text.separator, args.hf)
-        if unwritten:
-            raise ConfigError(f"bad value for '--hf': {unwritten}")
-        print(f"wrote {args.hf} ({model.transformers_class} and its tokenizer, for transformers' from_pretrained)")
+        check_output_dir("--hf", str(args.hf.parent))
+    payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete
+    written_hf = export_hf(run, path, args.hf) if args.hf else None  # atomic: whole or not at all
+    try:
+        atomic_torch_save(payload, output)
+    except BaseException:  # a consolidation that fails leaves nothing it wrote
+        if written_hf is not None:
+            shutil.rmtree(args.hf, ignore_errors=True)
+        raise
+    print(f"wrote {output} ({len(payload['model'])} weights{'' if args.weights_only else ' and optimizer state'})")
+    if written_hf:
+        print(f"wrote {args.hf} ({written_hf} and its tokenizer, for transformers' from_pretrained)")
     return 0
+
+
+def export_hf(run: Path, path: Path, directory: Path) -> str:
+    """Write checkpoint ``path`` of ``run`` as transformers' folder ``directory``; its class name."""
+    from trainrun.commands.sample import run_config, run_model
+
+    model, text = run_model(run_config(run), run, path)
+    unwritten = model.export_pretrained(text.tokenizer_file, text.separator, directory)
+    if unwritten:
+        raise ConfigError(f"bad value for '--hf': {unwritten}")
+    return model.transformers_class

@@ -90,6 +90,7 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
             raise CheckpointError(
                 f"checkpoint '{path}' is not a sharded trainrun checkpoint (no .metadata and {TRAINER_FILE})"
             )
+        check_shard_files(path)
         path = path / TRAINER_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
@@ -102,6 +103,32 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint '{path}' is not a trainrun checkpoint")
     return payload
+
+
+def check_shard_files(path: Path) -> None:
+    """A sharded checkpoint's ``.metadata`` reads and every shard file it names is there, whole (the
+    bytes each entry ends at): one line naming the damaged or missing file, before anything loads."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(path).read_metadata().storage_data
+    except Exception as error:  # a damaged pickle raises anything
+        raise CheckpointError(
+            f"checkpoint '{path / '.metadata'}' is damaged (DCP cannot read it: {type(error).__name__}); the "
+            "checkpoint is unusable: resume from another (checkpoints/) or retrain"
+        ) from None
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise CheckpointError(f"checkpoint '{path}' is incomplete: '{shard}' is missing (its .metadata names it)")
+        if shard.stat().st_size < size:
+            raise CheckpointError(
+                f"checkpoint '{path}' is incomplete: '{shard}' has {shard.stat().st_size:,} bytes, its .metadata "
+                f"needs {size:,}"
+            )
 
 
 def load_failure(error: Exception) -> str:

@@ -6,8 +6,9 @@ whole model the root unit holding the rest (embeddings, final norm, head): a ran
 weight, gradient and optimizer state, gathers a block's weights just before its forward and
 backward, and reduce-scatters its gradients (in float32 under ``precision=bf16``, whose policy
 computes in bfloat16 on float32 master weights). A model that can (``Capability.META_INIT``) is
-built on the meta device and materialised shard by shard. Gradients of the micro-batches before the
-last stay unreduced (``set_requires_gradient_sync``), as DDP's ``no_sync`` does.
+built on the meta device and materialised shard by shard. Every micro-batch's backward
+reduce-scatters its gradients into the rank's shard (:func:`defers_reduction`). Over several nodes
+the ranks shard within a node and replicate across nodes (HSDP, :func:`sharding_mesh`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -93,14 +96,38 @@ def shards(settings: Parallelism) -> bool:
     return settings.name == "fsdp" and torch.distributed.is_initialized()
 
 
-def prepare(model: nn.Module, settings: Parallelism, dtype: torch.dtype | None, device: torch.device) -> nn.Module:
+def sharding_mesh(device_type: str, world_size: int, nodes: int) -> DeviceMesh:
+    """The ranks FSDP2 shards over: all of them on one node; over several nodes a 2-D mesh (nodes x
+    ranks a node) that shards within a node and replicates across nodes (HSDP: a weight's gathers
+    stay on the node's fast links, only the gradient all-reduce crosses nodes), as FSDP2's docs and
+    torchtitan advise beyond one node."""
+    if nodes <= 1 or world_size % nodes:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (nodes, world_size // nodes), mesh_dim_names=("replicate", "shard"))
+
+
+def nodes_of_this_run() -> int:
+    """How many nodes the ranks span: the world over the ranks of this node (torchrun's and trainrun's
+    launcher set ``LOCAL_WORLD_SIZE``; 1 where nothing says)."""
+    world = torch.distributed.get_world_size()
+    return world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def prepare(
+    model: nn.Module,
+    settings: Parallelism,
+    dtype: torch.dtype | None,
+    device: torch.device,
+    mesh: DeviceMesh | None = None,
+) -> nn.Module:
     """``model`` with activation checkpointing, on ``device``, sharded under FSDP2 where
-    :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``); a model built on
-    the meta device is materialised shard by shard."""
+    :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``) over ``mesh``
+    (default :func:`sharding_mesh` of the run's ranks and nodes); a model built on the meta device is
+    materialised shard by shard."""
     checkpoint_activations(model, settings.activation_checkpointing)
     if not shards(settings):
         return model.to(device)
-    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_of_this_run())
     # bf16: compute in bfloat16 from float32 master weights, gradients reduced in float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     for block in getattr(model, "blocks", ()):
@@ -138,19 +165,27 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def defers_reduction(raw_model: nn.Module) -> bool:
+    """Whether a micro-batch's gradients may stay unreduced until the step's last pass.
+
+    Under DDP they do (``no_sync``): they accumulate in its buckets, the model's size either way.
+    Under FSDP2 they do not: a gradient left unreduced is kept whole and in float32 per parameter
+    (``FSDPParam.unsharded_accumulated_grad``), the whole model's float32 size on every rank instead of
+    its shard (32 GB for 8B weights), so each pass reduce-scatters into the rank's shard, as torchtitan
+    does, trading one reduce-scatter per micro-batch for that memory."""
+    return not is_sharded(raw_model)
+
+
+def pass_context(model: nn.Module, raw_model: nn.Module, synchronises: bool) -> contextlib.AbstractContextManager:
+    """What a micro-batch's forward and backward run in: :func:`no_sync` for a pass that need not
+    synchronise where gradients may wait unreduced (:func:`defers_reduction`), else nothing."""
+    return contextlib.nullcontext() if synchronises or not defers_reduction(raw_model) else no_sync(model)
+
+
 @contextlib.contextmanager
-def no_sync(model: nn.Module, raw_model: nn.Module) -> Iterator[None]:
-    """Gradients of this pass stay on their rank, unreduced (DDP's ``no_sync``, FSDP2's gradient sync off)."""
-    if isinstance(model, DistributedDataParallel):
-        with model.no_sync():
-            yield
-    elif isinstance(raw_model, FSDPModule):
-        raw_model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            raw_model.set_requires_gradient_sync(True)
-    else:
+def no_sync(model: nn.Module) -> Iterator[None]:
+    """Gradients of this pass stay on their rank, unreduced (DDP's ``no_sync``; one process: nothing to sync)."""
+    with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
         yield
 
 

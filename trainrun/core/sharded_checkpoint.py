@@ -8,17 +8,20 @@ It is written as ``.ep{E}-ba{B}.partial/`` and renamed once every rank's files a
 are complete, so a killed run leaves either the whole checkpoint or none. Loading reads each
 rank's part of every weight from whichever files hold it (DCP reshards): 2 ranks' checkpoint
 continues on 1, 4 or under DDP. Under ``checkpoint.async_save`` the ranks copy their shards to
-host memory and train on while a thread writes them (through a process group of its own).
+host memory (pinned, on a GPU) and train on while a thread writes them (through a process group of
+its own); rank 0 completes the checkpoint (``trainer.pt``, the rename) as soon as DCP's metadata is
+written, which is after every rank's shards are, so a crash after that point keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +64,8 @@ def partial_path(path: Path) -> Path:
 
 @dataclass
 class PendingSave:
-    """A checkpoint whose shards are being written; :meth:`finish` completes it on every rank."""
+    """A checkpoint whose shards are being written. Rank 0 completes it (:meth:`complete`) when its
+    write ends, every rank's shards being on disk by then; :meth:`finish` waits for that on every rank."""
 
     path: Path
     payload: dict[str, Any]
@@ -69,28 +73,44 @@ class PendingSave:
     is_main: bool
     world_size: int
     keep: int
+    completed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def finish(self) -> None:
-        """Wait for every rank's shards, then rank 0 writes ``trainer.pt`` and renames the folder."""
-        if self.written is not None:
-            self.written.result()
-        distributed.wait_for_all(self.world_size)
-        if self.is_main:
+    def complete_when_written(self) -> None:
+        """Rank 0: complete the checkpoint from the writer's thread as soon as its write ends."""
+        if self.is_main and self.written is not None:
+            self.written.add_done_callback(lambda written: written.exception() is None and self.complete())
+
+    def complete(self) -> None:
+        """Rank 0 writes ``trainer.pt`` into the written shards' folder and renames it (once)."""
+        with self._lock:
+            if self.completed:
+                return
             partial = partial_path(self.path)
             checkpoint.atomic_torch_save(self.payload, partial / checkpoint.TRAINER_FILE)
             shutil.rmtree(self.path, ignore_errors=True)
             partial.rename(self.path)
             checkpoint.prune(self.path.parent, self.keep)
+            self.completed = True
+
+    def finish(self) -> None:
+        """Wait for every rank's shards and for the checkpoint's completion (raising a write's error)."""
+        if self.written is not None:
+            self.written.result()
+        distributed.wait_for_all(self.world_size)
+        if self.is_main:
+            self.complete()
         distributed.wait_for_all(self.world_size)
 
 
 class ShardedCheckpoints:
     """Writes a run's sharded checkpoints (one at a time: the next waits for the last)."""
 
-    def __init__(self, is_main: bool, world_size: int, keep: int, asynchronous: bool) -> None:
+    def __init__(self, is_main: bool, world_size: int, keep: int, asynchronous: bool, on_gpu: bool = False) -> None:
         self.is_main, self.world_size, self.keep, self.asynchronous = is_main, world_size, keep, asynchronous
         self.pending: PendingSave | None = None
         self._group = None  # the background writer's own process group: training's collectives go on beside it
+        self._stager = pinned_stager() if asynchronous and on_gpu else None
 
     def save(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, payload: dict[str, Any]) -> None:
         """Write ``model``'s and ``optimizer``'s shards and ``payload`` as the checkpoint ``path``."""
@@ -104,19 +124,34 @@ class ShardedCheckpoints:
         if self.asynchronous and self.world_size > 1:
             if self._group is None:
                 self._group = dist.new_group(backend="gloo")
-            written = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
+            staging = {"async_stager": self._stager} if self._stager is not None else {}
+            written = dcp.async_save(state, checkpoint_id=partial, process_group=self._group, **staging)
         else:
             with single_process_quiet():
                 dcp.save(state, checkpoint_id=partial, no_dist=self.world_size == 1)
         self.pending = PendingSave(path, payload, written, self.is_main, self.world_size, self.keep)
         if written is None:
             self.finish()
+        else:
+            self.pending.complete_when_written()
 
     def finish(self) -> None:
         """Complete the checkpoint being written, if any."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.finish()
+
+
+def pinned_stager() -> Any:
+    """DCP's stager copying a GPU's shards into pinned host buffers, reused from save to save (the
+    copy is done before training goes on; the write runs behind it); None where this torch has none."""
+    staging = getattr(dcp, "staging", None)
+    if staging is None or not hasattr(staging, "DefaultStager"):
+        return None
+    options = staging.StagingOptions(
+        use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+    )
+    return staging.DefaultStager(options)
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> None:

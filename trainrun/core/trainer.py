@@ -6,7 +6,6 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import compile_model
 from trainrun.core.engine import Engine
+from trainrun.core.evaluation import evaluated
 from trainrun.core.events import Event
 from trainrun.core.microbatches import Microbatching, StepPlan, average_gradients, take
 from trainrun.core.seeding import seed_step
@@ -94,7 +94,13 @@ class Trainer:
             # each rank keeps its own batch-norm statistics between evaluations (averaged where read)
             state.model = parallel.replicate(state.model, state.device, state.find_unused_parameters)
         self.shards = (
-            ShardedCheckpoints(state.is_main, state.world_size, settings.checkpoint_keep, settings.async_checkpoints)
+            ShardedCheckpoints(
+                state.is_main,
+                state.world_size,
+                settings.checkpoint_keep,
+                settings.async_checkpoints,
+                on_gpu=state.device.type == "cuda",
+            )
             if settings.parallel.name == "fsdp"
             else None
         )
@@ -224,7 +230,8 @@ class Trainer:
 
         Each micro-batch fires BEFORE_FORWARD to AFTER_BACKWARD (``state.inputs``/``targets`` hold
         it) and its loss counts by its share of the batch (:meth:`_loss_share`); DDP synchronises
-        in the pass ``plan`` says, the others run under ``no_sync``.
+        in the pass ``plan`` says, the others run under ``no_sync``; FSDP2 reduce-scatters in every
+        pass (:func:`~trainrun.core.parallel.defers_reduction`).
         """
         state, run, accounts = self.state, self.engine.run, self.state.accounts
         scaler, parts = state.precision.scaler, plan.parts
@@ -235,7 +242,7 @@ class Trainer:
             if len(parts) > 1:
                 state.inputs, state.targets = take(inputs, part, plan.batch_size), take(targets, part, plan.batch_size)
             synchronise = plan.synchronises(index) or state.world_size == 1
-            with contextlib.nullcontext() if synchronise else parallel.no_sync(state.model, state.raw_model):
+            with parallel.pass_context(state.model, state.raw_model, synchronise):
                 accounts.switch("forward")
                 with state.precision.autocast():
                     run(Event.BEFORE_FORWARD, state)
@@ -322,13 +329,7 @@ class Trainer:
         self.engine.run(Event.EVAL_START, state)
         distributed.average_buffers(state.raw_model, state.world_size)  # each rank's statistics, averaged
         state.model.eval()
-        evaluator = state.task.evaluator(state)
-        for batch in state.data.eval_batches():
-            inputs, targets, _ = state.task.batch(batch, state)
-            with state.precision.autocast():
-                outputs = state.task.predict(state.model, inputs)
-            evaluator.update(outputs, targets)
-        metrics = evaluator.compute()
+        metrics = evaluated(state, self.settings.microbatching.size)  # in micro-batches, each sample once
         losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64, device=state.device)
         if state.world_size > 1:
             dist.all_reduce(losses)

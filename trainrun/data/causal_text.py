@@ -3,7 +3,8 @@ separator token, cut into windows of ``max_seq_len + 1`` tokens (inputs and thei
 
 Windows are indexed, so the torch loader's sampler orders them by (seed, epoch) and a resume
 skips into an epoch without reading what it skips; the validation windows are the stream's first
-ones in order, the same on any number of ranks. The separator is the store's (``[SEP]`` in a
+ones in order (those of the first ``data.text.val_tokens`` tokens where set), the same on any
+number of ranks. The separator is the store's (``[SEP]`` in a
 WordPiece store, ``<|endoftext|>`` in a byte-level BPE one, as GPT-2's). Windows are gathered from the store's
 memory-mapped tokens as asked for: no copy of the stream is made.
 """
@@ -54,9 +55,13 @@ class TokenWindows(Dataset):
         self.windows = max(0, (length - 1) // max_seq_len) if windows is None else windows
 
     @classmethod
-    def of_store(cls, store: TokenStore, max_seq_len: int) -> TokenWindows:
-        """The windows of one split of a token store: its documents, each followed by its separator."""
-        return cls(store.tokens, max_seq_len, store.separator, store.offsets[1:])
+    def of_store(cls, store: TokenStore, max_seq_len: int, tokens: int | None = None) -> TokenWindows:
+        """The windows of one split of a token store: its documents, each followed by its separator;
+        with ``tokens``, only the windows of the stream's first that many tokens (or all there are)."""
+        windows = cls(store.tokens, max_seq_len, store.separator, store.offsets[1:])
+        if tokens is not None:
+            windows.windows = min(windows.windows, tokens // max_seq_len)
+        return windows
 
     def __len__(self) -> int:
         return self.windows
@@ -92,7 +97,8 @@ def stream_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, a
     path = store_path(config, placement)
     train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
     length = config.text.max_seq_len
-    training, evaluation = TokenWindows.of_store(train, length), TokenWindows.of_store(val, length)
+    training = TokenWindows.of_store(train, length)
+    evaluation = TokenWindows.of_store(val, length, config.text.val_tokens)
     for name, windows in (("training", training), ("validation", evaluation)):
         if len(windows) == 0:
             raise DataError(f"token store '{path}' has no {name} window of {length + 1} tokens (data.text.max_seq_len)")

@@ -53,6 +53,9 @@ class DataSpec(ABC):
 
     batches_per_epoch: int
     text: TextFacts | None = None  # text data only
+    # this rank's own evaluation samples: its evaluation batches hold them first, then repeats that
+    # keep every rank's passes equal (None: every sample of every batch is this rank's)
+    eval_samples: int | None = None
 
     @abstractmethod
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:

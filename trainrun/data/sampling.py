@@ -44,17 +44,24 @@ class ResumableSampler(DistributedSampler):
 
 
 class ShardSampler(Sampler[int]):
-    """Every ``world_size``-th index from ``rank``, in order: each sample is seen by exactly one rank.
-
-    ``DistributedSampler`` pads shards to equal length by repeating samples, which would bias a
-    distributed evaluation; this sampler does not.
+    """Every ``world_size``-th index from ``rank``, in order, then as many repeats of one of them as
+    make every rank's count ``ceil(length / world_size)``: each sample is scored by exactly one rank
+    (the first :attr:`real` indices are this rank's share; the trainer leaves the repeats out of the
+    metrics), and every rank runs the same evaluation passes, which under FSDP2 are collectives (a
+    rank with one pass fewer would leave the others waiting in a weight gather). torch's
+    ``DistributedSampler`` pads the same way but scores the repeats too, which biases an evaluation.
     """
 
     def __init__(self, length: int, rank: int, world_size: int) -> None:
         self.indices = range(rank, length, world_size)
+        self.real = len(self.indices)
+        self.padded = math.ceil(length / world_size)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+        yield from self.indices
+        repeated = self.indices[0] if self.real else 0
+        for _ in range(self.padded - self.real):
+            yield repeated
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return self.padded

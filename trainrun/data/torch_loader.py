@@ -110,10 +110,12 @@ class TorchData(DataSpec):
             generator=generator,
             **workers,
         )
+        eval_sampler = ShardSampler(len(val_set), rank, world_size)
+        self.eval_samples = eval_sampler.real
         self.eval = DataLoader(
             val_set,
             batch_size=eval_batch,
-            sampler=ShardSampler(len(val_set), rank, world_size),
+            sampler=eval_sampler,
             **{**workers, "collate_fn": sets.eval_collate or sets.collate},
         )
         self.per_rank_batch = per_rank_batch

@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, atomic_write_text, read_jsonl
 from trainrun.core.bottleneck import Bottleneck, find_bottleneck
@@ -23,6 +25,13 @@ from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
 from trainrun.tasks.base import Task
+
+
+def peak_device_memory(device: torch.device) -> float | None:
+    """GB of device memory allocated at the run's peak on this rank (None off a GPU)."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 1e9, 3)
 
 
 class TimeToQualityLogger(Callback):
@@ -122,6 +131,8 @@ class TimeToQualityLogger(Callback):
             "bottleneck_after_first_epoch": None,
             "extrapolated": self.extrapolation(state) if status == "profiled" else None,
             "notices": list(state.notices) if state else [],
+            # rank 0's peak of allocated device memory (a GPU's; what trainrun estimate predicts)
+            "peak_memory_gb": peak_device_memory(state.device) if state else None,
             "unreadable_files": state.unreadable_files if state else [],
             "provenance": self.provenance,
         }

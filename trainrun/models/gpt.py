@@ -306,7 +306,10 @@ class GPT(nn.Module):
         values = [table(tokens) for table in self.value_embeds]
         for block, table in zip(self.blocks, self.value_tables, strict=True):
             x = block(x, rotary, attend, values[table] if table is not None else None)
-        logits = self.head(self.final_norm(x))[..., : self.vocab_size].float()
+        logits = self.head(self.final_norm(x))
+        if logits.shape[-1] > self.vocab_size:  # the padding's columns left out, in a copy: the model returns no
+            logits = logits[..., : self.vocab_size].contiguous()  # view (FSDP2's root hooks its output)
+        logits = logits.float()
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from trainrun.atomic_io import atomic_directory
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from trainrun.core.checkpoint import load_failure
-from trainrun.errors import ConfigError
+from trainrun.core.checkpoint import check_shard_files, load_failure
+from trainrun.errors import CheckpointError, ConfigError
 from trainrun.models.glu import GatedIntermediate
 
 KEY = "model.weights"
@@ -33,6 +33,7 @@ def load_weights(model: nn.Module, path: str) -> None:
     if (source / ".metadata").is_file():  # a sharded checkpoint (parallel=fsdp), read whole
         from trainrun.core.sharded_checkpoint import whole_weights
 
+        sharded_files_whole(source)
         state = whole_weights(source)
     elif source.is_dir():
         bert = getattr(model, "bert", None)
@@ -47,6 +48,14 @@ def load_weights(model: nn.Module, path: str) -> None:
     except RuntimeError as error:
         problem = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None
+
+
+def sharded_files_whole(source: Path) -> None:
+    """A sharded checkpoint given as ``model.weights`` has its metadata and every shard, whole."""
+    try:
+        check_shard_files(source)
+    except CheckpointError as error:
+        raise ConfigError(f"bad value for '{KEY}': {error}") from None
 
 
 def _weights_file(source: Path, path: str) -> dict[str, torch.Tensor]:

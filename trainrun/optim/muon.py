@@ -101,6 +101,11 @@ class MuonWithAdam(torch.optim.Optimizer):
         self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, foreach=True)
         super().__init__([*self.muon.param_groups, *self.adam.param_groups], {})
 
+    @property
+    def parts(self) -> tuple[torch.optim.Optimizer, ...]:
+        """The optimizers that hold the state (what a memory count reads)."""
+        return self.muon, self.adam
+
     def momentum_at(self, step: int) -> float:
         """Muon's momentum at optimizer step ``step``: linear from the start value to the final one."""
         if step >= self.momentum_warmup_steps:

@@ -25,7 +25,9 @@ class DecoupledSGDW(torch.optim.SGD):
 
     The update runs in torch's fused SGD kernel, which takes the gradient scaler's ``found_inf``
     and ``grad_scale`` on the device: under fp16 ``GradScaler.step`` reads nothing back to the
-    host, and a step it skips leaves the weights (decay included) untouched.
+    host, and a step it skips leaves the weights (decay included) untouched. FSDP2's shards
+    (DTensors) take torch's foreach path instead (``fused=False``): the fused kernel has no DTensor
+    rule, and fp16 loss scaling does not run under ``parallel=fsdp``.
 
     The momentum buffers are made here, zero, before a parameter's first step: torch's fused path
     makes them with ``empty_like`` and fills them in the kernel, which returns early on a skipped
@@ -36,8 +38,8 @@ class DecoupledSGDW(torch.optim.SGD):
     ``dampening`` d > 0 and that first step skipped, the first step taken keeps (1 - d) of it).
     """
 
-    def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, **kwargs) -> None:
-        super().__init__(params, lr=lr, weight_decay=0.0, fused=True, **kwargs)
+    def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, fused: bool = True, **kwargs) -> None:
+        super().__init__(params, lr=lr, weight_decay=0.0, fused=fused, foreach=not fused, **kwargs)
         for group in self.param_groups:
             group["decoupled_weight_decay"] = group.pop("decoupled_weight_decay", weight_decay)
             group["peak_lr"] = group["lr"]
@@ -65,12 +67,25 @@ class DecoupledSGDW(torch.optim.SGD):
                 group["dampening"] = dampening
 
 
+# the normalisation layers whose gains ``exclude_norm_and_bias`` leaves undecayed: batch, instance,
+# group, layer and RMS norms (Llama's, the GPT's rmsnorm)
+NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
+
+
+def is_sharded(parameters: Iterable[torch.Tensor]) -> bool:
+    """Whether the parameters are FSDP2's shards (DTensors), which torch's fused kernels of SGD and
+    Adam(W) take only in part: the optimizers here take the foreach path for them."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in parameters)
+
+
 def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
     if not exclude_norm_and_bias:
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
     decayed, exempt, seen = [], [], set()
     for module in model.modules():
-        is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
+        is_norm = isinstance(module, NORMS)
         for name, param in module.named_parameters(recurse=False):
             if param.requires_grad and id(param) not in seen:  # tied weights are registered in two modules
                 seen.add(id(param))
@@ -95,10 +110,11 @@ def build_optimizer(
         return build_muon(model, config, factor, warmup)
     lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)
+    fused = not is_sharded(model.parameters())
     sgd = {"lr": lr, "weight_decay": config.weight_decay, "momentum": config.momentum}
     sgd |= {"dampening": config.dampening, "nesterov": config.nesterov}
     if config.name == "sgdw":
-        return DecoupledSGDW(groups, **sgd)
+        return DecoupledSGDW(groups, **sgd, fused=fused)
     if config.name == "lamb":
         from timm.optim import Lamb
 
@@ -118,5 +134,11 @@ def build_optimizer(
             groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, foreach=True
         )
     return torch.optim.AdamW(
-        groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, fused=True
+        groups,
+        lr=lr,
+        betas=tuple(config.betas),
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        fused=fused,
+        foreach=not fused,
     )

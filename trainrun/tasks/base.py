@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from trainrun.core.microbatches import take
 from trainrun.core.state import LossFunction, State
 from trainrun.kinds import task_spec
 from trainrun.quality import Quality
@@ -62,6 +63,15 @@ class Task(ABC):
         """The model's outputs for an evaluation batch's ``inputs`` (a task whose samples do not fit
         one forward pass, such as whole volumes, runs several)."""
         return model(inputs)
+
+    def without_repeats(self, outputs: Any, targets: Any, scored: int, size: int) -> tuple[Any, Any]:
+        """An evaluation pass's outputs and targets for its first ``scored`` of ``size`` samples: the
+        rest repeat a sample so that every rank runs the same passes, and are not scored. Outputs
+        with a row per sample are cut (tensors, dicts, lists of whole volumes)."""
+        if isinstance(outputs, list):
+            return outputs[:scored], targets[:scored]
+        kept = slice(0, scored)
+        return take(outputs, kept, size), take(targets, kept, size)
 
     @abstractmethod
     def loss(self, name: str) -> LossFunction:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainrun.core.state import State
+from trainrun.data.interface import TextFacts
 from trainrun.schema import DataConfig
 from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
@@ -49,6 +50,11 @@ class CausalLanguageModeling(SequenceTask):
     def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
         windows = batch.to(state.device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:], len(windows)
+
+    def example_batch(self, data: DataConfig, size: int, text: TextFacts) -> torch.Tensor:
+        """``size`` windows of ``data.text.max_seq_len + 1`` token ids, as the loader gives them
+        (values arbitrary: what trainrun estimate runs)."""
+        return torch.randint(text.vocab_size, (size, data.text.max_seq_len + 1))
 
     def sequence_length(self, inputs: torch.Tensor) -> int:
         return inputs.shape[1]

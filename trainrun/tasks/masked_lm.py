@@ -100,6 +100,14 @@ class MaskedLanguageModeling(SequenceTask):
         }
         return inputs, targets
 
+    def without_repeats(self, outputs: torch.Tensor, targets: dict, scored: int, size: int) -> tuple[Any, dict]:
+        """The repeated samples' tokens unscored (their labels -100): a masked head's outputs hold a
+        row per predicted token, not per sample, so they are kept as they are."""
+        unscored = {key: targets[key].clone() for key in ("labels", "predicted")}
+        for labels in unscored.values():
+            labels[scored:] = IGNORED
+        return outputs, {**targets, **unscored}
+
     def loss(self, name: str) -> LossFunction:
         return masked_cross_entropy
 

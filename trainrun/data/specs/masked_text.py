@@ -23,6 +23,11 @@ def check_store_given(config: Any) -> None:
 
 def check(config: Any) -> None:
     check_loader(config)
+    if config.data.text.val_tokens is not None:
+        raise ConfigError(
+            "bad value for 'data.text.val_tokens': data=text (masked LM) validates on every held-out document; "
+            "the cap is data=token_stream's"
+        )
     if config.data.text.tokenizer == "bpe" and not config.data.path:
         raise ConfigError(
             "bad value for 'data.text.tokenizer': bpe has no [MASK] token for masked LM (task causal_lm); use wordpiece"

@@ -44,5 +44,6 @@ SPECS = (
             }
         ),
         check=check,
+        published_vocab=30_522,  # BERT's WordPiece (bert-base-uncased)
     ),
 )

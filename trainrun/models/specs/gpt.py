@@ -36,5 +36,6 @@ SPECS = (
             {Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS}
         ),
         check=check,
+        published_vocab=50_257,  # GPT-2's tokenizer
     ),
 )

@@ -34,5 +34,6 @@ SPECS = (
         batches="token_windows",
         offers=frozenset({Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS, Capability.META_INIT}),
         check=check,
+        published_vocab=128_256,  # Llama 3's tokenizer
     ),
 )

@@ -1,0 +1,117 @@
+"""trainrun estimate: a run's per-rank memory and step time at its real size, computed on this CPU.
+
+Checked against what an H200 measured (docs/benchmarks.md's llama rows, read here), and by what it
+says of the real-size recipe; plus the refusals and the exit code a script reads."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainrun.config import compose
+from trainrun.validation import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def measured_peaks() -> dict[str, float]:
+    """The H200's peak memory (GB) for llama3_1b at 2 x 4,096 tokens, bf16, from docs/benchmarks.md."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    peaks = {}
+    for variant, key in (("whole (DDP's path), bf16", "ddp"), ("FSDP2 on a mesh of one, bf16", "fsdp")):
+        row = re.search(rf"^\| {re.escape(variant)} \|.*\| ([\d.]+) \|$", text, re.MULTILINE)
+        peaks[key] = float(row.group(1))
+    return peaks
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_estimate_is_within_15_percent_of_the_h200s_measured_peak(parallel):
+    from trainrun.estimate import estimate
+
+    config = validate(
+        compose(
+            [
+                "task=causal_lm",
+                "data=stdlib_stream",
+                "model=llama3_1b",
+                "precision=bf16",
+                "optimizer=adamw",
+                "data.text.max_seq_len=4096",
+                "train_batch_size=2",
+                "eval_batch_size=2",
+                "launcher.devices=1",
+                f"parallel={parallel}",
+            ]
+        ),
+        files=False,
+    )
+    result = estimate(config, vocab=8192)  # the bench's vocabulary
+    measured = measured_peaks()[parallel]
+    assert abs(result.peak_gb - measured) / measured < 0.15, (result.peak_gb, measured)
+    # 1.0B weights: float32 weights, gradients and AdamW's two moments, whole on one rank
+    assert result.held["weights"] == pytest.approx(3.96, abs=0.01)
+    assert result.held["optimizer"] == pytest.approx(2 * result.held["weights"], rel=1e-3)
+    # model FLOPs a token within 10 % of 6 N + 12 L D T (N: the blocks' and head's weights)
+    blocks_and_head = 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192) + 8192 * 2048
+    analytic = (6 * blocks_and_head + 12 * 16 * 2048 * 4096) * 2 * 4096
+    assert abs(result.step_flops - analytic) / analytic < 0.1
+
+
+def run_estimate(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainrun", "estimate", *arguments], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_estimate_command_prints_json_and_exits_3_when_the_peak_does_not_fit():
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "parallel=fsdp", "launcher.devices=4"]
+    base += ["train_batch_size=8", "device_train_microbatch_size=1", "optimizer=adamw", "hardware=8xh100_aws"]
+    fits = run_estimate(*base, "--json")
+    assert fits.returncode == 0, fits.stderr
+    result = json.loads(fits.stdout)
+    assert result["ranks"] == 4 and result["passes"] == 2 and result["fits"] is True
+    assert result["mesh"] == "shards over 4"
+    assert result["vocab_size"] == 128_256  # Llama 3's tokenizer, where the run names no store
+    tiny = run_estimate(*base, "hardware.device_memory_gb=0.001")
+    assert tiny.returncode == 3 and "DOES NOT FIT" in tiny.stdout
+    bad = run_estimate(*base, "--mfu", "1.5")
+    assert bad.returncode == 2 and "--mfu" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
+    """At its real size, estimated here: the per-rank peak is under 80 GB, and a rank's gradients
+    between micro-batches are its shard (a whole float32 gradient would be 32 GB)."""
+    result = run_estimate("recipe=llama31_8b", "launcher.devices=8", "hardware=8xh100_aws", "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    assert estimate["passes"] == 4 and estimate["vocab_size"] == 128_256
+    assert estimate["held"]["gradients"] == pytest.approx(8.03e9 * 4 / 8 / 1e9, rel=0.01)
+    assert estimate["peak_gb"] < 80 and estimate["fits"]
+    assert "unsharded grad" not in estimate["peak"]
+
+
+def test_auto_micro_batches_under_fsdp_are_decided_before_the_run_by_the_estimate(capsys):
+    """A pass retried after running out of memory would leave the other ranks in a gather, so under
+    fsdp ``auto`` takes the largest micro-batch the estimate fits in the device's memory, at once."""
+    from trainrun.errors import ConfigError
+    from trainrun.estimate import estimate
+    from trainrun.launch import microbatch_before_start
+
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "parallel=fsdp", "optimizer=adamw"]
+    base += ["train_batch_size=8", "data.text.max_seq_len=64", "device_train_microbatch_size=auto", "device=cpu"]
+    whole = estimate(validate(compose([*base, "device_train_microbatch_size=8"]), files=False))
+    quarter = estimate(validate(compose([*base, "device_train_microbatch_size=2"]), files=False))
+    between = (whole.peak_gb + quarter.peak_gb) / 2  # room for 2 samples a pass, not for 8 (nor 4, say)
+    config = validate(compose([*base, f"hardware.device_memory_gb={between}"]), files=False)
+    chosen = microbatch_before_start(config).device_train_microbatch_size
+    assert chosen in ("2", "4") and "device_train_microbatch_size=auto under parallel=fsdp" in capsys.readouterr().err
+    tiny = validate(compose([*base, "hardware.device_memory_gb=0.0001"]), files=False)
+    with pytest.raises(ConfigError, match="not even one sample a pass fits"):
+        microbatch_before_start(tiny)
+    unknown = validate(compose(base), files=False)  # a CPU run without a memory to plan for: the whole batch
+    assert microbatch_before_start(unknown).device_train_microbatch_size == "8"

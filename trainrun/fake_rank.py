@@ -1,0 +1,245 @@
+"""One rank of a run as fake tensors: the run's model (built by trainrun's builders on the meta
+device, with its methods' structure), sharded as the trainer shards it over a fake process group,
+its optimizer, one step's passes reduced as the trainer reduces them, and one evaluation
+micro-batch, measured by torch's memory trackers (``MemTracker``; ``FSDPMemTracker`` under fsdp)
+and FLOP counter (:mod:`trainrun.estimate` sizes runs with it).
+
+Written here because the rank has to be trainrun's (its builders, its micro-batching, its optimizer);
+it follows torchtitan's ``scripts/estimate/estimation.py``. The tensors are on the CPU device
+(attention as the CPU's flash kernel keeps it: output and log-sum-exp, as CUDA's flash kernel
+does); the optimizer's update is not tracked (torch's fused and foreach kernels update the state in
+place: what the state holds is counted, not a kernel's scratch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from trainrun.algorithms import build_algorithms
+from trainrun.core import parallel
+from trainrun.core.microbatches import microbatch_slices, take
+from trainrun.data.interface import TextFacts
+from trainrun.models.build import build_model
+from trainrun.optim.optimizers import build_optimizer
+from trainrun.schema import TrainConfig
+from trainrun.tasks.base import Task
+
+GB = 1e9
+COMPUTE_DTYPES = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+
+
+def _register_cpu_attention_flops() -> None:
+    """torch's FLOP counter knows CUDA's attention kernels; the CPU's flash kernel, which the
+    estimate's fake tensors run, is counted by the same formulas."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)(
+        flop_counter.sdpa_flop
+    )
+    flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, get_raw=True)(
+        flop_counter.sdpa_backward_flop
+    )
+
+
+_register_cpu_attention_flops()
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What one rank of the run holds and runs: its ranks, batches and model inputs."""
+
+    ranks: int
+    nodes: int
+    per_rank_batch: int
+    micro_batch: int
+    eval_micro_batch: int
+    text: TextFacts | None  # a language model's vocabulary and window
+    vocab_source: str
+    checkpointing: str
+
+    @property
+    def passes(self) -> int:
+        return len(microbatch_slices(self.per_rank_batch, self.micro_batch))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One rank's memory (GB) and one step's model FLOPs (all ranks) for a :class:`RunShape`."""
+
+    held: dict[str, float]  # between steps: weights, gradients, optimizer state
+    peak: dict[str, float]  # at the step's peak, by part, with its total
+    eval_peak: float
+    step_flops: float
+
+    @property
+    def highest(self) -> float:
+        return max(self.peak["total"], self.eval_peak)
+
+
+@contextlib.contextmanager
+def fake_world(ranks: int) -> Iterator[None]:
+    """A process group of ``ranks`` that exchanges nothing (torch's fake backend), for one rank's view."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("trainrun estimate runs outside a process group")
+    dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def meta_model(config: TrainConfig, shape: RunShape) -> nn.Module:
+    """The run's model on the meta device, with its methods' structure (built outside fake mode:
+    fake tensors of the meta device do not materialise)."""
+    torch.manual_seed(config.seed)
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(config.model, weights=None), shape.text)
+    for method in build_algorithms(config.algorithms):
+        method.rebuild(model)
+    return model
+
+
+class _Rank:
+    """The run's model (from the meta device), optimizer and task on one rank, as fake tensors."""
+
+    def __init__(
+        self, config: TrainConfig, shape: RunShape, task: Task, model: nn.Module, mesh: DeviceMesh | None
+    ) -> None:
+        self.config, self.shape, self.task = config, shape, task
+        self.dtype = COMPUTE_DTYPES[config.precision]
+        settings = parallel.Parallelism(
+            config.parallel.name, config.parallel.reshard_after_forward, shape.checkpointing
+        )
+        self.sharded = mesh is not None
+        if self.sharded:
+            model = parallel.prepare(model, settings, self.dtype, torch.device("cpu"), mesh)
+        else:  # as prepare leaves it: checkpointed, whole on the device
+            parallel.checkpoint_activations(model, settings.activation_checkpointing)
+            model.to_empty(device="cpu")
+            if hasattr(model, "initialise"):
+                model.initialise()
+        self.model = model
+        self.optimizer = build_optimizer(model, config.optimizer, config.train_batch_size)
+
+    def batch(self, size: int) -> tuple[Any, Any]:
+        """A batch of ``size`` samples of the run's shapes, as the task hands it to the model."""
+        state = _BatchPlace(torch.device("cpu"), torch.contiguous_format)
+        inputs, targets, _ = self.task.batch(self.task.example_batch(self.config.data, size, self.shape.text), state)
+        return inputs, targets
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast("cpu", dtype=self.dtype) if self.dtype else contextlib.nullcontext()
+
+    def step_passes(self, inputs: Any, targets: Any, tracker: Any | None = None) -> None:
+        """One step's forward and backward passes, each micro-batch reduced as the trainer reduces it."""
+        size = self.shape.per_rank_batch
+        parts = microbatch_slices(size, self.shape.micro_batch)
+        loss_fn = self.task.loss(self.config.loss)
+        for index, part in enumerate(parts):
+            with parallel.pass_context(self.model, self.model, synchronises=index == len(parts) - 1):
+                part_inputs, part_targets = (take(value, part, size) for value in (inputs, targets))
+                with self.autocast():
+                    loss = loss_fn(self.model(part_inputs), part_targets)
+                (loss * (part.stop - part.start) / size).backward()
+            if tracker is not None:
+                tracker.reset_mod_stats()  # the tracker follows one forward per module between resets
+
+    def update(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def evaluate(self, inputs: Any) -> None:
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            self.task.predict(self.model, inputs)
+        self.model.train()
+
+    def tracker(self) -> Any:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        if self.sharded:
+            return FSDPMemTracker(self.model, self.optimizer)
+        tracker = MemTracker()
+        tracker.track_external(self.model, *self.optimizers)
+        return tracker
+
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        """The optimizers holding the state: the run's, or those it is made of (Muon with Adam)."""
+        return getattr(self.optimizer, "parts", (self.optimizer,))
+
+    def held(self) -> dict[str, float]:
+        """GB this rank holds between steps: its weights, their gradients' size, its optimizer state."""
+        parameters = list(self.model.parameters())
+        entries = [entry for optimizer in self.optimizers for entry in optimizer.state.values()]
+        state = [value for entry in entries for value in entry.values() if torch.is_tensor(value)]
+        return {
+            "weights": round(sum(map(local_bytes, parameters)) / GB, 3),
+            "gradients": round(sum(local_bytes(p) for p in parameters if p.requires_grad) / GB, 3),
+            "optimizer": round(sum(local_bytes(value) for value in state if value.dim() > 0) / GB, 3),
+        }
+
+
+@dataclass
+class _BatchPlace:
+    """What a task's ``batch`` reads of the state: where the batch goes and in which memory format."""
+
+    device: torch.device
+    memory_format: torch.memory_format
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor`` on this rank (its local shard of a DTensor)."""
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.numel() * tensor.element_size()
+
+
+def _parts(snapshot: dict) -> dict[str, float]:
+    """A tracker's snapshot of the CPU device as GB by part, the total last."""
+    (device_snapshot,) = snapshot.values()
+    named = {(key if isinstance(key, str) else key.value).lower(): value / GB for key, value in device_snapshot.items()}
+    return {key: round(value, 3) for key, value in named.items() if value > 0 or key == "total"}
+
+
+def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
+    """One rank's memory through a training step and an evaluation micro-batch, and the step's FLOPs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = meta_model(config, shape)
+    sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
+    mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        rank = _Rank(config, shape, task, model, mesh)
+        inputs, targets = rank.batch(shape.per_rank_batch)
+        counter = FlopCounterMode(display=False)
+        with counter:  # the first step makes the optimizer's state
+            rank.step_passes(inputs, targets)
+        rank.update()
+        tracker = rank.tracker()
+        if rank.sharded:
+            tracker.track_inputs((inputs,))
+        with tracker:
+            rank.step_passes(inputs, targets, tracker)
+        peak = _parts(tracker.get_tracker_snapshot("peak"))
+        held = rank.held()
+        rank.update()
+        eval_inputs, _ = rank.batch(shape.eval_micro_batch)
+        eval_tracker = rank.tracker()
+        with eval_tracker:
+            rank.evaluate(eval_inputs)
+        eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
+    return Memory(held, peak, eval_peak, float(counter.get_total_flops()) * shape.ranks)
