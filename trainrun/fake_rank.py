@@ -1,8 +1,10 @@
 """One rank of a run as fake tensors: the run's model (built by trainrun's builders on the meta
 device, with its methods' structure), sharded as the trainer shards it over a fake process group,
-its optimizer, one step's passes reduced as the trainer reduces them, and one evaluation
-micro-batch, measured by torch's memory trackers (``MemTracker``; ``FSDPMemTracker`` under fsdp)
-and FLOP counter (:mod:`trainrun.estimate` sizes runs with it).
+its optimizer and its state, one step's passes reduced as the trainer reduces them (of more than
+two micro-batches the first and the last: those between hold what the first does) and one
+evaluation micro-batch, measured by torch's memory trackers (``MemTracker``; ``FSDPMemTracker``
+under fsdp); one pass's FLOPs are counted apart by torch's FLOP counter (inside the tracker it
+changes what the tracker sees). :mod:`trainrun.estimate` sizes runs with it.
 
 Written here because the rank has to be trainrun's (its builders, its micro-batching, its optimizer);
 it follows torchtitan's ``scripts/estimate/estimation.py``. The tensors are on the CPU device
@@ -142,10 +144,12 @@ class _Rank:
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast("cpu", dtype=self.dtype) if self.dtype else contextlib.nullcontext()
 
-    def step_passes(self, inputs: Any, targets: Any, tracker: Any | None = None) -> None:
-        """One step's forward and backward passes, each micro-batch reduced as the trainer reduces it."""
+    def step_passes(self, inputs: Any, targets: Any, tracker: Any | None = None, passes: int = 2) -> None:
+        """A step's forward and backward passes, each micro-batch reduced as the trainer reduces it;
+        of more than ``passes``, the first ones and the last (those between hold what the first do)."""
         size = self.shape.per_rank_batch
         parts = microbatch_slices(size, self.shape.micro_batch)
+        parts = parts if len(parts) <= passes else [*parts[: passes - 1], parts[-1]]
         loss_fn = self.task.loss(self.config.loss)
         for index, part in enumerate(parts):
             with parallel.pass_context(self.model, self.model, synchronises=index == len(parts) - 1):
@@ -156,7 +160,10 @@ class _Rank:
             if tracker is not None:
                 tracker.reset_mod_stats()  # the tracker follows one forward per module between resets
 
-    def update(self) -> None:
+    def make_optimizer_state(self) -> None:
+        """The optimizer's state, as its first step makes it (from zero gradients)."""
+        for parameter in self.model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -225,21 +232,22 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(shape.per_rank_batch)
-        counter = FlopCounterMode(display=False)
-        with counter:  # the first step makes the optimizer's state
-            rank.step_passes(inputs, targets)
-        rank.update()
-        tracker = rank.tracker()
+        rank.make_optimizer_state()
+        tracker, counter = rank.tracker(), FlopCounterMode(display=False)
         if rank.sharded:
             tracker.track_inputs((inputs,))
         with tracker:
             rank.step_passes(inputs, targets, tracker)
         peak = _parts(tracker.get_tracker_snapshot("peak"))
         held = rank.held()
-        rank.update()
+        rank.optimizer.zero_grad(set_to_none=True)
+        with counter:  # one pass's FLOPs, apart: the counter inside the tracker changes what it sees
+            rank.step_passes(inputs, targets, passes=1)
+        rank.optimizer.zero_grad(set_to_none=True)
         eval_inputs, _ = rank.batch(shape.eval_micro_batch)
         eval_tracker = rank.tracker()
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
-    return Memory(held, peak, eval_peak, float(counter.get_total_flops()) * shape.ranks)
+    step_flops = counter.get_total_flops() * shape.per_rank_batch / min(shape.micro_batch, shape.per_rank_batch)
+    return Memory(held, peak, eval_peak, float(step_flops) * shape.ranks)
