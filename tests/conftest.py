@@ -1,7 +1,10 @@
-"""Shared helpers: run the real CLI in a subprocess on tiny settings."""
+"""Shared helpers: run the real CLI in a subprocess (or, where the process is not what is tested,
+in the test's own process) on tiny settings."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -59,6 +62,24 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     )
 
 
+def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``trainrun ARGS`` in this process (in folder ``cwd``), its exit code and output captured as
+    :func:`run_cli`'s: for what a one-process command does, not for its process (an interpreter,
+    torch's and Hydra's start cost 5-10 s a run on the slower machines). Output that loader workers
+    or ranks print goes to the real streams: such tests use :func:`run_cli`."""
+    from trainrun.commands import main
+
+    out, err = io.StringIO(), io.StringIO()
+    folder = contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()
+    with folder, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        previous, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "200"
+        try:
+            code = main(list(args))
+        finally:
+            os.environ.pop("COLUMNS") if previous is None else os.environ.update(COLUMNS=previous)
+    return subprocess.CompletedProcess(["trainrun", *args], code, out.getvalue(), err.getvalue())
+
+
 def start_cli(*args: str) -> subprocess.Popen:
     """``python -m trainrun ARGS`` started in the background, its output piped."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -79,7 +100,7 @@ def killed_and_resumed(args: list[str], tmp_path: Path) -> tuple[Path, Path, int
     checkpoint, then resumed with resume=auto; check the resumed run's metrics are the whole run's.
     Returns both run folders and the step the resumed run started from."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert run_cli(*args, f"hydra.run.dir={whole}").returncode == 0
+    assert run_here(*args, f"hydra.run.dir={whole}").returncode == 0  # the killed run alone needs a process
     process = start_cli(*args, f"hydra.run.dir={killed}")
     checkpoints = killed / "checkpoints"
     wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")), process)
@@ -87,7 +108,7 @@ def killed_and_resumed(args: list[str], tmp_path: Path) -> tuple[Path, Path, int
     process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL  # killed before the end
     newest = max(int(path.stem.split("-ba")[1]) for path in checkpoints.glob("*.pt"))
-    resumed = run_cli(*args, f"hydra.run.dir={killed}", "resume=auto")
+    resumed = run_here(*args, f"hydra.run.dir={killed}", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"batch {newest}" in resumed.stdout
     assert metrics_without_timing(killed) == metrics_without_timing(whole)
@@ -112,12 +133,12 @@ def resume_after_step_6(args: list[str], tmp_path: Path) -> tuple[dict, dict]:
     checking that the resumed run's metrics are the whole run's."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     args = [*args, "max_duration=10ba", "checkpoint.interval=6ba", "checkpoint.keep=5", "progress=false"]
-    for run_dir in (whole, resumed):
-        assert run_cli(*args, f"hydra.run.dir={run_dir}").returncode == 0
+    for run_dir in (whole, resumed):  # in this process: resuming from the checkpoint is what is tested
+        assert run_here(*args, f"hydra.run.dir={run_dir}").returncode == 0
     final = sorted((resumed / "checkpoints").glob("*.pt"))
     assert [path.name for path in final] == ["ep0-ba10.pt", "ep0-ba6.pt"]
     final[0].unlink()
-    result = run_cli(*args, f"hydra.run.dir={resumed}", "resume=auto")
+    result = run_here(*args, f"hydra.run.dir={resumed}", "resume=auto")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
     assert metrics_without_timing(resumed) == metrics_without_timing(whole)
@@ -137,7 +158,7 @@ def trained_run(tmp_path_factory) -> Path:
     run_dir = shared_by_workers(tmp_path_factory, "trained-run")
 
     def train() -> None:
-        result = run_cli(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=1ep", "checkpoint.keep=5")
+        result = run_here(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=1ep", "checkpoint.keep=5")
         assert result.returncode == 0, result.stderr
 
     def finished() -> bool:  # summary.json is written during the run too

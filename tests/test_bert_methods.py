@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import read_metrics, run_cli
+from conftest import read_metrics, run_here
 from test_engine_algorithms import make_state
 from torch import nn
 
@@ -319,7 +319,7 @@ def test_a_tiny_bert_trains_with_every_language_method_and_lamb(tmp_path):
     language = "seq_length_warmup,alibi,unpadding,gated_linear_units,low_precision_layernorm,masked_head,fused_layers"
     args += [f"algorithms=[{language}]"]
     args += ["algorithms.seq_length_warmup.min_seq_length=16", "algorithms.seq_length_warmup.step_size=8"]
-    result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
+    result = run_here(*args, "progress=false", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
     first, last = read_metrics(run_dir)
     assert last["eval_loss"] < first["eval_loss"]

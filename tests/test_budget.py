@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, read_metrics, run_cli
+from conftest import TINY, read_metrics, run_cli, run_here
 
 from trainrun.algorithms.progressive_resizing import size_at
 from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
@@ -134,7 +134,7 @@ def test_a_budgeted_run_ends_on_time_and_resuming_keeps_the_time_spent(tmp_path)
     run_dir = tmp_path / "run"
     common = [*TINY, "max_duration=6s", "scheduler.alpha_f=0", "scheduler.t_warmup=0.1dur", "checkpoint.interval=1ep"]
     common.append(f"hydra.run.dir={run_dir}")
-    result = run_cli(*common)
+    result = run_here(*common)
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["batches"] == summary["max_batches"]
@@ -142,7 +142,7 @@ def test_a_budgeted_run_ends_on_time_and_resuming_keeps_the_time_spent(tmp_path)
     assert abs(summary["train_seconds"] - 6.0) <= max(0.05 * 6.0, longest_step(run_dir))
     assert read_metrics(run_dir)[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
     # the same run given 12 s in all: it continues from the 6 s already spent
-    result = run_cli(*common, "max_duration=12s", "resume=auto")
+    result = run_here(*common, "max_duration=12s", "resume=auto")
     assert result.returncode == 0, result.stderr
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["batches"] > summary["batches"]
@@ -151,7 +151,7 @@ def test_a_budgeted_run_ends_on_time_and_resuming_keeps_the_time_spent(tmp_path)
 
 @pytest.mark.slow
 def test_a_budget_shorter_than_one_step_is_one_line(tmp_path):
-    result = run_cli(*TINY, "max_duration=1e-4s", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_here(*TINY, "max_duration=1e-4s", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "is shorter than one training step here" in lines[0], result.stderr

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import resume_after_step_6, run_cli
+from conftest import resume_after_step_6, run_cli, run_here
 
 from trainrun.config import compose
 from trainrun.data.causal_text import TokenWindows
@@ -359,7 +359,7 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     ]
     args += ["train_batch_size=16", "eval_batch_size=64", "max_duration=40ba", "eval_interval=10ba", "progress=false"]
     args += ["algorithms=[ema]", "algorithms.ema.half_life=1ba", "algorithms.ema.update_interval=1ba"]
-    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", "optimizer=adamw", "optimizer.lr=3e-3")
+    result = run_here(*args, f"hydra.run.dir={tmp_path / 'run'}", "optimizer=adamw", "optimizer.lr=3e-3")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["eval_loss"] for r in records]
@@ -368,7 +368,7 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     assert (summary["quality_metric"], summary["quality_higher_is_better"]) == ("eval_loss", False)
     assert summary["best_eval_loss"] == min(losses)
     target = losses[1] + 1e-6  # the second evaluation reaches it: lower is better
-    stopped = run_cli(
+    stopped = run_here(
         *args, f"hydra.run.dir={tmp_path / 'stop'}", "optimizer=adamw", "optimizer.lr=3e-3", f"stop_at={target}"
     )
     assert stopped.returncode == 0, stopped.stderr
@@ -392,7 +392,7 @@ def test_a_tiny_gpt_trains_on_the_standard_library_and_stops_at_a_loss(tmp_path)
     assert ends == (tokenizer.eos_token_id,) * 3  # the store's separator, where generate stops
     prompt = tokenizer("def main", return_tensors="pt").input_ids
     greedy = gpt2.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)[0]
-    sampled = run_cli("sample", str(tmp_path / "run"), "--prompt", "def main", "--tokens", "6", "--temperature", "0")
+    sampled = run_here("sample", str(tmp_path / "run"), "--prompt", "def main", "--tokens", "6", "--temperature", "0")
     assert sampled.returncode == 0, sampled.stderr
     separator = tokenizer.convert_tokens_to_ids("<|endoftext|>")  # a byte-level BPE store's
     drawn = greedy[prompt.shape[1] :].tolist()
@@ -459,12 +459,12 @@ def test_a_gpt_of_gpt2s_shape_is_a_gpt2lmheadmodel_with_equal_logits(switches):
 
 
 def test_sample_refuses_what_is_not_a_finished_causal_run_in_one_line(tmp_path):
-    result = run_cli("sample", str(tmp_path), "--prompt", "x")
+    result = run_here("sample", str(tmp_path), "--prompt", "x")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"trainrun: error: bad value for 'RUN': '{tmp_path}' has no config.yaml (not a trainrun run directory)"
     ]
-    result = run_cli("sample", str(tmp_path), "--prompt", "x", "--tokens", "0")
+    result = run_here("sample", str(tmp_path), "--prompt", "x", "--tokens", "0")
     assert result.returncode == 2 and "'--tokens', '--top-k' or '--temperature'" in result.stderr
 
 
@@ -596,13 +596,13 @@ def test_a_checkpoint_records_the_window_its_weights_last_attended_with_and_samp
     args = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=64", "optimizer=adamw"]
     args += ["model.gpt.positions=rotary", "algorithms=[window_warmup]", *warmup, "train_batch_size=8"]
     args += ["max_duration=4ba", "eval_interval=4ba", "checkpoint.interval=2ba", f"hydra.run.dir={run}"]
-    result = run_cli(*args)
+    result = run_here(*args)
     assert result.returncode == 0, result.stderr
     assert float(load_run(run)[0].window) == 64  # evaluated at the end: the schedule's last window
     *earlier, final = list_checkpoints(run / "checkpoints")
     final.unlink()  # as if the run had been stopped after step 2, whose window was 8 + 56 / 4 -> 24
     assert [path.name for path in earlier] == ["ep0-ba2.pt"] and float(load_run(run)[0].window) == 24
-    reply = run_cli("sample", str(run), "--prompt", "def main", "--tokens", "4", "--temperature", "0")
+    reply = run_here("sample", str(run), "--prompt", "def main", "--tokens", "4", "--temperature", "0")
     assert reply.returncode == 0 and reply.stdout.startswith("def main"), reply.stderr
 
 

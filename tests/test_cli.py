@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY, read_metrics, run_cli
+from conftest import TINY, read_metrics, run_cli, run_here
 
 from trainrun.config import check, config_dir, locate, translate
 from trainrun.errors import ConfigError
@@ -250,7 +250,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(args, message, previous
     before = _snapshot(previous_run)
     args = [a.replace("{empty}", str(_empty_folder(tmp_path))) for a in args]
     run_dir = tmp_path / "new" if message.startswith(READ_WITH_THE_DATA) else previous_run
-    result = run_cli(*TINY, *args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_here(*TINY, *args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("trainrun: error:"), result.stderr
@@ -265,7 +265,7 @@ def test_corrupt_checkpoint_on_resume(previous_run, tmp_path):
     newest.write_bytes(newest.read_bytes()[:1000])
     before = _snapshot(previous_run)
     for resume in ("auto", str(newest)):
-        result = run_cli(*TINY, f"hydra.run.dir={previous_run}", f"resume={resume}", cwd=tmp_path)
+        result = run_here(*TINY, f"hydra.run.dir={previous_run}", f"resume={resume}", cwd=tmp_path)
         assert result.returncode == 2
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "is corrupt or not a trainrun checkpoint" in lines[0], result.stderr
@@ -275,7 +275,7 @@ def test_corrupt_checkpoint_on_resume(previous_run, tmp_path):
 @pytest.mark.slow
 def test_nan_loss_stops_naming_the_step(tmp_path):
     run_dir = tmp_path / "nan"
-    result = run_cli(*TINY, "optimizer.lr=1e12", "log_interval=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_here(*TINY, "optimizer.lr=1e12", "log_interval=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 3
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "at step" in lines[0] and "loss is" in lines[0], result.stderr
@@ -334,7 +334,7 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
 
 def test_a_new_run_in_a_folder_holding_an_earlier_run_is_refused_and_changes_nothing(previous_run, tmp_path):
     before = _snapshot(previous_run)
-    result = run_cli(*TINY, f"hydra.run.dir={previous_run}", cwd=tmp_path)
+    result = run_here(*TINY, f"hydra.run.dir={previous_run}", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"trainrun: error: bad value for 'hydra.run.dir': '{previous_run}' holds an earlier run (metrics.jsonl); "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, metrics_without_timing, read_metrics, run_cli
+from conftest import TINY, metrics_without_timing, read_metrics, run_cli, run_here
 
 from trainrun.launch import free_port
 
@@ -62,7 +62,7 @@ def test_same_seed_gives_the_same_metrics_on_the_torch_path(trained_run, tmp_pat
     """Random crops on; one run loads in the main process, the other in 2 worker processes."""
     again = tmp_path / "again"
     args = ["checkpoint.interval=1ep", "checkpoint.keep=5", "data.num_workers=2"]
-    result = run_cli(*TINY, f"hydra.run.dir={again}", *args)
+    result = run_here(*TINY, f"hydra.run.dir={again}", *args)
     assert result.returncode == 0, result.stderr
     assert metrics_without_timing(again) == metrics_without_timing(trained_run)
 
@@ -85,7 +85,7 @@ def test_resume_gives_identical_results(trained_run, tmp_path, checkpoint_at):
     """Stop part-way (at an epoch boundary or mid-epoch), resume=auto, compare with the full run."""
     run_dir = tmp_path / "resumed"
     if checkpoint_at == "mid-epoch":
-        first = run_cli(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=30ba")
+        first = run_here(*TINY, f"hydra.run.dir={run_dir}", "checkpoint.interval=30ba")
         assert first.returncode == 0, first.stderr
         (run_dir / "checkpoints" / "ep2-ba44.pt").unlink()  # as if stopped after step 30 of 44
         assert (run_dir / "checkpoints" / "ep1-ba30.pt").is_file()
@@ -94,7 +94,7 @@ def test_resume_gives_identical_results(trained_run, tmp_path, checkpoint_at):
         (run_dir / "checkpoints" / checkpoint_at).write_bytes(
             (trained_run / "checkpoints" / checkpoint_at).read_bytes()
         )
-    result = run_cli(*TINY, f"hydra.run.dir={run_dir}", "resume=auto")
+    result = run_here(*TINY, f"hydra.run.dir={run_dir}", "resume=auto")
     assert result.returncode == 0, result.stderr
     assert "resumed from" in result.stdout
     original = torch.load(trained_run / "checkpoints" / "ep2-ba44.pt", weights_only=True)["model"]
@@ -108,14 +108,14 @@ def test_resume_gives_identical_results(trained_run, tmp_path, checkpoint_at):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "amp"])
 def test_reduced_precision_on_cpu(tmp_path, precision):
-    result = run_cli(*TINY, f"precision={precision}", f"hydra.run.dir={tmp_path}", "max_duration=1ep")
+    result = run_here(*TINY, f"precision={precision}", f"hydra.run.dir={tmp_path}", "max_duration=1ep")
     assert result.returncode == 0, result.stderr
     assert ("runs bf16 autocast instead" in result.stdout) == (precision == "amp")
 
 
 @pytest.mark.slow
 def test_flags_algorithms_and_schedules_run_together(tmp_path):
-    result = run_cli(
+    result = run_here(
         *TINY,
         "--algorithms",
         "blurpool",
@@ -149,7 +149,7 @@ ALL_TOGETHER = [  # every method but the one of each incompatible pair (cutmix, 
 
 @pytest.mark.slow
 def test_every_method_together_on_resnet50_at_small_resolution(tmp_path):
-    result = run_cli(
+    result = run_here(
         "model=resnet50",
         "data=synthetic",
         "data.resolution=32",
@@ -189,12 +189,12 @@ def test_ema_and_swa_state_survive_a_resume(tmp_path):
         "checkpoint.interval=30ba",
         f"hydra.run.dir={tmp_path}",
     ]
-    first = run_cli(*args)
+    first = run_here(*args)
     assert first.returncode == 0, first.stderr
     final = tmp_path / "checkpoints" / "ep2-ba44.pt"
     uninterrupted = torch.load(final, weights_only=True)
     final.unlink()
-    resumed_run = run_cli(*args, "resume=auto")
+    resumed_run = run_here(*args, "resume=auto")
     assert resumed_run.returncode == 0, resumed_run.stderr
     assert "resumed from" in resumed_run.stdout and "ep1-ba30.pt" in resumed_run.stdout
     resumed = torch.load(final, weights_only=True)
@@ -304,7 +304,7 @@ def test_wheel_ships_conf_and_recipes_and_runs_from_anywhere(tmp_path):
 def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     """MLPerf's rule: the clock stops at the target; the final checkpoint is written; status says so."""
     args = [*TINY, "max_duration=20ep", "eval_interval=5ba", "stop_at=0.5", f"hydra.run.dir={tmp_path}"]
-    result = run_cli(*args)
+    result = run_here(*args)
     assert result.returncode == 0, result.stderr
     records = read_metrics(tmp_path)
     assert records[-1]["top1"] >= 0.5 and all(r["top1"] < 0.5 for r in records[:-1])
@@ -316,7 +316,7 @@ def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_warmup_longer_than_the_run_is_a_warning_and_one_epoch_has_no_after_first_epoch_line(tmp_path):
-    result = run_cli(*TINY, "max_duration=1ep", "scheduler.t_warmup=3ep", f"hydra.run.dir={tmp_path}")
+    result = run_here(*TINY, "max_duration=1ep", "scheduler.t_warmup=3ep", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert "warning: step 0: scheduler.t_warmup=3ep (66 steps) is longer than the whole run" in result.stdout
     assert "(max_duration=1ep, 22 steps)" in result.stdout
@@ -330,7 +330,7 @@ def test_a_warmup_longer_than_the_run_is_a_warning_and_one_epoch_has_no_after_fi
 def test_tensorboard_logger_writes_the_runs_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = run_cli(*TINY, "--loggers", "tensorboard", f"hydra.run.dir={tmp_path}")
+    result = run_here(*TINY, "--loggers", "tensorboard", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     (events,) = tmp_path.glob("events.out.tfevents.*")
     scalars = EventAccumulator(str(events)).Reload()
@@ -356,7 +356,7 @@ def test_a_folder_with_unreadable_images_trains_to_the_end_and_lists_them(tmp_pa
                 Image.new("RGB", (24, 24), (200 * label, 10 * i, 90)).save(folder / f"{i}.jpg")
     bad = tmp_path / "images" / "val" / "dog" / "cmyk_download.JPEG"
     bad.write_bytes(b"\xff\xd8\xff\xe0 cut off")
-    result = run_cli(
+    result = run_cli(  # the warning comes from a loader worker process
         "data=folder", f"data.path={tmp_path / 'images'}", "data.num_classes=2", "model.num_classes=2",
         "data.resolution=16", "data.eval_resolution=16", "data.num_workers=1", "train_batch_size=8",
         "eval_batch_size=8", "max_duration=2ep", "progress=false", f"hydra.run.dir={tmp_path / 'run'}",

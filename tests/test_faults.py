@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import TINY, killed_and_resumed, read_metrics, run_cli, start_cli, wait_for
+from conftest import TINY, killed_and_resumed, read_metrics, run_here, start_cli, wait_for
 
 from trainrun.core.checkpoint import load_checkpoint
 
@@ -64,7 +64,7 @@ def _file_size_limit(limit):
 
 @pytest.mark.slow
 def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
-    first = run_cli(*TINY, "max_duration=1ep", f"hydra.run.dir={tmp_path}")
+    first = run_here(*TINY, "max_duration=1ep", f"hydra.run.dir={tmp_path}")
     assert first.returncode == 0, first.stderr
     previous = tmp_path / "checkpoints" / "ep1-ba22.pt"
     saved = previous.read_bytes()
@@ -79,6 +79,6 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path):
     ]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ep1-ba22.pt"]  # no partial file
     assert previous.read_bytes() == saved and load_checkpoint(previous)["progress"]["batch"] == 22
-    again = run_cli(*TINY, "resume=auto", f"hydra.run.dir={tmp_path}")  # space again: it continues
+    again = run_here(*TINY, "resume=auto", f"hydra.run.dir={tmp_path}")  # space again: it continues
     assert again.returncode == 0, again.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 44

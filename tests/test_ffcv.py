@@ -268,54 +268,64 @@ def _jpeg_folder(root, classes=("ant", "bee"), per_class=6):
 
 
 @pytest.mark.slow
-def test_write_command_and_training_on_betons(tmp_path):
+def test_write_command_and_training_on_betons(tmp_path, capfd, monkeypatch):
+    """``trainrun write`` and a run on what it wrote, in this process (FFCV's numba compilation paid
+    once): the commands' output and exit codes as the console script gives them."""
+    from trainrun.commands import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # as run_cli's console: no line wrapped
     _jpeg_folder(tmp_path / "train")
     _jpeg_folder(tmp_path / "val")
     for split in ("train", "val"):
-        result = run_cli(
-            "write", str(tmp_path / split), str(tmp_path / f"{split}.beton"), "--max-resolution", "32", "--workers", "1"
-        )
-        assert result.returncode == 0, result.stderr
-        lines = result.stdout.splitlines()  # not a terminal: one line per stage, no progress bars
+        beton = str(tmp_path / f"{split}.beton")
+        code = main(["write", str(tmp_path / split), beton, "--max-resolution", "32", "--workers", "1"])
+        out, err = capfd.readouterr()
+        assert code == 0, err
+        lines = out.splitlines()  # not a terminal: one line per stage, no progress bars
         assert lines[:2] == [
             f"reading image folder {tmp_path / split}",
             f"writing 12 images to {tmp_path / split}.beton",
         ]
         assert len(lines) == 3 and lines[2].startswith(f"wrote 12 images to {tmp_path / split}.beton (")
-        assert result.stderr == ""
-    again = run_cli("write", str(tmp_path / "train"), str(tmp_path / "train.beton"))
-    assert again.returncode == 2 and "pass --overwrite" in again.stderr
+        assert err == ""
+    assert main(["write", str(tmp_path / "train"), str(tmp_path / "train.beton")]) == 2
+    assert "pass --overwrite" in capfd.readouterr().err
     run_dir = tmp_path / "run"
-    result = run_cli(
-        "data=imagenet_ffcv",
-        f"data.train={tmp_path / 'train.beton'}",
-        f"data.val={tmp_path / 'val.beton'}",
-        "data.num_classes=2",
-        "data.resolution=16",
-        "data.eval_resolution=16",
-        "data.eval_resize=20",
-        "data.num_workers=1",
-        "model=resnet_small",
-        "model.resnet_small.width=8",
-        "train_batch_size=4",
-        "eval_batch_size=4",
-        "max_duration=2ep",
-        "progress=false",
-        f"hydra.run.dir={run_dir}",
+    code = main(
+        [
+            "data=imagenet_ffcv",
+            f"data.train={tmp_path / 'train.beton'}",
+            f"data.val={tmp_path / 'val.beton'}",
+            "data.num_classes=2",
+            "data.resolution=16",
+            "data.eval_resolution=16",
+            "data.eval_resize=20",
+            "data.num_workers=1",
+            "model=resnet_small",
+            "model.resnet_small.width=8",
+            "train_batch_size=4",
+            "eval_batch_size=4",
+            "max_duration=2ep",
+            "progress=false",
+            f"hydra.run.dir={run_dir}",
+        ]
     )
-    assert result.returncode == 0, result.stderr
-    assert "(ffcv)" in result.stdout and [r["batch"] for r in read_metrics(run_dir)] == [3, 6]
-    bad = run_cli(
-        "data=imagenet_ffcv",
-        f"data.train={tmp_path / 'train.beton'}",
-        f"data.val={tmp_path / 'val.beton'}",
-        "data.num_classes=2",
-        "model=resnet_small",
-        f"hydra.run.dir={tmp_path / 'bad'}",
-        "data.num_workers=1",
-        "train_batch_size=64",
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "(ffcv)" in out and [r["batch"] for r in read_metrics(run_dir)] == [3, 6]
+    code = main(
+        [
+            "data=imagenet_ffcv",
+            f"data.train={tmp_path / 'train.beton'}",
+            f"data.val={tmp_path / 'val.beton'}",
+            "data.num_classes=2",
+            "model=resnet_small",
+            f"hydra.run.dir={tmp_path / 'bad'}",
+            "data.num_workers=1",
+            "train_batch_size=64",
+        ]
     )
-    assert bad.returncode == 2 and "larger than the training images" in bad.stderr.strip().splitlines()[-1]
+    assert code == 2 and "larger than the training images" in capfd.readouterr().err.strip().splitlines()[-1]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # untouched
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import read_metrics, resume_after_step_6, run_cli
+from conftest import read_metrics, resume_after_step_6, run_cli, run_here
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs.masked_head import MaskedHeadConfig
@@ -84,7 +84,9 @@ def test_token_ids_are_stored_in_a_type_that_holds_the_vocabulary(store, tmp_pat
     assert TokenStore.open(wide, "train").tokens.dtype == np.uint32
     with pytest.raises(ConfigError, match="'--dtype': uint16 holds 65,536 token ids; the vocabulary has 70,000"):
         check_token_dtype(70_000, "uint16")
-    result = run_cli("write-text", "stdlib_docs", str(tmp_path / "never"), "--vocab-size", "70000", "--dtype", "uint16")
+    result = run_here(
+        "write-text", "stdlib_docs", str(tmp_path / "never"), "--vocab-size", "70000", "--dtype", "uint16"
+    )
     assert result.returncode == 2 and "the vocabulary has 70,000" in result.stderr and not (tmp_path / "never").exists()
     meta = json.loads((wide / "store.json").read_text())
     (wide / "store.json").write_text(json.dumps({**meta, "vocab_size": 70_000, "dtype": "uint16"}))
@@ -285,16 +287,16 @@ def test_bad_language_configs_are_one_line_errors(overrides, message):
 def test_write_text_and_train_a_tiny_bert(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(read_documents("stdlib_docs")[:400]))
-    written = run_cli("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "1000")
+    written = run_here("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "1000")
     assert written.returncode == 0, written.stderr
     assert written.stdout.splitlines()[-1].startswith("wrote ") and "(vocabulary 1,000, uint16)" in written.stdout
-    again = run_cli("write-text", str(corpus), str(tmp_path / "store"))
+    again = run_here("write-text", str(corpus), str(tmp_path / "store"))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
     run_dir = tmp_path / "run"
     args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.text.max_seq_len=32", "data.text.packing=pack"]
     args += ["optimizer=adamw", "optimizer.lr=2e-3", "train_batch_size=32", "max_duration=60ba", "eval_interval=30ba"]
     args += ["algorithms=[masked_head]", "device_train_microbatch_size=16"]  # the head's rows split too
-    result = run_cli(*args, "progress=false", f"hydra.run.dir={run_dir}")
+    result = run_here(*args, "progress=false", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
     assert "masked-token accuracy" in result.stdout and "seq/s" in result.stdout
     first, last = read_metrics(run_dir)
@@ -344,7 +346,7 @@ def test_one_rank_two_ranks_and_micro_batches_train_the_same_bert(tmp_path):
     1e-5 to 1.2e-3 in the losses after 20 Adam steps: the ranks' masked counts differ.)"""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(read_documents("stdlib_docs")[:300]))
-    assert run_cli("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "800").returncode == 0
+    assert run_here("write-text", str(corpus), str(tmp_path / "store"), "--vocab-size", "800").returncode == 0
     args = [*LANGUAGE, f"data.path={tmp_path / 'store'}", "data.text.max_seq_len=32", "data.text.packing=pack"]
     args += ["model.bert.hidden_dropout=0", "model.bert.attention_dropout=0", "optimizer=adamw", "optimizer.lr=2e-3"]
     args += ["train_batch_size=32", "max_duration=20ba", "eval_interval=20ba", "progress=false"]

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import TINY, read_metrics, run_cli, start_cli, wait_for
+from conftest import TINY, read_metrics, run_here, start_cli, wait_for
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -44,7 +44,7 @@ def test_the_store_is_the_configs_the_environments_or_a_sqlite_file_beside_the_r
 def test_a_run_logs_config_metrics_and_files_and_a_resume_continues_its_mlflow_run(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "a"
-    first = run_cli(*TRACKED, "max_duration=1ep", f"hydra.run.dir={run_dir}")
+    first = run_here(*TRACKED, "max_duration=1ep", f"hydra.run.dir={run_dir}")
     assert first.returncode == 0, first.stderr
     assert "mlflow" not in first.stderr.lower()  # the store's set-up is not announced
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
@@ -56,7 +56,7 @@ def test_a_run_logs_config_metrics_and_files_and_a_resume_continues_its_mlflow_r
     tags = run.data.tags
     assert tags["trainrun.run_dir"] == str(run_dir) and tags["trainrun.devices"] == "1"
     assert tags["trainrun.torch"] and "hydra.run.dir" in tags["trainrun.command"]
-    again = run_cli(*TRACKED, "max_duration=2ep", f"hydra.run.dir={run_dir}", "resume=auto")
+    again = run_here(*TRACKED, "max_duration=2ep", f"hydra.run.dir={run_dir}", "resume=auto")
     assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr
     run = only_run(client)  # the same MLflow run, continued
     assert run.info.status == "FINISHED" and run.data.tags["trainrun.resumed_at_step"] == "22"
@@ -78,20 +78,20 @@ def test_a_run_logs_config_metrics_and_files_and_a_resume_continues_its_mlflow_r
     )
     assert open(local).read() == (run_dir / "summary.json").read_text()
     assert list(run_dir.glob("events.out.tfevents.*"))  # tensorboard beside it
-    report = run_cli("report", str(runs), "--out", str(tmp_path / "report"))
+    report = run_here("report", str(runs), "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     assert "logged the report to MLflow run" in report.stdout
     experiment = client.get_experiment_by_name("trainrun").experiment_id
     (logged,) = client.search_runs([experiment], filter_string="attributes.run_name = 'report'")
     assert {"report.md", "report.csv"} <= {a.path for a in client.list_artifacts(logged.info.run_id)}
     assert logged.data.tags["trainrun.runs"] == run.info.run_id
-    assert run_cli("report", str(runs), "--out", str(tmp_path / "report")).returncode == 0
+    assert run_here("report", str(runs), "--out", str(tmp_path / "report")).returncode == 0
     assert len(client.search_runs([experiment], filter_string="attributes.run_name = 'report'")) == 1  # updated
 
 
 @pytest.mark.slow
 def test_a_failed_run_ends_its_mlflow_run_failed(tmp_path):
-    result = run_cli(*TRACKED, "optimizer.lr=1e30", "max_duration=4ba", f"hydra.run.dir={tmp_path / 'a'}")
+    result = run_here(*TRACKED, "optimizer.lr=1e30", "max_duration=4ba", f"hydra.run.dir={tmp_path / 'a'}")
     assert result.returncode == 3, result.stderr
     assert only_run(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")).info.status == "FAILED"
 
@@ -197,7 +197,7 @@ def test_a_tracking_store_that_cannot_take_runs_is_refused_before_the_run_in_one
     (tmp_path / "a-file").write_text("")
     uri, why = uri.format(tmp=tmp_path), why.format(tmp=tmp_path)
     started = time.monotonic()
-    result = run_cli(*TINY, "loggers=[mlflow]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_here(*TINY, "loggers=[mlflow]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and time.monotonic() - started < 30
     assert result.stderr.startswith(f"trainrun: error: bad value for 'mlflow.tracking_uri': '{uri}': {why}")
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from conftest import read_metrics, run_cli
+from conftest import read_metrics, run_here
 from omegaconf import OmegaConf
 
 from trainrun.config import compose
@@ -112,7 +112,7 @@ TINY_DATA += ["train_batch_size=16", "eval_batch_size=16", "max_duration=3ba", "
     [("baseline", "synthetic"), ("mild", "synthetic_ffcv"), ("medium", "synthetic"), ("hot", "synthetic")],
 )
 def test_each_recipe_runs_a_few_steps_on_tiny_synthetic_data(recipe, data, tmp_path):
-    result = run_cli(f"recipe={recipe}", f"data={data}", *TINY_DATA, f"hydra.run.dir={tmp_path}", "precision=fp32")
+    result = run_here(f"recipe={recipe}", f"data={data}", *TINY_DATA, f"hydra.run.dir={tmp_path}", "precision=fp32")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 3
 
@@ -156,7 +156,7 @@ def test_bert_base_carries_mosaic_bert_bases_published_values():
 def test_bert_base_runs_a_few_steps_at_a_tiny_size(tmp_path):
     args = ["recipe=bert_base", "data=stdlib_docs", "model=bert_tiny", "train_batch_size=16", "eval_batch_size=16"]
     args += ["device_train_microbatch_size=8", "max_duration=4ba", "eval_interval=4ba", "data.text.max_seq_len=32"]
-    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    result = run_here(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 4
 
@@ -226,7 +226,7 @@ def test_bert_large_runs_at_a_tiny_size_from_a_finished_runs_weights(tmp_path):
         "eval_batch_size=16",
         "data.text.max_seq_len=32",
     ]
-    first = run_cli("task=masked_lm", *args, "optimizer=adamw", "max_duration=2ba", f"hydra.run.dir={tmp_path / 'a'}")
+    first = run_here("task=masked_lm", *args, "optimizer=adamw", "max_duration=2ba", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
     assert "wrote " in first.stdout and (tmp_path / "a" / "hf_model" / "model.safetensors").is_file()
     args += [
@@ -235,7 +235,7 @@ def test_bert_large_runs_at_a_tiny_size_from_a_finished_runs_weights(tmp_path):
         "eval_interval=2ba",
         f"model.weights={tmp_path / 'a' / 'hf_model'}",
     ]
-    result = run_cli("recipe=bert_large", *args, "progress=false", f"hydra.run.dir={tmp_path / 'b'}")
+    result = run_here("recipe=bert_large", *args, "progress=false", f"hydra.run.dir={tmp_path / 'b'}")
     assert result.returncode == 0, result.stderr
     assert [row["batch"] for row in read_metrics(tmp_path / "b")] == [2, 4]
 
@@ -323,7 +323,7 @@ def test_the_gpt_recipes_run_a_few_steps_at_a_tiny_size(recipe, tmp_path):
     args += ["device_train_microbatch_size=null", "max_duration=4ba", "eval_interval=4ba", "data.text.max_seq_len=64"]
     speedrun = ["optimizer.muon.momentum_warmup=2ba", "model.gpt.heads=2", "model.gpt.value_embeddings=1"]
     args += speedrun if recipe == "gpt_speedrun" else []
-    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    result = run_here(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     metrics = read_metrics(tmp_path)[-1]
     assert metrics["batch"] == 4 and math.isfinite(metrics["eval_loss"])
@@ -450,6 +450,6 @@ def test_llama31_8b_carries_mlperfs_reference_values():
 def test_llama31_8b_runs_a_few_steps_at_llama_tiny_size(tmp_path):
     args = ["recipe=llama31_8b", "data=stdlib_stream", "model=llama_tiny", "data.text.max_seq_len=64"]
     args += ["train_batch_size=4", "eval_batch_size=8", "max_duration=2ba", "eval_interval=2ba", "precision=fp32"]
-    result = run_cli(*args, "progress=false", f"hydra.run.dir={tmp_path}")
+    result = run_here(*args, "progress=false", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 2 and (tmp_path / "checkpoints" / "ep0-ba2" / ".metadata").is_file()

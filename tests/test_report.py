@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, run_here
 
 from trainrun.commands.report import report_command
 from trainrun.core import accounts as accounts_module
@@ -202,7 +202,7 @@ def test_step_rows_add_up_to_the_run_totals(trained_run):
 
 def test_profiled_prefix_extrapolates_the_full_run(tmp_path):
     args = ["max_duration=4ep", "profile_prefix=30ba", "algorithms=[progressive_resizing]"]
-    result = run_cli(*TINY, *args, f"hydra.run.dir={tmp_path}")
+    result = run_here(*TINY, *args, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     extrapolated = summary["extrapolated"]
@@ -212,7 +212,7 @@ def test_profiled_prefix_extrapolates_the_full_run(tmp_path):
     assert extrapolated["train_seconds"] == pytest.approx(expected)
     assert extrapolated["caveat"].startswith("the step cost varies along the schedule (progressive_resizing)")
     assert "extrapolated:" in result.stdout
-    report = run_cli("report", str(tmp_path))
+    report = run_here("report", str(tmp_path))
     assert report.returncode == 0, report.stderr
     assert "(extrapolated from 30/88 steps; step cost varies" in (tmp_path / "report.md").read_text()
 
@@ -280,7 +280,7 @@ def test_bad_sweep_and_report_input_is_one_line(args, message, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_cuda_runs_time_device_buckets_with_events(tmp_path):
-    result = run_cli(*TINY, "device=cuda", "precision=amp", f"hydra.run.dir={tmp_path}")
+    result = run_here(*TINY, "device=cuda", "precision=amp", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     device = summary["device_time_breakdown"]

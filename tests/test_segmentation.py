@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import killed_and_resumed, read_metrics, run_cli
+from conftest import killed_and_resumed, read_metrics, run_cli, run_here
 
 from trainrun.config import compose
 from trainrun.data.segmentation import biased_crop, by_class, fold_cases, gaussian_blur, store_path, synthetic_case
@@ -389,7 +389,7 @@ def test_channels_last_takes_the_3d_layout_for_a_3d_unet():
 # ------------------------------------------------------------------------------ runs
 @pytest.mark.slow
 def test_a_tiny_unet_trains_on_the_synthetic_set_and_logs_each_classs_dice(tmp_path):
-    result = run_cli(
+    result = run_here(
         *TINY_SEG, "max_duration=4ep", "data.segmentation.samples_per_volume=4", f"hydra.run.dir={tmp_path}"
     )
     assert result.returncode == 0, result.stderr
@@ -452,7 +452,7 @@ def test_the_cli_trains_brats21_regions_on_a_decathlon_folder_read_from_nifti(tm
         f"data.cache_dir={tmp_path / 'cache'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    result = run_cli(*args)
+    result = run_here(*args)
     assert result.returncode == 0, result.stderr
     (record,) = read_metrics(tmp_path / "run")
     assert 0 <= record["dice"] <= 1 and record["batch"] == 2
@@ -567,7 +567,7 @@ def test_cases_of_another_spacing_are_resampled_to_the_median_spacing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_them(tmp_path):
+def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_them(tmp_path, capfd, monkeypatch):
     """``trainrun sweep folds=all``, then ``trainrun ensemble`` on a held-out Decathlon folder: the
     ensemble's per-case Dice is that of the runs' averaged probabilities, computed here by hand."""
     out = tmp_path / "cv"
@@ -584,9 +584,13 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
     (entry,) = report[1:]  # the folds are one entry: their mean, spread and range
     assert entry.startswith("unet_cv,1,1,3,"), report  # budget 1, 1 epoch, 3 folds
     write_decathlon_folder(tmp_path / "heldout", cases=3)
-    ensembled = run_cli("ensemble", str(out), "--data", str(tmp_path / "heldout"), timeout=300)
-    assert ensembled.returncode == 0, ensembled.stderr
-    assert "ensemble" in ensembled.stdout and "mean Dice on 3 held-out cases" in ensembled.stdout
+    from trainrun.commands import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # the commands here, in this process: their output is what is tested
+    capfd.readouterr()
+    assert main(["ensemble", str(out), "--data", str(tmp_path / "heldout")]) == 0
+    printed = capfd.readouterr().out
+    assert "ensemble" in printed and "mean Dice on 3 held-out cases" in printed
     scores = json.loads((out / "ensemble.json").read_text())
     assert set(scores["cases"]) == {"ssr1-fold0", "ssr1-fold1", "ssr1-fold2", "ensemble"}
     # the ensemble by hand for the first case: the three folds' softmax averaged, its arg-max scored
@@ -606,5 +610,5 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
             average = average + task.predict(model, [volume])[0].softmax(0) / 3
     by_hand = volume_dice(average.log(), label)
     assert scores["cases"]["ensemble"][0] == pytest.approx(by_hand.tolist(), abs=1e-6)
-    bad = run_cli("ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout"))
-    assert bad.returncode == 2 and "no runs (summary.json) under" in bad.stderr
+    assert main(["ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout")]) == 2
+    assert "no runs (summary.json) under" in capfd.readouterr().err

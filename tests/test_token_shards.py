@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_here
 
 from trainrun.data.token_pieces import ConcatenatedTokens
 from trainrun.errors import DataError, FileFormatError
@@ -100,18 +100,18 @@ def test_concatenated_tokens_answer_slices_and_positions_like_one_array():
 def test_gpt_tiny_trains_on_shards_and_stops_at_a_target_loss(shards, tmp_path):
     args = [*shard_args(shards), "optimizer=adamw", "optimizer.lr=3e-3", "train_batch_size=16"]
     args += ["max_duration=40ba", "eval_interval=10ba", "progress=false"]
-    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_here(*args, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.stderr
     losses = [json.loads(line)["eval_loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.3
-    stopped = run_cli(*args, f"hydra.run.dir={tmp_path / 'stop'}", f"stop_at={losses[1] + 1e-6}")
+    stopped = run_here(*args, f"hydra.run.dir={tmp_path / 'stop'}", f"stop_at={losses[1] + 1e-6}")
     assert stopped.returncode == 0, stopped.stderr
     summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
     assert summary["status"] == "target_reached" and summary["batches"] == 20
     assert (
         tmp_path / "run" / "hf_model" / "tokenizer.json"
     ).is_file()  # data.shards.tokenizer is exported with the model
-    sampled = run_cli("sample", str(tmp_path / "run"), "--prompt", "Return the", "--tokens", "4", "--temperature", "0")
+    sampled = run_here("sample", str(tmp_path / "run"), "--prompt", "Return the", "--tokens", "4", "--temperature", "0")
     assert sampled.returncode == 0 and sampled.stdout.startswith("Return the"), sampled.stderr
 
 
@@ -170,9 +170,9 @@ def test_bad_shards_and_an_empty_glob_stop_the_cli_before_anything_is_written(tm
         f"data.train={folder}/none_*.bin": f"bad value for 'data.train': no file matches '{folder}/none_*.bin'",
     }
     for override, message in cases.items():
-        result = run_cli(*common, override, f"hydra.run.dir={tmp_path / 'run'}")
+        result = run_here(*common, override, f"hydra.run.dir={tmp_path / 'run'}")
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"trainrun: error: {message}"), lines
         assert not (tmp_path / "run").exists()
-    unscored = run_cli(*common, f"data.train={folder}/train_000000.bin", "data.shards.val_tokens=20")
+    unscored = run_here(*common, f"data.train={folder}/train_000000.bin", "data.shards.val_tokens=20")
     assert unscored.returncode == 2 and "bad value for 'data.shards.val_tokens': 20 (a multiple of" in unscored.stderr

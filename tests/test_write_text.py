@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import run_here
 
 from trainrun.data.corpus import held_out
 from trainrun.data.store_writer import partial_folder
@@ -127,7 +127,7 @@ def test_a_killed_write_continues_to_the_store_an_uninterrupted_one_gives(docume
             for document in documents:
                 handle.write(json.dumps({"text": f"{round_index}: {document}"}) + "\n")
     args = ["write-text", str(corpus), "--tokenizer", str(tokenizer), "--shard-tokens", "20000", "--workers", "1"]
-    whole = run_cli(*args[:2], str(tmp_path / "whole"), *args[2:])
+    whole = run_here(*args[:2], str(tmp_path / "whole"), *args[2:])
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "killed"
     process = subprocess.Popen(
@@ -145,7 +145,7 @@ def test_a_killed_write_continues_to_the_store_an_uninterrupted_one_gives(docume
     assert process.returncode == -signal.SIGKILL and not out.exists()
     assert workers and psutil.wait_procs(workers, timeout=10)[1] == []  # its workers end with it
     finished = len(json.loads(progress.read_text())["shards"])
-    again = run_cli(*args[:2], str(out), *args[2:])
+    again = run_here(*args[:2], str(out), *args[2:])
     assert again.returncode == 0, again.stderr
     assert f"continuing after {finished} finished shards" in again.stdout
     assert store_files(out) == store_files(tmp_path / "whole") and not partial_folder(out).exists()
@@ -154,18 +154,18 @@ def test_a_killed_write_continues_to_the_store_an_uninterrupted_one_gives(docume
 def test_unreadable_kinds_are_refused_by_name_and_nothing_is_left(tokenizer, tmp_path):
     for name in ("corpus.csv", "corpus.jsonl.bz2", "corpus.md"):
         (tmp_path / name).write_text("text")
-        result = run_cli("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+        result = run_here("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
         assert result.returncode == 2 and result.stderr.strip() == (
             f"trainrun: error: corpus file '{tmp_path / name}' is of a kind write-text does not read (it reads .txt, "
             ".jsonl, .ndjson or .json (each also .gz or .zst), .parquet, or a folder datasets' save_to_disk wrote)"
         )
     (tmp_path / "array.json").write_text('[{"text": "a"},\n {"text": "b"}]\n')
-    result = run_cli("write-text", str(tmp_path / "array.json"), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+    result = run_here("write-text", str(tmp_path / "array.json"), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
     assert (
         result.returncode == 2 and "'" + str(tmp_path / "array.json") + "' line 1 is not a JSON record" in result.stderr
     )
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:-30])
-    result = run_cli(
+    result = run_here(
         "write-text", str(tmp_path / "broken.jsonl.gz"), str(tmp_path / "out"), "--tokenizer", str(tokenizer)
     )
     assert (
@@ -194,7 +194,7 @@ def test_a_text_field_names_another_json_field_or_column(tokenizer, tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": text}) + "\n" for text in texts))
     pq.write_table(pa.table({"body": texts}), tmp_path / "c.parquet")
     for name in ("c.jsonl", "c.parquet"):
-        missing = run_cli("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
+        missing = run_here("write-text", str(tmp_path / name), str(tmp_path / "out"), "--tokenizer", str(tokenizer))
         assert missing.returncode == 2 and (
             'no "text" string' in missing.stderr or "no 'text' column" in missing.stderr
         )
