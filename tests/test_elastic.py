@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import EXACT, run_cli
+from conftest import EXACT, run_cli, run_here
 
 ELASTIC = [*EXACT, "checkpoint.interval=10ba", "checkpoint.keep=5", "eval_batch_size=64"]
 
@@ -23,7 +23,8 @@ def test_a_two_rank_run_killed_mid_epoch_ends_alike_resumed_on_one_or_four_ranks
         resumed = tmp_path / f"on{ranks}"
         (resumed / "checkpoints").mkdir(parents=True)
         shutil.copy(whole / "checkpoints" / "ep0-ba10.pt", resumed / "checkpoints")  # as if killed after step 10
-        result = run_cli(*ELASTIC, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
+        run = run_here if ranks == 1 else run_cli  # one rank: in this process
+        result = run(*ELASTIC, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
         assert result.returncode == 0 and "ep0-ba10.pt" in result.stdout, result.stderr
         got = torch.load(resumed / "checkpoints" / final.name, weights_only=True)
         assert got["topology"] == {"world_size": ranks, "global_batch": 64}
@@ -41,7 +42,7 @@ def test_a_two_rank_run_killed_mid_epoch_ends_alike_resumed_on_one_or_four_ranks
             "resume with train_batch_size=64",
         ),
     ):
-        result = run_cli(*ELASTIC, *change, f"hydra.run.dir={refused}", "resume=auto")
+        result = run_here(*ELASTIC, *change, f"hydra.run.dir={refused}", "resume=auto")  # refused before any worker
         assert result.returncode == 2
         assert result.stderr.startswith(f"trainrun: error: {line}") and result.stderr.count("\n") == 1
         assert sorted(path.name for path in refused.iterdir()) == ["checkpoints"]  # no worker started, nothing written

@@ -352,7 +352,8 @@ def test_one_rank_two_ranks_and_micro_batches_train_the_same_bert(tmp_path):
     args += ["train_batch_size=32", "max_duration=20ba", "eval_interval=20ba", "progress=false"]
     splits = {"one": [], "two": ["launcher.devices=2"], "micro": ["device_train_microbatch_size=8"]}
     for name, split in splits.items():
-        result = run_cli(*args, *split, f"hydra.run.dir={tmp_path / name}")
+        run = run_cli if name == "two" else run_here  # the ranks in their processes, one rank in this one
+        result = run(*args, *split, f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     (first,) = read_metrics(tmp_path / "one")
     trained = torch.load(list_checkpoints(tmp_path / "one" / "checkpoints")[-1], weights_only=True)["model"]

@@ -413,7 +413,8 @@ def test_two_gloo_ranks_train_the_one_rank_unet_with_micro_batches_of_a_ranks_sh
     args = [*TINY_SEG, "model.unet.norm=instance", "train_batch_size=2", "max_duration=6ba", "eval_interval=6ba"]
     runs = {"one": ["device_train_microbatch_size=1"], "two": ["launcher.devices=2"]}
     for name, extra in runs.items():
-        result = run_cli(*args, *extra, f"hydra.run.dir={tmp_path / name}")
+        run = run_here if name == "one" else run_cli  # the ranks in their processes, one rank in this one
+        result = run(*args, *extra, f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     first, other = (read_metrics(tmp_path / name) for name in runs)
     for key in ("train_loss", "eval_loss", "dice"):

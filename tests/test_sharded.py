@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import on_cpu_beyond_gpus, read_metrics, run_cli, wait_for
+from conftest import on_cpu_beyond_gpus, read_metrics, run_cli, run_here, wait_for
 
 from trainrun.commands import main
 from trainrun.config import compose
@@ -196,7 +196,8 @@ def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_pat
     for ranks in (1, 4):
         resumed = tmp_path / f"on{ranks}"
         shutil.copytree(killed, resumed)
-        result = run_cli(*args, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
+        run = run_here if ranks == 1 else run_cli  # one rank: in this process
+        result = run(*args, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
         assert result.returncode == 0, result.stderr
         assert "resumed from" in result.stdout and "ep0-ba8 at epoch 0, batch 8" in result.stdout
         assert_same_weights(final_weights(resumed), expected, atol=1e-5)
