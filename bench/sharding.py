@@ -56,22 +56,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes this rank holds of the weights, gradients and optimizer state (its shards under FSDP2)."""
-
-    def local(tensor: torch.Tensor) -> int:
-        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        return tensor.numel() * tensor.element_size()
-
-    parameters = list(model.parameters())
-    state = [value for entry in optimizer.state.values() for value in entry.values() if torch.is_tensor(value)]
-    return {
-        "weights": sum(local(p) for p in parameters),
-        "gradients": sum(local(p.grad) for p in parameters if p.grad is not None),
-        "optimizer": sum(local(value) for value in state if value.dim() > 0),
-    }
-
-
 def memory_rank(rank: int, ranks: int, port: int, preset: str, vocab: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks))
     torch.set_num_threads(1)
@@ -87,7 +71,7 @@ def memory_rank(rank: int, ranks: int, port: int, preset: str, vocab: int, resul
         tokens = torch.randint(0, vocab, (2, 65))
         next_token_cross_entropy(wrapped(tokens[:, :-1]), tokens[:, 1:]).backward()
         optimizer.step()
-        results[(mode, rank)] = held_bytes(model, optimizer)
+        results[(mode, rank)] = parallel.held_bytes(model, [optimizer])
         del wrapped, model, optimizer
     dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -71,12 +72,9 @@ def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
     out, err = io.StringIO(), io.StringIO()
     folder = contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()
-    with folder, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        previous, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "200"
-        try:
+    with folder, mock.patch.dict(os.environ, {"COLUMNS": "200"}):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(list(args))
-        finally:
-            os.environ.pop("COLUMNS") if previous is None else os.environ.update(COLUMNS=previous)
     return subprocess.CompletedProcess(["trainrun", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -568,7 +568,7 @@ def test_cases_of_another_spacing_are_resampled_to_the_median_spacing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_them(tmp_path, capfd, monkeypatch):
+def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_them(tmp_path):
     """``trainrun sweep folds=all``, then ``trainrun ensemble`` on a held-out Decathlon folder: the
     ensemble's per-case Dice is that of the runs' averaged probabilities, computed here by hand."""
     out = tmp_path / "cv"
@@ -585,13 +585,9 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
     (entry,) = report[1:]  # the folds are one entry: their mean, spread and range
     assert entry.startswith("unet_cv,1,1,3,"), report  # budget 1, 1 epoch, 3 folds
     write_decathlon_folder(tmp_path / "heldout", cases=3)
-    from trainrun.commands import main
-
-    monkeypatch.setenv("COLUMNS", "200")  # the commands here, in this process: their output is what is tested
-    capfd.readouterr()
-    assert main(["ensemble", str(out), "--data", str(tmp_path / "heldout")]) == 0
-    printed = capfd.readouterr().out
-    assert "ensemble" in printed and "mean Dice on 3 held-out cases" in printed
+    ensembled = run_here("ensemble", str(out), "--data", str(tmp_path / "heldout"))  # its output is what is tested
+    assert ensembled.returncode == 0, ensembled.stderr
+    assert "ensemble" in ensembled.stdout and "mean Dice on 3 held-out cases" in ensembled.stdout
     scores = json.loads((out / "ensemble.json").read_text())
     assert set(scores["cases"]) == {"ssr1-fold0", "ssr1-fold1", "ssr1-fold2", "ensemble"}
     # the ensemble by hand for the first case: the three folds' softmax averaged, its arg-max scored
@@ -611,5 +607,5 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
             average = average + task.predict(model, [volume])[0].softmax(0) / 3
     by_hand = volume_dice(average.log(), label)
     assert scores["cases"]["ensemble"][0] == pytest.approx(by_hand.tolist(), abs=1e-6)
-    assert main(["ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout")]) == 2
-    assert "no runs (summary.json) under" in capfd.readouterr().err
+    bad = run_here("ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout"))
+    assert bad.returncode == 2 and "no runs (summary.json) under" in bad.stderr

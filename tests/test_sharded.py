@@ -12,7 +12,6 @@ import pytest
 import torch
 from conftest import on_cpu_beyond_gpus, read_metrics, run_cli, run_here, wait_for
 
-from trainrun.commands import main
 from trainrun.config import compose
 from trainrun.core import precision as precision_module
 from trainrun.core.parallel import SAC_HOOKS, checkpoint_activations
@@ -142,7 +141,7 @@ def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
     for name, args in runs.items():
         args = [*args, *uneven, "max_duration=10ba", "eval_interval=5ba", f"hydra.run.dir={tmp_path / name}"]
         if name.endswith("_one"):  # one process: run here (the ranks' runs are the processes under test)
-            assert main(args) == 0
+            assert run_here(*args).returncode == 0
         else:
             result = run_cli(*args)
             assert result.returncode == 0, result.stderr
@@ -164,7 +163,7 @@ def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_path, capfd):
+def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_path):
     """SIGKILL to the whole 2-rank job after its second sharded checkpoint; resume=auto on 1 and on 4
     ranks (DCP reshards weights and AdamW's state) ends with the uninterrupted run's weights (whose
     checkpoints were written in the background). Then the checkpoint is consolidated into one file
@@ -202,13 +201,13 @@ def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_pat
         assert "resumed from" in result.stdout and "ep0-ba8 at epoch 0, batch 8" in result.stdout
         assert_same_weights(final_weights(resumed), expected, atol=1e-5)
     resumed = tmp_path / "on1"  # the commands below in this process: their output, not their start, is tested
-    assert main(["consolidate", str(resumed / "checkpoints" / "ep0-ba24"), "--hf", str(tmp_path / "hf")]) == 0
+    consolidated = run_here("consolidate", str(resumed / "checkpoints" / "ep0-ba24"), "--hf", str(tmp_path / "hf"))
+    assert consolidated.returncode == 0, consolidated.stderr
     one_file = torch.load(resumed / "ep0-ba24.pt", weights_only=True)
     assert_same_weights(one_file["model"], expected, atol=1e-5)
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    capfd.readouterr()
-    assert main(["sample", str(resumed), "--prompt", "The file", "--tokens", "5", "--temperature", "0"]) == 0
-    assert capfd.readouterr().out.startswith("The file")
+    sampled = run_here("sample", str(resumed), "--prompt", "The file", "--tokens", "5", "--temperature", "0")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("The file"), sampled.stderr
 
 
 def test_fp8_without_compile_says_it_is_slower_than_bf16(monkeypatch):

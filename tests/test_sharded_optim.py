@@ -35,22 +35,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def local_bytes(tensor: torch.Tensor | None) -> int:
-    if tensor is None:
-        return 0
-    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return tensor.numel() * tensor.element_size()
-
-
 def gradient_bytes(model: torch.nn.Module) -> int:
     """Bytes of gradient a rank holds: its sharded gradients and any whole gradient FSDP2 keeps
     for a pass that did not reduce (``unsharded_accumulated_grad``)."""
-    held = sum(local_bytes(parameter.grad) for parameter in model.parameters())
+    held = parallel.held_bytes(model, [])["gradients"]
     for module in model.modules():
         if isinstance(module, FSDPModule):
             group = module._get_fsdp_state()._fsdp_param_group
             for fsdp_param in group.fsdp_params if group else ():
-                held += local_bytes(getattr(fsdp_param, "unsharded_accumulated_grad", None))
+                whole = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+                held += parallel.local_bytes(whole) if whole is not None else 0
     return held
 
 
@@ -79,7 +73,7 @@ def rank_main(rank: int, port: int, folder: str, results) -> None:
     dist.init_process_group("gloo")
     model = sharded_llama()
     results[("held", rank)] = micro_batch_passes(model, passes=3)
-    results[("shard", rank)] = sum(local_bytes(p) for p in model.parameters())
+    results[("shard", rank)] = parallel.held_bytes(model, [])["weights"]
     results[("whole", rank)] = sum(p.numel() * p.element_size() for p in model.parameters())
     for name in OPTIMIZERS:
         model = sharded_llama()

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainrun import kinds
+from trainrun.core.microbatches import Microbatching
 from trainrun.core.time import Time, TimeUnit
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
@@ -56,10 +57,13 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def highest_gb(self) -> float:
+        """The higher of the step's and the evaluation's peaks: what must fit."""
+        return max(self.peak_gb, self.eval_peak_gb)
+
+    @property
     def fits(self) -> bool | None:
-        if self.device_memory_gb is None:
-            return None
-        return max(self.peak_gb, self.eval_peak_gb) <= self.device_memory_gb
+        return None if self.device_memory_gb is None else self.highest_gb <= self.device_memory_gb
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"fits": self.fits}
@@ -91,8 +95,7 @@ def run_shape(config: TrainConfig, vocab: int | None) -> RunShape:
     """The run's ranks and batches; ``auto`` micro-batches start at the whole per-rank batch, as ``auto`` does."""
     ranks, nodes = world_of(config)
     per_rank_batch = config.train_batch_size // ranks
-    setting = config.device_train_microbatch_size
-    micro_batch = per_rank_batch if setting in (None, "auto") else int(setting)
+    micro_batch = Microbatching.parse(config.device_train_microbatch_size).size or per_rank_batch
     vocab_size, source = vocabulary(config, vocab)
     text = TextFacts(vocab_size, config.data.text.max_seq_len, None, 0) if vocab_size is not None else None
     eval_micro_batch = min(max(1, config.eval_batch_size // ranks), micro_batch)

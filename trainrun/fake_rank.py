@@ -189,15 +189,8 @@ class _Rank:
         return getattr(self.optimizer, "parts", (self.optimizer,))
 
     def held(self) -> dict[str, float]:
-        """GB this rank holds between steps: its weights, their gradients' size, its optimizer state."""
-        parameters = list(self.model.parameters())
-        entries = [entry for optimizer in self.optimizers for entry in optimizer.state.values()]
-        state = [value for entry in entries for value in entry.values() if torch.is_tensor(value)]
-        return {
-            "weights": round(sum(map(local_bytes, parameters)) / GB, 3),
-            "gradients": round(sum(local_bytes(p) for p in parameters if p.requires_grad) / GB, 3),
-            "optimizer": round(sum(local_bytes(value) for value in state if value.dim() > 0) / GB, 3),
-        }
+        """GB this rank holds between steps (its gradients as a step leaves them)."""
+        return {part: round(held / GB, 3) for part, held in parallel.held_bytes(self.model, self.optimizers).items()}
 
 
 @dataclass
@@ -206,12 +199,6 @@ class _BatchPlace:
 
     device: torch.device
     memory_format: torch.memory_format
-
-
-def local_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of ``tensor`` on this rank (its local shard of a DTensor)."""
-    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return tensor.numel() * tensor.element_size()
 
 
 def _parts(snapshot: dict) -> dict[str, float]:

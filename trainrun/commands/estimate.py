@@ -69,8 +69,7 @@ def render(result: Estimate, config: TrainConfig, end: str) -> str:
         f"peak of an evaluation micro-batch of {result.eval_micro_batch}: {result.eval_peak_gb:.1f} GB",
     ]
     if result.device_memory_gb:
-        peak = max(result.peak_gb, result.eval_peak_gb)
-        verdict = "fits" if result.fits else "DOES NOT FIT"
+        verdict, peak = "fits" if result.fits else "DOES NOT FIT", result.highest_gb
         lines.append(
             f"{hardware.name}: {result.device_memory_gb:g} GB a device: {verdict} "
             f"({result.device_memory_gb - peak:+.1f} GB margin, {peak / result.device_memory_gb:.0%} used)"

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -177,16 +177,28 @@ def defers_reduction(raw_model: nn.Module) -> bool:
 
 
 def pass_context(model: nn.Module, raw_model: nn.Module, synchronises: bool) -> contextlib.AbstractContextManager:
-    """What a micro-batch's forward and backward run in: :func:`no_sync` for a pass that need not
+    """What a micro-batch's forward and backward run in: DDP's ``no_sync`` for a pass that need not
     synchronise where gradients may wait unreduced (:func:`defers_reduction`), else nothing."""
-    return contextlib.nullcontext() if synchronises or not defers_reduction(raw_model) else no_sync(model)
+    waits = not synchronises and defers_reduction(raw_model) and isinstance(model, DistributedDataParallel)
+    return model.no_sync() if waits else contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def no_sync(model: nn.Module) -> Iterator[None]:
-    """Gradients of this pass stay on their rank, unreduced (DDP's ``no_sync``; one process: nothing to sync)."""
-    with model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext():
-        yield
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor`` on this rank (its local shard of a DTensor)."""
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.numel() * tensor.element_size()
+
+
+def held_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes this rank holds of the weights, their gradients and the ``optimizers``' state (its
+    shards under FSDP2; a step counter, 0-D, is not counted)."""
+    parameters = list(model.parameters())
+    state = [value for optimizer in optimizers for entry in optimizer.state.values() for value in entry.values()]
+    return {
+        "weights": sum(map(local_bytes, parameters)),
+        "gradients": sum(local_bytes(p.grad) for p in parameters if p.grad is not None),
+        "optimizer": sum(local_bytes(value) for value in state if torch.is_tensor(value) and value.dim() > 0),
+    }
 
 
 def whole_state(model: nn.Module) -> dict[str, torch.Tensor]:

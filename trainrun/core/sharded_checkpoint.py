@@ -77,9 +77,14 @@ class PendingSave:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def complete_when_written(self) -> None:
-        """Rank 0: complete the checkpoint from the writer's thread as soon as its write ends."""
+        """Rank 0: complete the checkpoint from the writer's thread as soon as its write ends (a
+        failed write is raised by :meth:`finish`)."""
         if self.is_main and self.written is not None:
-            self.written.add_done_callback(lambda written: written.exception() is None and self.complete())
+            self.written.add_done_callback(self._complete_if_written)
+
+    def _complete_if_written(self, written: Future) -> None:
+        if written.exception() is None:
+            self.complete()
 
     def complete(self) -> None:
         """Rank 0 writes ``trainer.pt`` into the written shards' folder and renames it (once)."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from trainrun.core import parallel
 from trainrun.core.time import Timeline
 from trainrun.optim.muon import build_muon
 from trainrun.schema import OptimizerConfig
@@ -72,14 +73,6 @@ class DecoupledSGDW(torch.optim.SGD):
 NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 
 
-def is_sharded(parameters: Iterable[torch.Tensor]) -> bool:
-    """Whether the parameters are FSDP2's shards (DTensors), which torch's fused kernels of SGD and
-    Adam(W) take only in part: the optimizers here take the foreach path for them."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(parameter, DTensor) for parameter in parameters)
-
-
 def _param_groups(model: nn.Module, exclude_norm_and_bias: bool) -> list[dict]:
     if not exclude_norm_and_bias:
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
@@ -110,11 +103,10 @@ def build_optimizer(
         return build_muon(model, config, factor, warmup)
     lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)
-    fused = not is_sharded(model.parameters())
     sgd = {"lr": lr, "weight_decay": config.weight_decay, "momentum": config.momentum}
     sgd |= {"dampening": config.dampening, "nesterov": config.nesterov}
     if config.name == "sgdw":
-        return DecoupledSGDW(groups, **sgd, fused=fused)
+        return DecoupledSGDW(groups, **sgd, fused=not parallel.is_sharded(model))
     if config.name == "lamb":
         from timm.optim import Lamb
 
@@ -133,12 +125,6 @@ def build_optimizer(
         return torch.optim.RAdam(
             groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, foreach=True
         )
-    return torch.optim.AdamW(
-        groups,
-        lr=lr,
-        betas=tuple(config.betas),
-        eps=config.eps,
-        weight_decay=config.weight_decay,
-        fused=fused,
-        foreach=not fused,
+    return torch.optim.AdamW(  # fused on FSDP2's shards too: its kernel has a DTensor rule
+        groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, fused=True
     )
