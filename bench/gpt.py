@@ -92,6 +92,11 @@ def run_list(rates: list[float]) -> dict[str, tuple[str, list[str]]]:
     return runs | {"gpt125_mosaic": ("gpt125_mosaic", []), "gpt_speedrun": ("gpt_speedrun", [])}
 
 
+def tuned_baseline(runs: dict[str, tuple[str, list[str]]], final: dict[str, float]) -> str:
+    """The label of the gpt125 run (of the rate sweep) with the lowest final validation loss."""
+    return min((label for label in runs if runs[label][0] == "gpt125"), key=final.get)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -109,7 +114,7 @@ def main() -> None:
             folder = args.out / label.replace(" lr ", "-lr") / f"round{index + 1}"
             results[label].append(run(recipe, args.steps, args.eval_every, folder, extra))
     final = {label: min(rows[-1]["eval_loss"] for rows in rounds) for label, rounds in results.items()}
-    tuned = min((label for label in runs if runs[label][0] == "gpt125"), key=final.get)
+    tuned = tuned_baseline(runs, final)
     print(
         f"GPT recipes' CPU companions: gpt_tiny, 16 x 64 tokens a step, {args.steps} steps, fp32, best of "
         f"{args.rounds} round(s); gpt125 swept over learning rates {', '.join(f'{r:g}' for r in args.rates)} "

@@ -34,6 +34,10 @@ def share_the_cores() -> None:
 
 
 share_the_cores()
+# numba (FFCV's pipelines, compiled in every process that loads .beton files) without LLVM's
+# optimisation passes: the same code, compiled in 14.5 s of CPU instead of 24.6 s a 2-epoch digits
+# run on the AVX2-only machine; the tests' data are too small for the optimised loops to matter
+os.environ.setdefault("NUMBA_OPT", "0")
 
 # Small enough for a 2-core CPU: a narrow ResNet on digits (torch loader) for two epochs.
 TINY = ["data=digits", "model.resnet_small.width=8", "max_duration=2ep", "train_batch_size=64", "progress=false"]
@@ -65,9 +69,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
 
 def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``trainrun ARGS`` in this process (in folder ``cwd``), its exit code and output captured as
-    :func:`run_cli`'s: for what a one-process command does, not for its process (an interpreter,
-    torch's and Hydra's start cost 5-10 s a run on the slower machines). Output that loader workers
-    or ranks print goes to the real streams: such tests use :func:`run_cli`."""
+    :func:`run_cli`'s: for what a command does, not for its process (an interpreter, torch's and
+    Hydra's start cost 5-10 s a run on the slower machines). Several ranks are forked from the
+    launcher's fork server, which this process keeps between tests: their output goes to the
+    server's streams, not here, and they see the environment it started with. Tests that read a
+    rank's or a loader worker's output, or set environment for ranks, use :func:`run_cli`."""
     from trainrun.commands import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -79,8 +85,8 @@ def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def start_cli(*args: str) -> subprocess.Popen:
-    """``python -m trainrun ARGS`` started in the background, its output piped."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """``python -m trainrun ARGS`` started in the background, its output piped (as :func:`run_cli`'s)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     command = [sys.executable, "-m", "trainrun", *on_cpu_beyond_gpus(args)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, run_here
 
 from trainrun.data.store_writer import write_token_store
 
@@ -169,7 +169,7 @@ def test_a_damaged_or_foreign_file_is_one_line_naming_it_and_nothing_is_written(
     context = Context(tmp_path, token_store, trained_run)
     args = make_args(context)
     before = snapshot(tmp_path)
-    result = run_cli(*args, cwd=tmp_path)
+    result = run_here(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("trainrun: error: "), result.stderr
@@ -181,6 +181,6 @@ def test_a_damaged_or_foreign_file_is_one_line_naming_it_and_nothing_is_written(
 
 def test_every_recipe_prints_its_config_without_data(tmp_path):
     """``--cfg job`` needs no files: a text recipe prints though it has no token store yet."""
-    result = run_cli("--cfg", "job", "recipe=bert_base", cwd=tmp_path)
+    result = run_here("--cfg", "job", "recipe=bert_base", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "name: masked_lm" in result.stdout and "path: null" in result.stdout

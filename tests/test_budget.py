@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, read_metrics, run_cli, run_here
+from conftest import TINY, read_metrics, run_here
 
 from trainrun.algorithms.progressive_resizing import size_at
 from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
@@ -161,7 +161,7 @@ def test_a_budget_shorter_than_one_step_is_one_line(tmp_path):
 def test_two_ranks_end_a_budget_at_the_same_step(tmp_path):
     """Rank 0 plans, every rank follows: had one rank stopped early, the other's next collective
     would fail the run."""
-    result = run_cli(*TINY, "max_duration=5s", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
+    result = run_here(*TINY, "max_duration=5s", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["batches"] == summary["max_batches"] > 2

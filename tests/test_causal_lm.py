@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import resume_after_step_6, run_cli, run_here
+from conftest import resume_after_step_6, run_here
 
 from trainrun.config import compose
 from trainrun.data.causal_text import TokenWindows
@@ -486,8 +486,7 @@ def test_one_rank_and_two_ranks_train_the_same_gpt(tmp_path):
         "algorithms.alibi.train_sequence_length_scaling=0.5",
     ]
     for name, split in (("one", []), ("two", ["launcher.devices=2"])):
-        run = run_here if name == "one" else run_cli  # the ranks in their processes, one rank in this one
-        result = run(*args, *split, f"hydra.run.dir={tmp_path / name}")
+        result = run_here(*args, *split, f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     first, other = (
         [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, run_cli
+from conftest import TINY, run_here
 
 from trainrun.choose.profiling import Profile, ProfileFailed
 from trainrun.choose.recipes import (
@@ -225,7 +225,7 @@ def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_b
     for name in ("plain", "fast"):
         (recipes / f"{name}.yaml").write_text(f"# @package _global_\nname: {name}\n")
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_here(  # the candidates' profiles run in their processes
         *TINY,
         "--config-dir",
         str(tmp_path),
@@ -249,7 +249,7 @@ def test_recipe_auto_times_the_candidates_picks_by_the_table_and_trains_to_the_b
     assert summary["status"] == "completed" and summary["budget_seconds"] == 4.0
     assert "recipe=auto" in result.stdout and "chosen" in result.stdout
     assert not list(tmp_path.glob("trainrun-profile-*"))
-    report = run_cli("report", str(run_dir), cwd=tmp_path)
+    report = run_here("report", str(run_dir), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "recipe=auto against the swept frontier" in (run_dir / "report.md").read_text()
 

@@ -16,7 +16,7 @@ def test_a_two_rank_run_killed_mid_epoch_ends_alike_resumed_on_one_or_four_ranks
     epoch, resumed on 1 and on 4 gloo ranks, ends with the uninterrupted run's weights (to float
     summation order: each rank count sums the batch's gradients in another order)."""
     whole = tmp_path / "whole"
-    assert run_cli(*ELASTIC, "launcher.devices=2", f"hydra.run.dir={whole}").returncode == 0
+    assert run_here(*ELASTIC, "launcher.devices=2", f"hydra.run.dir={whole}").returncode == 0
     final = sorted((whole / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)[-1]
     expected = torch.load(final, weights_only=True)["model"]
     for ranks in (1, 4):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, run_here
 
 from trainrun.config import compose
 from trainrun.validation import validate
@@ -63,9 +63,8 @@ def test_estimate_is_within_15_percent_of_the_h200s_measured_peak(parallel):
 
 
 def run_estimate(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "trainrun", "estimate", *arguments], capture_output=True, text=True, timeout=120
-    )
+    """``trainrun estimate ARGUMENTS`` in this process: its output and exit code are what is tested."""
+    return run_here("estimate", *arguments)
 
 
 def test_estimate_command_prints_json_and_exits_3_when_the_peak_does_not_fit():
@@ -86,7 +85,8 @@ def test_estimate_command_prints_json_and_exits_3_when_the_peak_does_not_fit():
 def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
     """At its real size, estimated here: the per-rank peak is under 80 GB, and a rank's gradients
     between micro-batches are its shard (a whole float32 gradient would be 32 GB)."""
-    result = run_estimate("recipe=llama31_8b", "launcher.devices=8", "hardware=8xh100_aws", "--json")
+    # a process of its own: 24-27 s there, 30 s in the test's process (measured)
+    result = run_cli("estimate", "recipe=llama31_8b", "launcher.devices=8", "hardware=8xh100_aws", "--json")
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)
     assert estimate["passes"] == 4 and estimate["vocab_size"] == 128_256

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import read_metrics, run_cli
+from conftest import read_metrics, run_here
 from PIL import Image
 from rich.console import Console
 
@@ -88,6 +88,21 @@ def test_decoded_sizes_and_resolution_change_on_the_next_epoch(indexed_betons):
     assert data.set_train_resolution(12)
     assert all(images.shape[-1] == 12 for images, _ in data.train_batches(1))
     assert data.batches_per_epoch == 4
+
+
+def test_ffcv_loaders_leave_torchs_thread_count_as_the_run_set_it(indexed_betons):
+    """FFCV sets torch's threads to its worker count as a loader is built and each epoch starts; the
+    run's count stays (ranks sharing a node's cores, a test worker's one thread)."""
+    train, val = indexed_betons
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = build_data(beton_config(train, val, 64, num_workers=2), 16, 8, seed=0)
+        assert torch.get_num_threads() == 1
+        next(data.train_batches(0)), next(iter(data.eval_batches()))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_epochs_cover_every_sample_once_in_a_new_order(indexed_betons, monkeypatch):
@@ -268,64 +283,34 @@ def _jpeg_folder(root, classes=("ant", "bee"), per_class=6):
 
 
 @pytest.mark.slow
-def test_write_command_and_training_on_betons(tmp_path, capfd, monkeypatch):
+def test_write_command_and_training_on_betons(tmp_path):
     """``trainrun write`` and a run on what it wrote, in this process (FFCV's numba compilation paid
     once): the commands' output and exit codes as the console script gives them."""
-    from trainrun.commands import main
-
-    monkeypatch.setenv("COLUMNS", "200")  # as run_cli's console: no line wrapped
     _jpeg_folder(tmp_path / "train")
     _jpeg_folder(tmp_path / "val")
     for split in ("train", "val"):
         beton = str(tmp_path / f"{split}.beton")
-        code = main(["write", str(tmp_path / split), beton, "--max-resolution", "32", "--workers", "1"])
-        out, err = capfd.readouterr()
-        assert code == 0, err
-        lines = out.splitlines()  # not a terminal: one line per stage, no progress bars
+        result = run_here("write", str(tmp_path / split), beton, "--max-resolution", "32", "--workers", "1")
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()  # not a terminal: one line per stage, no progress bars
         assert lines[:2] == [
             f"reading image folder {tmp_path / split}",
             f"writing 12 images to {tmp_path / split}.beton",
         ]
-        assert len(lines) == 3 and lines[2].startswith(f"wrote 12 images to {tmp_path / split}.beton (")
-        assert err == ""
-    assert main(["write", str(tmp_path / "train"), str(tmp_path / "train.beton")]) == 2
-    assert "pass --overwrite" in capfd.readouterr().err
+        assert len(lines) == 3 and lines[2].startswith(f"wrote 12 images to {tmp_path / split}.beton ("), lines
+        assert result.stderr == ""
+    again = run_here("write", str(tmp_path / "train"), str(tmp_path / "train.beton"))
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
     run_dir = tmp_path / "run"
-    code = main(
-        [
-            "data=imagenet_ffcv",
-            f"data.train={tmp_path / 'train.beton'}",
-            f"data.val={tmp_path / 'val.beton'}",
-            "data.num_classes=2",
-            "data.resolution=16",
-            "data.eval_resolution=16",
-            "data.eval_resize=20",
-            "data.num_workers=1",
-            "model=resnet_small",
-            "model.resnet_small.width=8",
-            "train_batch_size=4",
-            "eval_batch_size=4",
-            "max_duration=2ep",
-            "progress=false",
-            f"hydra.run.dir={run_dir}",
-        ]
-    )
-    out, err = capfd.readouterr()
-    assert code == 0, err
-    assert "(ffcv)" in out and [r["batch"] for r in read_metrics(run_dir)] == [3, 6]
-    code = main(
-        [
-            "data=imagenet_ffcv",
-            f"data.train={tmp_path / 'train.beton'}",
-            f"data.val={tmp_path / 'val.beton'}",
-            "data.num_classes=2",
-            "model=resnet_small",
-            f"hydra.run.dir={tmp_path / 'bad'}",
-            "data.num_workers=1",
-            "train_batch_size=64",
-        ]
-    )
-    assert code == 2 and "larger than the training images" in capfd.readouterr().err.strip().splitlines()[-1]
+    betons = ["data=imagenet_ffcv", f"data.train={tmp_path / 'train.beton'}", f"data.val={tmp_path / 'val.beton'}"]
+    betons += ["data.num_classes=2", "data.num_workers=1", "model=resnet_small"]
+    shape = ["data.resolution=16", "data.eval_resolution=16", "data.eval_resize=20", "model.resnet_small.width=8"]
+    shape += ["train_batch_size=4", "eval_batch_size=4", "max_duration=2ep", "progress=false"]
+    result = run_here(*betons, *shape, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    assert "(ffcv)" in result.stdout and [r["batch"] for r in read_metrics(run_dir)] == [3, 6]
+    bad = run_here(*betons, f"hydra.run.dir={tmp_path / 'bad'}", "train_batch_size=64")
+    assert bad.returncode == 2 and "larger than the training images" in bad.stderr.strip().splitlines()[-1]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"  # untouched
 
 
@@ -339,6 +324,6 @@ def test_writing_on_a_terminal_shows_a_rich_progress_bar(tmp_path, capsys):
 
 
 def test_missing_beton_fails_before_any_work(tmp_path):
-    result = run_cli("data=imagenet_ffcv", f"data.train={tmp_path / 'no.beton'}", f"data.val={tmp_path / 'no.beton'}")
+    result = run_here("data=imagenet_ffcv", f"data.train={tmp_path / 'no.beton'}", f"data.val={tmp_path / 'no.beton'}")
     assert result.returncode == 2 and "does not exist" in result.stderr
-    assert "data=beton needs 'data.train'" in run_cli("data=imagenet_ffcv").stderr
+    assert "data=beton needs 'data.train'" in run_here("data=imagenet_ffcv").stderr

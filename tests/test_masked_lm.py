@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import read_metrics, resume_after_step_6, run_cli, run_here
+from conftest import read_metrics, resume_after_step_6, run_here
 
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs.masked_head import MaskedHeadConfig
@@ -352,8 +352,7 @@ def test_one_rank_two_ranks_and_micro_batches_train_the_same_bert(tmp_path):
     args += ["train_batch_size=32", "max_duration=20ba", "eval_interval=20ba", "progress=false"]
     splits = {"one": [], "two": ["launcher.devices=2"], "micro": ["device_train_microbatch_size=8"]}
     for name, split in splits.items():
-        run = run_cli if name == "two" else run_here  # the ranks in their processes, one rank in this one
-        result = run(*args, *split, f"hydra.run.dir={tmp_path / name}")
+        result = run_here(*args, *split, f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     (first,) = read_metrics(tmp_path / "one")
     trained = torch.load(list_checkpoints(tmp_path / "one" / "checkpoints")[-1], weights_only=True)["model"]
@@ -393,9 +392,9 @@ def test_sweep_and_report_draw_the_trade_off_curve_of_masked_accuracy(tmp_path):
         "optimizer=adamw",
     ]
     args += ["optimizer.lr=2e-3", "scheduler.t_warmup=1ba", "train_batch_size=16", "max_duration=12ba"]
-    result = run_cli("sweep", *args, "budgets=[0.5,1.0]", "seeds=[0]", f"out={sweep}")
+    result = run_here("sweep", *args, "budgets=[0.5,1.0]", "seeds=[0]", f"out={sweep}")  # its runs: processes
     assert result.returncode == 0, result.stderr
-    report = run_cli("report", str(sweep), "--out", str(tmp_path / "report"))
+    report = run_here("report", str(sweep), "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "masked-token accuracy" in text
@@ -406,7 +405,9 @@ def test_sweep_and_report_draw_the_trade_off_curve_of_masked_accuracy(tmp_path):
 
 
 def _node_store(rank, cache_dirs, port, queue):
-    """One rank of a 2-node run (each its node's local rank 0, each node its own cache)."""
+    """One rank of a 2-node run (each its node's local rank 0, each node its own cache); forked, so one
+    thread, away from the parent's OpenMP pool."""
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     config = DataConfig(name="text", cache_dir=cache_dirs[rank], text=TextConfig(corpus="stdlib_docs", vocab_size=300))
@@ -425,8 +426,8 @@ def test_every_node_writes_the_built_in_corpus_with_rank_0s_tokenizer(tmp_path):
     stale = cached_store(config, SINGLE_PROCESS)
     train, val = split_documents(DOCUMENTS, 0.1, seed=0)
     write_token_store(train, val, stale, vocab_size=300)  # the same place, another vocabulary
-    queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_node_store, args=(cache_dirs, 29547, queue), nprocs=2, start_method="spawn")
+    queue = mp.get_context("fork").SimpleQueue()  # forked: no interpreter, torch or trainrun to start again
+    mp.start_processes(_node_store, args=(cache_dirs, 29547, queue), nprocs=2, start_method="fork")
     results = dict((rank, (path, tokenizer)) for rank, path, tokenizer in (queue.get(), queue.get()))
     assert results[0][0] != results[1][0] and results[1][0] == str(stale)
     assert results[0][1] == results[1][1]

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import EXACT, read_metrics, run_cli, run_here
+from conftest import EXACT, read_metrics, run_here
 from test_algorithms_training import fixed_batch_state
 
 from trainrun.algorithms import build_algorithms
@@ -176,7 +176,7 @@ def test_two_ranks_with_micro_batches_train_what_one_rank_trains(tmp_path, setti
     no rank ran out of memory (auto): either way the step is the one-rank, whole-batch step."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_here(*EXACT, f"hydra.run.dir={one}").returncode == 0  # one rank: in this process
-    result = run_cli(*EXACT, "launcher.devices=2", f"device_train_microbatch_size={setting}", f"hydra.run.dir={two}")
+    result = run_here(*EXACT, "launcher.devices=2", f"device_train_microbatch_size={setting}", f"hydra.run.dir={two}")
     assert result.returncode == 0, result.stderr
     (first,), (second,) = read_metrics(one), read_metrics(two)
     assert second["train_loss"] == pytest.approx(first["train_loss"], abs=1e-5)

@@ -4,7 +4,7 @@ import copy as copy_module
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_here
 
 from trainrun.core.time import Time, Timeline
 from trainrun.errors import ConfigError
@@ -136,7 +136,7 @@ def test_muon_refuses_a_model_with_convolutions():
 
 @pytest.mark.slow
 def test_muon_for_an_image_model_is_refused_before_any_process_starts():
-    result = run_cli("optimizer=muon", "max_duration=1ba")
+    result = run_here("optimizer=muon", "max_duration=1ba")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "trainrun: error: bad value for 'optimizer.name': 'muon' takes 2-D matrices; model 'resnet_small' has "

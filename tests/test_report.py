@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY, run_cli, run_here
+from conftest import TINY, run_here
 
 from trainrun.commands.report import report_command
 from trainrun.core import accounts as accounts_module
@@ -220,7 +220,7 @@ def test_profiled_prefix_extrapolates_the_full_run(tmp_path):
 @pytest.mark.slow
 def test_sweep_trains_each_budget_once_and_reports(tmp_path):
     args = ["sweep", *TINY, "name=tiny", "budgets=[0.5,1.0]", f"out={tmp_path / 'sweep'}", "hardware=cpu_2vcpu_aws"]
-    first = run_cli(*args, cwd=tmp_path)
+    first = run_here(*args, cwd=tmp_path)  # the sweep here, its runs in their processes
     assert first.returncode == 0, first.stderr
     sweep = tmp_path / "sweep"
     batches = {d.name: json.loads((d / "summary.json").read_text())["batches"] for d in sweep.glob("ssr*")}
@@ -228,10 +228,10 @@ def test_sweep_trains_each_budget_once_and_reports(tmp_path):
     assert json.loads((sweep / "sweep.json").read_text())["runs"] == {"ssr0.5": "completed", "ssr1": "completed"}
     assert {"report.md", "report.csv", "tradeoff_time.png", "tradeoff_cost.png"} <= {p.name for p in sweep.iterdir()}
     before = (sweep / "ssr1" / "summary.json").read_text()
-    again = run_cli(*args, cwd=tmp_path)
+    again = run_here(*args, cwd=tmp_path)
     assert again.returncode == 0 and "2 runs (2 already done)" in again.stdout
     assert (sweep / "ssr1" / "summary.json").read_text() == before
-    changed = run_cli(*args, "optimizer.lr=0.05", cwd=tmp_path)
+    changed = run_here(*args, "optimizer.lr=0.05", cwd=tmp_path)
     assert changed.returncode == 2 and "holds a run with another config (optimizer.lr" in changed.stderr
     assert (sweep / "ssr1" / "summary.json").read_text() == before
 
@@ -270,7 +270,7 @@ def test_bad_sweep_and_report_input_is_one_line(args, message, tmp_path):
     (tmp_path / "empty").mkdir()
     _write_run(tmp_path / "run", "x", 1.0, 0.9, 10.0)
     args = [a.replace("{empty}", str(tmp_path / "empty")).replace("{run}", str(tmp_path / "run")) for a in args]
-    result = run_cli(*args, cwd=tmp_path)
+    result = run_here(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("trainrun: error:") and message in lines[0], result.stderr

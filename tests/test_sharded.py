@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import on_cpu_beyond_gpus, read_metrics, run_cli, run_here, wait_for
+from conftest import on_cpu_beyond_gpus, read_metrics, run_here, start_cli, wait_for
 
 from trainrun.config import compose
 from trainrun.core import precision as precision_module
@@ -140,11 +140,8 @@ def test_fsdp_on_two_ranks_trains_the_weights_of_one_rank_and_of_ddp(tmp_path):
     uneven = ["data.text.val_tokens=160", "eval_batch_size=4"]  # 5 windows of 32, batches of 2 a rank
     for name, args in runs.items():
         args = [*args, *uneven, "max_duration=10ba", "eval_interval=5ba", f"hydra.run.dir={tmp_path / name}"]
-        if name.endswith("_one"):  # one process: run here (the ranks' runs are the processes under test)
-            assert run_here(*args).returncode == 0
-        else:
-            result = run_cli(*args)
-            assert result.returncode == 0, result.stderr
+        result = run_here(*args)  # the launcher here, the ranks forked from its fork server
+        assert result.returncode == 0, result.stderr
     for kind in ("llama", "gpt"):
         one = [row["eval_loss"] for row in read_metrics(tmp_path / f"{kind}_one")]
         for name in (f"{kind}_ddp", f"{kind}_fsdp"):
@@ -172,7 +169,7 @@ def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_pat
     args += ["checkpoint.keep=10"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     # the uninterrupted run writes in the background (async_save): the same checkpoints
-    assert run_cli(*args, "launcher.devices=2", "checkpoint.async_save=true", f"hydra.run.dir={whole}").returncode == 0
+    assert run_here(*args, "launcher.devices=2", "checkpoint.async_save=true", f"hydra.run.dir={whole}").returncode == 0
     assert sorted(path.name for path in (whole / "checkpoints" / "ep0-ba24").iterdir()) == [
         ".metadata",
         "__0_0.distcp",  # each rank's shards
@@ -193,13 +190,16 @@ def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_pat
     assert not (killed / "checkpoints" / "ep0-ba24").exists()
     expected = final_weights(whole)
     for ranks in (1, 4):
-        resumed = tmp_path / f"on{ranks}"
-        shutil.copytree(killed, resumed)
-        run = run_here if ranks == 1 else run_cli  # one rank: in this process
-        result = run(*args, f"launcher.devices={ranks}", f"hydra.run.dir={resumed}", "resume=auto")
+        shutil.copytree(killed, tmp_path / f"on{ranks}")
+    resume = [*args, "resume=auto"]  # on 4 ranks in their processes (rank 0's output read), beside 1 rank here
+    on_four = start_cli(*resume, "launcher.devices=4", f"hydra.run.dir={tmp_path / 'on4'}")
+    results = {1: run_here(*resume, "launcher.devices=1", f"hydra.run.dir={tmp_path / 'on1'}")}
+    out, err = on_four.communicate(timeout=300)
+    results[4] = subprocess.CompletedProcess(on_four.args, on_four.returncode, out, err)
+    for ranks, result in results.items():
         assert result.returncode == 0, result.stderr
         assert "resumed from" in result.stdout and "ep0-ba8 at epoch 0, batch 8" in result.stdout
-        assert_same_weights(final_weights(resumed), expected, atol=1e-5)
+        assert_same_weights(final_weights(tmp_path / f"on{ranks}"), expected, atol=1e-5)
     resumed = tmp_path / "on1"  # the commands below in this process: their output, not their start, is tested
     consolidated = run_here("consolidate", str(resumed / "checkpoints" / "ep0-ba24"), "--hf", str(tmp_path / "hf"))
     assert consolidated.returncode == 0, consolidated.stderr

@@ -11,6 +11,7 @@ the device in the same pass that normalises them. Built-in sets are written once
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,18 @@ class ResumableOrder:
         return self.order.sample_order(epoch)[self.skip :]
 
 
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """FFCV sets torch's intra-op threads to its loader's worker count when a loader is built and as
+    each epoch starts (``Compiler.set_num_threads``): the run's own count (its share of the cores,
+    ``OMP_NUM_THREADS``) is put back, so that ranks sharing a node do not oversubscribe its cores."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class FFCVData(DataSpec):
     """FFCV loaders for one rank."""
 
@@ -153,29 +166,30 @@ class FFCVData(DataSpec):
         train_path, val_path, val_count = _beton_files(config, placement)
         self.keys = SampleKeys(seed)  # augmentation keyed to (seed, epoch, sample): reproducible runs
         workers = {0: -1, -1: cores_per_process()}.get(config.num_workers, config.num_workers)  # FFCV's -1: every core
-        self.train = Loader(
-            str(train_path),
-            batch_size=per_rank_batch,
-            num_workers=workers,
-            order=OrderOption[config.ffcv.order.upper()],
-            os_cache=config.ffcv.os_cache,
-            drop_last=config.ffcv.drop_last,
-            distributed=placement.world_size > 1,
-            seed=seed,
-            batches_ahead=config.ffcv.batches_ahead,
-            pipelines={"image": self._train_pipeline(config, device), "label": _label_pipeline(device)},
-        )
-        self.eval = Loader(
-            str(val_path),
-            batch_size=eval_batch,
-            num_workers=workers,
-            order=OrderOption.SEQUENTIAL,
-            os_cache=config.ffcv.os_cache,
-            drop_last=False,
-            indices=list(range(placement.rank, val_count, placement.world_size)),
-            batches_ahead=config.ffcv.batches_ahead,
-            pipelines={"image": _eval_pipeline(config, device), "label": _label_pipeline(device)},
-        )
+        with torch_threads_kept():
+            self.train = Loader(
+                str(train_path),
+                batch_size=per_rank_batch,
+                num_workers=workers,
+                order=OrderOption[config.ffcv.order.upper()],
+                os_cache=config.ffcv.os_cache,
+                drop_last=config.ffcv.drop_last,
+                distributed=placement.world_size > 1,
+                seed=seed,
+                batches_ahead=config.ffcv.batches_ahead,
+                pipelines={"image": self._train_pipeline(config, device), "label": _label_pipeline(device)},
+            )
+            self.eval = Loader(
+                str(val_path),
+                batch_size=eval_batch,
+                num_workers=workers,
+                order=OrderOption.SEQUENTIAL,
+                os_cache=config.ffcv.os_cache,
+                drop_last=False,
+                indices=list(range(placement.rank, val_count, placement.world_size)),
+                batches_ahead=config.ffcv.batches_ahead,
+                pipelines={"image": _eval_pipeline(config, device), "label": _label_pipeline(device)},
+            )
         self.order = ResumableOrder(self.train.traversal_order)
         self.train.traversal_order = self.order
         self.batches_per_epoch = len(self.train)
@@ -203,12 +217,14 @@ class FFCVData(DataSpec):
         self.keys.set_epoch(epoch)
         self.order.skip = skip * self.train.batch_size
         try:
-            return iter(self.train)  # takes the epoch's order now
+            with torch_threads_kept():
+                return iter(self.train)  # takes the epoch's order now
         finally:
             self.order.skip = 0
 
     def eval_batches(self) -> Iterable:
-        return self.eval
+        with torch_threads_kept():
+            return iter(self.eval)
 
     def set_train_resolution(self, size: int) -> bool:
         self.decoder.output_size = (size, size)
