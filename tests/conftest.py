@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -76,12 +76,18 @@ def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     rank's or a loader worker's output, or set environment for ranks, use :func:`run_cli`."""
     from trainrun.commands import main
 
-    out, err = io.StringIO(), io.StringIO()
     folder = contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()
-    with folder, mock.patch.dict(os.environ, {"COLUMNS": "200"}):
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
+    with folder, mock.patch.dict(os.environ, {"COLUMNS": "200"}), captured_output() as (out, err):
+        code = main(list(args))
     return subprocess.CompletedProcess(["trainrun", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def captured_output() -> Iterator[tuple[io.StringIO, io.StringIO]]:
+    """This process's standard output and error, written to the two buffers yielded."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
 
 
 def start_cli(*args: str) -> subprocess.Popen:

@@ -1,7 +1,5 @@
 """The benchmarks run (tiny sizes on this CPU), and compile=true trains like eager mode."""
 
-import contextlib
-import io
 import math
 import pickle
 import runpy
@@ -13,7 +11,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, read_metrics, run_cli
+from conftest import TINY, captured_output, read_metrics, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,10 +28,10 @@ def bench(script: str, *args: str) -> subprocess.CompletedProcess:
     path = ROOT / "bench" / script
     if script in IN_THEIR_PROCESS or "--compile" in args:
         return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=600)
-    out, err, code, threads = io.StringIO(), io.StringIO(), 0, torch.get_num_threads()
+    code, threads = 0, torch.get_num_threads()
     here = mock.patch.object(sys, "path", [str(path.parent), *sys.path])  # its sibling modules importable
     with mock.patch.object(sys, "argv", [str(path), *args]), here:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with captured_output() as (out, err):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit_:  # as the interpreter ends: a message is printed, with exit code 1

@@ -99,7 +99,8 @@ def test_ffcv_loaders_leave_torchs_thread_count_as_the_run_set_it(indexed_betons
     try:
         data = build_data(beton_config(train, val, 64, num_workers=2), 16, 8, seed=0)
         assert torch.get_num_threads() == 1
-        next(data.train_batches(0)), next(iter(data.eval_batches()))
+        next(data.train_batches(0))  # an epoch's start
+        next(iter(data.eval_batches()))
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
