@@ -3,7 +3,7 @@
 VENV := .venv
 STAMP := $(VENV)/.trainrun-installed
 
-.PHONY: run test lint bench mutation install clean
+.PHONY: run test test-floor lint bench mutation install clean
 
 run: $(STAMP)
 	$(VENV)/bin/trainrun
@@ -11,6 +11,17 @@ run: $(STAMP)
 # two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=15
+
+# the tests of what older torch broke before (ranks, sharding, checkpoints, compile) under the oldest
+# torch setup.cfg allows, in .venv-floor (scripts/setup_floor_env.sh); .ci/run runs it after test
+FLOOR := .venv-floor
+FLOOR_STAMP := $(FLOOR)/.trainrun-installed
+FLOOR_TESTS := tests/test_sharded.py tests/test_sharded_optim.py tests/test_distributed_step.py tests/test_checkpoint.py
+FLOOR_TESTS += tests/test_elastic.py tests/test_launcher.py tests/test_gpu_paths.py
+FLOOR_TESTS += tests/test_bench.py::test_compile_trains_like_eager
+test-floor: $(STAMP) $(FLOOR_STAMP)
+	$(FLOOR)/bin/python -c "import torch; print('floor: torch', torch.__version__)"
+	$(FLOOR)/bin/python -m pytest -q -n 2 $(FLOOR_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check trainrun tests bench scripts
@@ -41,5 +52,9 @@ $(STAMP): setup.cfg pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh
 	touch $@
 
+$(FLOOR_STAMP): $(STAMP) scripts/setup_floor_env.sh
+	bash scripts/setup_floor_env.sh
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) $(FLOOR) build *.egg-info runs

@@ -181,6 +181,9 @@ def main() -> None:
         help="also the unpadded + masked head step with each of these model.bert.attention paths",
     )
     parser.add_argument("--alibi", action="store_true", help="every model with ALiBi (the alibi algorithm)")
+    parser.add_argument(
+        "--variants", nargs="+", metavar="NAME", help="time only these rows (and padded, the reference)"
+    )
     parser.add_argument("--check-syncs", action="store_true", help="on a GPU, a column naming any wait for the device")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak, if not in gpu_throughput.py's table")
     args = parser.parse_args()
@@ -190,6 +193,10 @@ def main() -> None:
     variants = {**VARIANTS, **(COMPILED_VARIANTS if args.compile else {})}
     for path in args.attention:
         variants[f"unpadded + masked head, attention={path}"] = (True, True, "eager", path)
+    if args.variants:
+        if unknown := [name for name in args.variants if name not in variants]:
+            parser.error(f"unknown variant '{unknown[0]}' (choose from: {', '.join(variants)})")
+        variants = {name: variant for name, variant in variants.items() if name in {"padded", *args.variants}}
     models = {}
     for kind in sorted({kind for _, _, kind, _ in variants.values()}):
         torch.manual_seed(0)

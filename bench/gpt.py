@@ -36,7 +36,7 @@ PUBLISHED_STEPS = {"gpt125": 14_000, "gpt125_mosaic": 14_000, "gpt_speedrun": 1_
 COMPANION = [
     "data=stdlib_stream", "model=gpt_tiny", "model.gpt.heads=2", "data.text.max_seq_len=64", "train_batch_size=16",
     "eval_batch_size=32", "device_train_microbatch_size=null", "data.num_workers=0", "precision=fp32",
-    "progress=false",
+    "progress=false", "export=false",
 ]  # fmt: skip
 # the speedrun's shape at gpt_tiny's size: one value-embedding table for two blocks (the record: 3
 # for 12); the attention window growing over 64-token windows as the record's over 1,024 (x 1/16)

@@ -147,7 +147,7 @@ def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
             handle.write(header.tobytes() + piece.tobytes())
     digest = hashlib.sha256((store / "tokenizer.json").read_bytes()).hexdigest()
     (store / "store.json").write_text(json.dumps(store_meta(facts, digest, entries)))
-    shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/shard_000000.bin"]
+    shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/shard_000000.bin", "data.shards.val_tokens=8192"]
     return {"token store": ["data=token_stream", f"data.path={store}"], "llm.c shards": ["data=token_shards", *shards]}
 
 
@@ -170,7 +170,6 @@ def window_rates(args: argparse.Namespace) -> None:
                         "task=causal_lm",
                         "model=gpt125",
                         f"data.text.max_seq_len={args.seq}",
-                        "data.shards.val_tokens=8192",
                     ]
                     config = check([*common, *overrides, f"data.num_workers={workers}"])[0]
                     sets = datasets(config.data)

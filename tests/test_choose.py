@@ -302,3 +302,19 @@ def test_a_table_of_another_tasks_recipes_is_named_with_the_task_they_set(tmp_pa
         f"auto.table '{table}' holds recipes of task causal_lm (gpt125 sets it), not image_classification: "
         "bad value for 'data.name': 'digits'"
     )
+
+
+@pytest.mark.parametrize("task", ["causal_lm", "masked_lm"])
+def test_a_table_of_another_tasks_runs_is_refused_naming_both_tasks(task):
+    """The published ResNet-50 table (top-1) given to a language-model run: the line is about the
+    table not fitting the task, not about a setting of the image recipe it would pick."""
+    table = PUBLISHED_TABLES[("resnet50", 1000)]
+    model, data = {"causal_lm": ("gpt_tiny", "stdlib_stream"), "masked_lm": ("bert_tiny", "stdlib_docs")}[task]
+    args = ["recipe=auto", f"task={task}", f"model={model}", f"data={data}", "max_duration=30s", f"auto.table={table}"]
+    result = run_here(*args)
+    metric = {"causal_lm": "eval_loss", "masked_lm": "masked_accuracy"}[task]
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"trainrun: error: bad value for 'auto.table': '{table}' holds runs of task image_classification, and this "
+        f"run is task {task} (its quality column {metric}_mean): pass a table of {task} runs ('trainrun report' of "
+        "their sweeps)"
+    ]

@@ -472,3 +472,83 @@ def test_a_run_is_composed_and_validated_once_and_a_multirun_each_job_once(monke
     assert calls["validate"] == 2
     for job, seed in (("0", 3), ("1", 4)):
         assert f"seed: {seed}\n" in (tmp_path / "sweep" / job / "config.yaml").read_text()
+
+
+UNDER_A_FILE = {  # command line (A_FILE: a regular file's path), the key its refusal names
+    "write-text": (["write-text", "stdlib_docs", "{A_FILE}/store"], "OUT"),
+    "write-text onto a file": (["write-text", "stdlib_docs", "{A_FILE}", "--overwrite"], "OUT"),
+    "write": (["write", "digits", "{A_FILE}/digits.beton"], "OUT"),
+    "write onto a folder": (["write", "digits", "{FOLDER}", "--overwrite"], "OUT"),
+    "consolidate --output": (["consolidate", "{CHECKPOINT}", "--output", "{A_FILE}/x.pt"], "--output"),
+    "consolidate --hf": (["consolidate", "{CHECKPOINT}", "--hf", "{A_FILE}/hf"], "--hf"),
+    "ensemble --out": (["ensemble", "{FOLDER}", "--data", "{FOLDER}", "--out", "{A_FILE}/e.json"], "--out"),
+    "report --out": (["report", "{FOLDER}", "--out", "{A_FILE}/report"], "--out"),
+    "sweep out=": (["sweep", *TINY, "budgets=[1,2]", "out={A_FILE}/sweep"], "out"),
+    "a run's folder": ([*TINY, "hydra.run.dir={A_FILE}/run"], "hydra.run.dir"),
+}
+
+
+@pytest.mark.parametrize("case", UNDER_A_FILE)
+def test_an_output_under_a_regular_file_is_refused_before_any_work_and_nothing_is_written(tmp_path, case):
+    """Every command's output path: under (or onto) a file where a folder must be, or a folder where a
+    file must be, is one line naming the key, exit 2, before any work, and nothing is written."""
+    a_file, folder, checkpoint = tmp_path / "a_file", tmp_path / "folder", tmp_path / "run" / "checkpoints" / "ep0-ba1"
+    a_file.write_text("kept\n")
+    folder.mkdir()
+    checkpoint.mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    command, key = UNDER_A_FILE[case]
+    paths = {"{A_FILE}": a_file, "{FOLDER}": folder, "{CHECKPOINT}": checkpoint}
+    for placeholder, path in paths.items():
+        command = [part.replace(placeholder, str(path)) for part in command]
+    result = run_here(*command)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"trainrun: error: bad value for '{key}': "), result.stderr
+    assert sorted(tmp_path.rglob("*")) == before and a_file.read_text() == "kept\n"
+
+
+def bounded_fields(instance: object, prefix: str = "") -> list[tuple[object, str, str, dict]]:
+    """(section, field name, dotted key, metadata) of every numeric field with a bound, recursively."""
+    import dataclasses
+
+    found = []
+    for spec in dataclasses.fields(instance):
+        value = getattr(instance, spec.name)
+        if dataclasses.is_dataclass(value):
+            found += bounded_fields(value, f"{prefix}{spec.name}.")
+        elif {"min", "max", "exclusive_min", "exclusive_max"} & spec.metadata.keys():
+            found.append((instance, spec.name, f"{prefix}{spec.name}", dict(spec.metadata)))
+    return found
+
+
+def test_every_bounded_setting_refuses_a_value_past_each_bound_naming_the_key():
+    """Momentum, betas, fractions, counts: over every bounded field of the schema and of every
+    method's settings, a value just past each bound is one line naming the key. From the command
+    line: optimizer=sgd optimizer.momentum=1.5, and the momentum that never decays, 1.0."""
+    import copy
+
+    from trainrun.algorithms.specs import SPECS
+    from trainrun.schema import TrainConfig
+    from trainrun.validation import check_fields
+
+    sections = [(TrainConfig(), "")] + [(spec.config(), f"algorithms.{name}.") for name, spec in SPECS.items()]
+    fields = [entry for section, prefix in sections for entry in bounded_fields(section, prefix)]
+    past = {"min": -1e-3, "exclusive_min": 0.0, "max": 1e-3, "exclusive_max": 0.0}
+    tried = 0
+    for section, name, key, meta in fields:
+        for bound, step in past.items():
+            if bound not in meta:
+                continue
+            value = meta[bound] + step
+            bad = copy.deepcopy(section)
+            numbers = getattr(bad, name)
+            setattr(bad, name, [numbers[0], value] if isinstance(numbers, list) else value)
+            with pytest.raises(ConfigError, match=rf"^bad value for '{key}': "):
+                check_fields(bad, key.removesuffix(name))
+            tried += 1
+    assert tried > 60
+    for momentum in ("1.5", "1.0", "-0.1"):
+        result = run_here("optimizer=sgd", f"optimizer.momentum={momentum}", "max_duration=1ba")
+        assert result.returncode == 2 and result.stderr.startswith(
+            "trainrun: error: bad value for 'optimizer.momentum'"
+        )

@@ -430,13 +430,13 @@ def test_a_package_below_its_declared_floor_is_refused_in_one_line(monkeypatch, 
         floors = importlib.metadata.requires("trainrun")
     except importlib.metadata.PackageNotFoundError:  # a source tree on PYTHONPATH (the GPU machine)
         pytest.skip("trainrun is not installed here: no declared floors to read")
-    assert "torch>=2.6" in floors and "torchvision>=0.21" in floors
+    assert "torch>=2.11" in floors and "torchvision>=0.26" in floors  # the floor make test-floor runs on
     versions.check_requirements()  # what is installed here meets them
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1" if name == "torch" else real_version(name))
     assert commands.main(["--cfg", "job"]) == 2
     assert capsys.readouterr().err == (
-        "trainrun: error: trainrun needs torch>=2.6 but 2.4.1 is installed: pip install 'torch>=2.6'\n"
+        "trainrun: error: trainrun needs torch>=2.11 but 2.4.1 is installed: pip install 'torch>=2.11'\n"
     )
 
 

@@ -187,3 +187,34 @@ def test_every_package_is_shipped_in_the_wheel():
     listed = set(setup["options"]["packages"].split())
     found = {".".join(path.parent.relative_to(PACKAGE.parent).parts) for path in PACKAGE.rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+# each data source key, and keys of its sections
+SOURCE_KEYS = ("path", "train", "val", "text.corpus", "text.max_seq_len", "shards.tokenizer", "shards.val_tokens")
+SOURCE_KEYS += ("segmentation.fold", "segmentation.patch_size")
+
+
+def test_a_data_source_key_the_chosen_data_kind_does_not_read_is_refused_naming_the_kind():
+    """Over every data option and every source key: a key its kind does not read is one line naming
+    the key, the option as the user chose it and the keys it does read; a key it reads passes."""
+    from trainrun.config import compose
+
+    conf = PACKAGE.parent / "conf" / "data"
+    options = {path.stem: compose([f"data={path.stem}"]).data.name for path in conf.glob("*.yaml")}
+    refused = 0
+    for option, name in options.items():
+        spec = kinds.specs("data")[name]
+        for key in SOURCE_KEYS:
+            job = [f"data.{key}"]
+            if spec.reads_key(key):
+                kinds.refuse_unread_data_keys(job, name, option)
+                continue
+            with pytest.raises(ConfigError) as refusal:
+                kinds.refuse_unread_data_keys(job, name, option)
+            message = str(refusal.value)
+            assert message.startswith(f"bad key 'data.{key}': data={option} does not read it (it reads "), message
+            assert all(f"data.{read}" in message for read in spec.reads) and "\n" not in message
+            refused += 1
+    assert refused > 80 and len(options) >= 15
+    reads = {name: spec.reads for name, spec in kinds.specs("data").items()}
+    assert reads["token_shards"] == ("train", "val", "shards", "text.max_seq_len") and reads["digits"] == ()

@@ -595,6 +595,7 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
     from trainrun.run import model_holding
 
     configs = [run_config(run) for run in runs]
+    assert [config.data.segmentation.fold for config in configs] == [0, 1]  # each run validates its own fold
     data = DataConfig(**{**vars(configs[0].data), "name": "decathlon", "path": str(tmp_path / "heldout")})
     store = VolumeStore.open(store_path(data))
     task = Segmentation(data)
@@ -608,3 +609,27 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
     assert scores["cases"]["ensemble"][0] == pytest.approx(by_hand.tolist(), abs=1e-6)
     bad = run_here("ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout"))
     assert bad.returncode == 2 and "no runs (summary.json) under" in bad.stderr
+    manifest = json.loads((tmp_path / "heldout" / "dataset.json").read_text())
+    manifest["modality"] = {"0": "CT", "1": "PET"}  # cases of another number of channels than the models take
+    (tmp_path / "heldout" / "dataset.json").write_text(json.dumps(manifest))
+    unfit = run_here("ensemble", str(out), "--data", str(tmp_path / "heldout"))
+    assert unfit.returncode == 2 and len(unfit.stderr.splitlines()) == 1, unfit.stderr
+    assert "bad value for 'model.unet.in_channels': 4, but '" in unfit.stderr
+    assert "dataset.json' names 2 channel(s) (CT, PET)" in unfit.stderr
+
+
+def test_the_ensemble_averages_the_runs_probabilities_not_their_logits_or_their_most_confident():
+    """Two runs that disagree, crafted so that the rules differ: voxel 0, the mean of the logits picks
+    class 1 where the mean probability picks 2; voxel 1, the single most confident run picks 0 where
+    the mean probability picks 1. The ensemble takes nnU-Net's rule, the mean probability."""
+    from trainrun.commands.ensemble import ensemble_scores
+
+    task = Segmentation(DataConfig(name="synthetic_brats"))
+    first = torch.tensor([[2.0, 3.0, -3.0], [0.9, 0.1, 1e-4]])  # per voxel: logits, then probabilities
+    second = torch.tensor([[-2.0, -2.0, 1.0], [1e-4, 0.85, 0.15]])
+    first[1], second[1] = first[1].log(), second[1].log()
+    runs = [logits.T.reshape(3, 1, 1, 2) for logits in (first, second)]  # (classes, D, H, W)
+    chosen = ensemble_scores(task, iter(runs)).argmax(0).flatten().tolist()
+    assert chosen == [2, 1]
+    assert torch.stack(runs).mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits
+    assert torch.stack(runs).softmax(1).amax(0).argmax(0).flatten().tolist() == [2, 0]  # the most confident

@@ -6,12 +6,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import on_cpu_beyond_gpus, read_metrics, run_here, start_cli, wait_for
+from conftest import on_cpu_beyond_gpus, read_metrics, run_here, wait_for
 
+from trainrun.atomic_io import read_jsonl
 from trainrun.config import compose
 from trainrun.core import precision as precision_module
 from trainrun.core.parallel import SAC_HOOKS, checkpoint_activations
@@ -165,45 +167,49 @@ def test_a_sharded_run_killed_mid_epoch_resumes_on_one_and_on_four_ranks(tmp_pat
     ranks (DCP reshards weights and AdamW's state) ends with the uninterrupted run's weights (whose
     checkpoints were written in the background). Then the checkpoint is consolidated into one file
     and the resumed run samples text."""
-    args = [*LLAMA, "parallel=fsdp", "max_duration=24ba", "eval_interval=12ba", "checkpoint.interval=4ba"]
-    args += ["checkpoint.keep=10"]
+    args = [*LLAMA, "parallel=fsdp", "max_duration=16ba", "eval_interval=8ba", "checkpoint.interval=4ba"]
+    args += ["checkpoint.keep=10", "export=false"]  # consolidate --hf below exports the resumed run
     whole, killed = tmp_path / "whole", tmp_path / "killed"
+    command = [sys.executable, "-m", "trainrun", *on_cpu_beyond_gpus([*args, "launcher.devices=2"])]
+    process = subprocess.Popen(
+        [*command, f"hydra.run.dir={killed}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def kill_at_the_second_checkpoint() -> None:
+        wait_for(lambda: (killed / "checkpoints" / "ep0-ba8").is_dir(), process)
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks at once: no handler runs
+
+    killer = threading.Thread(target=kill_at_the_second_checkpoint)
+    killer.start()  # while that run starts in its process, the uninterrupted one trains here
     # the uninterrupted run writes in the background (async_save): the same checkpoints
     assert run_here(*args, "launcher.devices=2", "checkpoint.async_save=true", f"hydra.run.dir={whole}").returncode == 0
-    assert sorted(path.name for path in (whole / "checkpoints" / "ep0-ba24").iterdir()) == [
+    assert sorted(path.name for path in (whole / "checkpoints" / "ep0-ba16").iterdir()) == [
         ".metadata",
         "__0_0.distcp",  # each rank's shards
         "__1_0.distcp",
         "trainer.pt",
     ]
-    command = [
-        sys.executable,
-        "-m",
-        "trainrun",
-        *on_cpu_beyond_gpus([*args, "launcher.devices=2"]),
-        f"hydra.run.dir={killed}",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for(lambda: (killed / "checkpoints" / "ep0-ba8").is_dir(), process)
-    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks at once: no handler runs
-    process.wait(timeout=30)
-    assert not (killed / "checkpoints" / "ep0-ba24").exists()
+    assert not (whole / "hf_model").exists()  # export=false
+    killer.join(timeout=120)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    assert (killed / "checkpoints" / "ep0-ba8").is_dir() and not (killed / "checkpoints" / "ep0-ba16").exists()
     expected = final_weights(whole)
     for ranks in (1, 4):
-        shutil.copytree(killed, tmp_path / f"on{ranks}")
-    resume = [*args, "resume=auto"]  # on 4 ranks in their processes (rank 0's output read), beside 1 rank here
-    on_four = start_cli(*resume, "launcher.devices=4", f"hydra.run.dir={tmp_path / 'on4'}")
-    results = {1: run_here(*resume, "launcher.devices=1", f"hydra.run.dir={tmp_path / 'on1'}")}
-    out, err = on_four.communicate(timeout=300)
-    results[4] = subprocess.CompletedProcess(on_four.args, on_four.returncode, out, err)
-    for ranks, result in results.items():
-        assert result.returncode == 0, result.stderr
-        assert "resumed from" in result.stdout and "ep0-ba8 at epoch 0, batch 8" in result.stdout
-        assert_same_weights(final_weights(tmp_path / f"on{ranks}"), expected, atol=1e-5)
+        shutil.copytree(killed, folder := tmp_path / f"on{ranks}")
+        resumed = run_here(*args, "resume=auto", f"launcher.devices={ranks}", f"hydra.run.dir={folder}")
+        assert resumed.returncode == 0, resumed.stderr
+        if ranks == 1:  # one rank prints here (four ranks print to their own streams)
+            assert "ep0-ba8 at epoch 0, batch 8" in resumed.stdout.partition("resumed from ")[2]
+        assert_same_weights(final_weights(folder), expected, atol=1e-5)
+        # step rows from 9 on: it went on after step 8 (the killed run wrote none: rows go every 10 steps)
+        assert [row["step"] for row in read_jsonl(folder / "steps.jsonl")] == list(range(9, 17))
     resumed = tmp_path / "on1"  # the commands below in this process: their output, not their start, is tested
-    consolidated = run_here("consolidate", str(resumed / "checkpoints" / "ep0-ba24"), "--hf", str(tmp_path / "hf"))
+    consolidated = run_here("consolidate", str(resumed / "checkpoints" / "ep0-ba16"), "--hf", str(tmp_path / "hf"))
     assert consolidated.returncode == 0, consolidated.stderr
-    one_file = torch.load(resumed / "ep0-ba24.pt", weights_only=True)
+    one_file = torch.load(resumed / "ep0-ba16.pt", weights_only=True)
     assert_same_weights(one_file["model"], expected, atol=1e-5)
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     sampled = run_here("sample", str(resumed), "--prompt", "The file", "--tokens", "5", "--temperature", "0")
@@ -217,3 +223,42 @@ def test_fp8_without_compile_says_it_is_slower_than_bf16(monkeypatch):
     assert eager.float8 and eager.dtype == torch.bfloat16
     assert notes == [precision_module.FP8_EAGER] and "add compile=true" in notes[0]
     assert precision_module.resolve_precision("fp8", torch.device("cuda"), compiled=True)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"), [(torch.bfloat16, (torch.bfloat16, torch.float32)), (None, (None, None))]
+)
+def test_every_fsdp_unit_computes_in_the_runs_precision_and_reduces_gradients_in_float32(precision, expected):
+    """Under bf16 each unit (every block and the root: embedding, final norm, head) gathers bf16
+    weights and reduce-scatters float32 gradients; under fp32 the policy sets neither."""
+    from trainrun.core.parallel import Parallelism, prepare
+    from trainrun.fake_rank import fake_world
+
+    with fake_world(2):
+        with torch.device("meta"):
+            model = Llama(LlamaConfig(layers=2, width=32, heads=2, kv_heads=1, max_seq_len=16), vocab_size=64)
+        prepare(model, Parallelism("fsdp"), precision, torch.device("cpu"))
+        units = [model, *model.blocks]
+        policies = [unit._get_fsdp_state()._fsdp_param_group.mp_policy for unit in units]
+    assert len(units) == 3 and [(p.param_dtype, p.reduce_dtype) for p in policies] == [expected] * 3
+
+
+def test_each_llama_weight_starts_from_its_own_names_generator_whatever_the_layout():
+    """A weight's initial value depends on the run's seed and its name only: the same in a model of
+    more blocks (residual projections scaled by their depth rule), in any order of initialisation,
+    and different from every other weight's."""
+    import math
+
+    torch.manual_seed(0)
+    two = Llama(LlamaConfig(layers=2, width=32, heads=2, kv_heads=1, max_seq_len=16), vocab_size=64)
+    torch.manual_seed(0)
+    three = Llama(LlamaConfig(layers=3, width=32, heads=2, kv_heads=1, max_seq_len=16), vocab_size=64)
+    deeper = dict(three.named_parameters())
+    for name, value in two.named_parameters():
+        residual = name.endswith(("attention.out.weight", "mlp.down.weight"))
+        scale = math.sqrt(4 / 6) if residual else 1.0  # std 0.02 / sqrt(2 x layers)
+        torch.testing.assert_close(deeper[name], value * scale, msg=name)
+    backwards = {name: two.initial_value(name, p) for name, p in reversed(list(two.named_parameters()))}
+    assert all(torch.equal(backwards[name], p) for name, p in two.named_parameters())
+    matrices = [p.flatten()[:16] for name, p in two.named_parameters() if p.dim() == 2]
+    assert len({tuple(m.tolist()) for m in matrices}) == len(matrices)  # no two weights share a draw

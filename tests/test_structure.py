@@ -3,6 +3,7 @@
 import ast
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import yaml
@@ -164,3 +165,45 @@ def test_a_built_in_corpus_holds_out_what_write_text_holds_out():
         option = yaml.safe_load(path.read_text()) or {}
         if (option.get("text") or {}).get("corpus"):
             assert option["val_fraction"] == TEXT_VAL_FRACTION, path.name
+
+
+# strings that look like keys and are not: file names, Hugging Face weight names, MLflow's names, attributes
+NOT_KEYS = {
+    "model.pt", "auto.json", "progress.json", "mlflow.json", "mlflow.db", "mlflow.source.name", "model.layers",
+    "model.norm.weight", "model.embed_tokens.weight", "model.blocks", "task.fields", "task.description",
+    "mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue",
+}  # fmt: skip
+
+
+def _is_key(path: list[str]) -> bool:
+    """Whether ``path`` (``["data", "shards", "tokenizer"]``) names a setting of the schema."""
+    section: type = TrainConfig
+    for depth, name in enumerate(path):
+        if not dataclasses.is_dataclass(section) or name not in {field.name for field in dataclasses.fields(section)}:
+            return False
+        section = typing.get_type_hints(section)[name]
+        if not dataclasses.is_dataclass(section):
+            return depth == len(path) - 1
+    return True
+
+
+def test_every_key_a_message_names_exists():
+    """A message that tells the user to set a key (``set data.shards.tokenizer``) names one the schema
+    has: every dotted name under a config section in trainrun's strings (docstrings aside) resolves."""
+    sections = sorted(field.name for field in dataclasses.fields(TrainConfig) if field.name != "algorithms")
+    dotted = re.compile(rf"(?<![\w./-])((?:{'|'.join(sections)})(?:\.[a-z_][a-z0-9_]*)+)")
+    named = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, documented) and ast.get_docstring(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                named |= {(match, path.name) for match in dotted.findall(node.value)}
+    unknown = sorted((key, file) for key, file in named if key not in NOT_KEYS and not _is_key(key.split(".")))
+    assert not unknown
+    assert len(named) > 50  # the scan sees the messages

@@ -174,5 +174,70 @@ def test_bad_shards_and_an_empty_glob_stop_the_cli_before_anything_is_written(tm
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"trainrun: error: {message}"), lines
         assert not (tmp_path / "run").exists()
+    unread = run_here(*common, f"data.train={folder}/train_000000.bin", f"data.path={folder}")  # does nothing here
+    assert unread.returncode == 2 and unread.stderr.startswith(
+        "trainrun: error: bad key 'data.path': data=token_shards does not read it (it reads data.train, data.val, "
+    )
     unscored = run_here(*common, f"data.train={folder}/train_000000.bin", "data.shards.val_tokens=20")
     assert unscored.returncode == 2 and "bad value for 'data.shards.val_tokens': 20 (a multiple of" in unscored.stderr
+
+
+@pytest.mark.parametrize("tokenizer", [True, False], ids=["data.shards.tokenizer", "the format's tokenizer"])
+def test_shards_with_ids_beyond_the_vocabulary_are_refused_before_the_run_in_one_line(shards, tmp_path, tokenizer):
+    """The vocabulary is data.shards.tokenizer's (512 here) or, without one, GPT-2's (50,257): a
+    shard holding a larger id is named with its largest id and the vocabulary, exit 2, nothing written."""
+    vocab = 512 if tokenizer else 50257
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_shard(folder / "train_000000.bin", shards["train"][:5000])
+    bad = write_shard(folder / "train_000001.bin", [*shards["train"][:300], vocab + 7, vocab - 1])
+    write_shard(folder / "val_000000.bin", [*shards["train"][:200], vocab - 1])  # the largest id allowed
+    args = [*shard_args(shards), f"data.train={folder}/train_*.bin", f"data.val={folder}/val_*.bin"]
+    args += ["data.shards.val_tokens=128", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    if not tokenizer:
+        args.remove(f"data.shards.tokenizer={shards['folder']}/tokenizer.json")
+    source = f"data.shards.tokenizer '{shards['folder']}/tokenizer.json'" if tokenizer else "the GPT-2 tokenizer"
+    for _ in range(2):  # the second time from the cache
+        result = run_here(*args)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        expected = f"'{bad}' holds token id {vocab + 7:,}, beyond the vocabulary of {vocab:,} ({source}"
+        assert result.stderr.startswith(f"trainrun: error: {expected}"), result.stderr
+        assert not (tmp_path / "run").exists()
+    assert len(list((tmp_path / "cache").glob("shard-largest-id-*.json"))) == 2  # the shards up to the bad one
+    write_shard(bad, shards["train"][:300])  # the file mended: read again (its size and time changed)
+    assert run_here(*args, "max_duration=1ba", "eval_interval=1ba", "progress=false").returncode == 0
+
+
+def test_a_shards_largest_id_is_read_once_and_again_when_the_file_changes(tmp_path, monkeypatch):
+    from trainrun.data import token_shards
+
+    shard = write_shard(tmp_path / "a.bin", [3, 9, 4])
+    shard_format, cache = token_shards.FORMATS[GPT2[0]], str(tmp_path / "cache")
+    assert token_shards.largest_id(shard, shard_format, 3, cache) == 9
+    monkeypatch.setattr(token_shards.np, "max", None)  # read from the cache: no pass over the tokens
+    assert token_shards.largest_id(shard, shard_format, 3, cache) == 9
+    monkeypatch.undo()
+    write_shard(shard, [3, 11, 4, 5])
+    assert token_shards.largest_id(shard, shard_format, 4, cache) == 11
+    assert token_shards.largest_id(write_shard(tmp_path / "empty.bin", []), shard_format, 0, cache) == -1
+
+
+def test_shard_validation_reads_the_first_val_tokens_of_the_validation_stream_in_order(shards, tmp_path):
+    """By value: window i is validation tokens i·L … i·L + L (inputs and the next token), for exactly
+    data.shards.val_tokens / L windows, from the start of the first validation shard on."""
+    from trainrun.config import compose
+    from trainrun.data.token_shards import shard_datasets
+    from trainrun.validation import validate
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    stream = shards["train"][:3000]
+    write_shard(folder / "val_000000.bin", stream[:700])  # the stream crosses into the second shard
+    write_shard(folder / "val_000001.bin", stream[700:])
+    args = [*shard_args(shards), f"data.val={folder}/val_*.bin", "data.shards.val_tokens=1024"]
+    data = validate(compose(args), files=False).data
+    evaluation = shard_datasets(data).val
+    assert len(evaluation) == 1024 // 32
+    read = torch.cat([evaluation[i][:-1] for i in range(len(evaluation))])
+    assert torch.equal(read, torch.as_tensor(stream[:1024], dtype=torch.int64))
+    assert [int(evaluation[i][-1]) for i in range(len(evaluation))] == [int(stream[32 * (i + 1)]) for i in range(32)]

@@ -202,3 +202,28 @@ def test_a_text_field_names_another_json_field_or_column(tokenizer, tmp_path):
         write_text(tmp_path / name, out, tokenizer, "--text-field", "body", "--val-fraction", "0.2")
         meta = json.loads((out / "store.json").read_text())
         assert meta["train"]["documents"] + meta["val"]["documents"] == 60 and meta["settings"]["text_field"] == "body"
+
+
+def test_records_without_text_are_skipped_counted_said_and_kept_in_the_store(documents, tokenizer, tmp_path):
+    """Null texts (a Parquet column's, a JSON record's) and empty ones hold no document: the store
+    holds the others, and the write says how many of each it skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = documents[:300]
+    gappy = [
+        None if i % 7 == 3 else "" if i % 11 == 5 else " \n " if i % 13 == 4 else doc for i, doc in enumerate(texts)
+    ]
+    nulls, empties = sum(text is None for text in gappy), sum(text is not None and not text.strip() for text in gappy)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pa.table({"text": gappy[:150]}), corpus / "a.parquet", row_group_size=40)
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in gappy[150:]))
+    printed = write_text(corpus, tmp_path / "store", tokenizer, "--val-fraction", "0.1")
+    assert (
+        f"skipped {nulls + empties:,} records without text: {nulls:,} whose 'text' is null, {empties:,} empty"
+        in printed
+    )
+    meta = json.loads((tmp_path / "store" / "store.json").read_text())
+    assert (meta["null_records"], meta["empty_records"]) == (nulls, empties) and nulls > 10 and empties > 10
+    assert meta["train"]["documents"] + meta["val"]["documents"] == 300 - nulls - empties

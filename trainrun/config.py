@@ -426,6 +426,8 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
     if notices:
         for notice in former_name_notices(composed):
             print(f"trainrun: note: {notice}", file=sys.stderr)
+    option = next((str(override_value(o)) for o in job if override_key(o) == "data"), None)
+    kinds.refuse_unread_data_keys(map(override_key, job), str(OmegaConf.select(composed, "data.name")), option)
     try:
         return validate(composed, files)
     except KindMismatch as error:  # said with the options the user chose, not their registered names

@@ -1,8 +1,9 @@
 """Config fields with the checks OmegaConf cannot express, written in their metadata.
 
 ``time`` (a :class:`~trainrun.core.time.Time` string), ``interval`` (a recurring time, never zero),
-``choices``, ``min``, ``max`` and ``exclusive_min``; :func:`trainrun.validation.check_fields` reads
-them. Torch-free, like every config dataclass, so that a bad value fails in a fraction of a second.
+``choices``, ``min``, ``max``, ``exclusive_min``, ``exclusive_max`` (of a number, or of each number of
+a list) and ``length`` (of a list); :func:`trainrun.validation.check_fields` reads them. Torch-free,
+like every config dataclass, so that a bad value fails in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -41,6 +42,22 @@ def non_negative_field(default: Any) -> Any:
 def fraction_field(default: float) -> Any:
     """A share in [0, 1]."""
     return field(default=default, metadata={"min": 0, "max": 1})
+
+
+def coefficient_field(default: float) -> Any:
+    """A decay coefficient in [0, 1) (a momentum): at 1 nothing would decay, above it the sum grows."""
+    return field(default=default, metadata={"min": 0, "exclusive_max": 1})
+
+
+def coefficients_field(*defaults: float) -> Any:
+    """A list of decay coefficients, each in [0, 1), as many as ``defaults`` (Adam's betas)."""
+    bounds = {"min": 0, "exclusive_max": 1, "length": len(defaults)}
+    return field(default_factory=lambda: list(defaults), metadata=bounds)
+
+
+def open_fraction_field(default: float) -> Any:
+    """A share in (0, 1): both parts non-empty (a held-out share)."""
+    return field(default=default, metadata={"exclusive_min": 0, "exclusive_max": 1})
 
 
 def positive_fraction_field(default: float) -> Any:

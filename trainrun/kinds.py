@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from trainrun.errors import ConfigError
 from trainrun.quality import Quality
 
 KIND_ORDER = ("task", "data", "model")  # a run's kinds, in the order validation reads them
@@ -49,6 +50,9 @@ class Capability(str, Enum):
 
 
 Check = Callable[[Any], None]  # the run's TrainConfig -> raise ConfigError naming the key
+# the keys under data that say where a data source's data come from and how it is cut: each data kind
+# reads some (KindSpec.reads); one a run sets that its kind does not read is refused
+DATA_SOURCE_KEYS = ("path", "train", "val", "text", "shards", "segmentation")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,23 @@ class KindSpec:
     # a language model's vocabulary as published (its tokenizer's), which trainrun estimate sizes
     # the model with where the run names no data to read it from
     published_vocab: int | None = None
+    # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
+    # "text.max_seq_len"); a run that sets another under data is refused
+    reads: tuple[str, ...] = ()
+
+    def reads_key(self, key: str) -> bool:
+        """Whether this data kind reads ``key`` (under data: ``shards.tokenizer``)."""
+        return any(key == read or key.startswith(f"{read}.") for read in self.reads)
+
+    def unread_key(self, key: str, option: str) -> str | None:
+        """The line refusing ``data.<key>`` where it is a source key this data kind (the run's
+        ``data=option``) does not read."""
+        if key.split(".")[0] not in DATA_SOURCE_KEYS or self.reads_key(key):
+            return None
+        sections = {"text", "shards", "segmentation"}
+        named = [f"data.{read}" + (".*" if read in sections else "") for read in self.reads or DATA_SOURCE_KEYS]
+        reads = f"it reads {', '.join(named)}" if self.reads else f"it reads none of {', '.join(named)}"
+        return f"bad key 'data.{key}': data={option} does not read it ({reads})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +95,17 @@ class TaskSpec(KindSpec):
     quality: Quality
     losses: tuple[str, ...] = ("soft_ce",)
     trains_with: str = "cross-entropy, soft_ce"
+
+
+def refuse_unread_data_keys(keys: Iterable[str], name: str, option: str | None = None) -> None:
+    """A key under data among ``keys`` (a run's overrides) that data kind ``name`` (the user's
+    ``data=option``) does not read would do nothing: refused before any file is read, naming the
+    kind and the keys it reads (``data.path`` beside ``data=token_shards``). An unknown kind is left
+    to validation, which names the choices."""
+    spec = specs("data").get(name)
+    for key in keys if spec is not None else ():
+        if key.startswith("data.") and (line := spec.unread_key(key.removeprefix("data."), option or name)):
+            raise ConfigError(line)
 
 
 @functools.cache

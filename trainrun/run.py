@@ -68,7 +68,7 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     print_banner(config, run_dir, state, task, console, budget)
     try:
         trainer.fit(offset)
-        if config.checkpoint.save_final and config.profile_prefix is None:
+        if config.export and config.checkpoint.save_final and config.profile_prefix is None:
             export(config, state, engine, task, run_dir, console)
     except BaseException as error:
         logs.record_failure(state, error)

@@ -34,6 +34,14 @@ def check_output_dir(key: str, value: str) -> None:
             return
 
 
+def check_output_file(key: str, path: Path) -> None:
+    """The file ``key`` = ``path`` names can be written: its folder can be made (:func:`check_output_dir`)
+    and it is not a folder."""
+    check_output_dir(key, str(path.parent))
+    if path.is_dir():
+        raise ConfigError(f"bad value for '{key}': '{path}' is a folder; name the file to write")
+
+
 EARLIER_RUN_FILES = (METRICS, SUMMARY, f"{CHECKPOINTS}/*.pt")
 
 

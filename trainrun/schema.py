@@ -15,9 +15,12 @@ from typing import Any
 from trainrun.core.time import Time, TimeUnit
 from trainrun.fields import (
     choice_field,
+    coefficient_field,
+    coefficients_field,
     fraction_field,
     interval_field,
     non_negative_field,
+    open_fraction_field,
     positive_field,
     positive_fraction_field,
     time_field,
@@ -219,7 +222,8 @@ class DataConfig:
     resolution: int = positive_field(8)  # training image side
     eval_resolution: int = positive_field(8)  # evaluation image side (center crop)
     eval_resize: int | None = None  # shorter side before the center crop
-    val_fraction: float = positive_field(0.2)  # digits, mnist5k, built-in corpora: held-out share, fixed by split_seed
+    # digits, mnist5k, built-in corpora: held-out share, fixed by split_seed
+    val_fraction: float = open_fraction_field(0.2)
     split_seed: int = non_negative_field(0)
     num_samples: int = positive_field(2048)  # synthetic: training images
     val_samples: int = positive_field(512)  # synthetic: validation images
@@ -250,7 +254,7 @@ class MuonConfig:
     head_lr: float = positive_field(0.008)  # Adam: parameters of the modules named in head_modules
     scalar_lr: float = positive_field(0.04)  # Adam: every parameter below 2-D (norm gains, biases)
     head_modules: list[str] = field(default_factory=lambda: ["head"])  # the output projection's module names
-    momentum_start: float = fraction_field(0.85)  # Muon's momentum warms from this to optimizer.momentum
+    momentum_start: float = coefficient_field(0.85)  # Muon's momentum warms from this to optimizer.momentum
     momentum_warmup: str = time_field("300ba")  # over this long
 
 
@@ -261,11 +265,11 @@ class OptimizerConfig:
 
     name: str = choice_field("sgdw", "sgdw", "sgd", "adamw", "lamb", "muon", "radam")
     lr: float = positive_field(0.2)
-    momentum: float = non_negative_field(0.9)
-    dampening: float = non_negative_field(0.0)
+    momentum: float = coefficient_field(0.9)
+    dampening: float = fraction_field(0.0)
     nesterov: bool = False
     weight_decay: float = non_negative_field(5e-4)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = coefficients_field(0.9, 0.999)
     eps: float = positive_field(1e-8)
     exclude_norm_and_bias: bool = False  # no weight decay on normalisation layers and biases
     lr_scaling: str = choice_field("none", "none", "linear")  # linear: lr x train_batch_size / reference_batch_size
@@ -402,6 +406,9 @@ class TrainConfig:
     loggers: list[str] = field(default_factory=list)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
+    # at the end, the task's export of the final model (<run>/hf_model for transformers, model.pt for
+    # trainrun ensemble); a sharded model is gathered whole on rank 0 for it: false skips that
+    export: bool = True
 
 
 def budget_seconds(config: TrainConfig) -> float:

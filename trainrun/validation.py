@@ -94,6 +94,15 @@ def describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     return message
 
 
+BOUNDS = {  # a field's metadata bound -> whether a number keeps it
+    "exclusive_min": lambda number, bound: number > bound,
+    "min": lambda number, bound: number >= bound,
+    "max": lambda number, bound: number <= bound,
+    "exclusive_max": lambda number, bound: number < bound,
+}
+BOUND_SIGNS = {"exclusive_min": ">", "min": ">=", "max": "<=", "exclusive_max": "<"}
+
+
 def check_fields(obj: Any, prefix: str) -> None:
     """Each field of the dataclass ``obj`` within what its metadata allows (:mod:`trainrun.fields`)."""
     for spec in dataclasses.fields(obj):
@@ -110,12 +119,12 @@ def check_fields(obj: Any, prefix: str) -> None:
                 _check_time(key, time, meta)
         if "choices" in meta and value not in meta["choices"]:
             raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
-        if "exclusive_min" in meta and not value > meta["exclusive_min"]:
-            raise ConfigError(f"bad value for '{key}': {value} (must be > {meta['exclusive_min']})")
-        if "min" in meta and not value >= meta["min"]:
-            raise ConfigError(f"bad value for '{key}': {value} (must be >= {meta['min']})")
-        if "max" in meta and not value <= meta["max"]:
-            raise ConfigError(f"bad value for '{key}': {value} (must be <= {meta['max']})")
+        if "length" in meta and len(value) != meta["length"]:
+            raise ConfigError(f"bad value for '{key}': {value} (give {meta['length']} numbers)")
+        numbers, each = (value, "each ") if isinstance(value, list) else ([value], "")
+        for bound, holds in BOUNDS.items():
+            if bound in meta and not all(holds(number, meta[bound]) for number in numbers):
+                raise ConfigError(f"bad value for '{key}': {value} ({each}must be {BOUND_SIGNS[bound]} {meta[bound]})")
 
 
 def _check_time(key: str, value: str, meta: dict) -> None:

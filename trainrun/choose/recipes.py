@@ -15,7 +15,7 @@ from trainrun.choose.profiling import Profile, ProfileFailed, Profiler
 from trainrun.config import AUTO_RECIPE, ConfigSource, compose, group_options, override_key
 from trainrun.core.time import Time
 from trainrun.errors import ConfigError
-from trainrun.kinds import Capability, task_spec
+from trainrun.kinds import Capability, specs, task_spec
 from trainrun.quality import TOP1, Quality
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.validation import validate
@@ -201,17 +201,38 @@ def _run_config(rest: list[str], source: ConfigSource) -> TrainConfig:
     first = _first_candidate(given.auto.candidates, given.auto.table)
     if first is not None and first in group_options("recipe", source):
         with_first = compose([*rest, f"recipe={first}"], source)
+        table = Path(given.auto.table).expanduser() if given.auto.table else None
         try:
-            return validate(with_first)
+            config = validate(with_first)
         except ConfigError as error:
             if with_first.task.name == given.task.name:
+                if table is not None:  # a table of another task's runs: that, not the first symptom of it
+                    _check_table_task(table, with_first.task.name)
                 raise
             where = f"auto.table '{given.auto.table}'" if given.auto.table else "auto.candidates"
             raise ConfigError(  # the command's own settings are for another task than the recipes'
                 f"{where} holds recipes of task {with_first.task.name} ({first} sets it), not "
                 f"{given.task.name}: {error}"
             ) from error
+        if table is not None:
+            _check_table_task(table, config.task.name)
+        return config
     return validate(given)
+
+
+def _check_table_task(table: Path, task: str) -> None:
+    """A table of another task's runs (its quality column another metric's) is refused, naming both
+    tasks, before a recipe of it is checked with this run's settings."""
+    rows = read_rows(table)
+    metric = task_spec(task).quality.metric
+    if not rows or f"{metric}_mean" in rows[0]:
+        return  # fits, or read_table names what it lacks
+    measured = [name for name, spec in specs("task").items() if f"{spec.quality.metric}_mean" in rows[0]]
+    holds = f"runs of task {' or '.join(measured)}" if measured else "no task's quality column"
+    raise ConfigError(
+        f"bad value for 'auto.table': '{table}' holds {holds}, and this run is task {task} (its quality column "
+        f"{metric}_mean): pass a table of {task} runs ('trainrun report' of their sweeps)"
+    )
 
 
 def _first_candidate(candidates: list[str] | None, table: str | None) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainrun.core.checkpoint import atomic_torch_save
 from trainrun.errors import ConfigError
-from trainrun.run_files import check_output_dir
+from trainrun.run_files import check_output_dir, check_output_file
 
 
 def consolidate_command(argv: list[str]) -> int:
@@ -33,7 +33,7 @@ def consolidate_command(argv: list[str]) -> int:
         raise ConfigError(f"bad value for 'CHECKPOINT': '{path}' is not a sharded checkpoint folder")
     run = path.parent.parent
     output = args.output or run / f"{path.name}.pt"
-    check_output_dir("--output", str(output.parent))  # a folder that cannot be made: one line, before any work
+    check_output_file("--output", output)  # a folder that cannot be made: one line, before any work
     if args.hf:
         check_output_dir("--hf", str(args.hf.parent))
     payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete

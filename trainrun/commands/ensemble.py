@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
@@ -24,18 +26,26 @@ from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.schema import TrainConfig
 
+if TYPE_CHECKING:
+    from trainrun.tasks.segmentation import Segmentation
+
 ENSEMBLE = "ensemble.json"
 
 
 def ensemble_command(argv: list[str]) -> int:
     """Entry point of ``trainrun ensemble``."""
     args = _parser().parse_args(argv)
+    out = args.out or (args.runs[0] / ENSEMBLE)
+    run_files.check_output_file("--out", out)  # before any prediction
     runs = trained_runs(args.runs)
     configs = [run_config(run) for run in runs]
     data = dataclasses.replace(configs[0].data, name="decathlon", path=str(args.data))
     from trainrun.validation import validate
 
-    validate(OmegaConf.structured(dataclasses.replace(configs[0], data=data)))  # the held-out folder, checked
+    try:  # the held-out folder, checked as the runs' data was
+        validate(OmegaConf.structured(dataclasses.replace(configs[0], data=data)))
+    except ConfigError as error:
+        raise ConfigError(f"bad value for '--data': the runs' models do not fit '{args.data}': {error}") from None
     scores = predict(runs, configs, data)
     names = [run.name for run in runs]
     means = {name: _mean(values) for name, values in scores.items()}
@@ -46,7 +56,6 @@ def ensemble_command(argv: list[str]) -> int:
         table.add_row(name, *(f"{value:.2%}" for value in means[name]))
     console = Console(width=None if Console().is_terminal else 200)
     console.print(table)
-    out = args.out or (args.runs[0] / ENSEMBLE)
     atomic_write_json(out, {"data": str(args.data), "runs": [str(run) for run in runs], "mean": means, "cases": scores})
     console.print(f"wrote {out}", highlight=False)
     return 0
@@ -106,17 +115,29 @@ def predict(runs: list[Path], configs: list[TrainConfig], data) -> dict[str, lis
     ]
     store = VolumeStore.open(store_path(data))
     scores: dict[str, list[list[float]]] = {run.name: [] for run in runs} | {"ensemble": []}
+
+    def scored(run: Path, model: torch.nn.Module, volume: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """``model``'s logits for ``volume``, its Dice kept as ``run``'s."""
+        (logits,) = task.predict(model, [volume])
+        scores[run.name].append(task.volume_dice(logits, label).tolist())
+        return logits
+
     with torch.inference_mode():
         for volume, label in Volumes(store, list(range(len(store.cases)))):  # as evaluation reads them
             volume, label = volume.to(device), label.to(device)
-            total = None
-            for run, model in zip(runs, models, strict=True):
-                (logits,) = task.predict(model, [volume])
-                scores[run.name].append(task.volume_dice(logits, label).tolist())
-                probabilities = task.probabilities(logits)
-                total = probabilities if total is None else total.add_(probabilities)
-            scores["ensemble"].append(task.volume_dice(task.scores(total / len(models)), label).tolist())
+            each = (scored(run, model, volume, label) for run, model in zip(runs, models, strict=True))
+            scores["ensemble"].append(task.volume_dice(ensemble_scores(task, each), label).tolist())
     return scores
+
+
+def ensemble_scores(task: Segmentation, logits: Iterator[torch.Tensor]) -> torch.Tensor:
+    """The ensemble of one case's predictions (each run's logits, read one at a time): the mean of
+    their probabilities (nnU-Net's rule), as the scores Dice and post-processing read."""
+    total, count = None, 0
+    for each in logits:
+        probabilities = task.probabilities(each)
+        total, count = (probabilities if total is None else total.add_(probabilities)), count + 1
+    return task.scores(total / count)
 
 
 def _mean(cases: list[list[float]]) -> list[float]:

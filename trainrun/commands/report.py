@@ -23,11 +23,14 @@ from trainrun.report import curves
 from trainrun.report.plots import plot_tradeoff
 from trainrun.report.runs import Pricing, find_runs, load_run
 from trainrun.report.sections import Report, Section, build_sections
+from trainrun.run_files import check_output_dir
 
 
 def report_command(argv: list[str]) -> int:
     """Entry point of ``trainrun report``."""
     args = _parser().parse_args(argv)
+    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
+    check_output_dir("--out", str(out))  # before any run is read
     pricing = _pricing(args.hardware, args.price_per_hour)
     runs, notes = [], []
     for path in find_runs(args.dirs):
@@ -46,7 +49,6 @@ def report_command(argv: list[str]) -> int:
     targets = args.targets or sorted({t for r in runs for t in r.quality_targets})
     report = Report(runs, all_points, baseline, targets, notes)
     sections = build_sections(report)
-    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
     console = Console(width=None if sys.stdout.isatty() else 200)
     for section in sections:
         console.print(_rich_table(section))

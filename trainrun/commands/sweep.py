@@ -161,6 +161,7 @@ def run_sweep(argv: list[str]) -> int:
     budgets, seeds, out, overrides, source, folds_text = parse_sweep_arguments(argv)
     base = validate(compose(overrides, source))
     out = out or Path("sweeps") / (base.name or "sweep")
+    run_files.check_output_dir("out", str(out))
     if folds_text is not None and Capability.FOLDS not in task_spec(base.task.name).offers:
         tasks = " or ".join(f"task={name}" for name in tasks_offering({Capability.FOLDS}))
         raise ConfigError(f"bad value for 'folds': {folds_text} (cross-validation folds are {tasks}'s)")

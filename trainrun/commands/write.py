@@ -13,6 +13,7 @@ from rich.console import Console
 
 from trainrun.data.write import WriteSettings, source_dataset, write_beton
 from trainrun.errors import ConfigError
+from trainrun.run_files import check_output_file
 
 
 def write_command(argv: list[str]) -> int:
@@ -34,6 +35,7 @@ def write_command(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("overrides", nargs="*", help="data.* overrides for built-in sets, e.g. data.num_samples=4096")
     args = parser.parse_args(argv)
+    check_output_file("OUT", args.out)
     if args.out.exists() and not args.overwrite:
         raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
     if not 0 <= args.compress_probability <= 1:

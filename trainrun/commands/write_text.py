@@ -27,6 +27,7 @@ from trainrun.data.token_store import (
 )
 from trainrun.errors import ConfigError
 from trainrun.fields import choices_of
+from trainrun.run_files import check_output_dir
 from trainrun.schema import TextConfig
 
 
@@ -74,7 +75,12 @@ def write_text_arguments(argv: list[str]) -> argparse.Namespace:
         help="training tokens per shard (default %(default)s)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    args = parser.parse_args(argv)
+    return checked(parser.parse_args(argv))
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` if their output can be written and every value is one write-text takes; else one line."""
+    check_output_dir("OUT", str(args.out))
     if args.out.exists() and not args.overwrite:
         raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
     if args.dtype != "auto" and args.tokenizer is None:
@@ -110,6 +116,13 @@ def write_text_command(argv: list[str]) -> int:
         f"(vocabulary {meta['vocab_size']:,}, {meta['dtype']}) to {args.out}",
         soft_wrap=True,
     )
+    null, empty = meta.get("null_records", 0), meta.get("empty_records", 0)
+    if null or empty:
+        console.print(
+            f"skipped {null + empty:,} records without text: {null:,} whose '{args.text_field}' is null, "
+            f"{empty:,} empty (store.json: null_records, empty_records)",
+            soft_wrap=True,
+        )
     if args.tokenizer is None and meta["vocab_size"] < args.vocab_size:
         console.print(
             f"note: the vocabulary is {meta['vocab_size']:,} tokens, fewer than --vocab-size {args.vocab_size:,}: "

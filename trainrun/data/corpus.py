@@ -10,8 +10,9 @@ Hugging Face ``datasets``' ``save_to_disk`` wrote. Each file kind is named by it
 - a ``save_to_disk`` folder: its Arrow files (a ``DatasetDict``'s splits in its own order).
 
 Any other file is refused by name, never read as text nor skipped in silence. Records are numbered
-in stream order from 0, empty ones too (they hold no document and are dropped later): the number
-decides a record's split (:func:`held_out`) and is where a resumed write continues.
+in stream order from 0, empty ones and those whose text is null too (they hold no document: they are
+dropped and counted later): the number decides a record's split (:func:`held_out`) and is where a
+resumed write continues.
 """
 
 from __future__ import annotations
@@ -144,14 +145,16 @@ def _text_lines(file: CorpusFile, counter: CountingReader) -> Iterator[tuple[int
         raise DataError(f"corpus file '{file.path}' is damaged after line {number} ({error})") from None
 
 
-def _json_text(file: CorpusFile, number: int, line: str, field: str) -> str:
-    """The ``field`` of line ``number`` of a JSON-lines file ('' for a blank line)."""
+def _json_text(file: CorpusFile, number: int, line: str, field: str) -> str | None:
+    """The ``field`` of line ``number`` of a JSON-lines file ('' for a blank line, None where it is null)."""
     if not line.strip():
         return ""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise DataError(f"corpus file '{file.path}' line {number} is not a JSON record ({error.msg})") from None
+    if isinstance(record, dict) and field in record and record[field] is None:
+        return None
     if not isinstance(record, dict) or not isinstance(record.get(field), str):
         raise DataError(
             f"corpus file '{file.path}' line {number} has no \"{field}\" string "
@@ -184,8 +187,9 @@ def _column_batches(file: CorpusFile, field: str) -> Iterator[tuple[object, floa
 
 
 def file_records(file: CorpusFile, field: str, skip: int = 0) -> Iterator[tuple[str | None, int]]:
-    """(text, bytes of the file read so far) of each record of ``file``: '' for an empty record,
-    None for each of the first ``skip``, which are passed over without decoding (nor JSON parsing)."""
+    """(text, bytes of the file read so far) of each record of ``file``: '' for an empty record, None
+    for a null text (a column's or a JSON record's) and for each of the first ``skip``, which are passed
+    over without decoding (nor JSON parsing)."""
     if file.kind in ("parquet", "arrow"):
         for column, share in _column_batches(file, field):
             position = round(share * file.size)
@@ -197,7 +201,7 @@ def file_records(file: CorpusFile, field: str, skip: int = 0) -> Iterator[tuple[
             for text in column.slice(skip).to_pylist():
                 if not isinstance(text, str | None):
                     raise DataError(f"corpus file '{file.path}' column '{field}' holds {type(text).__name__}, not text")
-                yield text or "", position
+                yield text, position
             skip = 0
         return
     with open(file.path, "rb") as handle:
@@ -217,13 +221,13 @@ def file_records(file: CorpusFile, field: str, skip: int = 0) -> Iterator[tuple[
             yield ("".join(block).strip() if skip <= 0 else None), counter.consumed
 
 
-def records(files: list[CorpusFile], field: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
-    """(record number, text, bytes of the corpus read so far) of every record from number ``start``
-    on, across ``files`` in order (the records before it are counted, not decoded)."""
+def records(files: list[CorpusFile], field: str, start: int = 0) -> Iterator[tuple[int, str | None, int]]:
+    """(record number, text or None where it is null, bytes of the corpus read so far) of every record
+    from number ``start`` on, across ``files`` in order (the records before it are counted, not decoded)."""
     number, done = 0, 0
     for file in files:
         for text, position in file_records(file, field, skip=max(0, start - number)):
-            if text is not None:
+            if number >= start:
                 yield number, text, done + position
             number += 1
         done += file.size

@@ -60,7 +60,7 @@ def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]
     if not manifest.is_file():
         raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
     described = read_json(manifest)
-    _check_manifest(manifest, described)
+    check_manifest(manifest, described)
     cases = []
     for entry in described["training"]:
         image, label = source / entry["image"], source / entry["label"]
@@ -73,7 +73,7 @@ def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]
     return described, sorted(cases)
 
 
-def _check_manifest(manifest: Path, described: object) -> None:
+def check_manifest(manifest: Path, described: object) -> None:
     """``dataset.json`` names its channels (``modality``), its labels and its training cases."""
     if not isinstance(described, dict):
         raise DataError(f"'{manifest}' is not a Decathlon dataset.json (a JSON object with modality, labels, training)")
@@ -82,6 +82,8 @@ def _check_manifest(manifest: Path, described: object) -> None:
             raise DataError(
                 f"'{manifest}' has no '{key}' {'object' if kind is dict else 'list'} (the Decathlon layout)"
             )
+    if not all(str(key).isdigit() for key in described["modality"]):
+        raise DataError(f"'{manifest}' modality keys are not channel numbers: {sorted(described['modality'])}")
     for number, entry in enumerate(described["training"], 1):
         if not (
             isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)

@@ -36,6 +36,8 @@ from trainrun.schema import DataConfig, TextConfig
 
 FORMAT = "trainrun-tokens/2"
 BATCH_DOCUMENTS = 1024  # documents tokenized per task: fixed, so shard boundaries do not depend on the workers
+# records that hold no document (their text null, or empty): counted per shard and in store.json
+WITHOUT_TEXT = ("null_records", "empty_records")
 SPLITS = ("train", "val")
 
 
@@ -67,6 +69,7 @@ class ShardWriter:
         self.hashes = {split: hashlib.sha256() for split in SPLITS}
         self.lengths: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
         self.tokens = dict.fromkeys(SPLITS, 0)
+        self.without_text = dict.fromkeys(WITHOUT_TEXT, 0)  # records of the shard's range that held none
 
     def add(self, split: str, ids: np.ndarray, lengths: np.ndarray) -> None:
         data = ids.astype(self.dtype, copy=False).tobytes()
@@ -77,7 +80,7 @@ class ShardWriter:
 
     def close(self, records_end: int) -> dict:
         """Flush both parts to disk; what ``progress.json`` and ``store.json`` say of the shard."""
-        entry: dict = {"index": self.index, "records_end": records_end}
+        entry: dict = {"index": self.index, "records_end": records_end, **self.without_text}
         for split in SPLITS:
             handle = self.files[split]
             handle.flush()
@@ -119,32 +122,39 @@ def shard_intact(folder: Path, entry: dict, itemsize: int) -> bool:
 
 @dataclass
 class Batch:
-    """Up to ``BATCH_DOCUMENTS`` documents in record order, which of them are held out, and where they end."""
+    """Up to ``BATCH_DOCUMENTS`` documents in record order, which of them are held out, where they
+    end, and how many records among them held no text (:data:`WITHOUT_TEXT`)."""
 
     texts: list[str]
     validation: np.ndarray
     records_end: int  # the number after the batch's last record
     position: int  # bytes of the corpus read after it
+    without_text: dict[str, int]
 
 
 def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> Iterator[Batch]:
-    """The corpus's documents from record ``start`` on, in batches (empty records dropped)."""
+    """The corpus's documents from record ``start`` on, in batches (records whose text is null or
+    empty dropped and counted)."""
 
-    def batch(texts: list[str], numbers: list[int], records_end: int, position: int) -> Batch:
+    def batch(records_end: int, position: int) -> Batch:
         held = held_out(np.array(numbers), settings.val_fraction, settings.split_seed)
-        return Batch(texts, held, records_end, position)
+        return Batch(texts, held, records_end, position, without_text)
 
-    texts, numbers = [], []
+    texts, numbers, without_text = [], [], dict.fromkeys(WITHOUT_TEXT, 0)
     number, position = start - 1, 0
     for number, text, position in records(files, settings.text_field, start):
-        if text.strip():
+        if text is None:
+            without_text["null_records"] += 1
+        elif not text.strip():
+            without_text["empty_records"] += 1
+        else:
             texts.append(text)
             numbers.append(number)
         if len(texts) == BATCH_DOCUMENTS:
-            yield batch(texts, numbers, number + 1, position)
-            texts, numbers = [], []
+            yield batch(number + 1, position)
+            texts, numbers, without_text = [], [], dict.fromkeys(WITHOUT_TEXT, 0)
     if texts or number + 1 > start:
-        yield batch(texts, numbers, number + 1, position)
+        yield batch(number + 1, position)
 
 
 class Progress:
@@ -250,6 +260,7 @@ def sample_documents(files: list[CorpusFile], settings: CorpusSettings) -> list[
 def store_meta(facts: dict, tokenizer_sha256: str, shards: list[dict], **extra) -> dict:
     """``store.json`` of a store of ``shards``: the tokenizer's facts and each split's shards and sums."""
     meta = {"format": FORMAT, **facts, "tokenizer_sha256": tokenizer_sha256}
+    meta |= {key: sum(entry.get(key, 0) for entry in shards) for key in WITHOUT_TEXT}
     for split in SPLITS:
         parts = [entry[split] for entry in shards]
         meta[split] = {
@@ -354,6 +365,7 @@ def _write_shards(
             writer.add("train", ids[~held], lengths[~batch.validation])
             writer.add("val", ids[held], lengths[batch.validation])
             progress.update(len(batch.texts), len(ids), batch.position)
+            writer.without_text = {key: writer.without_text[key] + batch.without_text[key] for key in WITHOUT_TEXT}
             start, position = batch.records_end, batch.position
             if writer.tokens["train"] >= settings.shard_tokens:
                 kept.append({**writer.close(start), "position": position})

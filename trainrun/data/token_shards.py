@@ -10,19 +10,24 @@ matches are memory-mapped in name order and read as one stream; training windows
 boundaries, in the torch loader's (seed, epoch)-keyed, resumable order; validation reads the
 validation stream's first ``data.shards.val_tokens`` tokens in order (each scored once, on any number of
 ranks). The vocabulary (and the tokenizer that ``sample`` and the ``hf_model`` export use) is
-``data.shards.tokenizer``'s where given, else the one the format names.
+``data.shards.tokenizer``'s where given, else the one the format names; shards holding a larger id
+are refused before the run (each shard's largest id read once, then cached in ``data.cache_dir``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trainrun.atomic_io import atomic_write_text
 from trainrun.core.distributed import SINGLE_PROCESS, Placement
+from trainrun.data.cache import cache_prefix
 from trainrun.data.causal_text import TokenWindows, window_batch
 from trainrun.data.interface import Datasets, TextFacts
 from trainrun.data.token_pieces import one_array
@@ -110,14 +115,50 @@ def open_shards(pattern: str | None, key: str) -> tuple[ShardFormat, np.ndarray]
 
 
 def check_shards(config: DataConfig) -> None:
-    """Both globs match shards of one format whose headers are sound (headers only: nothing is mapped)."""
-    magics = {}
+    """Both globs match shards of one format whose headers are sound, and no shard holds a token id
+    beyond the vocabulary (an embedding lookup would fail at the first step: on a GPU, a device-side
+    assert that ends the process)."""
+    magics, shards = {}, {}
     for key in ("train", "val"):
         for path in shard_paths(getattr(config, key), key):
-            magics.setdefault(read_header(path)[0], path)
+            magic, shard_format, count = shards[path] = read_header(path)
+            magics.setdefault(magic, path)
     if len(magics) > 1:
         first, second = magics.values()
         raise FileFormatError(f"'{first}' and '{second}' are shards of different formats (magic numbers)")
+    vocab_size, source = vocabulary(config, shard_format)
+    for path, (_, shard_format, count) in shards.items():
+        largest = largest_id(path, shard_format, count, config.cache_dir)
+        if largest >= vocab_size:
+            raise FileFormatError(
+                f"'{path}' holds token id {largest:,}, beyond the vocabulary of {vocab_size:,} ({source}): "
+                "its tokens are not that tokenizer's"
+            )
+
+
+def vocabulary(config: DataConfig, shard_format: ShardFormat) -> tuple[int, str]:
+    """The vocabulary size the run trains with, and where it comes from."""
+    if config.shards.tokenizer:
+        path = Path(config.shards.tokenizer).expanduser()
+        return load_tokenizer(path).get_vocab_size(), f"data.shards.tokenizer '{path}'"
+    return shard_format.vocab_size, f"the {shard_format.tokenizer} tokenizer its magic number names"
+
+
+def largest_id(path: Path, shard_format: ShardFormat, count: int, cache_dir: str) -> int:
+    """The largest token id in the shard at ``path`` (-1 if it has none): one pass over its tokens,
+    then kept in ``cache_dir`` under the file's path, size and modification time, so that a run
+    starting again reads one small file a shard (a cache that cannot be written is skipped)."""
+    stat = path.stat()
+    identity = {"path": str(path.resolve()), "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns}
+    cached = cache_prefix(cache_dir, "shard-largest-id", identity).with_suffix(".json")
+    if cached.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return int(json.loads(cached.read_text())["largest_id"])
+    tokens = np.memmap(path, dtype=shard_format.dtype, mode="r", offset=HEADER_BYTES, shape=(count,)) if count else []
+    largest = int(np.max(tokens)) if count else -1
+    with contextlib.suppress(OSError):
+        atomic_write_text(cached, json.dumps({**identity, "largest_id": largest}))
+    return largest
 
 
 def shard_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:

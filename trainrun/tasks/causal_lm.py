@@ -80,7 +80,8 @@ class CausalLanguageModeling(SequenceTask):
         """``<run>/hf_model``: the model as its ``transformers`` class (GPT-2's, Llama's) and its tokenizer."""
         directory, text = run_dir / "hf_model", state.data.text
         if text.tokenizer_file is None:
-            return [f"note: no {directory.name} (no tokenizer: set data.tokenizer to the shards' tokenizer.json)"]
+            unset = "no tokenizer: set data.shards.tokenizer to the shards' tokenizer.json"
+            return [f"note: no {directory.name} ({unset})"]
         unwritten = state.raw_model.export_pretrained(text.tokenizer_file, text.separator, directory)
         if unwritten:
             return [f"note: no {directory.name} ({unwritten}); 'trainrun sample' reads the run"]

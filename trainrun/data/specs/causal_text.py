@@ -27,5 +27,6 @@ SPECS = (
         batches="token_windows",
         check=check,
         check_files=check_store_given,
+        reads=("path", "text"),
     ),
 )

@@ -25,6 +25,11 @@ def check_files(config: Any) -> None:
 
 SPECS = (
     KindSpec(
-        name="beton", builder="trainrun.data.ffcv:beton_files", batches="images", check=check, check_files=check_files
+        name="beton",
+        builder="trainrun.data.ffcv:beton_files",
+        batches="images",
+        check=check,
+        check_files=check_files,
+        reads=("train", "val"),
     ),
 )

@@ -28,5 +28,6 @@ SPECS = (
         batches="images",
         check=check,
         check_files=check_files,
+        reads=("path",),
     ),
 )

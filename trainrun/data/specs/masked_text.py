@@ -51,5 +51,6 @@ SPECS = (
         batches="masked_text",
         check=check,
         check_files=check_files,
+        reads=("path", "text"),
     ),
 )

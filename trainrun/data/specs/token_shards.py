@@ -22,13 +22,13 @@ def check(config: Any) -> None:
 
 
 def check_files(config: Any) -> None:
-    """Both globs match sound shards of one format, and a given tokenizer exists."""
+    """A given tokenizer exists; both globs match sound shards of one format, their ids within its vocabulary."""
     from trainrun.data.token_shards import check_shards
 
-    check_shards(config.data)
     tokenizer = config.data.shards.tokenizer
     if tokenizer and not Path(tokenizer).expanduser().is_file():
         raise ConfigError(f"bad value for 'data.shards.tokenizer': '{tokenizer}' does not exist")
+    check_shards(config.data)
 
 
 SPECS = (
@@ -38,5 +38,6 @@ SPECS = (
         batches="token_windows",
         check=check,
         check_files=check_files,
+        reads=("train", "val", "shards", "text.max_seq_len"),
     ),
 )
