@@ -218,3 +218,37 @@ def test_a_data_source_key_the_chosen_data_kind_does_not_read_is_refused_naming_
     assert refused > 80 and len(options) >= 15
     reads = {name: spec.reads for name, spec in kinds.specs("data").items()}
     assert reads["token_shards"] == ("train", "val", "shards", "text.max_seq_len") and reads["digits"] == ()
+
+
+def test_a_section_of_another_choice_than_the_runs_is_refused_naming_the_choice():
+    """model.<name>.* is read under model=<name> only, optimizer.muon.* under optimizer=muon,
+    data.ffcv.* under data.loader=ffcv: over every model and optimizer option and both loaders, a key
+    of another choice's section is one line naming the key, the choice and the section's."""
+    from trainrun.config import compose
+    from trainrun.schema import TrainConfig
+    from trainrun.validation import SELECTORS, refuse_unread_keys
+
+    conf, refused = PACKAGE.parent / "conf", 0
+    for parent, selector in SELECTORS.items():
+        section_type = type(getattr(TrainConfig(), parent))
+        fields = {field.name: field for field in dataclasses.fields(section_type)}
+        sections = [name for name in fields[selector].metadata["choices"] if name in fields]
+        group = parent if selector == "name" else f"{parent}.{selector}"
+        choices = [path.stem for path in (conf / parent).glob("*.yaml")] if selector == "name" else ["torch", "ffcv"]
+        for choice in choices:
+            composed = compose([f"{group}={choice}"])
+            chosen = composed[parent][selector]
+            for section in sections:
+                first = dataclasses.fields(type(getattr(getattr(TrainConfig(), parent), section)))[0].name
+                key = f"{parent}.{section}.{first}"
+                if section == chosen:
+                    refuse_unread_keys([key], composed, {parent: choice})
+                    continue
+                with pytest.raises(ConfigError) as refusal:
+                    refuse_unread_keys([key], composed, {parent: choice})
+                assert str(refusal.value) == (
+                    f"bad key '{key}': {group}={choice} does not read it ({parent}.{section}.* is read under "
+                    f"{group}={section})"
+                )
+                refused += 1
+    assert refused > 50

@@ -27,6 +27,7 @@ from trainrun.validation import (
     KindMismatch,
     describe_omegaconf_error,
     former_name_notices,
+    refuse_unread_keys,
     unknown_key_message,
     validate,
 )
@@ -426,13 +427,12 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
     if notices:
         for notice in former_name_notices(composed):
             print(f"trainrun: note: {notice}", file=sys.stderr)
-    option = next((str(override_value(o)) for o in job if override_key(o) == "data"), None)
-    kinds.refuse_unread_data_keys(map(override_key, job), str(OmegaConf.select(composed, "data.name")), option)
+    options = {override_key(o): str(override_value(o)) for o in job if override_key(o) in kinds.KIND_ORDER}
+    refuse_unread_keys([override_key(o) for o in job], composed, options)
     try:
         return validate(composed, files)
-    except KindMismatch as error:  # said with the options the user chose, not their registered names
-        chosen = {override_key(o): override_value(o) for o in job if override_key(o) in kinds.KIND_ORDER}
-        raise ConfigError(error.naming({k: v for k, v in chosen.items() if isinstance(v, str)})) from None
+    except KindMismatch as error:
+        raise ConfigError(error.naming(options)) from None
 
 
 def _refuse_repeated_algorithms(overrides: list[str]) -> None:

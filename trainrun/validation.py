@@ -103,6 +103,33 @@ BOUNDS = {  # a field's metadata bound -> whether a number keeps it
 BOUND_SIGNS = {"exclusive_min": ">", "min": ">=", "max": "<=", "exclusive_max": "<"}
 
 
+# sections named after a choice of their parent's selector, read only under that choice: model.<name>.*
+# under model=<name> (model.bert.* under model=bert_base), optimizer.muon.* under optimizer=muon,
+# data.ffcv.* under data.loader=ffcv. The rule reads the schema: it names no kind.
+SELECTORS = {"model": "name", "optimizer": "name", "data": "loader"}
+
+
+def refuse_unread_keys(keys: list[str], composed: DictConfig, options: dict[str, str]) -> None:
+    """A key among ``keys`` (a run's overrides) that the kinds ``composed`` chose do not read would do
+    nothing: refused in one line naming the key and the choice that leaves it unread (``options``:
+    the user's ``data=``/``model=`` option names, where given). Data source keys: each data kind's
+    own list (:meth:`~trainrun.kinds.KindSpec.unread_key`); sections: :data:`SELECTORS`."""
+    kinds.refuse_unread_data_keys(keys, str(OmegaConf.select(composed, "data.name")), options.get("data"))
+    for key in keys:
+        parent, _, rest = key.partition(".")
+        if parent not in SELECTORS or "." not in rest:
+            continue
+        section, selector = rest.split(".")[0], SELECTORS[parent]
+        fields = {field.name: field for field in dataclasses.fields(type(getattr(TrainConfig(), parent)))}
+        chosen = str(OmegaConf.select(composed, f"{parent}.{selector}"))
+        if section in fields and section in fields[selector].metadata.get("choices", ()) and section != chosen:
+            label = parent if selector == "name" else f"{parent}.{selector}"  # model=, data.loader=
+            raise ConfigError(
+                f"bad key '{key}': {label}={options.get(parent, chosen) if selector == 'name' else chosen} "
+                f"does not read it ({parent}.{section}.* is read under {label}={section})"
+            )
+
+
 def check_fields(obj: Any, prefix: str) -> None:
     """Each field of the dataclass ``obj`` within what its metadata allows (:mod:`trainrun.fields`)."""
     for spec in dataclasses.fields(obj):
