@@ -629,7 +629,8 @@ def test_the_ensemble_averages_the_runs_probabilities_not_their_logits_or_their_
     second = torch.tensor([[-2.0, -2.0, 1.0], [1e-4, 0.85, 0.15]])
     first[1], second[1] = first[1].log(), second[1].log()
     runs = [logits.T.reshape(3, 1, 1, 2) for logits in (first, second)]  # (classes, D, H, W)
-    chosen = ensemble_scores(task, iter(runs)).argmax(0).flatten().tolist()
-    assert chosen == [2, 1]
+    scores = ensemble_scores(task, iter(runs))
+    assert torch.allclose(scores, torch.stack(runs).softmax(1).mean(0).log(), atol=1e-6)  # by value, every class
+    assert scores.argmax(0).flatten().tolist() == [2, 1]
     assert torch.stack(runs).mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits
     assert torch.stack(runs).softmax(1).amax(0).argmax(0).flatten().tolist() == [2, 0]  # the most confident

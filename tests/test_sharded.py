@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,16 @@ def test_each_llama_weight_starts_from_its_own_names_generator_whatever_the_layo
         residual = name.endswith(("attention.out.weight", "mlp.down.weight"))
         scale = math.sqrt(4 / 6) if residual else 1.0  # std 0.02 / sqrt(2 x layers)
         torch.testing.assert_close(deeper[name], value * scale, msg=name)
+    for name, value in two.named_parameters():  # norms at one; matrices normal(0, 0.02), residual 0.02 / sqrt(2 x 2)
+        if name.endswith("norm.weight"):
+            assert torch.equal(value, torch.ones_like(value)), name
+        else:
+            residual = name.endswith(("attention.out.weight", "mlp.down.weight"))
+            assert float(value.detach().std()) == pytest.approx(0.02 / 2 if residual else 0.02, rel=0.1), name
+    name = "blocks.1.mlp.up.weight"  # the key: the run's weight seed plus the name's CRC-32
+    generator = torch.Generator().manual_seed((two.weight_seed + zlib.crc32(name.encode())) % 2**63)
+    expected = torch.empty(deeper[name].shape).normal_(0.0, 0.02, generator=generator)
+    assert torch.equal(dict(two.named_parameters())[name], expected)
     backwards = {name: two.initial_value(name, p) for name, p in reversed(list(two.named_parameters()))}
     assert all(torch.equal(backwards[name], p) for name, p in two.named_parameters())
     matrices = [p.flatten()[:16] for name, p in two.named_parameters() if p.dim() == 2]
