@@ -227,3 +227,26 @@ def test_schedule_function_passes_every_setting_and_follows_a_replanned_timeline
     timeline.replan(50, 150)  # half-way, 150 steps found left: 125 is 0.5 + 0.5 · 75/150 of the run
     assert linear(50) == pytest.approx(0.55) and linear(125) == pytest.approx(1 - 0.9 * 0.75)
     assert Timeline(10, 8, max_batches=100, stretch=2.0).stretched_batches("0.5dur") == 50  # dur: not stretched
+
+
+def test_the_fields_only_some_optimizers_read_are_the_ones_each_builder_reads():
+    """schema.OPTIMIZER_READS (what validation refuses a run for setting) against the builders: each
+    optimizer, built while every read of its config is recorded, reads exactly its listed fields of
+    those only some read. A setting its optimizer does not read is refused from the command line."""
+    from conftest import run_here
+    from test_config_wiring import recorded_reads
+
+    from trainrun.schema import MuonConfig
+    from trainrun.validation import OPTIMIZER_READS
+
+    some = {field for fields in OPTIMIZER_READS.values() for field in fields}
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 8))
+    for name, fields in OPTIMIZER_READS.items():
+        with recorded_reads({OptimizerConfig, MuonConfig}) as read:
+            build_optimizer(model, OptimizerConfig(name=name), 64)
+        assert {field for cls, field in read if cls is OptimizerConfig} & some == set(fields), name
+    result = run_here("optimizer=sgd", "optimizer.betas=[0.8,0.9]", "max_duration=1ba")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "trainrun: error: bad key 'optimizer.betas': optimizer=sgd does not read it "
+        "(read by optimizer=adamw, lamb, radam, muon)"
+    ]

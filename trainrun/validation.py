@@ -103,6 +103,18 @@ BOUNDS = {  # a field's metadata bound -> whether a number keeps it
 BOUND_SIGNS = {"exclusive_min": ">", "min": ">=", "max": "<=", "exclusive_max": "<"}
 
 
+# the optimizer fields only some optimizers read, by optimizer (every one reads the others: lr,
+# weight_decay, exclude_norm_and_bias, lr_scaling, reference_batch_size; optimizer.muon.* is a section:
+# SELECTORS); a run that sets one its optimizer does not read is refused. tests/test_optim.py checks
+# it against what each builder reads.
+OPTIMIZER_READS = {
+    "sgdw": ("momentum", "dampening", "nesterov"),
+    "sgd": ("momentum", "dampening", "nesterov"),
+    "adamw": ("betas", "eps"),
+    "lamb": ("betas", "eps", "max_grad_norm"),
+    "radam": ("betas", "eps"),
+    "muon": ("momentum", "nesterov", "betas", "eps"),
+}
 # sections named after a choice of their parent's selector, read only under that choice: model.<name>.*
 # under model=<name> (model.bert.* under model=bert_base), optimizer.muon.* under optimizer=muon,
 # data.ffcv.* under data.loader=ffcv. The rule reads the schema: it names no kind.
@@ -115,6 +127,15 @@ def refuse_unread_keys(keys: list[str], composed: DictConfig, options: dict[str,
     the user's ``data=``/``model=`` option names, where given). Data source keys: each data kind's
     own list (:meth:`~trainrun.kinds.KindSpec.unread_key`); sections: :data:`SELECTORS`."""
     kinds.refuse_unread_data_keys(keys, str(OmegaConf.select(composed, "data.name")), options.get("data"))
+    optimizer = str(OmegaConf.select(composed, "optimizer.name"))
+    for key in keys:
+        field = key.removeprefix("optimizer.").split(".")[0]
+        readers = [name for name, read in OPTIMIZER_READS.items() if field in read]
+        if key.startswith("optimizer.") and readers and optimizer not in readers:
+            raise ConfigError(
+                f"bad key '{key}': optimizer={options.get('optimizer', optimizer)} does not read it "
+                f"(read by optimizer={', '.join(readers)})"
+            )
     for key in keys:
         parent, _, rest = key.partition(".")
         if parent not in SELECTORS or "." not in rest:

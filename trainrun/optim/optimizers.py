@@ -103,10 +103,14 @@ def build_optimizer(
         return build_muon(model, config, factor, warmup)
     lr = config.lr * factor
     groups = _param_groups(model, config.exclude_norm_and_bias)
-    sgd = {"lr": lr, "weight_decay": config.weight_decay, "momentum": config.momentum}
-    sgd |= {"dampening": config.dampening, "nesterov": config.nesterov}
-    if config.name == "sgdw":
-        return DecoupledSGDW(groups, **sgd, fused=not parallel.is_sharded(model))
+    if config.name in ("sgdw", "sgd"):
+        sgd = {"lr": lr, "weight_decay": config.weight_decay, "momentum": config.momentum}
+        sgd |= {"dampening": config.dampening, "nesterov": config.nesterov}
+        if config.name == "sgdw":
+            return DecoupledSGDW(groups, **sgd, fused=not parallel.is_sharded(model))
+        # L2 weight decay, scaled by the lr and by momentum: nnU-Net's. foreach, not the fused
+        # kernel: GradScaler skips an overflowing step before it runs
+        return torch.optim.SGD(groups, **sgd, foreach=True)
     if config.name == "lamb":
         from timm.optim import Lamb
 
@@ -118,9 +122,6 @@ def build_optimizer(
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
         )
-    if config.name == "sgd":  # L2 weight decay, scaled by the lr and by momentum: nnU-Net's
-        # foreach, not the fused kernel: GradScaler skips an overflowing step before it runs
-        return torch.optim.SGD(groups, **sgd, foreach=True)
     if config.name == "radam":  # L2 weight decay, torch's default, as Composer's UNet recipe ran it
         return torch.optim.RAdam(
             groups, lr=lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, foreach=True
