@@ -198,19 +198,20 @@ def test_a_data_source_key_the_chosen_data_kind_does_not_read_is_refused_naming_
     """Over every data option and every source key: a key its kind does not read is one line naming
     the key, the option as the user chose it and the keys it does read; a key it reads passes."""
     from trainrun.config import compose
+    from trainrun.validation import refuse_unread_keys
 
     conf = PACKAGE.parent / "conf" / "data"
-    options = {path.stem: compose([f"data={path.stem}"]).data.name for path in conf.glob("*.yaml")}
+    options = {path.stem: compose([f"data={path.stem}"]) for path in conf.glob("*.yaml")}
     refused = 0
-    for option, name in options.items():
-        spec = kinds.specs("data")[name]
+    for option, composed in options.items():
+        spec = kinds.specs("data")[composed.data.name]
         for key in SOURCE_KEYS:
             job = [f"data.{key}"]
             if spec.reads_key(key):
-                kinds.refuse_unread_data_keys(job, name, option)
+                refuse_unread_keys(job, composed, {"data": option})
                 continue
             with pytest.raises(ConfigError) as refusal:
-                kinds.refuse_unread_data_keys(job, name, option)
+                refuse_unread_keys(job, composed, {"data": option})
             message = str(refusal.value)
             assert message.startswith(f"bad key 'data.{key}': data={option} does not read it (it reads "), message
             assert all(f"data.{read}" in message for read in spec.reads) and "\n" not in message

@@ -230,7 +230,7 @@ def test_schedule_function_passes_every_setting_and_follows_a_replanned_timeline
 
 
 def test_the_fields_only_some_optimizers_read_are_the_ones_each_builder_reads():
-    """schema.OPTIMIZER_READS (what validation refuses a run for setting) against the builders: each
+    """validation.OPTIMIZER_READS (what a run is refused for setting) against the builders: each
     optimizer, built while every read of its config is recorded, reads exactly its listed fields of
     those only some read. A setting its optimizer does not read is refused from the command line."""
     from conftest import run_here

@@ -210,20 +210,21 @@ def test_records_without_text_are_skipped_counted_said_and_kept_in_the_store(doc
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    texts = documents[:300]
+    texts = documents[:300] * 8  # 2,400 records: three batches of 1,024 documents, a shard each
     gappy = [
         None if i % 7 == 3 else "" if i % 11 == 5 else " \n " if i % 13 == 4 else doc for i, doc in enumerate(texts)
     ]
     nulls, empties = sum(text is None for text in gappy), sum(text is not None and not text.strip() for text in gappy)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    pq.write_table(pa.table({"text": gappy[:150]}), corpus / "a.parquet", row_group_size=40)
-    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in gappy[150:]))
-    printed = write_text(corpus, tmp_path / "store", tokenizer, "--val-fraction", "0.1")
+    pq.write_table(pa.table({"text": gappy[:1200]}), corpus / "a.parquet", row_group_size=400)
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in gappy[1200:]))
+    printed = write_text(corpus, tmp_path / "store", tokenizer, "--val-fraction", "0.1", "--shard-tokens", "4000")
+    assert (tmp_path / "store" / "train-000001.bin").is_file()  # counted in each shard, summed
     assert (
         f"skipped {nulls + empties:,} records without text: {nulls:,} whose 'text' is null, {empties:,} empty"
         in printed
     )
     meta = json.loads((tmp_path / "store" / "store.json").read_text())
     assert (meta["null_records"], meta["empty_records"]) == (nulls, empties) and nulls > 10 and empties > 10
-    assert meta["train"]["documents"] + meta["val"]["documents"] == 300 - nulls - empties
+    assert meta["train"]["documents"] + meta["val"]["documents"] == 2400 - nulls - empties

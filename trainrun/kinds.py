@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from trainrun.errors import ConfigError
 from trainrun.quality import Quality
 
 KIND_ORDER = ("task", "data", "model")  # a run's kinds, in the order validation reads them
@@ -76,16 +75,6 @@ class KindSpec:
         """Whether this data kind reads ``key`` (under data: ``shards.tokenizer``)."""
         return any(key == read or key.startswith(f"{read}.") for read in self.reads)
 
-    def unread_key(self, key: str, option: str) -> str | None:
-        """The line refusing ``data.<key>`` where it is a source key this data kind (the run's
-        ``data=option``) does not read."""
-        if key.split(".")[0] not in DATA_SOURCE_KEYS or self.reads_key(key):
-            return None
-        sections = {"text", "shards", "segmentation"}
-        named = [f"data.{read}" + (".*" if read in sections else "") for read in self.reads or DATA_SOURCE_KEYS]
-        reads = f"it reads {', '.join(named)}" if self.reads else f"it reads none of {', '.join(named)}"
-        return f"bad key 'data.{key}': data={option} does not read it ({reads})"
-
 
 @dataclass(frozen=True, kw_only=True)
 class TaskSpec(KindSpec):
@@ -95,17 +84,6 @@ class TaskSpec(KindSpec):
     quality: Quality
     losses: tuple[str, ...] = ("soft_ce",)
     trains_with: str = "cross-entropy, soft_ce"
-
-
-def refuse_unread_data_keys(keys: Iterable[str], name: str, option: str | None = None) -> None:
-    """A key under data among ``keys`` (a run's overrides) that data kind ``name`` (the user's
-    ``data=option``) does not read would do nothing: refused before any file is read, naming the
-    kind and the keys it reads (``data.path`` beside ``data=token_shards``). An unknown kind is left
-    to validation, which names the choices."""
-    spec = specs("data").get(name)
-    for key in keys if spec is not None else ():
-        if key.startswith("data.") and (line := spec.unread_key(key.removeprefix("data."), option or name)):
-            raise ConfigError(line)
 
 
 @functools.cache

@@ -6,7 +6,9 @@ and methods' own checks (their specs) and, for a run, the files it reads. Raises
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -94,13 +96,12 @@ def describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     return message
 
 
-BOUNDS = {  # a field's metadata bound -> whether a number keeps it
-    "exclusive_min": lambda number, bound: number > bound,
-    "min": lambda number, bound: number >= bound,
-    "max": lambda number, bound: number <= bound,
-    "exclusive_max": lambda number, bound: number < bound,
+BOUNDS = {  # a field's metadata bound -> its sign, and whether a number keeps it
+    "exclusive_min": (">", operator.gt),
+    "min": (">=", operator.ge),
+    "max": ("<=", operator.le),
+    "exclusive_max": ("<", operator.lt),
 }
-BOUND_SIGNS = {"exclusive_min": ">", "min": ">=", "max": "<=", "exclusive_max": "<"}
 
 
 # the optimizer fields only some optimizers read, by optimizer (every one reads the others: lr,
@@ -124,31 +125,66 @@ SELECTORS = {"model": "name", "optimizer": "name", "data": "loader"}
 def refuse_unread_keys(keys: list[str], composed: DictConfig, options: dict[str, str]) -> None:
     """A key among ``keys`` (a run's overrides) that the kinds ``composed`` chose do not read would do
     nothing: refused in one line naming the key and the choice that leaves it unread (``options``:
-    the user's ``data=``/``model=`` option names, where given). Data source keys: each data kind's
-    own list (:meth:`~trainrun.kinds.KindSpec.unread_key`); sections: :data:`SELECTORS`."""
-    kinds.refuse_unread_data_keys(keys, str(OmegaConf.select(composed, "data.name")), options.get("data"))
-    optimizer = str(OmegaConf.select(composed, "optimizer.name"))
-    for key in keys:
-        field = key.removeprefix("optimizer.").split(".")[0]
-        readers = [name for name, read in OPTIMIZER_READS.items() if field in read]
-        if key.startswith("optimizer.") and readers and optimizer not in readers:
-            raise ConfigError(
-                f"bad key '{key}': optimizer={options.get('optimizer', optimizer)} does not read it "
-                f"(read by optimizer={', '.join(readers)})"
-            )
+    the user's ``data=``/``model=``/``optimizer=`` option names, where given)."""
+    chosen = {parent: str(OmegaConf.select(composed, f"{parent}.{selector}")) for parent, selector in SELECTORS.items()}
     for key in keys:
         parent, _, rest = key.partition(".")
-        if parent not in SELECTORS or "." not in rest:
+        if parent not in SELECTORS:
             continue
-        section, selector = rest.split(".")[0], SELECTORS[parent]
-        fields = {field.name: field for field in dataclasses.fields(type(getattr(TrainConfig(), parent)))}
-        chosen = str(OmegaConf.select(composed, f"{parent}.{selector}"))
-        if section in fields and section in fields[selector].metadata.get("choices", ()) and section != chosen:
-            label = parent if selector == "name" else f"{parent}.{selector}"  # model=, data.loader=
-            raise ConfigError(
-                f"bad key '{key}': {label}={options.get(parent, chosen) if selector == 'name' else chosen} "
-                f"does not read it ({parent}.{section}.* is read under {label}={section})"
-            )
+        line = _unread_section_key(key, parent, rest, chosen, options)
+        if parent == "data":
+            line = line or _unread_data_key(key, rest, str(OmegaConf.select(composed, "data.name")), options)
+        if parent == "optimizer":
+            line = line or _unread_optimizer_field(key, rest.split(".")[0], chosen["optimizer"], options)
+        if line:
+            raise ConfigError(line)
+
+
+@functools.cache
+def _section(parent: str) -> Any:
+    """TrainConfig's section ``parent`` (``model``, ``data``) at its defaults: its fields and sections."""
+    return getattr(TrainConfig(), parent)
+
+
+def _section_fields(parent: str) -> dict[str, dataclasses.Field]:
+    return {field.name: field for field in dataclasses.fields(_section(parent))}
+
+
+def _unread_data_key(key: str, rest: str, name: str, options: dict[str, str]) -> str | None:
+    """The line for ``data.<rest>``, a source key (:data:`~trainrun.kinds.DATA_SOURCE_KEYS`) that data
+    kind ``name`` does not read (:attr:`~trainrun.kinds.KindSpec.reads`); None if it reads it."""
+    spec = kinds.specs("data").get(name)  # an unknown kind: validation names the choices
+    if spec is None or rest.split(".")[0] not in kinds.DATA_SOURCE_KEYS or spec.reads_key(rest):
+        return None
+    sections = {read for read in kinds.DATA_SOURCE_KEYS if dataclasses.is_dataclass(getattr(_section("data"), read))}
+    named = [f"data.{read}" + (".*" if read in sections else "") for read in spec.reads or kinds.DATA_SOURCE_KEYS]
+    reads = f"it reads {', '.join(named)}" if spec.reads else f"it reads none of {', '.join(named)}"
+    return f"bad key '{key}': data={options.get('data', name)} does not read it ({reads})"
+
+
+def _unread_section_key(
+    key: str, parent: str, rest: str, chosen: dict[str, str], options: dict[str, str]
+) -> str | None:
+    """The line for a key of another choice's section (:data:`SELECTORS`); None otherwise."""
+    if "." not in rest:
+        return None
+    section, selector = rest.split(".")[0], SELECTORS[parent]
+    fields = _section_fields(parent)
+    choices = fields[selector].metadata.get("choices", ())
+    if section not in fields or section not in choices or section == chosen[parent]:
+        return None
+    label = parent if selector == "name" else f"{parent}.{selector}"  # model=, data.loader=
+    shown = options.get(parent, chosen[parent]) if selector == "name" else chosen[parent]
+    return f"bad key '{key}': {label}={shown} does not read it ({parent}.{section}.* is read under {label}={section})"
+
+
+def _unread_optimizer_field(key: str, field: str, optimizer: str, options: dict[str, str]) -> str | None:
+    """The line for an optimizer field only other optimizers read (:data:`OPTIMIZER_READS`)."""
+    readers = [name for name, read in OPTIMIZER_READS.items() if field in read]
+    if not readers or optimizer in readers:
+        return None
+    shown = options.get("optimizer", optimizer)
+    return f"bad key '{key}': optimizer={shown} does not read it (read by optimizer={', '.join(readers)})"
 
 
 def check_fields(obj: Any, prefix: str) -> None:
@@ -170,9 +206,9 @@ def check_fields(obj: Any, prefix: str) -> None:
         if "length" in meta and len(value) != meta["length"]:
             raise ConfigError(f"bad value for '{key}': {value} (give {meta['length']} numbers)")
         numbers, each = (value, "each ") if isinstance(value, list) else ([value], "")
-        for bound, holds in BOUNDS.items():
+        for bound, (sign, holds) in BOUNDS.items():
             if bound in meta and not all(holds(number, meta[bound]) for number in numbers):
-                raise ConfigError(f"bad value for '{key}': {value} ({each}must be {BOUND_SIGNS[bound]} {meta[bound]})")
+                raise ConfigError(f"bad value for '{key}': {value} ({each}must be {sign} {meta[bound]})")
 
 
 def _check_time(key: str, value: str, meta: dict) -> None:

@@ -201,22 +201,18 @@ def _run_config(rest: list[str], source: ConfigSource) -> TrainConfig:
     first = _first_candidate(given.auto.candidates, given.auto.table)
     if first is not None and first in group_options("recipe", source):
         with_first = compose([*rest, f"recipe={first}"], source)
-        table = Path(given.auto.table).expanduser() if given.auto.table else None
+        if given.auto.table and with_first.task.name == given.task.name:  # the table's runs are of another
+            _check_table_task(Path(given.auto.table).expanduser(), given.task.name)  # task: that, not a symptom
         try:
-            config = validate(with_first)
+            return validate(with_first)
         except ConfigError as error:
             if with_first.task.name == given.task.name:
-                if table is not None:  # a table of another task's runs: that, not the first symptom of it
-                    _check_table_task(table, with_first.task.name)
                 raise
             where = f"auto.table '{given.auto.table}'" if given.auto.table else "auto.candidates"
             raise ConfigError(  # the command's own settings are for another task than the recipes'
                 f"{where} holds recipes of task {with_first.task.name} ({first} sets it), not "
                 f"{given.task.name}: {error}"
             ) from error
-        if table is not None:
-            _check_table_task(table, config.task.name)
-        return config
     return validate(given)
 
 

@@ -54,13 +54,24 @@ def _nifti(path: Path, header_only: bool = False):
         raise DataError(f"'{path}' is not a readable NIfTI image ({reason})") from None
 
 
-def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
-    """``dataset.json`` and its training cases as (name, image file, label file)."""
+def read_manifest(source: Path) -> tuple[Path, dict]:
+    """The task folder ``source``'s ``dataset.json``: its path, and what it says (checked)."""
     manifest = source / "dataset.json"
     if not manifest.is_file():
         raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
     described = read_json(manifest)
-    check_manifest(manifest, described)
+    _check_manifest(manifest, described)
+    return manifest, described
+
+
+def channel_names(described: dict) -> list[str]:
+    """The channels ``dataset.json`` names (its ``modality``), in channel order."""
+    return [described["modality"][key] for key in sorted(described["modality"], key=int)]
+
+
+def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
+    """``dataset.json`` and its training cases as (name, image file, label file)."""
+    manifest, described = read_manifest(source)
     cases = []
     for entry in described["training"]:
         image, label = source / entry["image"], source / entry["label"]
@@ -73,7 +84,7 @@ def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]
     return described, sorted(cases)
 
 
-def check_manifest(manifest: Path, described: object) -> None:
+def _check_manifest(manifest: Path, described: object) -> None:
     """``dataset.json`` names its channels (``modality``), its labels and its training cases."""
     if not isinstance(described, dict):
         raise DataError(f"'{manifest}' is not a Decathlon dataset.json (a JSON object with modality, labels, training)")
@@ -132,7 +143,7 @@ def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     """The task folder ``source`` as a volume store in ``path``: the missing cases prepared (in
     ``workers`` processes), then the index."""
     described, cases = decathlon_listing(source)
-    channels = [described["modality"][key] for key in sorted(described["modality"], key=int)]
+    channels = channel_names(described)
     values = sorted(int(key) for key in described["labels"])
     labels = [described["labels"][str(value)] for value in values]
     # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1

@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,7 +70,7 @@ class ShardWriter:
         self.hashes = {split: hashlib.sha256() for split in SPLITS}
         self.lengths: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
         self.tokens = dict.fromkeys(SPLITS, 0)
-        self.without_text = dict.fromkeys(WITHOUT_TEXT, 0)  # records of the shard's range that held none
+        self.without_text: Counter[str] = Counter()  # records of the shard's range that held none
 
     def add(self, split: str, ids: np.ndarray, lengths: np.ndarray) -> None:
         data = ids.astype(self.dtype, copy=False).tobytes()
@@ -80,7 +81,8 @@ class ShardWriter:
 
     def close(self, records_end: int) -> dict:
         """Flush both parts to disk; what ``progress.json`` and ``store.json`` say of the shard."""
-        entry: dict = {"index": self.index, "records_end": records_end, **self.without_text}
+        entry: dict = {"index": self.index, "records_end": records_end}
+        entry |= {key: self.without_text[key] for key in WITHOUT_TEXT}
         for split in SPLITS:
             handle = self.files[split]
             handle.flush()
@@ -129,7 +131,7 @@ class Batch:
     validation: np.ndarray
     records_end: int  # the number after the batch's last record
     position: int  # bytes of the corpus read after it
-    without_text: dict[str, int]
+    without_text: Counter[str]
 
 
 def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> Iterator[Batch]:
@@ -140,7 +142,7 @@ def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> It
         held = held_out(np.array(numbers), settings.val_fraction, settings.split_seed)
         return Batch(texts, held, records_end, position, without_text)
 
-    texts, numbers, without_text = [], [], dict.fromkeys(WITHOUT_TEXT, 0)
+    texts, numbers, without_text = [], [], Counter()
     number, position = start - 1, 0
     for number, text, position in records(files, settings.text_field, start):
         if text is None:
@@ -152,7 +154,7 @@ def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> It
             numbers.append(number)
         if len(texts) == BATCH_DOCUMENTS:
             yield batch(number + 1, position)
-            texts, numbers, without_text = [], [], dict.fromkeys(WITHOUT_TEXT, 0)
+            texts, numbers, without_text = [], [], Counter()
     if texts or number + 1 > start:
         yield batch(number + 1, position)
 
@@ -365,7 +367,7 @@ def _write_shards(
             writer.add("train", ids[~held], lengths[~batch.validation])
             writer.add("val", ids[held], lengths[batch.validation])
             progress.update(len(batch.texts), len(ids), batch.position)
-            writer.without_text = {key: writer.without_text[key] + batch.without_text[key] for key in WITHOUT_TEXT}
+            writer.without_text.update(batch.without_text)
             start, position = batch.records_end, batch.position
             if writer.tokens["train"] >= settings.shard_tokens:
                 kept.append({**writer.close(start), "position": position})

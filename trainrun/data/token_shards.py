@@ -110,8 +110,13 @@ def open_shards(pattern: str | None, key: str) -> tuple[ShardFormat, np.ndarray]
             first = next(iter(formats.values()))
             raise FileFormatError(f"'{path}' has magic number {magic}; '{first}' of the same glob another")
         if count:
-            pieces.append(np.memmap(path, dtype=shard_format.dtype, mode="r", offset=HEADER_BYTES, shape=(count,)))
+            pieces.append(shard_tokens(path, shard_format, count))
     return shard_format, one_array(pieces, shard_format.dtype)
+
+
+def shard_tokens(path: Path, shard_format: ShardFormat, count: int) -> np.memmap:
+    """The ``count`` tokens of the shard at ``path`` (at least one), memory-mapped after its header."""
+    return np.memmap(path, dtype=shard_format.dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
 def check_shards(config: DataConfig) -> None:
@@ -126,7 +131,9 @@ def check_shards(config: DataConfig) -> None:
     if len(magics) > 1:
         first, second = magics.values()
         raise FileFormatError(f"'{first}' and '{second}' are shards of different formats (magic numbers)")
-    vocab_size, source = vocabulary(config, shard_format)
+    vocab_size, _, tokenizer_file = vocabulary(config, shard_format)
+    named = f"the {shard_format.tokenizer} tokenizer its magic number names"
+    source = f"data.shards.tokenizer '{tokenizer_file}'" if tokenizer_file else named
     for path, (_, shard_format, count) in shards.items():
         largest = largest_id(path, shard_format, count, config.cache_dir)
         if largest >= vocab_size:
@@ -136,12 +143,20 @@ def check_shards(config: DataConfig) -> None:
             )
 
 
-def vocabulary(config: DataConfig, shard_format: ShardFormat) -> tuple[int, str]:
-    """The vocabulary size the run trains with, and where it comes from."""
-    if config.shards.tokenizer:
-        path = Path(config.shards.tokenizer).expanduser()
-        return load_tokenizer(path).get_vocab_size(), f"data.shards.tokenizer '{path}'"
-    return shard_format.vocab_size, f"the {shard_format.tokenizer} tokenizer its magic number names"
+def vocabulary(config: DataConfig, shard_format: ShardFormat) -> tuple[int, int, Path | None]:
+    """(vocabulary size, the separator's id, the tokenizer file) the run trains with: data.shards.tokenizer's
+    where given (one line if it lacks the format's separator), else the format's."""
+    if not config.shards.tokenizer:
+        return shard_format.vocab_size, shard_format.separator, None
+    tokenizer_file = Path(config.shards.tokenizer).expanduser()
+    tokenizer = load_tokenizer(tokenizer_file)
+    separator = tokenizer.token_to_id(shard_format.separator_token)
+    if separator is None:
+        raise DataError(
+            f"bad value for 'data.shards.tokenizer': '{tokenizer_file}' has no {shard_format.separator_token}, "
+            f"which starts each document of {shard_format.tokenizer} shards"
+        )
+    return tokenizer.get_vocab_size(), separator, tokenizer_file
 
 
 def largest_id(path: Path, shard_format: ShardFormat, count: int, cache_dir: str) -> int:
@@ -154,8 +169,7 @@ def largest_id(path: Path, shard_format: ShardFormat, count: int, cache_dir: str
     if cached.is_file():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return int(json.loads(cached.read_text())["largest_id"])
-    tokens = np.memmap(path, dtype=shard_format.dtype, mode="r", offset=HEADER_BYTES, shape=(count,)) if count else []
-    largest = int(np.max(tokens)) if count else -1
+    largest = int(np.max(shard_tokens(path, shard_format, count))) if count else -1
     with contextlib.suppress(OSError):
         atomic_write_text(cached, json.dumps({**identity, "largest_id": largest}))
     return largest
@@ -171,16 +185,7 @@ def shard_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, au
             f"bad value for 'data.shards.val_tokens': {config.shards.val_tokens:,}, but the shards '{config.val}' hold "
             f"{len(val):,} tokens (validation reads one more, the last target)"
         )
-    vocab_size, tokenizer_file, separator = shard_format.vocab_size, None, shard_format.separator
-    if config.shards.tokenizer:
-        tokenizer_file = Path(config.shards.tokenizer).expanduser()
-        tokenizer = load_tokenizer(tokenizer_file)
-        vocab_size, separator = tokenizer.get_vocab_size(), tokenizer.token_to_id(shard_format.separator_token)
-        if separator is None:
-            raise DataError(
-                f"bad value for 'data.shards.tokenizer': '{tokenizer_file}' has no {shard_format.separator_token}, "
-                f"which starts each document of {shard_format.tokenizer} shards"
-            )
+    vocab_size, separator, tokenizer_file = vocabulary(config, shard_format)
     training = TokenWindows(train, length, separator)
     evaluation = TokenWindows(val, length, separator, windows=config.shards.val_tokens // length)
     if len(training) == 0:

@@ -39,16 +39,13 @@ def check_synthetic(config: Any) -> None:
 def check_decathlon_files(config: Any) -> None:
     """A Decathlon folder whose dataset.json names as many channels as the model takes (a convolution
     would otherwise fail at the first step, or a trained model at its first held-out case)."""
-    from trainrun.atomic_io import read_json
-    from trainrun.data.decathlon import check_manifest
+    from trainrun.data.decathlon import channel_names, read_manifest
 
     path = config.data.path
-    manifest = Path(path).expanduser() / "dataset.json" if path else None
-    if manifest is None or not manifest.is_file():
+    if not (path and (Path(path).expanduser() / "dataset.json").is_file()):
         raise ConfigError(f"data=decathlon needs 'data.path': a Decathlon task folder with dataset.json (got '{path}')")
-    described = read_json(manifest)
-    check_manifest(manifest, described)
-    channels = [described["modality"][key] for key in sorted(described["modality"], key=int)]
+    manifest, described = read_manifest(Path(path).expanduser())
+    channels = channel_names(described)
     if len(channels) != config.model.unet.in_channels:
         raise ConfigError(
             f"bad value for 'model.unet.in_channels': {config.model.unet.in_channels}, but '{manifest}' names "
