@@ -18,7 +18,7 @@ FLOOR := .venv-floor
 FLOOR_STAMP := $(FLOOR)/.trainrun-installed
 FLOOR_TESTS := tests/test_sharded.py tests/test_sharded_optim.py tests/test_distributed_step.py tests/test_checkpoint.py
 FLOOR_TESTS += tests/test_elastic.py tests/test_launcher.py tests/test_gpu_paths.py
-FLOOR_TESTS += tests/test_bench.py::test_compile_trains_like_eager
+FLOOR_TESTS += tests/test_bench.py::test_compile_trains_like_eager tests/test_compiled.py
 test-floor: $(STAMP) $(FLOOR_STAMP)
 	$(FLOOR)/bin/python -c "import torch; print('floor: torch', torch.__version__)"
 	$(FLOOR)/bin/python -m pytest -q -n 2 $(FLOOR_TESTS)

@@ -2,7 +2,8 @@
 # The GPU run, in few calls on the GPU machine (docs/benchmarks.md, "The first GPU run"):
 #   STEPS="env tests bert128 bert512 alibi" bash scripts/first_gpu_run.sh   # after scripts/gpu_wheels.sh
 # here (.whl/ travels with the tree); then STEPS="compile resnet gpt llama estimate llama_compiled", then
-# STEPS="loaders recipes unet".
+# STEPS="loaders recipes unet". The fast paths (compile, fp8, the recipe-versus-bench gap of the
+# Llama) in one call of at most 8 minutes: STEP_LIMIT=420 STEPS="fastpaths" (then "llama" if time is left).
 # Each step's whole output goes to $OUT/<step>.log (or gpu-run/), its tail to the console.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
+steps=${STEPS:-fastpaths env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -80,6 +81,8 @@ for name in $steps; do
     alibi) step alibi python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --alibi --attention sdpa flex --check-syncs ;;
     gpt) step gpt python3 bench/gpt_step.py --compile ;;
     llama) step llama python3 bench/sharding.py speed --model llama3_1b --batch 1 --seq 2048 --activation-checkpointing selective --precisions bf16 ;;  # the recipe's micro-batch
+    # each LLM recipe and BERT-Base at its shape, eager against compiled (fp8 compiled for the Llama)
+    fastpaths) TAIL=30 step fastpaths python3 bench/fast_paths.py --steps 20 ;;
     estimate) step estimate python3 bench/estimate_check.py ;;  # trainrun estimate against the measured peaks
     llama_compiled) step llama_compiled python3 bench/sharding.py speed --model llama3_1b --batch 2 --seq 4096 --precisions bf16 fp8 --compile --rounds 1 ;;
     loaders) step loaders python3 bench/loaders.py --hot --images 4000 --workers 8 --sides 300 900 --batch 256 ;;

@@ -16,8 +16,9 @@ from conftest import TINY, captured_output, read_metrics, run_cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# benches whose ranks are spawned and import the bench's own functions, which run_path's __main__ cannot give
-IN_THEIR_PROCESS = {"sharding.py"}
+# benches whose ranks (or measured processes) are spawned and import the bench's own functions, which
+# run_path's __main__ cannot give
+IN_THEIR_PROCESS = {"sharding.py", "logits.py", "block_mask.py"}
 
 
 def bench(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -307,3 +308,16 @@ def test_peers_bench_hands_nanogpt_the_token_stream_trainrun_trains_on_and_score
     uniform = peers.next_token_loss(lambda x, y: torch.zeros(*x.shape, 50), windows)
     assert uniform == pytest.approx(math.log(50))
     assert peers.step_ms([9.0, 9.0] + [0.1] * 18 + [0.2] * 10) == pytest.approx(100.0)  # first tenth (>= 2) left out
+
+
+@pytest.mark.slow
+def test_the_checkpointing_and_block_mask_benches_run_tiny():
+    """Checkpointing's host cost per policy, and the block mask from document boundaries against
+    create_block_mask (which the bench checks equal block by block)."""
+    policies = bench("checkpointing.py", "--steps", "1", "--rounds", "1", "--seq", "16")
+    assert policies.returncode == 0, policies.stderr
+    rows = [line for line in policies.stdout.splitlines() if line.startswith(("| selective", "| full"))]
+    assert len(rows) == 3
+    masks = bench("block_mask.py", "--lengths", "300", "--batch", "2", "--window", "200", "--rounds", "1")
+    assert masks.returncode == 0, masks.stderr
+    assert "| 300 | trainrun |" in masks.stdout

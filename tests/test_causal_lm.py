@@ -139,6 +139,41 @@ def test_flex_attention_attends_as_the_written_out_mask(positions):
     assert model.attend(tokens, flex=True).block_mask is not None and model.attend(tokens, flex=False).mask is not None
 
 
+@pytest.mark.parametrize("window", [None, 64, 200, 300])
+def test_the_block_mask_from_document_boundaries_is_the_one_the_rule_gives_at_every_query_and_key(window):
+    """Built from each block's first and last document (no batch x length x length pass), the block
+    mask sorts blocks as create_block_mask, which evaluates the rule everywhere, does: the same blocks
+    skipped, the same run without the mask, the same partly masked; 300 tokens: a partial last block."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from trainrun.models.gpt import document_ids, flex_attend
+
+    tokens = torch.randint(8, 50, (3, 300))
+    tokens[0, [5, 127, 128, 250]] = SEPARATOR  # window 0: documents ending inside and at block edges
+    tokens[1, 140] = SEPARATOR  # window 1: two documents; window 2: one
+    documents = document_ids(tokens, SEPARATOR)
+    ours = flex_attend(300, None if window is None else torch.tensor(float(window)), documents, None, tokens.device)
+    rule = ours.block_mask.mask_mod
+    reference = create_block_mask(rule, 3, None, 300, 300, device="cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(ours.block_mask, name), getattr(reference, name)), name
+    assert torch.equal(ours.block_mask.to_dense(), reference.to_dense())
+    q = k = v = torch.randn(3, 2, 300, 8)
+    written_out = visible_keys_mask(300, window, documents)
+    torch.testing.assert_close(
+        flex_attention(q, k, v, block_mask=ours.block_mask),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=written_out),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def visible_keys_mask(length: int, window: int | None, documents: torch.Tensor) -> torch.Tensor:
+    from trainrun.models.gpt import visible_keys
+
+    return visible_keys(length, window, documents, documents.device)
+
+
 def test_alibi_biases_each_heads_scores_by_its_slope_times_the_distance_back():
     model = gpt(positions="alibi")
     assert model.positions is None and model.alibi_slopes.tolist() == [2**-4, 2**-8]  # 2^(-8h/2), h = 1, 2

@@ -94,7 +94,7 @@ def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
     assert estimate["peak_gb"] < 80 and estimate["fits"]
     # no whole float32 gradient (32 GB) among the step's temporaries: kept between micro-batches, it made
     # them 40.5 GB and the peak 86.2
-    assert estimate["peak"]["temp"] < 8 * estimate["held"]["gradients"]
+    assert estimate["peak"].get("temp", 0.0) < 8 * estimate["held"]["gradients"]
 
 
 def test_auto_micro_batches_under_fsdp_are_decided_before_the_run_by_the_estimate(capsys):

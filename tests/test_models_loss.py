@@ -95,3 +95,22 @@ def test_initializers_are_refused_for_a_model_that_initialises_itself(run):
     validate(OmegaConf.create(run), files=False)  # the default list: nothing said
     with pytest.raises(ConfigError, match=r"^bad value for 'model.initializers': \['kaiming_normal'\] \(model="):
         validate(OmegaConf.create({**run, "model": {**run["model"], "initializers": ["kaiming_normal"]}}), files=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_cross_entropy_gives_the_plain_ones_loss_and_gradients(dtype):
+    from trainrun.tasks.losses import summed_cross_entropy
+
+    torch.manual_seed(0)
+    logits = (torch.randn(37, 301) * 3).to(dtype).requires_grad_()
+    targets = torch.randint(0, 301, (37,))
+    plain = F.cross_entropy(logits.float(), targets, reduction="sum")
+    (expected,) = torch.autograd.grad(plain, logits)
+    for chunk in (301 * 5, 301 * 37, 10_000_000):  # 8 chunks (the last of 2 positions), one, one
+        chunked = summed_cross_entropy(logits, targets, chunk_elements=chunk)
+        (gradient,) = torch.autograd.grad(chunked, logits)
+        assert chunked.dtype == torch.float32 and gradient.dtype == dtype
+        torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(gradient, expected, rtol=0 if dtype == torch.float32 else 1e-2, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(summed_cross_entropy(logits, targets, chunk_elements=301 * 5), plain)

@@ -122,13 +122,16 @@ class _Rank:
         self.config, self.shape, self.task = config, shape, task
         self.dtype = COMPUTE_DTYPES[config.precision]
         settings = parallel.Parallelism(
-            config.parallel.name, config.parallel.reshard_after_forward, shape.checkpointing
+            config.parallel.name,
+            config.parallel.reshard_after_forward,
+            shape.checkpointing,
+            config.parallel.checkpoint_every,
         )
         self.sharded = mesh is not None
         if self.sharded:
             model = parallel.prepare(model, settings, self.dtype, torch.device("cpu"), mesh)
         else:  # as prepare leaves it: checkpointed, whole on the device
-            parallel.checkpoint_activations(model, settings.activation_checkpointing)
+            parallel.checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
             model.to_empty(device="cpu")
             if hasattr(model, "initialise"):
                 model.initialise()

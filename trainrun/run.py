@@ -146,7 +146,9 @@ def build_seeded_model(config: TrainConfig, data: DataSpec) -> torch.nn.Module:
 def parallelism(config: TrainConfig) -> parallel.Parallelism:
     """How the run's ranks share its model, as the trainer reads it."""
     settings = config.parallel
-    return parallel.Parallelism(settings.name, settings.reshard_after_forward, settings.activation_checkpointing)
+    return parallel.Parallelism(
+        settings.name, settings.reshard_after_forward, settings.activation_checkpointing, settings.checkpoint_every
+    )
 
 
 def plan_timeline(config: TrainConfig, data: DataSpec) -> tuple[Timeline, WallClockBudget | None]:

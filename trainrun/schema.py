@@ -315,6 +315,8 @@ class ParallelConfig:
     # recompute activations in the backward: none; selective (each block's matrix products and
     # attention kept, the cheap element-wise work recomputed); full (each block's input only)
     activation_checkpointing: str = choice_field("none", "none", "selective", "full")
+    # checkpoint every k-th block only (the first, then each k on; 1: all): less recompute for more memory
+    checkpoint_every: int = positive_field(1)
 
 
 @dataclass

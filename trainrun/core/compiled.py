@@ -1,19 +1,32 @@
-"""``torch.compile`` for the run's model, with every fall-back to eager reported.
+"""``torch.compile`` for the run's model, what it compiled recorded, every fall-back to eager reported.
+
+A model with transformer blocks (``model.blocks``: GPT, Llama) has each block compiled in place,
+as torchtitan does: the blocks share one compiled graph (a block's weights are its inputs, not
+constants), activation checkpointing inside a block is compiled with it (the selective policy is
+applied once, when the graph is traced, not by a dispatch mode on every op of every pass), FSDP2's
+hooks stay outside the graphs, and parameter names, checkpoints and exports are those of the eager
+model. Any other model (ResNet, BERT, the UNets) is compiled whole.
 
 Past dynamo's recompile limit a compiled function silently runs eager from then on, which
 turns a measured speed-up into a slow-down nobody sees; torch only logs one warning. The
-handler here turns that warning into a run warning (console and ``summary.json``).
+handler here turns that warning into a run warning (console and ``summary.json``), and
+:class:`CompileRecord` puts the graph breaks, the graphs compiled after warm-up and the seconds
+spent compiling in ``summary.json`` (``compile``), so that a GPU run shows them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch._dynamo.utils import calculate_time_spent, counters
 
 DYNAMO_LOGGER = "torch._dynamo.convert_frame"  # where torch logs "torch._dynamo hit config.recompile_limit"
+BACKEND = "inductor"  # tests count graphs under "eager": the same tracing, breaks and guards, no code generation
 
 
 class RecompileLimitWatch(logging.Handler):
@@ -44,12 +57,73 @@ def watch_recompile_limit(report: Callable[[str], None]) -> logging.Handler:
     return handler
 
 
-def compile_model(model: nn.Module, report: Callable[[str], None]) -> nn.Module:
-    """``torch.compile(model)``, reporting any later fall-back to eager through ``report``."""
+def compile_model(model: nn.Module, report: Callable[[str], None], backend: str | None = None) -> nn.Module:
+    """``model`` compiled (module docstring: block by block where it has blocks, else whole),
+    reporting any later fall-back to eager through ``report``."""
     watch_recompile_limit(report)
-    return torch.compile(model)
+    blocks = getattr(model, "blocks", None)
+    if not blocks:
+        return torch.compile(model, backend=backend or BACKEND)
+    for block in blocks:
+        block.compile(backend=backend or BACKEND)
+    return model
 
 
 def is_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` (or the module a DDP wrapper holds) is a ``torch.compile`` module."""
-    return hasattr(getattr(model, "module", model), "_orig_mod")
+    """Whether ``model`` (or the module a DDP wrapper holds) is compiled, whole or block by block."""
+    model = getattr(model, "module", model)
+    return hasattr(model, "_orig_mod") or any(
+        getattr(block, "_compiled_call_impl", None) is not None for block in getattr(model, "blocks", ())
+    )
+
+
+def _dynamo_totals() -> dict[str, float]:
+    """This process's graph breaks, compiled graphs (frames) and compile seconds so far."""
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs": counters["frames"]["ok"],
+        "seconds": calculate_time_spent().get("total_wall_time", 0.0),
+    }
+
+
+class CompileRecord:
+    """What ``torch.compile`` did during one run (dynamo's counters are per process, so the run's
+    share is the difference from when it started): graph breaks, graphs compiled during warm-up
+    (up to the end of the first evaluation: the training shapes, a second micro-batch size that
+    makes the batch dimension dynamic, evaluation mode), recompilations after it, and seconds spent
+    compiling (forward and backward graphs)."""
+
+    def __init__(self) -> None:
+        self.start = _dynamo_totals()
+        self.breaks_before = dict(counters["graph_break"])
+        self.warm: dict[str, float] | None = None
+
+    def break_reasons(self) -> dict[str, int]:
+        """The run's graph breaks by dynamo's reason (its first line), most frequent first."""
+        reasons: Counter[str] = Counter()
+        for reason, count in counters["graph_break"].items():
+            reasons[reason.splitlines()[0][:200]] += count - self.breaks_before.get(reason, 0)
+        return dict(sorted(((r, n) for r, n in reasons.items() if n > 0), key=lambda item: -item[1]))
+
+    def _since(self, then: dict[str, float]) -> dict[str, float]:
+        now = _dynamo_totals()
+        return {key: now[key] - then[key] for key in now}
+
+    def end_warm_up(self) -> None:
+        """Mark the end of warm-up (the first call counts; later ones do nothing)."""
+        if self.warm is None:
+            self.warm = _dynamo_totals()
+
+    def as_dict(self) -> dict[str, Any]:
+        """``summary.json``'s ``compile``: graph_breaks, warm_up_graphs, recompiles (graphs compiled
+        after warm-up; None when the run never finished an evaluation), seconds and the graph
+        breaks' reasons."""
+        total = self._since(self.start)
+        after = self._since(self.warm) if self.warm is not None else None
+        return {
+            "graph_breaks": int(total["graph_breaks"]),
+            "warm_up_graphs": int(total["graphs"] - (after["graphs"] if after else 0)),
+            "recompiles": int(after["graphs"]) if after else None,
+            "seconds": round(total["seconds"], 3),
+            "graph_break_reasons": self.break_reasons(),
+        }

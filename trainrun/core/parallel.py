@@ -35,16 +35,22 @@ class Parallelism:
     name: str = "ddp"  # ddp: a whole copy per rank; fsdp: FSDP2 shards
     reshard_after_forward: bool = True  # fsdp: gather each block's weights again for its backward
     activation_checkpointing: str = "none"  # none, selective or full
+    checkpoint_every: int = 1  # checkpoint every k-th block (1: all of them)
 
 
-# What selective activation checkpointing keeps from each block's forward: the matrix products and
-# attention (the costly work); everything element-wise (norms, activations, rotary) is recomputed.
+# What selective activation checkpointing keeps from each block's forward: the matrix products
+# (float8's ``_scaled_mm`` among them) and attention, the costly work, and ``max`` (float8's amax
+# reduction: one number a tensor, so its cast is recomputed without reading the tensor again);
+# everything element-wise (norms, activations, rotary, float8's casts) is recomputed. torchtitan's
+# list, less what trainrun does not run (tensor parallelism's reduce-scatter).
 KEPT_OPS = frozenset(
     getattr(torch.ops.aten, name).default
     for name in (
         "mm",
         "addmm",
         "bmm",
+        "_scaled_mm",
+        "max",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_efficient_attention",
@@ -67,27 +73,45 @@ def _keep_products(context, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def checkpointed(forward: Callable, selective: bool) -> Callable:
-    """``forward`` recomputed in the backward pass (all of it, or under ``selective`` its cheap ops)."""
+def draws_random_numbers(module: nn.Module) -> bool:
+    """Whether ``module``'s forward may draw random numbers: a dropout layer, or a ``dropout`` rate
+    (attention dropout passed to SDPA), above zero. Without them a recompute need not replay the
+    forward's RNG state (saving and restoring it costs host time every pass)."""
+    for part in module.modules():
+        rate = part.p if isinstance(part, nn.Dropout) else getattr(part, "dropout", 0)
+        if isinstance(rate, (int, float)) and rate > 0:
+            return True
+    return False
+
+
+def checkpointed(forward: Callable, selective: bool, keeps_rng_state: bool = True) -> Callable:
+    """``forward`` recomputed in the backward pass (all of it, or under ``selective`` its cheap ops);
+    the RNG state is saved for the recompute only where ``keeps_rng_state``. Under ``torch.compile``
+    (a compiled block) the checkpoint and its policy are traced into the block's graph: the policy
+    is applied once, at compile time, not by a dispatch mode on every op of every pass."""
 
     def context():
         return create_selective_checkpoint_contexts(_keep_products)
 
+    options = {"use_reentrant": False, "preserve_rng_state": keeps_rng_state}
+
     @functools.wraps(forward)
     def run(*args, **kwargs):
         if selective:
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **SAC_HOOKS, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return checkpoint(forward, *args, context_fn=context, **options, **SAC_HOOKS, **kwargs)
+        return checkpoint(forward, *args, **options, **kwargs)
 
     return run
 
 
-def checkpoint_activations(model: nn.Module, mode: str) -> None:
-    """Recompute each block's activations in the backward (``mode``: none, selective or full)."""
+def checkpoint_activations(model: nn.Module, mode: str, every: int = 1) -> None:
+    """Recompute the activations of every ``every``-th block (the first, then each ``every`` on) in
+    the backward (``mode``: none, selective or full); the others keep theirs."""
     if mode == "none":
         return
-    for block in model.blocks:
-        block.forward = checkpointed(block.forward, selective=mode == "selective")
+    for index, block in enumerate(model.blocks):
+        if index % every == 0:
+            block.forward = checkpointed(block.forward, mode == "selective", draws_random_numbers(block))
 
 
 def shards(settings: Parallelism) -> bool:
@@ -124,7 +148,7 @@ def prepare(
     :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``) over ``mesh``
     (default :func:`sharding_mesh` of the run's ranks and nodes); a model built on the meta device is
     materialised shard by shard."""
-    checkpoint_activations(model, settings.activation_checkpointing)
+    checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
     if not shards(settings):
         return model.to(device)
     mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_of_this_run())

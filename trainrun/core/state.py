@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.core.accounts import TimeAccounts
+from trainrun.core.compiled import CompileRecord
 from trainrun.core.precision import Precision
 from trainrun.core.time import Timeline
 from trainrun.quality import Quality
@@ -94,6 +95,7 @@ class State:
     stop_reason: str | None = None  # why training ends before max_duration (e.g. target_reached)
     notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
     unreadable_files: list[str] = field(default_factory=list)  # data files every rank's loaders skipped (at the end)
+    compiled: CompileRecord | None = None  # under compile=true: graph breaks, recompiles, seconds
 
     def notice(self, text: str, level: str = "note") -> None:
         """Record something about the run a person must see: a ``note`` or a ``warning``."""

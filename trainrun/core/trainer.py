@@ -18,7 +18,7 @@ from torch import nn
 from trainrun.core import checkpoint, distributed, parallel
 from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
-from trainrun.core.compiled import compile_model
+from trainrun.core.compiled import CompileRecord, compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.evaluation import evaluated
 from trainrun.core.events import Event
@@ -89,6 +89,7 @@ class Trainer:
         state.model = parallel.prepare(state.model, settings.parallel, compute_dtype, state.device)
         state.optimizer, self.scheduler = optimization(state.model)
         if settings.compile:
+            state.compiled = CompileRecord()
             state.model = compile_model(state.model, state.warn)
         if state.world_size > 1 and not parallel.is_sharded(state.raw_model):
             # each rank keeps its own batch-norm statistics between evaluations (averaged where read)
@@ -339,6 +340,8 @@ class Trainer:
             "throughput": self.window_throughput(),
         }
         state.model.train()
+        if state.compiled is not None:
+            state.compiled.end_warm_up()
         self.engine.run(Event.EVAL_END, state)
         self._window = Window(started=state.accounts.train_seconds())
         state.accounts.switch(previous)

@@ -134,6 +134,7 @@ class TimeToQualityLogger(Callback):
             # rank 0's peak of allocated device memory (a GPU's; what trainrun estimate predicts)
             "peak_memory_gb": peak_device_memory(state.device) if state else None,
             "unreadable_files": state.unreadable_files if state else [],
+            "compile": state.compiled.as_dict() if state and state.compiled else None,
             "provenance": self.provenance,
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):

@@ -80,6 +80,66 @@ def make_layout(lengths: torch.Tensor, length: int, device: torch.device, packed
     return Layout(batch, length, on_device, rows, *moved, longest=int(lengths.max()))
 
 
+@dataclass
+class Attending:
+    """What every layer's attention reads in one forward, built once outside any compiled region
+    (the layout comes from host counts): tensors and sizes only, so that a compiled layer reads each
+    batch's values instead of recompiling for them. ``path``: sdpa (with ``mask``), varlen, or flex
+    (``flex`` maps Q/K/V to the context through the batch's block mask)."""
+
+    path: str
+    layout: Layout
+    mask: torch.Tensor | None = None
+    flex: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def attended(qkv: torch.Tensor, attending: Attending, dropout: float) -> torch.Tensor:
+    """(rows, heads, size) context of (rows, 3, heads, size) Q/K/V, the attention ``attending`` names."""
+    layout = attending.layout
+    if attending.path == "varlen":
+        from torch.nn.attention.varlen import varlen_attn
+
+        cu, longest = layout.cu_seqlens, layout.longest
+        return varlen_attn(*qkv.unbind(1), cu, cu, longest, longest)
+    if attending.path == "flex":
+        return attending.flex(qkv)
+    batch, length = layout.batch, layout.length
+    if layout.packed:  # re-pad the real rows once for Q, K and V together
+        qkv = qkv.new_zeros(batch * length, *qkv.shape[1:]).index_copy(0, layout.rows, qkv)
+    q, k, v = qkv.view(batch, length, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)  # 3 x (batch, heads, length, size)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=attending.mask, dropout_p=dropout)
+    context = context.transpose(1, 2).flatten(0, 1)
+    return context.index_select(0, layout.rows) if layout.packed else context
+
+
+def run_layer(layer: nn.Module, hidden: torch.Tensor, attending: Attending) -> torch.Tensor:
+    """One Hugging Face BERT layer on ``hidden`` (rows, hidden size): Q, K and V in one product."""
+    attention = layer.attention.self
+    heads, size = attention.num_attention_heads, attention.attention_head_size
+    projections = (attention.query, attention.key, attention.value)
+    weight = torch.cat([p.weight for p in projections])
+    bias = torch.cat([p.bias for p in projections]) if attention.query.bias is not None else None
+    qkv = F.linear(hidden, weight, bias).view(len(hidden), 3, heads, size)
+    context = attended(qkv, attending, attention.dropout.p if layer.training else 0.0)
+    attended_rows = layer.attention.output(context.flatten(1), hidden)
+    return layer.output(layer.intermediate(attended_rows), attended_rows)
+
+
+@functools.cache
+def trainrun_layer_class(base: type) -> type:
+    """``base`` (Hugging Face's BertLayer) whose call with an :class:`Attending` runs :func:`run_layer`
+    (any other call runs Hugging Face's forward). Each encoder layer of trainrun's BERT is of this
+    class, so that a layer is a module call: FSDP2's unit and torch.compile's block, with Hugging
+    Face's weights and names."""
+
+    def forward(self, hidden, *args, **kwargs):
+        if args and isinstance(args[0], Attending):
+            return run_layer(self, hidden, args[0])
+        return base.forward(self, hidden, *args, **kwargs)
+
+    return type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__})
+
+
 class MaskedLanguageModel(nn.Module):
     """A Hugging Face masked-language model taking the batch's ``input_ids`` and ``attention_mask``
     (and, from trainrun's loader, ``lengths`` and ``predict_positions``)."""
@@ -94,6 +154,13 @@ class MaskedLanguageModel(nn.Module):
         self.masked_head = (
             False  # use_masked_head (the masked_head method): training logits at predicted positions only
         )
+        for layer in self.blocks:
+            layer.__class__ = trainrun_layer_class(type(layer))
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The encoder layers, each called as a module (FSDP2's units, torch.compile's blocks)."""
+        return self.bert.base_model.encoder.layer
 
     def use_unpadding(self) -> None:
         """Run every layer but attention on the real tokens only (the unpadding method)."""
@@ -176,29 +243,15 @@ class MaskedLanguageModel(nn.Module):
         bias = -self.alibi_slopes.to(keys.device, dtype)[:, None, None] * distance
         return bias[None] + torch.where(keys[:, None, None, :], 0.0, torch.finfo(dtype).min).to(dtype)
 
-    def _attend(self, layout: Layout, path: str, dtype: torch.dtype) -> Callable[[torch.Tensor, float], torch.Tensor]:
-        """A function of (rows, 3, heads, size) Q/K/V and the dropout rate to (rows, heads, size)."""
+    def _attending(self, layout: Layout, path: str, dtype: torch.dtype) -> Attending:
+        """What this batch's layers attend with (:class:`Attending`)."""
         if path == "varlen":
-            from torch.nn.attention.varlen import varlen_attn
-
-            cu, longest = layout.cu_seqlens, layout.longest
-            return lambda qkv, dropout: varlen_attn(*qkv.unbind(1), cu, cu, longest, longest)
+            return Attending(path, layout)
         if path == "flex":
-            return self._flex_attention(layout)
-        mask = self._dense_mask(layout, dtype)
-        batch, length = layout.batch, layout.length
+            return Attending(path, layout, flex=self._flex_attention(layout))
+        return Attending(path, layout, mask=self._dense_mask(layout, dtype))
 
-        def dense(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
-            if layout.packed:  # re-pad the real rows once for Q, K and V together
-                qkv = qkv.new_zeros(batch * length, *qkv.shape[1:]).index_copy(0, layout.rows, qkv)
-            q, k, v = qkv.view(batch, length, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)  # 3 x (batch, heads, length, size)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-            context = context.transpose(1, 2).flatten(0, 1)
-            return context.index_select(0, layout.rows) if layout.packed else context
-
-        return dense
-
-    def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor, float], torch.Tensor]:
+    def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor], torch.Tensor]:
         from torch.nn.attention.flex_attention import create_block_mask
 
         slopes, documents = self.alibi_slopes, layout.documents
@@ -224,7 +277,7 @@ class MaskedLanguageModel(nn.Module):
         score_mod = alibi if slopes is not None else None
         shape = (1, -1) if layout.packed else (layout.batch, layout.length)
 
-        def flex(qkv: torch.Tensor, dropout: float) -> torch.Tensor:
+        def flex(qkv: torch.Tensor) -> torch.Tensor:
             q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
             context = flex_kernel(dynamic=True)(q, k, v, score_mod=score_mod, block_mask=blocks)
             return context.transpose(1, 2).flatten(0, 1)
@@ -250,9 +303,9 @@ class MaskedLanguageModel(nn.Module):
         device_type = ids.device.type
         autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
         dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
-        attend = self._attend(layout, self.attention_path(ids.device, dtype), dtype)
-        for layer in model.encoder.layer:
-            hidden = _layer(layer, hidden, attend, self.training)
+        attending = self._attending(layout, self.attention_path(ids.device, dtype), dtype)
+        for layer in self.blocks:
+            hidden = layer(hidden, attending)
         positions = inputs.get("predict_positions")
         if positions is not None and (self.masked_head or not self.training):
             first = layout.cu_seqlens[:-1].long() if layout.packed else torch.arange(batch, device=ids.device) * length
@@ -263,21 +316,6 @@ class MaskedLanguageModel(nn.Module):
         if layout.packed:
             hidden = hidden.new_zeros(batch * length, hidden.shape[-1]).index_copy(0, layout.rows, hidden)
         return self.bert.cls(hidden.view(batch, length, -1))
-
-
-def _layer(
-    layer: nn.Module, hidden: torch.Tensor, attend: Callable[[torch.Tensor, float], torch.Tensor], training: bool
-) -> torch.Tensor:
-    """One Hugging Face BERT layer on ``hidden`` (rows, hidden size): Q, K and V in one product."""
-    attention = layer.attention.self
-    heads, size = attention.num_attention_heads, attention.attention_head_size
-    projections = (attention.query, attention.key, attention.value)
-    weight = torch.cat([p.weight for p in projections])
-    bias = torch.cat([p.bias for p in projections]) if attention.query.bias is not None else None
-    qkv = F.linear(hidden, weight, bias).view(len(hidden), 3, heads, size)
-    context = attend(qkv, attention.dropout.p if training else 0.0)
-    attended = layer.attention.output(context.flatten(1), hidden)
-    return layer.output(layer.intermediate(attended), attended)
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from trainrun.data.interface import TextFacts
 from trainrun.models.alibi import alibi_slopes
@@ -94,6 +94,43 @@ def visible_keys(
     return visible & (documents[:, None, :, None] == documents[:, None, None, :]) if documents is not None else visible
 
 
+FLEX_BLOCK = 128  # FlexAttention's block of queries and of keys
+
+
+def block_visibility(
+    length: int, window: torch.Tensor | int | None, documents: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which key blocks of :data:`FLEX_BLOCK` tokens each query block sees (any of it, then all of it),
+    each (batch or 1, 1, blocks, blocks) bool, from block positions and each block's first and last
+    document (documents only grow along a window): O(blocks²) per window, not O(length²)."""
+    blocks = -(-length // FLEX_BLOCK)
+    index = torch.arange(blocks, device=device)
+    apart = (index[:, None] - index[None, :]) * FLEX_BLOCK  # query block start - key block start
+    whole = (index + 1) * FLEX_BLOCK <= length  # a block cut by the end is never run without the mask
+    any_visible, all_visible = apart >= 0, (apart > 0) & whole[:, None] & whole[None, :]
+    if window is not None:  # nearest pair (query block start, key block end), farthest (end, start)
+        any_visible = any_visible & (apart - (FLEX_BLOCK - 1) < window)
+        all_visible = all_visible & (apart + (FLEX_BLOCK - 1) < window)
+    any_visible, all_visible = any_visible[None, None], all_visible[None, None]
+    if documents is not None:
+        padded = F.pad(documents, (0, blocks * FLEX_BLOCK - length), value=-1)  # the tail: no document
+        first = padded.view(len(documents), blocks, FLEX_BLOCK)[..., 0]
+        last = documents[:, torch.clamp(index * FLEX_BLOCK + FLEX_BLOCK - 1, max=length - 1)]
+        any_visible = any_visible & (last[:, None, None, :] >= first[:, None, :, None])
+        one_document = first == last
+        same = one_document[:, :, None] & one_document[:, None, :] & (first[:, :, None] == first[:, None, :])
+        all_visible = all_visible & same[:, None]
+    return any_visible, all_visible
+
+
+def ordered_blocks(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlexAttention's (counts, indices) of a (batch, heads, query blocks, key blocks) bool: each query
+    block's visible key blocks first, in order."""
+    counts = visible.sum(-1, dtype=torch.int32)
+    indices = torch.argsort((~visible).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts, indices
+
+
 def flex_attend(
     length: int,
     window: torch.Tensor | int | None,
@@ -102,7 +139,9 @@ def flex_attend(
     device: torch.device,
 ) -> Attend:
     """The same rule as :func:`visible_keys` as a FlexAttention block mask (and ALiBi's bias as its
-    score modification), for ``batch`` windows of ``length`` tokens."""
+    score modification), built from :func:`block_visibility` (fully visible blocks run without the
+    mask; partly visible ones apply it), not by evaluating the rule at every query and key as
+    ``create_block_mask`` does (a batch x length x length pass every forward)."""
 
     def visible(batch, head, query, key):
         keep = query >= key
@@ -115,8 +154,14 @@ def flex_attend(
     def alibi(score, batch, head, query, key):
         return score - slopes[head] * (query - key)
 
-    batches = documents.shape[0] if documents is not None else None  # None: one mask for every window
-    block_mask = create_block_mask(visible, batches, None, length, length, device=device)
+    any_visible, all_visible = block_visibility(length, window, documents, device)
+    block_mask = BlockMask.from_kv_blocks(
+        *ordered_blocks(any_visible & ~all_visible),
+        *ordered_blocks(all_visible),
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=visible,
+        seq_lengths=(length, length),
+    )
     return Attend(block_mask=block_mask, score_mod=alibi if slopes is not None else None)
 
 
@@ -203,7 +248,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token ids (batch, length) to next-token logits (batch, length, vocabulary)."""
+    """Token ids (batch, length) to next-token logits (batch, length, vocabulary), in the compute
+    dtype (bfloat16 under autocast)."""
 
     transformers_class = "GPT2LMHeadModel"  # what export_pretrained writes
 
@@ -309,8 +355,7 @@ class GPT(nn.Module):
         logits = self.head(self.final_norm(x))
         if logits.shape[-1] > self.vocab_size:  # the padding's columns left out, in a copy: the model returns no
             logits = logits[..., : self.vocab_size].contiguous()  # view (FSDP2's root hooks its output)
-        logits = logits.float()
-        cap = self.config.logit_softcap
+        cap = self.config.logit_softcap  # in the logits' dtype: the loss takes them to float32 a chunk at a time
         return cap * torch.tanh(logits / cap) if cap else logits
 
 

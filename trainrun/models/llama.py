@@ -99,7 +99,8 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """Token ids (batch, length) to next-token logits (batch, length, vocabulary), in float32."""
+    """Token ids (batch, length) to next-token logits (batch, length, vocabulary), in the compute
+    dtype (bfloat16 under autocast: the loss takes them to float32 a chunk at a time)."""
 
     transformers_class = "LlamaForCausalLM"  # what export_pretrained writes
 
@@ -164,7 +165,7 @@ class Llama(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.head(self.final_norm(x)).float()
+        return self.head(self.final_norm(x))
 
 
 def build(config: ModelConfig, text: TextFacts | None = None) -> Llama:

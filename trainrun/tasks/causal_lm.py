@@ -14,17 +14,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trainrun.core.state import State
 from trainrun.data.interface import TextFacts
 from trainrun.schema import DataConfig
 from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
+from trainrun.tasks.losses import summed_cross_entropy
 
 
 def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``logits`` (batch, length, vocabulary) against the next tokens, in fp32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """Mean cross-entropy of ``logits`` (batch, length, vocabulary) against the next tokens, in fp32,
+    in chunks of positions (:func:`summed_cross_entropy`)."""
+    return summed_cross_entropy(logits.flatten(0, 1), targets.flatten()) / targets.numel()
 
 
 class NextTokenEvaluator(Evaluator):
@@ -33,7 +34,7 @@ class NextTokenEvaluator(Evaluator):
         self.world_size = world_size
 
     def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        self.sums[0] += F.cross_entropy(outputs.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+        self.sums[0] += summed_cross_entropy(outputs.flatten(0, 1), targets.flatten())
         self.sums[1] += targets.numel()
 
     def compute(self) -> dict[str, float]:
