@@ -1,7 +1,8 @@
 """compile=true: each model's training and evaluation compile without graph breaks, and nothing is
-compiled again after warm-up (``summary.json``'s ``compile``), counted with dynamo's counters under
-the ``eager`` backend (the same tracing, breaks and guards as inductor's, without its code
-generation: seconds instead of minutes on a CPU)."""
+compiled again after warm-up (``summary.json``'s ``compile``); the Llama with selective
+checkpointing on two ranks, under fsdp and ddp. Counted with dynamo's counters under the ``eager``
+backend (the same tracing, breaks and guards as inductor's, without its code generation: seconds
+instead of minutes on a CPU)."""
 
 from __future__ import annotations
 
@@ -43,13 +44,6 @@ RUNS = {
         "algorithms.window_warmup.start=8",
         "algorithms.window_warmup.end=64",
         "algorithms.window_warmup.multiple=8",
-    ],
-    "llama, selective checkpointing": [
-        "task=causal_lm",
-        "data=stdlib_stream",
-        "model=llama_tiny",
-        "data.text.max_seq_len=64",
-        "parallel.activation_checkpointing=selective",
     ],
     "unet": [
         "task=segmentation",

@@ -29,22 +29,33 @@ class Precision:
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
     float8: bool = False  # the linear layers' matrix products in float8 (torchao)
+    float8_gathers: bool = False  # set by convert: FSDP2 gathers the float8 layers' weights in float8
 
-    def convert(self, model: nn.Module) -> None:
-        """Under fp8, swap ``model``'s eligible linear layers for torchao's float8 training layers."""
+    def convert(self, model: nn.Module, sharded: bool = False) -> None:
+        """Under fp8, swap ``model``'s eligible linear layers for torchao's float8 training layers. A
+        model FSDP2 will shard (``sharded``) gathers their weights in float8, half the bytes of a bf16
+        gather, each cast once on its owner rank, with the scales of all of them computed together
+        after every optimizer step (:meth:`step`), as torchao's and torchtitan's FSDP2 recipe does."""
         if self.float8:
-            from torchao.float8 import convert_to_float8_training
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-            convert_to_float8_training(model, module_filter_fn=float8_eligible)
+            config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
+            convert_to_float8_training(model, config=config, module_filter_fn=float8_eligible)
+            self.float8_gathers = sharded
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> None:
         """Step ``optimizer``: through the gradient scaler (which skips a step whose gradients
-        overflowed, and updates its scale) under fp16, directly otherwise."""
+        overflowed, and updates its scale) under fp16, directly otherwise; then, where ``model``'s
+        float8 weights are gathered in float8, their next scales (one all-reduce for all of them)."""
         if self.scaler is None:
             optimizer.step()
-            return
-        self.scaler.step(optimizer)
-        self.scaler.update()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        if self.float8_gathers and model is not None:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and the loss."""

@@ -84,7 +84,8 @@ class Trainer:
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
-        state.precision.convert(state.model)  # fp8: float8 linear layers, before sharding
+        # fp8: float8 linear layers, before sharding (which gathers them in float8)
+        state.precision.convert(state.model, sharded=parallel.shards(settings.parallel))
         compute_dtype = state.precision.dtype if state.precision.dtype == torch.bfloat16 else None
         state.model = parallel.prepare(state.model, settings.parallel, compute_dtype, state.device)
         state.optimizer, self.scheduler = optimization(state.model)
@@ -194,7 +195,7 @@ class Trainer:
         if scaler:
             scaler.unscale_(state.optimizer)
         run(Event.BEFORE_OPTIMIZER_STEP, state)
-        state.precision.step(state.optimizer)
+        state.precision.step(state.optimizer, state.raw_model)
         state.optimizer.zero_grad(set_to_none=True)
         if self.settings.budget is not None:
             self.settings.budget.after_step(state, state.batch + 1)

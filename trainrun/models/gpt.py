@@ -331,6 +331,11 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
 
+    def stacked_matrices(self) -> dict[str, int]:
+        """Weights that stack several matrices by rows, and how many: each block's fused q, k and v
+        (Muon orthogonalises and scales them as three, as the speedrun's separate matrices)."""
+        return {f"blocks.{index}.attention.qkv.weight": 3 for index in range(len(self.blocks))}
+
     def export_pretrained(self, tokenizer_file: Path, separator: int, directory: Path) -> str | None:
         """Write ``directory`` as a ``GPT2LMHeadModel`` and its tokenizer; or say why it cannot hold this GPT."""
         from trainrun.models.gpt2_export import export_gpt2, gpt2_mismatch

@@ -1,8 +1,14 @@
 """Muon for a transformer's hidden matrices and Adam for the rest, as one optimizer.
 
-Muon (Keller Jordan, 2024) runs as ``torch.optim.Muon``: momentum, Nesterov, five Newton-Schulz
-steps that orthogonalise the update and the ``sqrt(max(1, rows / cols))`` scale are torch's. It
-takes 2-D matrices only, so the parameters are split by a rule the config names
+Muon (Keller Jordan, 2024) runs torch's update (``torch.optim.Muon``'s momentum, Nesterov, five
+Newton-Schulz steps with its coefficients, and the ``sqrt(max(1, rows / cols))`` scale) in
+:class:`MatrixMuon`, which adds what the speedrun's optimizer does and torch's does not: a matrix
+that stacks several by rows (GPT's fused q, k, v: ``stacked_matrices()`` of the model) is
+orthogonalised and scaled as its parts, each alone; the Newton-Schulz steps run batched over
+matrices of one shape; and over several ranks (DDP: every rank holds the same averaged gradients)
+each rank orthogonalises its share of the matrices and the updates are all-gathered, instead of
+every rank orthogonalising every matrix. Momentum stays on every rank, so a checkpoint is rank 0's
+as before. It takes 2-D matrices only, so the parameters are split by a rule the config names
 (``optimizer.muon``), as the GPT-2 speedrun splits them:
 
 - ``embeddings``: every ``nn.Embedding``'s table (a tied output head is the token table) → Adam at
@@ -22,10 +28,13 @@ gradient scaler and checkpoints as they are for every other optimizer.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, DEFAULT_NS_STEPS, EPS
 
 from trainrun.errors import ConfigError
 from trainrun.schema import MuonConfig, OptimizerConfig
@@ -77,14 +86,80 @@ def check_head_modules(model: nn.Module, head_modules: list[str]) -> None:
             )
 
 
+def orthogonalised(updates: torch.Tensor) -> torch.Tensor:
+    """torch.optim.Muon's Newton-Schulz orthogonalisation (in bfloat16, a wide matrix's rows; five
+    quintic steps) of a stack of matrices (count, rows, cols) at once."""
+    x = updates.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS)
+    for _ in range(DEFAULT_NS_STEPS):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=DEFAULT_B, alpha=DEFAULT_C), x, beta=DEFAULT_A)
+    return x.mT if tall else x
+
+
+def shared_orthogonalised(stack: torch.Tensor) -> torch.Tensor:
+    """:func:`orthogonalised` of ``stack``, each of the process group's ranks taking its share of the
+    matrices and all-gathering the others' (every rank holds the same ``stack``)."""
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ranks == 1:
+        return orthogonalised(stack)
+    share = math.ceil(len(stack) / ranks)
+    padded = torch.cat([stack, stack.new_zeros(share * ranks - len(stack), *stack.shape[1:])])
+    mine = orthogonalised(padded[dist.get_rank() * share : (dist.get_rank() + 1) * share]).contiguous()
+    gathered = mine.new_empty(share * ranks, *mine.shape[1:])
+    dist.all_gather_into_tensor(gathered, mine)
+    return gathered[: len(stack)]
+
+
+class MatrixMuon(torch.optim.Optimizer):
+    """torch.optim.Muon's update over 2-D matrices (module docstring), each matrix of ``stacked``
+    taken as that many parts by rows."""
+
+    def __init__(
+        self,
+        groups: list[dict[str, Any]],
+        stacked: dict[nn.Parameter, int],
+        *,
+        momentum: float,
+        nesterov: bool,
+        weight_decay: float,
+    ) -> None:
+        super().__init__(groups, {"momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay})
+        self.stacked_parts = {id(param): count for param, count in stacked.items()}
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - as torch.optim.Optimizer.step
+        by_shape: dict[tuple[int, ...], list[tuple[nn.Parameter, dict[str, Any], torch.Tensor]]] = {}
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                buffer = self.state[param].setdefault("momentum_buffer", torch.zeros_like(param.grad))
+                buffer.lerp_(param.grad, 1 - group["momentum"])
+                update = param.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+                parts = update.view(self.stacked_parts.get(id(param), 1), -1, update.shape[-1])
+                by_shape.setdefault(tuple(parts.shape[1:]), []).append((param, group, parts))
+        for (rows, cols), entries in by_shape.items():
+            done = shared_orthogonalised(torch.cat([parts for _, _, parts in entries])).split(
+                [len(parts) for _, _, parts in entries]
+            )
+            for (param, group, _), update in zip(entries, done, strict=True):
+                param.mul_(1 - group["lr"] * group["weight_decay"])
+                param.add_(update.view_as(param), alpha=-group["lr"] * math.sqrt(max(1, rows / cols)))
+
+
 class MuonWithAdam(torch.optim.Optimizer):
-    """``torch.optim.Muon`` over the ``matrices`` groups and ``torch.optim.Adam`` over the others;
+    """:class:`MatrixMuon` over the ``matrices`` groups and ``torch.optim.Adam`` over the others;
     ``param_groups`` are theirs (shared dicts), so a schedule scales every group's learning rate."""
 
     def __init__(
         self,
         muon_groups: list[dict[str, Any]],
         adam_groups: list[dict[str, Any]],
+        stacked: dict[nn.Parameter, int],
         *,
         momentum: float,
         momentum_start: float,
@@ -97,7 +172,7 @@ class MuonWithAdam(torch.optim.Optimizer):
         self.momentum, self.momentum_start, self.momentum_warmup_steps = momentum, momentum_start, momentum_warmup_steps
         self.steps = 0
         first = self.momentum_at(0)  # Muon's groups always hold the momentum of the next step
-        self.muon = torch.optim.Muon(muon_groups, momentum=first, nesterov=nesterov, weight_decay=weight_decay)
+        self.muon = MatrixMuon(muon_groups, stacked, momentum=first, nesterov=nesterov, weight_decay=weight_decay)
         self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, foreach=True)
         super().__init__([*self.muon.param_groups, *self.adam.param_groups], {})
 
@@ -146,9 +221,12 @@ def build_muon(model: nn.Module, config: OptimizerConfig, lr_factor: float, mome
     if not roles["matrices"]:
         raise ConfigError("bad value for 'optimizer.name': 'muon' found no 2-D hidden matrices in this model")
     check_head_modules(model, config.muon.head_modules)
+    parts = model.stacked_matrices() if hasattr(model, "stacked_matrices") else {}
+    stacked = {param: parts[name] for name, param in roles["matrices"] if name in parts}
     return MuonWithAdam(
         muon_groups,
         adam_groups,
+        stacked,
         momentum=config.momentum,
         momentum_start=config.muon.momentum_start,
         momentum_warmup_steps=momentum_warmup_steps,
