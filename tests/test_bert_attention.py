@@ -230,3 +230,28 @@ def test_repeated_evaluation_samples_are_not_scored(masked_head):
         repeated.update(*task.without_repeats(model(inputs), targets, own, size))
         alone.update(model(cut_inputs), cut_targets)
     assert repeated.compute() == pytest.approx(alone.compute())
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_compiled_layers_take_each_batchs_flex_mask_without_recompiling(monkeypatch, unpad):
+    """A batch's FlexAttention block mask and ALiBi's score modification reach the compiled layers
+    as inputs (closures over tensors only): batches of other lengths and sizes, after the ones that
+    make their sizes dynamic, compile nothing more, and give the uncompiled model's outputs."""
+    from torch._dynamo.utils import counters
+
+    from trainrun.core.compiled import compile_model
+
+    monkeypatch.setattr(bert_module, "flex_kernel", lambda dynamic: flex_attention)
+    force_path(monkeypatch, "flex", padded="flex")
+    model, reference = tiny_bert(alibi=True), tiny_bert(alibi=True)
+    model.unpad = reference.unpad = unpad
+    torch._dynamo.reset()
+    compile_model(model, print, backend="eager")
+    graphs = []
+    with torch.no_grad():
+        for lengths in ([9, 4, 6, 1], [3, 8, 2, 5], [7, 7, 1], [2, 9, 4, 4, 6], [5, 1]):
+            batch = loader_batch(lengths)
+            torch.testing.assert_close(model(inputs_of(batch)), reference(inputs_of(batch)), rtol=1e-5, atol=1e-5)
+            graphs.append(counters["frames"]["ok"])
+    # warm-up: the first batch, then one of another size makes the sizes dynamic
+    assert sum(counters["graph_break"].values()) == 0 and graphs[2] == graphs[-1], graphs

@@ -665,3 +665,36 @@ def test_sample_spaces_the_continuation_as_the_tokenizer_decodes_prompt_and_cont
     tokenizer = train_tokenizer(documents, 300, kind)
     prompt, drawn = tokenizer.encode("return").ids, tokenizer.encode(" the value").ids
     assert continued_text(tokenizer, prompt, drawn) == " the value"
+
+
+def test_compiled_blocks_take_each_batchs_block_mask_without_recompiling():
+    """The GPU's path (FlexAttention with the document mask, a window and ALiBi) through blocks compiled
+    in place: each batch's block mask and score modification are inputs, so after the batch that makes
+    the size dynamic nothing more compiles, and the outputs are the uncompiled blocks'."""
+    from torch._dynamo.utils import counters
+
+    from trainrun.core.compiled import compile_model
+
+    model, reference = (
+        gpt(positions="alibi", document_mask=True, window=6),
+        gpt(positions="alibi", document_mask=True, window=6),
+    )
+    torch._dynamo.reset()
+    compile_model(model, print, backend="eager")
+    graphs = []
+    with torch.no_grad():
+        for batch in (2, 3, 2, 4, 5):  # not 1: dynamo specialises a size of 1 (one graph more)
+            tokens = torch.randint(8, 50, (batch, 10))
+            tokens[:, batch] = SEPARATOR
+            outputs = []
+            for net in (model, reference):
+                attend, x = (
+                    net.attend(tokens, flex=True),
+                    torch.randn(batch, 10, 16, generator=torch.Generator().manual_seed(batch)),
+                )
+                for block in net.blocks:
+                    x = block(x, None, attend)
+                outputs.append(x)
+            torch.testing.assert_close(*outputs, rtol=1e-5, atol=1e-5)
+            graphs.append(counters["frames"]["ok"])
+    assert sum(counters["graph_break"].values()) == 0 and graphs[1] == graphs[-1], graphs

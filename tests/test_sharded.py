@@ -105,6 +105,37 @@ def test_activation_checkpointing_keeps_outputs_and_gradients_and_saves_activati
         assert full < selective
 
 
+def test_every_kth_block_is_checkpointed_and_only_a_model_with_dropout_keeps_its_rng_state(monkeypatch):
+    """parallel.checkpoint_every=2 recomputes blocks 0 and 2 of 4 and keeps the others' activations:
+    saved bytes between none and every block's; a Llama (no dropout) saves no RNG state for the
+    recompute, a GPT with dropout does."""
+    from trainrun.core import parallel
+    from trainrun.models.gpt import GPT
+    from trainrun.schema import GPTConfig
+
+    tokens = torch.randint(0, 300, (4, 128))
+    saved = {}
+    for every in (1, 2):
+        torch.manual_seed(0)
+        model = Llama(LlamaConfig(layers=4), vocab_size=300)
+        checkpoint_activations(model, "full", every)
+        wrapped = [hasattr(block.forward, "__wrapped__") for block in model.blocks]
+        assert wrapped == ([True] * 4 if every == 1 else [True, False, True, False])
+        saved[every] = saved_activation_bytes(model, tokens)[0]
+    torch.manual_seed(0)
+    plain = Llama(LlamaConfig(layers=4), vocab_size=300)
+    assert saved[1] < saved[2] < saved_activation_bytes(plain, tokens)[0]
+
+    options = []
+    monkeypatch.setattr(
+        parallel, "checkpoint", lambda forward, *args, **kwargs: options.append(kwargs) or forward(*args)
+    )
+    for model in (Llama(LlamaConfig(), 300), GPT(GPTConfig(dropout=0.1), 300)):
+        checkpoint_activations(model, "selective")
+        model(torch.randint(0, 300, (1, 8)))
+    assert [kwargs["preserve_rng_state"] for kwargs in options] == [False, False, True, True]
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [

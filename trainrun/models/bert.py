@@ -31,6 +31,7 @@ import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,12 +86,13 @@ class Attending:
     """What every layer's attention reads in one forward, built once outside any compiled region
     (the layout comes from host counts): tensors and sizes only, so that a compiled layer reads each
     batch's values instead of recompiling for them. ``path``: sdpa (with ``mask``), varlen, or flex
-    (``flex`` maps Q/K/V to the context through the batch's block mask)."""
+    (with ``block_mask`` and ``score_mod``)."""
 
     path: str
     layout: Layout
     mask: torch.Tensor | None = None
-    flex: Callable[[torch.Tensor], torch.Tensor] | None = None
+    block_mask: Any = None  # flex: FlexAttention's BlockMask
+    score_mod: Callable | None = None  # flex: ALiBi's bias
 
 
 def attended(qkv: torch.Tensor, attending: Attending, dropout: float) -> torch.Tensor:
@@ -102,7 +104,11 @@ def attended(qkv: torch.Tensor, attending: Attending, dropout: float) -> torch.T
         cu, longest = layout.cu_seqlens, layout.longest
         return varlen_attn(*qkv.unbind(1), cu, cu, longest, longest)
     if attending.path == "flex":
-        return attending.flex(qkv)
+        shape = (1, -1) if layout.packed else (layout.batch, layout.length)
+        q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
+        kernel = flex_kernel(dynamic=True)
+        context = kernel(q, k, v, score_mod=attending.score_mod, block_mask=attending.block_mask)
+        return context.transpose(1, 2).flatten(0, 1)
     batch, length = layout.batch, layout.length
     if layout.packed:  # re-pad the real rows once for Q, K and V together
         qkv = qkv.new_zeros(batch * length, *qkv.shape[1:]).index_copy(0, layout.rows, qkv)
@@ -248,41 +254,34 @@ class MaskedLanguageModel(nn.Module):
         if path == "varlen":
             return Attending(path, layout)
         if path == "flex":
-            return Attending(path, layout, flex=self._flex_attention(layout))
+            block_mask, score_mod = self._flex_attention(layout)
+            return Attending(path, layout, block_mask=block_mask, score_mod=score_mod)
         return Attending(path, layout, mask=self._dense_mask(layout, dtype))
 
-    def _flex_attention(self, layout: Layout) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _flex_attention(self, layout: Layout) -> tuple[Any, Callable | None]:
+        """FlexAttention's block mask and score modification for this batch (closures over tensors
+        only, so that a compiled layer reads them as inputs instead of recompiling for each batch)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        slopes, documents = self.alibi_slopes, layout.documents
+        slopes, documents, lengths = self.alibi_slopes, layout.documents, layout.lengths
         if layout.packed:  # one sequence of every real token; a token attends within its own document
             tokens = len(layout.rows)
 
             def keep(b, h, q, k):
                 return documents[q] == documents[k]
 
-            blocks = create_block_mask(keep, 1, None, tokens, tokens, device=layout.lengths.device)
+            blocks = create_block_mask(keep, 1, None, tokens, tokens, device=lengths.device)
         else:
 
             def keep(b, h, q, k):
-                return k < layout.lengths[b]
+                return k < lengths[b]
 
-            blocks = create_block_mask(
-                keep, layout.batch, None, layout.length, layout.length, device=layout.lengths.device
-            )
+            blocks = create_block_mask(keep, layout.batch, None, layout.length, layout.length, device=lengths.device)
 
         def alibi(score, b, h, q, k):
             return score - slopes[h] * (q - k).abs()
 
-        score_mod = alibi if slopes is not None else None
-        shape = (1, -1) if layout.packed else (layout.batch, layout.length)
-
-        def flex(qkv: torch.Tensor) -> torch.Tensor:
-            q, k, v = qkv.reshape(*shape, *qkv.shape[1:]).permute(2, 0, 3, 1, 4)
-            context = flex_kernel(dynamic=True)(q, k, v, score_mod=score_mod, block_mask=blocks)
-            return context.transpose(1, 2).flatten(0, 1)
-
-        return flex
+        return blocks, alibi if slopes is not None else None
 
     # ---------------------------------------------------------------------------------- forward
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
