@@ -15,7 +15,10 @@
   2e-3, one epoch of warmup then cosine, 15 % of tokens masked 80/10/10
   (``DataCollatorForLanguageModeling``), against the README's CPU companion with the full head and
   with ``masked_head``; user and system CPU seconds of each side's process are printed beside its
-  time.
+  time. Round r runs every side with seed r (trainrun's ``seed``, which also draws the initial
+  weights Trainer starts from; ``TrainingArguments.seed``), and each round's accuracy is printed:
+  at a few epochs BERT sits on its unigram plateau or has just left it, and which depends on the
+  seed on both sides alike (docs/benchmarks.md), so one seeded round compares luck.
 - ``resnet``: Composer (``pip install mosaicml`` into a side environment the bench makes on first use,
   ``--composer-env``) training trainrun's ``resnet_small`` on MNIST-5k (its initial weights, its
   training and held-out images, SGD with momentum, warmup + cosine) bare and with five methods, run
@@ -318,7 +321,7 @@ def bert_sets():
     return text_datasets(validate(compose(BERT_COMPANION), files=False).data)
 
 
-def hf_bert_side(out: Path, epochs: int) -> None:
+def hf_bert_side(out: Path, epochs: int, seed: int) -> None:
     """(Run in its own process.) Trainer trains ``BertForMaskedLM`` from the initial weights
     trainrun's companion run draws (exported as a ``save_pretrained`` folder) on the companion's
     samples; writes ``out/model`` and ``out/result.json``."""
@@ -346,7 +349,7 @@ def hf_bert_side(out: Path, epochs: int) -> None:
         samples.append({"input_ids": ids + [train.pad] * padding, "attention_mask": [1] * len(ids) + [0] * padding})
     specials = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "pad", "cls", "sep", "mask")}
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(train.tokenizer_file), **specials)
-    config = validate(compose(BERT_COMPANION), files=False)
+    config = validate(compose([*BERT_COMPANION, f"seed={seed}"]), files=False)
     seed_everything(config.seed)
     export_pretrained(build_model(config.model, sets.text), train.tokenizer_file, out / "initial")
     model = BertForMaskedLM.from_pretrained(out / "initial")
@@ -355,7 +358,7 @@ def hf_bert_side(out: Path, epochs: int) -> None:
         output_dir=str(out / "trainer"), per_device_train_batch_size=32, num_train_epochs=epochs, learning_rate=2e-3,
         weight_decay=0.05, warmup_steps=steps_per_epoch, lr_scheduler_type="cosine", max_grad_norm=0.0,
         dataloader_drop_last=True, logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True,
-        dataloader_num_workers=0, seed=42, disable_tqdm=True,
+        dataloader_num_workers=0, seed=seed, disable_tqdm=True,
     )  # fmt: skip
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=train.mlm_probability)
     result = Trainer(model=model, args=settings, train_dataset=samples, data_collator=collator).train()
@@ -394,13 +397,14 @@ def compare_bert(args: argparse.Namespace) -> None:
             if side == "Trainer":
                 shutil.rmtree(out, ignore_errors=True)
                 command = [sys.executable, __file__, "--hf-bert-side", "--out", str(out), "--epochs", str(args.epochs)]
+                command += ["--seed", str(index + 1)]
                 _, user, system = timed(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
                 seconds = json.loads((out / "result.json").read_text())["train_seconds"]
                 accuracy = masked_accuracy(out / "model", held_out)
                 samples = samples_a_run
             else:
                 methods = ["algorithms=[masked_head]"] if "masked" in side else []
-                metrics, user, system = trainrun([*BERT_COMPANION, *duration, *methods], out)
+                metrics, user, system = trainrun([*BERT_COMPANION, *duration, *methods, f"seed={index + 1}"], out)
                 accuracy = checked(metrics, out, masked_accuracy(out / "hf_model", held_out), "masked_accuracy")
                 seconds, samples = metrics[-1]["train_seconds"], metrics[-1]["samples"]
             results[side].append((accuracy, seconds, samples / seconds, user, system))
@@ -413,6 +417,8 @@ def compare_bert(args: argparse.Namespace) -> None:
     for side, values in results.items():
         accuracy, seconds, rate, user, system = (statistics.median(column) for column in zip(*values, strict=True))
         print(f"| {side} | {accuracy:.2%} | {seconds:.1f} | {rate:.1f} | {user:.1f} | {system:.1f} |")
+    for side, values in results.items():
+        print(f"{side}: accuracy by seed: {', '.join(f'{v[0]:.2%}' for v in values)}")
     peer = [v[1] for v in results["Trainer"]]
     for side in ("trainrun, full head", "trainrun, masked_head"):
         print(f"{side}: Trainer's time / trainrun's: {ratio_text(peer, [v[1] for v in results[side]])}")
@@ -580,9 +586,10 @@ def main() -> None:
     parser.add_argument("--composer-env", type=Path, default=Path("/tmp/peers-composer-env"))
     parser.add_argument("--out", type=Path, default=Path("/tmp/peers"))
     parser.add_argument("--hf-bert-side", action="store_true", help=argparse.SUPPRESS)  # the Trainer's own process
+    parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the Trainer's seed
     args = parser.parse_args()
     if args.hf_bert_side:
-        hf_bert_side(args.out, args.epochs)
+        hf_bert_side(args.out, args.epochs, args.seed)
         return
     if args.nanogpt is not None and not (args.nanogpt / "train.py").is_file():
         sys.exit(f"bench/peers.py: --nanogpt {args.nanogpt}: no train.py there (a nanoGPT checkout?)")
