@@ -33,7 +33,9 @@ def test_every_block_matrix_converts_and_the_head_stays_in_bf16():
     names = {"attention.query", "attention.key", "attention.value", "attention.out", "mlp.gate", "mlp.up", "mlp.down"}
     assert floated == {f"blocks.{index}.{name}" for index in range(2) for name in names}
     assert type(model.head) is torch.nn.Linear and not precision.float8_gathers
-    assert not any(module.config.enable_fsdp_float8_all_gather for module in model.modules() if module in floated)
+    modules = dict(model.named_modules())
+    unsharded = [modules[name].config.enable_fsdp_float8_all_gather for name in floated]
+    assert len(unsharded) == 14 and not any(unsharded)  # not sharded: no float8 all-gather
 
 
 def test_selective_checkpointing_keeps_float8_products_and_amax():

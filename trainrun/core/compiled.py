@@ -78,9 +78,8 @@ def is_compiled(model: nn.Module) -> bool:
 
 
 def _dynamo_totals() -> dict[str, float]:
-    """This process's graph breaks, compiled graphs (frames) and compile seconds so far."""
+    """This process's compiled graphs (frames) and compile seconds so far."""
     return {
-        "graph_breaks": sum(counters["graph_break"].values()),
         "graphs": counters["frames"]["ok"],
         "seconds": calculate_time_spent().get("total_wall_time", 0.0),
     }
@@ -120,10 +119,11 @@ class CompileRecord:
         breaks' reasons."""
         total = self._since(self.start)
         after = self._since(self.warm) if self.warm is not None else None
+        reasons = self.break_reasons()
         return {
-            "graph_breaks": int(total["graph_breaks"]),
+            "graph_breaks": sum(reasons.values()),
             "warm_up_graphs": int(total["graphs"] - (after["graphs"] if after else 0)),
             "recompiles": int(after["graphs"]) if after else None,
             "seconds": round(total["seconds"], 3),
-            "graph_break_reasons": self.break_reasons(),
+            "graph_break_reasons": reasons,
         }

@@ -113,8 +113,7 @@ def block_visibility(
         all_visible = all_visible & (apart + (FLEX_BLOCK - 1) < window)
     any_visible, all_visible = any_visible[None, None], all_visible[None, None]
     if documents is not None:
-        padded = F.pad(documents, (0, blocks * FLEX_BLOCK - length), value=-1)  # the tail: no document
-        first = padded.view(len(documents), blocks, FLEX_BLOCK)[..., 0]
+        first = documents[:, index * FLEX_BLOCK]
         last = documents[:, torch.clamp(index * FLEX_BLOCK + FLEX_BLOCK - 1, max=length - 1)]
         any_visible = any_visible & (last[:, None, None, :] >= first[:, None, :, None])
         one_document = first == last

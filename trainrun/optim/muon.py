@@ -107,7 +107,8 @@ def shared_orthogonalised(stack: torch.Tensor) -> torch.Tensor:
     if ranks == 1:
         return orthogonalised(stack)
     share = math.ceil(len(stack) / ranks)
-    padded = torch.cat([stack, stack.new_zeros(share * ranks - len(stack), *stack.shape[1:])])
+    missing = share * ranks - len(stack)
+    padded = torch.cat([stack, stack.new_zeros(missing, *stack.shape[1:])]) if missing else stack
     mine = orthogonalised(padded[dist.get_rank() * share : (dist.get_rank() + 1) * share]).contiguous()
     gathered = mine.new_empty(share * ranks, *mine.shape[1:])
     dist.all_gather_into_tensor(gathered, mine)
@@ -137,7 +138,10 @@ class MatrixMuon(torch.optim.Optimizer):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                buffer = self.state[param].setdefault("momentum_buffer", torch.zeros_like(param.grad))
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param.grad)
+                buffer = state["momentum_buffer"]
                 buffer.lerp_(param.grad, 1 - group["momentum"])
                 update = param.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
                 parts = update.view(self.stacked_parts.get(id(param), 1), -1, update.shape[-1])
