@@ -70,7 +70,9 @@ def run(recipe: str, overrides: list[str], steps: int, folder: Path) -> dict:
     args += ["launcher.devices=1", "progress=false", "export=false", f"hydra.run.dir={folder}"]
     done = subprocess.run([sys.executable, "-m", "trainrun", *args], capture_output=True, text=True, timeout=600)
     if done.returncode:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        print("\n".join(lines[-25:]), file=sys.stderr, flush=True)  # the failure's context, in the step's log
+        return {"error": lines[-1]}
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((folder / "summary.json").read_text())
     config = validate(compose(args), files=False)

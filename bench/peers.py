@@ -24,6 +24,9 @@
   training and held-out images, SGD with momentum, warmup + cosine) bare and with five methods, run
   by ``bench/peers_composer.py`` in that environment.
 
+``--device cuda`` runs the GPU sections instead (GPT-2 124M, BERT-Base, Llama 3.2 1B's shape,
+ResNet-50 against nanoGPT, Trainer and Lightning: ``peers_gpu.py``), ``--scale tiny`` the same on a CPU.
+
 One evaluator, written here, scores every side's final model on the same held-out data
 (validation loss of the next token; masked-token accuracy on trainrun's fixed masks; top-1
 accuracy), and each trainrun side's own last evaluation is checked against it. Time is training
@@ -33,6 +36,8 @@ trainrun's (above 1: trainrun is faster), with each round's ratio beside the med
 
     .venv/bin/python bench/peers.py [--only gpt bert resnet] [--nanogpt DIR] [--rounds 2] [--steps 400]
         [--rates 6e-4 2e-3 6e-3 1e-2] [--epochs 3] [--composer-env DIR] [--out /tmp/peers]
+    python3 bench/peers.py --device cuda [--only gpt bert llama resnet] [--nanogpt DIR] [--rounds 1]
+        [--section-limit 130] [--bert-target 0.1]
 """
 
 from __future__ import annotations
@@ -145,8 +150,8 @@ def nanogpt_workdir(nanogpt: Path, out: Path, train: torch.Tensor, val: torch.Te
         stream.tofile(data / f"{name}.bin")
     (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": vocab}))
     link = work / "configurator.py"
-    if not link.exists():
-        link.symlink_to(nanogpt / "configurator.py")
+    link.unlink(missing_ok=True)  # a link left by an earlier run may point elsewhere
+    link.symlink_to(nanogpt / "configurator.py")
     return work
 
 
@@ -156,38 +161,48 @@ def gpt_companion(shape: str) -> list[str]:
     return [f"{key}={value}" for key, value in arguments.items() if value is not None]
 
 
+def nanogpt_command(nanogpt_dir: Path, rate: float, steps: int, out_dir: Path, settings: dict) -> list[str]:
+    """nanoGPT's train.py with gpt125's settings at ``settings``' shape (and device, dtype, compile)."""
+    warmup = round(140 * steps / PUBLISHED_STEPS["gpt125"])
+    options = {
+        "out_dir": out_dir, "dataset": "trainrun", "gradient_accumulation_steps": 1,
+        "dropout": 0.1, "bias": True, "learning_rate": rate,
+        "max_iters": steps, "lr_decay_iters": steps, "warmup_iters": warmup, "min_lr": 0.0, "weight_decay": 0.0,
+        "beta2": 0.999, "grad_clip": 1.0, "eval_interval": steps, "eval_iters": 1, "log_interval": 1,
+        "always_save_checkpoint": True, "device": "cpu", "dtype": "float32", "compile": False, **settings,
+    }  # fmt: skip
+    return [sys.executable, str(nanogpt_dir / "train.py"), *(f"--{k}={v}" for k, v in options.items())]
+
+
+def nanogpt_durations(stdout: str, steps: int) -> list[float]:
+    """Each step's seconds as nanoGPT's log prints them (iteration ``steps`` runs one step past the
+    saved model, and is left out)."""
+    times = {int(m[1]): float(m[2]) / 1000 for m in map(NANOGPT_ITER.match, stdout.splitlines()) if m}
+    return [times[i] for i in range(steps)]
+
+
 def nanogpt(
     nanogpt_dir: Path, work: Path, rate: float, steps: int, out_dir: Path, shape: str = "gpt_tiny"
 ) -> tuple[float, list[float]]:
     """nanoGPT's train.py at ``shape`` with gpt125's settings: (training seconds, each step's)."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    warmup = round(140 * steps / PUBLISHED_STEPS["gpt125"])
-    settings = {
-        "out_dir": out_dir, "dataset": "trainrun", **SHAPES[shape][1], "gradient_accumulation_steps": 1,
-        "dropout": 0.1, "bias": True, "learning_rate": rate,
-        "max_iters": steps, "lr_decay_iters": steps, "warmup_iters": warmup, "min_lr": 0.0, "weight_decay": 0.0,
-        "beta2": 0.999, "grad_clip": 1.0, "eval_interval": steps, "eval_iters": 1, "log_interval": 1,
-        "always_save_checkpoint": True, "device": "cpu", "dtype": "float32", "compile": False,
-    }  # fmt: skip
-    command = [sys.executable, str(nanogpt_dir / "train.py"), *(f"--{k}={v}" for k, v in settings.items())]
-    stdout, _, _ = timed(command, cwd=work)
-    times = {int(m[1]): float(m[2]) / 1000 for m in map(NANOGPT_ITER.match, stdout.splitlines()) if m}
-    durations = [times[i] for i in range(steps)]  # iteration `steps` runs one step past the saved model
+    stdout, _, _ = timed(nanogpt_command(nanogpt_dir, rate, steps, out_dir, SHAPES[shape][1]), cwd=work)
+    durations = nanogpt_durations(stdout, steps)
     return sum(durations), durations
 
 
 @torch.no_grad()
-def next_token_loss(logits_of, windows: torch.Tensor) -> float:
+def next_token_loss(logits_of, windows: torch.Tensor, device: str = "cpu") -> float:
     """The evaluator: mean next-token cross-entropy over every validation window."""
     total, count = 0.0, 0
-    for batch in windows.split(32):
+    for batch in windows.to(device).split(32):
         logits = logits_of(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())
         total += float(F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum"))
         count += batch[:, 1:].numel()
     return total / count
 
 
-def nanogpt_loss(nanogpt_dir: Path, out_dir: Path, windows: torch.Tensor) -> float:
+def nanogpt_loss(nanogpt_dir: Path, out_dir: Path, windows: torch.Tensor, device: str = "cpu") -> float:
     sys.path.insert(0, str(nanogpt_dir))
     from model import GPT, GPTConfig
 
@@ -195,14 +210,14 @@ def nanogpt_loss(nanogpt_dir: Path, out_dir: Path, windows: torch.Tensor) -> flo
     saved = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=False)
     model = GPT(GPTConfig(**saved["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in saved["model"].items()})
-    return next_token_loss(lambda x, y: model.eval()(x, y)[0], windows)
+    return next_token_loss(lambda x, y: model.to(device).eval()(x, y)[0], windows, device)
 
 
-def trainrun_gpt_loss(run_dir: Path, windows: torch.Tensor) -> float:
+def trainrun_gpt_loss(run_dir: Path, windows: torch.Tensor, device: str = "cpu") -> float:
     from trainrun.commands.sample import load_run
 
-    model = load_run(run_dir)[0]
-    return next_token_loss(lambda x, y: model(x), windows)
+    model = load_run(run_dir)[0].to(device)
+    return next_token_loss(lambda x, y: model(x), windows, device)
 
 
 def checked(rows: list[dict], run_dir: Path, evaluator_value: float, metric: str) -> float:
@@ -312,13 +327,32 @@ def print_gpt(args: argparse.Namespace, rows: dict, speedrun: list[dict], large:
 # ---------------------------------------------------------------- BERT against Hugging Face Trainer
 
 
-def bert_sets():
-    """The companion's training and held-out samples (the held-out ones with fixed masks)."""
+def bert_sets(args: list[str] = BERT_COMPANION):
+    """The run's training and held-out samples (the held-out ones with fixed masks)."""
     from trainrun.config import compose
     from trainrun.data.masked_text import text_datasets
     from trainrun.validation import validate
 
-    return text_datasets(validate(compose(BERT_COMPANION), files=False).data)
+    return text_datasets(validate(compose(args), files=False).data)
+
+
+def padded_samples(train) -> list[dict]:
+    """trainrun's training documents as Hugging Face samples: [CLS] tokens [SEP], padded to the
+    window, with their attention masks."""
+    length, samples = train.max_seq_len, []
+    for index in range(len(train)):
+        ids = [train.cls, *train.tokens(index).tolist(), train.sep]
+        padding = length - len(ids)
+        samples.append({"input_ids": ids + [train.pad] * padding, "attention_mask": [1] * len(ids) + [0] * padding})
+    return samples
+
+
+def bert_tokenizer(train):
+    """The store's tokenizer as ``transformers`` reads it, BERT's special tokens named."""
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "pad", "cls", "sep", "mask")}
+    return PreTrainedTokenizerFast(tokenizer_file=str(train.tokenizer_file), **specials)
 
 
 def hf_bert_side(out: Path, epochs: int, seed: int) -> None:
@@ -328,7 +362,6 @@ def hf_bert_side(out: Path, epochs: int, seed: int) -> None:
     from transformers import (
         BertForMaskedLM,
         DataCollatorForLanguageModeling,
-        PreTrainedTokenizerFast,
         Trainer,
         TrainingArguments,
     )
@@ -341,14 +374,7 @@ def hf_bert_side(out: Path, epochs: int, seed: int) -> None:
 
     sets = bert_sets()
     train = sets.train
-    length = train.max_seq_len
-    samples = []
-    for index in range(len(train)):
-        ids = [train.cls, *train.tokens(index).tolist(), train.sep]
-        padding = length - len(ids)
-        samples.append({"input_ids": ids + [train.pad] * padding, "attention_mask": [1] * len(ids) + [0] * padding})
-    specials = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "pad", "cls", "sep", "mask")}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(train.tokenizer_file), **specials)
+    samples, tokenizer = padded_samples(train), bert_tokenizer(train)
     config = validate(compose([*BERT_COMPANION, f"seed={seed}"]), files=False)
     seed_everything(config.seed)
     export_pretrained(build_model(config.model, sets.text), train.tokenizer_file, out / "initial")
@@ -572,8 +598,14 @@ def profile_resnet(args: argparse.Namespace, python: Path, data: Path, weights: 
 
 
 def main() -> None:
+    from peers_gpu import BERT_TARGET, SECTIONS, run_sections  # the GPU sections, which import this file
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=["gpt", "bert", "resnet"], default=["gpt", "bert", "resnet"])
+    parser.add_argument("--only", nargs="+", choices=["gpt", "bert", "llama", "resnet"], help="sections (default: all)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the sections at GPU size")
+    parser.add_argument("--scale", choices=["companion", "gpu", "tiny"], help="tiny: the GPU sections on a CPU")
+    parser.add_argument("--section-limit", type=float, default=130, help="GPU sections: seconds each")
+    parser.add_argument("--bert-target", type=float, default=BERT_TARGET, help="GPU bert: masked accuracy timed to")
     parser.add_argument("--nanogpt", type=Path, help="a checkout of nanoGPT (its train.py, model.py, configurator.py)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400, help="gpt: optimizer steps of every run")
@@ -593,6 +625,15 @@ def main() -> None:
         return
     if args.nanogpt is not None and not (args.nanogpt / "train.py").is_file():
         sys.exit(f"bench/peers.py: --nanogpt {args.nanogpt}: no train.py there (a nanoGPT checkout?)")
+    args.nanogpt = args.nanogpt.resolve() if args.nanogpt else None  # nanoGPT runs in a folder of its own
+    args.scale = args.scale or ("gpu" if args.device == "cuda" else "companion")
+    if args.scale != "companion":  # the GPU sections (peers_gpu.py), at GPU size or tiny on a CPU
+        args.only = args.only or list(SECTIONS)
+        run_sections(args)
+        return
+    args.only = args.only or ["gpt", "bert", "resnet"]
+    if "llama" in args.only:
+        sys.exit("bench/peers.py: --only llama: a GPU section (--device cuda, or --scale tiny)")
     started = time.perf_counter()
     for name in args.only:
         {"gpt": compare_gpt, "bert": compare_bert, "resnet": compare_resnet}[name](args)

@@ -3,7 +3,8 @@
 #   STEPS="env tests bert128 bert512 alibi" bash scripts/first_gpu_run.sh   # after scripts/gpu_wheels.sh
 # here (.whl/ travels with the tree); then STEPS="compile resnet gpt llama estimate llama_compiled", then
 # STEPS="loaders recipes unet". The fast paths (compile, fp8, the recipe-versus-bench gap of the
-# Llama) in one call of at most 8 minutes: STEP_LIMIT=420 STEPS="fastpaths" (then "llama" if time is left).
+# Llama; its rows ran on 2026-11-27) two recipes a call of 9 minutes:
+# STEP_LIMIT=540 FAST_RECIPES="gpt_speedrun gpt125" STEPS="fastpaths".
 # Each step's whole output goes to $OUT/<step>.log (or gpu-run/), its tail to the console.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-fastpaths env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
+steps=${STEPS:-fastpaths peers env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -82,10 +83,15 @@ for name in $steps; do
     gpt) step gpt python3 bench/gpt_step.py --compile ;;
     llama) step llama python3 bench/sharding.py speed --model llama3_1b --batch 1 --seq 2048 --activation-checkpointing selective --precisions bf16 ;;  # the recipe's micro-batch
     # each LLM recipe and BERT-Base at its shape, eager against compiled (fp8 compiled for the Llama)
-    fastpaths) TAIL=30 step fastpaths python3 bench/fast_paths.py --steps 20 ;;
+    # shellcheck disable=SC2086  # FAST_RECIPES is a list of recipes (100-190 s a run on an H100)
+    fastpaths) TAIL=30 step fastpaths python3 bench/fast_paths.py --steps 20 --recipes ${FAST_RECIPES:-gpt_speedrun gpt125} ;;
     estimate) step estimate python3 bench/estimate_check.py ;;  # trainrun estimate against the measured peaks
     llama_compiled) step llama_compiled python3 bench/sharding.py speed --model llama3_1b --batch 2 --seq 4096 --precisions bf16 fp8 --compile --rounds 1 ;;
     loaders) step loaders python3 bench/loaders.py --hot --images 4000 --workers 8 --sides 300 900 --batch 256 ;;
+    # trainrun beside nanoGPT, Trainer and Lightning, four sections of at most 125 s each (one call):
+    # STEP_LIMIT=560 STEPS=peers, with .whl and .peers carried (scripts/gpu_wheels.sh NANOGPT=DIR)
+    peers) nanogpt=() && [ -f .peers/nanoGPT/train.py ] && nanogpt=(--nanogpt .peers/nanoGPT)
+      TAIL=80 step peers python3 bench/peers.py --device cuda --rounds 1 --section-limit 125 "${nanogpt[@]}" --out /tmp/peers ;;
     recipes) TAIL=60 step recipes recipes ;;
     unet) TAIL=30 step unet unet ;;
   esac

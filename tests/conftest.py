@@ -78,7 +78,7 @@ def run_here(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
     folder = contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()
     with folder, mock.patch.dict(os.environ, {"COLUMNS": "200"}), captured_output() as (out, err):
-        code = main(list(args))
+        code = main(on_cpu_beyond_gpus(args))
     return subprocess.CompletedProcess(["trainrun", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import re
 import runpy
 import subprocess
 import sys
@@ -321,3 +322,35 @@ def test_the_checkpointing_and_block_mask_benches_run_tiny():
     masks = bench("block_mask.py", "--lengths", "300", "--batch", "2", "--window", "200", "--rounds", "1")
     assert masks.returncode == 0, masks.stderr
     assert "| 300 | trainrun |" in masks.stdout
+
+
+NANOGPT = ROOT / ".peers" / "nanoGPT"  # scripts/gpu_wheels.sh NANOGPT=DIR copies a checkout here; none in CI
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sections", [("bert",), ("llama",), ("resnet",), ("gpt",)])
+def test_the_gpu_peer_sections_run_at_tiny_size_on_a_cpu(tmp_path, sections):
+    """``bench/peers.py --device cuda``'s sections at ``--scale tiny``: every side (trainrun as a user
+    runs it; Trainer eager and compiled, Lightning, the bare step, nanoGPT where a checkout is here)
+    launched in its own process, scored, and each ratio printed, so that a GPU's minutes measure."""
+    args = ["--scale", "tiny", "--rounds", "1", "--only", *sections, "--out", str(tmp_path)]
+    if (NANOGPT / "train.py").is_file():
+        args += ["--nanogpt", str(NANOGPT)]
+    result = bench("peers.py", *args)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "failed" not in text and "cut:" not in text and "stopped:" not in text, text
+    rows = {line.split("|")[1].strip() for line in text.splitlines() if re.match(r"^\| (?!side |---)", line)}
+    ratios = set(re.findall(r"^(\w+): (.+?)'s step time / trainrun's", text, re.MULTILINE))
+    sides = {
+        "bert": ["Trainer", "Trainer, compiled"],
+        "llama": ["Trainer", "Trainer, compiled"],
+        "resnet": ["Lightning", "bare model step"],
+        "gpt": ["nanoGPT"] if "--nanogpt" in args else [],
+    }
+    for section in sections:
+        assert set(sides[section]) <= rows and {(section, peer) for peer in sides[section]} <= ratios, text
+    assert {"trainrun", "trainrun, channels-last", "trainrun, mild"} & rows
+    if "gpt" in sections:
+        expected = "to nanoGPT's final loss" if "--nanogpt" in args else "gpt: skipped"
+        assert expected in text, text

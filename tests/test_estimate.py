@@ -131,3 +131,23 @@ def test_the_hardware_groups_peaks_are_the_gpu_benchs(monkeypatch):
         group = yaml.safe_load(path.read_text())
         if "peak_tflops" in group:
             assert group["peak_tflops"] in bf16_peaks, path.name
+
+
+def test_grouped_query_attention_counts_its_flops_at_the_querys_heads():
+    """Keys and values with fewer heads than the query count as the kernel broadcasts them (torch
+    2.11's formulas refused unequal heads: trainrun estimate failed for every Llama there)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainrun.fake_rank import attention_flop_formulas
+
+    query = torch.randn(2, 8, 64, 16, requires_grad=True)
+    keys, values = torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16)
+    counts = []
+    for grouped in (True, False):
+        k, v = (keys, values) if grouped else (keys.repeat_interleave(4, 1), values.repeat_interleave(4, 1))
+        with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as counter:
+            F.scaled_dot_product_attention(query, k, v, is_causal=True, enable_gqa=grouped).sum().backward()
+        counts.append(counter.get_flop_counts()["Global"])
+    assert counts[0] == counts[1] and sum(counts[0].values()) > 0

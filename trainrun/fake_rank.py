@@ -39,21 +39,39 @@ GB = 1e9
 COMPUTE_DTYPES = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
-def _register_cpu_attention_flops() -> None:
-    """torch's FLOP counter knows CUDA's attention kernels; the CPU's flash kernel, which the
-    estimate's fake tensors run, is counted by the same formulas."""
-    from torch.utils import flop_counter
-
-    aten = torch.ops.aten
-    flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)(
-        flop_counter.sdpa_flop
-    )
-    flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, get_raw=True)(
-        flop_counter.sdpa_backward_flop
-    )
+def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
+    """A key's or value's (batch, heads, tokens, width) widened to the query's heads."""
+    batch, _, tokens, width = shape
+    return (batch, heads, tokens, width)
 
 
-_register_cpu_attention_flops()
+def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    """An attention kernel's forward FLOPs, grouped-query attention counted at the query's heads
+    (the kernel's broadcast of the keys and values)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    heads = query_shape[1]
+    return sdpa_flop_count(query_shape, _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads))
+
+
+def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    """An attention kernel's backward FLOPs, grouped-query attention as in :func:`_attention_flops`."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    heads = query_shape[1]
+    keys, values = _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads)
+    return sdpa_backward_flop_count(grad_shape, query_shape, keys, values)
+
+
+def attention_flop_formulas() -> dict:
+    """``FlopCounterMode``'s ``custom_mapping`` for the fused attention kernels: the CPU's flash
+    kernel, which the estimate's fake tensors run, and CUDA's, counted by torch's formulas with
+    grouped-query attention's keys and values widened to the query's heads (torch 2.11's formulas
+    reject unequal heads; later torch counts them so)."""
+    kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
+    ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
+    backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
+    return {**dict.fromkeys(ops, _attention_flops), **dict.fromkeys(backward_ops, _attention_backward_flops)}
 
 
 @dataclass(frozen=True)
@@ -223,7 +241,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(shape.per_rank_batch)
         rank.make_optimizer_state()
-        tracker, counter = rank.tracker(), FlopCounterMode(display=False)
+        tracker, counter = rank.tracker(), FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
         if rank.sharded:
             tracker.track_inputs((inputs,))
         with tracker:

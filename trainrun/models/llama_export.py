@@ -35,11 +35,11 @@ def hf_name(name: str) -> str:
     return outside.get(name, "lm_head.weight" if name == "head.weight" else name)
 
 
-def to_llama(model: torch.nn.Module, end_of_text: int | None = None):
-    """A ``LlamaForCausalLM`` with ``model``'s weights; ``generate`` begins and stops at ``end_of_text``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_llama_config(config, vocab_size: int, end_of_text: int | None = None):
+    """The ``transformers`` ``LlamaConfig`` of trainrun's Llama settings ``config`` (a ``LlamaConfig``
+    of :mod:`trainrun.schema`), its rotary scaling included."""
+    from transformers import LlamaConfig
 
-    config = model.config
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_factor is not None:
         rope |= {
@@ -49,8 +49,8 @@ def to_llama(model: torch.nn.Module, end_of_text: int | None = None):
             "high_freq_factor": config.rope_high_freq_factor,
             "original_max_position_embeddings": config.rope_original_positions,
         }
-    hf_config = LlamaConfig(
-        vocab_size=model.vocab_size,
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=config.width,
         intermediate_size=config.ffn_hidden,
         num_hidden_layers=config.layers,
@@ -63,6 +63,14 @@ def to_llama(model: torch.nn.Module, end_of_text: int | None = None):
         bos_token_id=end_of_text,
         eos_token_id=end_of_text,
     )
+
+
+def to_llama(model: torch.nn.Module, end_of_text: int | None = None):
+    """A ``LlamaForCausalLM`` with ``model``'s weights; ``generate`` begins and stops at ``end_of_text``."""
+    from transformers import LlamaForCausalLM
+
+    config = model.config
+    hf_config = hf_llama_config(config, model.vocab_size, end_of_text)
     llama = LlamaForCausalLM(hf_config)
     state = {hf_name(name): value.detach().clone() for name, value in model.state_dict().items()}
     missing, unexpected = llama.load_state_dict(state, strict=False)
