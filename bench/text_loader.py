@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -121,10 +122,15 @@ class WindowByWindow(Dataset):
         return self.windows[index]
 
 
+def write_llmc_shard(path: Path, tokens: np.ndarray) -> None:
+    """A GPT-2 uint16 shard as llm.c writes it: a 256 x int32 header (magic, version, count), the ids."""
+    header = np.zeros(256, np.int32)
+    header[:3] = 20240520, 1, len(tokens)
+    path.write_bytes(header.tobytes() + tokens.astype(np.uint16).tobytes())
+
+
 def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
     """A 16-shard token store and llm.c shards of the same ``tokens`` random ids; each source's data overrides."""
-    import numpy as np
-
     from trainrun.data.store_writer import ShardWriter, store_meta
     from trainrun.data.token_store import stdlib_docstrings, store_facts, train_tokenizer
 
@@ -141,13 +147,11 @@ def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
         writer.add("train", piece, lengths)
         writer.add("val", piece[:5000], np.array([5000]))
         entries.append(writer.close(index))
-        header = np.zeros(256, np.int32)
-        header[:3] = 20240520, 1, len(piece)
-        with open(folder / f"shard_{index:06d}.bin", "wb") as handle:
-            handle.write(header.tobytes() + piece.tobytes())
+        write_llmc_shard(folder / f"shard_{index:06d}.bin", piece)
+    write_llmc_shard(folder / "val_000000.bin", ids[: 2 * 8192])  # validation: a shard of its own
     digest = hashlib.sha256((store / "tokenizer.json").read_bytes()).hexdigest()
     (store / "store.json").write_text(json.dumps(store_meta(facts, digest, entries)))
-    shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/shard_000000.bin", "data.shards.val_tokens=8192"]
+    shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/val_000000.bin", "data.shards.val_tokens=8192"]
     return {"token store": ["data=token_stream", f"data.path={store}"], "llm.c shards": ["data=token_shards", *shards]}
 
 

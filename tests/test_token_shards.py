@@ -241,3 +241,76 @@ def test_shard_validation_reads_the_first_val_tokens_of_the_validation_stream_in
     read = torch.cat([evaluation[i][:-1] for i in range(len(evaluation))])
     assert torch.equal(read, torch.as_tensor(stream[:1024], dtype=torch.int64))
     assert [int(evaluation[i][-1]) for i in range(len(evaluation))] == [int(stream[32 * (i + 1)]) for i in range(32)]
+
+
+def test_a_shard_delimiter_begins_its_document_as_modded_nanogpt_counts_them(shards):
+    """llm.c's shards put the delimiter before each document: every token sees exactly its own
+    document's tokens, the delimiter that begins it included (modded-nanogpt's ``(tokens ==
+    50256).cumsum()``), and no output depends on the document before; a trainrun store's separator
+    ends its document instead."""
+    from trainrun.config import compose
+    from trainrun.data.interface import datasets
+    from trainrun.models.build import build_model
+    from trainrun.models.gpt import document_ids, visible_keys
+    from trainrun.validation import validate
+
+    config = validate(compose([*shard_args(shards), "model.gpt.document_mask=true"]), files=False)
+    sets = datasets(config.data)
+    model = build_model(config.model, sets.text).eval()
+    assert sets.text.separator_begins and model.separator_begins
+    eot = shards["eot"]
+    window = next(w for w in map(sets.train.__getitem__, range(len(sets.train))) if (w[1:-1] == eot).any())[None, :-1]
+    starts = (window[0] == eot).nonzero().flatten().tolist()
+    assert starts and starts[-1] > 0  # a document begins inside the window
+    documents = document_ids(window, eot, begins=True)
+    assert torch.equal(documents, (window == eot).cumsum(1))
+    visible = visible_keys(window.shape[1], None, documents, torch.device("cpu"))[0, 0]
+    for query in range(window.shape[1]):
+        first = max([start for start in starts if start <= query], default=0)
+        assert visible[query].nonzero().flatten().tolist() == list(range(first, query + 1))
+    delimiter = starts[-1]
+    changed = window.clone()
+    earlier = changed[0, :delimiter]  # the earlier documents' tokens, their delimiters kept
+    changed[0, :delimiter] = torch.where(earlier == eot, eot, (eot + 7) % sets.text.vocab_size)
+    assert not torch.equal(changed, window)
+    with torch.no_grad():
+        assert torch.allclose(model(window)[0, delimiter:], model(changed)[0, delimiter:], atol=1e-5)
+    store_layout = torch.tensor([[5, 6, eot, 7, 8, eot]])  # a store's documents, each followed by its separator
+    assert document_ids(store_layout, eot).tolist() == [[0, 0, 0, 1, 1, 1]]
+
+
+def test_a_shard_in_both_the_training_and_the_validation_glob_is_refused_in_one_line(shards, tmp_path):
+    folder = shards["folder"]
+    args = [*shard_args(shards), f"data.val={folder}/tiny_*_000000.bin", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = run_here(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"trainrun: error: bad value for 'data.val': '{folder}/tiny_train_000000.bin' is")
+    assert "matched by data.train" in lines[0] and not (tmp_path / "run").exists()
+
+
+def test_five_thousand_shards_are_read_under_a_limit_of_256_open_files(tmp_path):
+    """Each shard is mapped when read and at most ``OPEN_FILES`` mappings stay open in a process: a
+    whole pass over 5,000 shards, in order and shuffled, in a process allowed 256 descriptors."""
+    import resource
+
+    from trainrun.data import token_pieces
+    from trainrun.data.causal_text import TokenWindows
+    from trainrun.data.token_shards import open_shards
+
+    stream = np.arange(5000 * 40) % 500
+    for index, piece in enumerate(np.split(stream, 5000)):
+        write_shard(tmp_path / f"s_{index:05d}.bin", piece)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        _, tokens = open_shards(f"{tmp_path}/s_*.bin", "train")
+        windows = TokenWindows(tokens, 32, 0)
+        in_order = windows.__getitems__(list(range(len(windows))))
+        order = np.random.default_rng(0).permutation(len(windows))
+        shuffled = torch.cat([windows.__getitems__(order[i : i + 64].tolist()) for i in range(0, len(order), 64)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    expected = torch.from_numpy(stream[np.arange(len(windows))[:, None] * 32 + np.arange(33)])
+    assert torch.equal(in_order, expected) and torch.equal(shuffled, expected[order])
+    assert len(token_pieces._open) <= token_pieces.OPEN_FILES

@@ -23,7 +23,8 @@ class TextFacts:
     vocab_size: int
     max_seq_len: int  # the longest sequence a batch holds
     tokenizer_file: Path | None  # the store's tokenizer.json (None: token shards given without one)
-    separator: int  # the token id that ends each document (a GPT's document mask reads it)
+    separator: int  # the token id between documents (a GPT's document mask reads it)
+    separator_begins: bool = False  # it begins each document (llm.c's shards), not ends it (trainrun's stores)
 
 
 @dataclass

@@ -5,7 +5,8 @@ then the tokens: magic 20240520, version 1, uint16 tokens for GPT-2's tokenizer 
 shards of the GPT-2 speedrun); magic 20240801, version 7, uint32 tokens for Llama 3's. Each
 document starts with a delimiter token (GPT-2's ``<|endoftext|>``, 50256; Llama 3's
 ``<|begin_of_text|>``, 128000; its id in ``data.shards.tokenizer`` where one is given), the separator a
-document mask reads. The shards a glob
+document mask reads: as modded-nanogpt counts documents, the delimiter belongs to the document it
+begins (in trainrun's stores a separator ends one). The shards a glob
 matches are memory-mapped in name order and read as one stream; training windows cross shard
 boundaries, in the torch loader's (seed, epoch)-keyed, resumable order; validation reads the
 validation stream's first ``data.shards.val_tokens`` tokens in order (each scored once, on any number of
@@ -30,7 +31,7 @@ from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.cache import cache_prefix
 from trainrun.data.causal_text import TokenWindows, window_batch
 from trainrun.data.interface import Datasets, TextFacts
-from trainrun.data.token_pieces import one_array
+from trainrun.data.token_pieces import MappedTokens, one_array
 from trainrun.data.token_store import load_tokenizer
 from trainrun.errors import DataError, FileFormatError
 from trainrun.schema import DataConfig
@@ -114,18 +115,25 @@ def open_shards(pattern: str | None, key: str) -> tuple[ShardFormat, np.ndarray]
     return shard_format, one_array(pieces, shard_format.dtype)
 
 
-def shard_tokens(path: Path, shard_format: ShardFormat, count: int) -> np.memmap:
-    """The ``count`` tokens of the shard at ``path`` (at least one), memory-mapped after its header."""
-    return np.memmap(path, dtype=shard_format.dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
+def shard_tokens(path: Path, shard_format: ShardFormat, count: int) -> MappedTokens:
+    """The ``count`` tokens of the shard at ``path`` (at least one), mapped after its header when read."""
+    return MappedTokens(path, shard_format.dtype, count, HEADER_BYTES)
 
 
 def check_shards(config: DataConfig) -> None:
-    """Both globs match shards of one format whose headers are sound, and no shard holds a token id
-    beyond the vocabulary (an embedding lookup would fail at the first step: on a GPU, a device-side
-    assert that ends the process)."""
-    magics, shards = {}, {}
+    """Both globs match shards of one format whose headers are sound, no shard is in both (validation
+    would score tokens the model trained on), and no shard holds a token id beyond the vocabulary (an
+    embedding lookup would fail at the first step: on a GPU, a device-side assert that ends the process)."""
+    magics, shards, training = {}, {}, set()
     for key in ("train", "val"):
         for path in shard_paths(getattr(config, key), key):
+            if key == "train":
+                training.add(path.resolve())
+            elif path.resolve() in training:
+                raise DataError(
+                    f"bad value for 'data.val': '{path}' is matched by data.train '{config.train}' too "
+                    "(validation would score tokens the model trains on)"
+                )
             magic, shard_format, count = shards[path] = read_header(path)
             magics.setdefault(magic, path)
     if len(magics) > 1:
@@ -169,7 +177,7 @@ def largest_id(path: Path, shard_format: ShardFormat, count: int, cache_dir: str
     if cached.is_file():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return int(json.loads(cached.read_text())["largest_id"])
-    largest = int(np.max(shard_tokens(path, shard_format, count))) if count else -1
+    largest = int(np.max(shard_tokens(path, shard_format, count).mapped)) if count else -1
     with contextlib.suppress(OSError):
         atomic_write_text(cached, json.dumps({**identity, "largest_id": largest}))
     return largest
@@ -190,5 +198,5 @@ def shard_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, au
     evaluation = TokenWindows(val, length, separator, windows=config.shards.val_tokens // length)
     if len(training) == 0:
         raise DataError(f"the shards '{config.train}' hold no training window of {length + 1} tokens")
-    facts = TextFacts(vocab_size, length, tokenizer_file, separator)
+    facts = TextFacts(vocab_size, length, tokenizer_file, separator, separator_begins=True)
     return Datasets(training, evaluation, window_batch, facts)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from trainrun.atomic_io import read_json
-from trainrun.data.token_pieces import ConcatenatedTokens, one_array
+from trainrun.data.token_pieces import ConcatenatedTokens, MappedTokens, one_array
 from trainrun.errors import ConfigError, DataError, FileFormatError
 
 FORMATS = ("trainrun-tokens/1", "trainrun-tokens/2")  # what a store says it is: one file per split, shards
@@ -235,9 +235,10 @@ class TokenStore:
                 if not (path / file).is_file():
                     raise DataError(f"token store '{path}' has no {file}: write it again with 'trainrun write-text'")
             shard_offsets = _offsets(path / f"{name}.idx.npy")
-            tokens = np.memmap(path / f"{name}.bin", dtype=meta["dtype"], mode="r") if shard_offsets[-1] else []
-            if len(tokens) != shard_offsets[-1]:
-                found, said = len(tokens), shard_offsets[-1]
+            file = path / f"{name}.bin"
+            found, said = file.stat().st_size // np.dtype(meta["dtype"]).itemsize, int(shard_offsets[-1])
+            tokens = MappedTokens(file, meta["dtype"], said) if said else []
+            if found != said:
                 raise DataError(f"'{path / f'{name}.bin'}' holds {found} tokens, its index says {said}")
             pieces.append(tokens)
             offsets.append(shard_offsets[1:] + offsets[-1][-1])

@@ -12,7 +12,8 @@ k blocks and the last k, in the same order, mix theirs into the attention values
 ``v = a·v + b·table[token]``, a and b learned per block from 0.5: the speedrun's), ``dropout``
 (GPT-2's: on the embeddings, the attention weights and each residual branch), ``document_mask``
 (no token attends to another document's: a document ends at the store's separator, which belongs
-to it) and ``window`` (each token attends to itself and the ``window - 1`` tokens before it). Attention is
+to it; in llm.c's shards a delimiter begins a document and belongs to that one) and ``window``
+(each token attends to itself and the ``window - 1`` tokens before it). Attention is
 ``F.scaled_dot_product_attention(is_causal=True)``: Flash or memory-efficient kernels on a GPU, the
 math kernel on a CPU (with ALiBi, the causal bias as its additive mask). With a document mask or a
 window, a GPU attends through FlexAttention (compiled; block-sparse, so masked blocks cost nothing,
@@ -75,11 +76,12 @@ class Attend:
     score_mod: Callable | None = None
 
 
-def document_ids(tokens: torch.Tensor, separator: int) -> torch.Tensor:
-    """(batch, length): each position's document within its window, counted from 0; a separator
-    belongs to the document it ends."""
-    ends = tokens == separator
-    return ends.cumsum(1) - ends.long()
+def document_ids(tokens: torch.Tensor, separator: int, begins: bool = False) -> torch.Tensor:
+    """(batch, length): each position's document within its window, counted from its first; a
+    separator belongs to the document it ends (trainrun's stores), or with ``begins`` to the one it
+    begins (llm.c's shards, where modded-nanogpt counts ``(tokens == separator).cumsum()``)."""
+    separators = tokens == separator
+    return separators.cumsum(1) if begins else separators.cumsum(1) - separators.long()
 
 
 def visible_keys(
@@ -252,11 +254,14 @@ class GPT(nn.Module):
 
     transformers_class = "GPT2LMHeadModel"  # what export_pretrained writes
 
-    def __init__(self, config: GPTConfig, vocab_size: int, separator: int | None = None) -> None:
+    def __init__(
+        self, config: GPTConfig, vocab_size: int, separator: int | None = None, separator_begins: bool = False
+    ) -> None:
         super().__init__()
         if config.document_mask and separator is None:
             raise ValueError("a document mask needs the token store's separator")
         self.config, self.vocab_size, self.separator = config, vocab_size, separator
+        self.separator_begins = separator_begins  # the data's rule: text.separator_begins
         padded = padded_vocabulary(vocab_size)
         self.embed = nn.Embedding(padded, config.width)
         self.positions = nn.Embedding(config.max_seq_len, config.width) if config.positions == "learned" else None
@@ -307,7 +312,7 @@ class GPT(nn.Module):
     def attend(self, tokens: torch.Tensor, flex: bool) -> Attend:
         """How this batch's queries see its keys (``flex``: through FlexAttention, which has no dropout)."""
         length, window = tokens.shape[1], self.window
-        documents = document_ids(tokens, self.separator) if self.config.document_mask else None
+        documents = document_ids(tokens, self.separator, self.separator_begins) if self.config.document_mask else None
         if documents is None and window is None:
             return Attend(self.causal_bias(length) if self.alibi_slopes is not None else None)
         if flex:
@@ -367,4 +372,4 @@ def build(config: ModelConfig, text: TextFacts | None = None) -> GPT:
     """``model=gpt_*``: a GPT over the data's vocabulary (padded to a multiple of 64)."""
     if text is None:
         raise ValueError("a GPT needs the token store's vocabulary size")
-    return GPT(config.gpt, text.vocab_size, text.separator)
+    return GPT(config.gpt, text.vocab_size, text.separator, text.separator_begins)
