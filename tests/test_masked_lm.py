@@ -890,10 +890,23 @@ def test_write_text_says_when_the_corpus_gives_a_smaller_vocabulary_than_asked(t
     from trainrun.commands.write_text import write_text_command
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(["the cat sat on the mat", "a dog ran to the park"] * 20))
+    corpus.write_text("\n\n".join(f"the cat sat on mat {index}, a dog ran to park {index}" for index in range(40)))
     assert (
         write_text_command([str(corpus), str(tmp_path / "store"), "--tokenizer-kind", "bpe", "--vocab-size", "4096"])
         == 0
     )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("note: the vocabulary is ") and "fewer than --vocab-size 4,096" in last
+
+
+def test_document_pieces_cut_every_document_as_a_loop_over_them_would():
+    from trainrun.data.masked_text import document_pieces
+
+    lengths = np.random.default_rng(0).integers(0, 40, 2_000)
+    lengths[[0, 5, -1]] = 0  # empty documents give no piece
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    starts, ends = document_pieces(offsets, 7)
+    expected = [
+        (piece, min(piece + 7, end)) for start, end in zip(offsets[:-1], offsets[1:]) for piece in range(start, end, 7)
+    ]
+    assert list(zip(starts.tolist(), ends.tolist())) == expected

@@ -634,3 +634,29 @@ def test_the_ensemble_averages_the_runs_probabilities_not_their_logits_or_their_
     assert scores.argmax(0).flatten().tolist() == [2, 1]
     assert torch.stack(runs).mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits
     assert torch.stack(runs).softmax(1).amax(0).argmax(0).flatten().tolist() == [2, 0]  # the most confident
+
+
+def test_a_loader_process_keeps_a_bounded_number_of_cases_open(tmp_path, monkeypatch):
+    """Crops of 300 cases read under a limit of 128 file descriptors: a loader worker keeps only
+    the ``OPEN_CASES`` last read mapped (two descriptors each), not one image and label per case."""
+    import resource
+
+    from trainrun.data import segmentation
+    from trainrun.data.volume_store import VolumeStore
+
+    names = [f"case_{index:03d}" for index in range(300)]
+    for name in names:
+        np.save(tmp_path / f"{name}_image.npy", np.random.default_rng(0).random((1, 4, 6, 6), dtype=np.float32))
+        np.save(tmp_path / f"{name}_label.npy", np.ones((4, 6, 6), dtype=np.uint8))
+        np.save(tmp_path / f"{name}_locations.npy", np.array([[1, 0, 0, 0], [1, 2, 3, 3]], dtype=np.int32))
+    store = VolumeStore(tmp_path, tuple(names), ("CT",), ("background", "organ"))
+    config = SegmentationDataConfig(patch_size=[4, 4, 4], samples_per_volume=2)
+    patches = segmentation.Patches(store, list(range(300)), config, augmented=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        crops = [patches[index] for index in np.random.default_rng(1).permutation(len(patches))]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(crops) == 600 and crops[0][0].shape == (1, 4, 4, 4)
+    assert len(patches.opened) == segmentation.OPEN_CASES

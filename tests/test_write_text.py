@@ -61,6 +61,14 @@ def write_corpus_files(folder: Path, documents: list[str]) -> dict[str, Path]:
     return files
 
 
+def decoded(store: TokenStore, tokenizer: Path) -> list[str]:
+    """A store split's documents as text, in order."""
+    from tokenizers import Tokenizer
+
+    decode = Tokenizer.from_file(str(tokenizer)).decode
+    return [decode(ids.tolist()) for ids in store.documents()]
+
+
 def store_files(store: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(store.iterdir())}
 
@@ -92,16 +100,14 @@ def test_every_kind_gives_the_same_store_whatever_the_workers(documents, tokeniz
     store = TokenStore.open(tmp_path / "jsonl", "train")
     meta = store.meta
     assert meta["format"] == "trainrun-tokens/2" and meta["train"]["documents"] + meta["val"]["documents"] == 1200
-    held = held_out(np.arange(1200), 0.1, 0)
-    from tokenizers import Tokenizer
-
-    decode = Tokenizer.from_file(str(tokenizer)).decode
+    held = held_out(documents, 0.1, 0)
     kept = [document for document, out in zip(documents, held) if not out]
-    assert [decode(ids.tolist()) for ids in store.documents()] == kept  # in order, across shards
+    assert decoded(store, tokenizer) == kept  # in order, across shards
     # a plain-text corpus: its blank-line-separated blocks are the documents
     write_text(files["txt"], tmp_path / "txt", tokenizer, *flags)
     meta = TokenStore.open(tmp_path / "txt", "train").meta
-    assert (meta["train"]["documents"], meta["val"]["documents"]) == (len(kept), 1200 - len(kept))
+    in_validation = int(held_out([" ".join(document.split()) for document in documents], 0.1, 0).sum())
+    assert (meta["train"]["documents"], meta["val"]["documents"]) == (1200 - in_validation, in_validation)
 
 
 @pytest.mark.slow
@@ -178,12 +184,57 @@ def test_unreadable_kinds_are_refused_by_name_and_nothing_is_left(tokenizer, tmp
     assert not (tmp_path / "out").exists() and not partial_folder(tmp_path / "out").exists()
 
 
-def test_the_validation_share_is_a_seeded_hash_of_the_record_number():
-    numbers = np.arange(200_000)
-    held = held_out(numbers, 0.05, seed=0)
+def test_the_validation_share_is_a_seeded_hash_of_each_documents_text():
+    texts = [f"document {index}" for index in range(200_000)]
+    held = held_out(texts, 0.05, seed=0)
     assert abs(held.mean() - 0.05) < 0.003  # the share asked for
-    assert np.array_equal(held[1000:2000], held_out(numbers[1000:2000], 0.05, seed=0))  # whatever the batch
-    assert (held != held_out(numbers, 0.05, seed=1)).any() and not held_out(numbers, 0.0, 0).any()
+    assert np.array_equal(held[1000:2000], held_out(texts[1000:2000], 0.05, seed=0))  # whatever the batch
+    assert np.array_equal(held[::-1], held_out(texts[::-1], 0.05, seed=0))  # whatever the order
+    assert (held != held_out(texts, 0.05, seed=1)).any() and not held_out(texts, 0.0, 0).any()
+    assert not held_out(texts[:1], 1e-9, 0).any()  # the first document is not held out at any fraction
+
+
+@pytest.mark.slow
+def test_documents_keep_their_split_when_files_are_added_to_the_corpus(documents, tokenizer, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_corpus_files(corpus, documents[600:])  # c.jsonl among others: only it is read below
+    jsonl = corpus / "c.jsonl"
+    write_text(jsonl, tmp_path / "before", tokenizer, "--val-fraction", "0.2")
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    (grown / "a.jsonl").write_text("".join(json.dumps({"text": document}) + "\n" for document in documents[:600]))
+    (grown / "c.jsonl").write_bytes(jsonl.read_bytes())  # the earlier corpus, now after another file
+    write_text(grown, tmp_path / "after", tokenizer, "--val-fraction", "0.2")
+    for split in ("train", "val"):
+        before = decoded(TokenStore.open(tmp_path / "before", split), tokenizer)
+        after = decoded(TokenStore.open(tmp_path / "after", split), tokenizer)
+        assert before and set(before) <= set(after), split  # every earlier document on the same side
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["DatasetDict", "C4 folder"])
+def test_a_corpus_keeps_its_own_validation_split_and_leaves_its_test_split_out(documents, tokenizer, tmp_path, layout):
+    """A DatasetDict's validation split (or C4's c4-validation.* files) is the store's validation,
+    its train split (c4-train.*) the training; a test split beside them is in neither."""
+    parts = {"train": documents[:800], "validation": documents[800:1000], "test": documents[1000:1200]}
+    corpus = tmp_path / "corpus"
+    if layout == "DatasetDict":
+        datasets = pytest.importorskip("datasets")
+        splits = {name: datasets.Dataset.from_dict({"text": texts}) for name, texts in parts.items()}
+        datasets.DatasetDict(splits).save_to_disk(corpus)
+    else:
+        corpus.mkdir()
+        for name, texts in parts.items():
+            halves = np.array_split(np.arange(len(texts)), 2) if name == "train" else [np.arange(len(texts))]
+            for index, chosen in enumerate(halves):
+                with gzip.open(corpus / f"c4-{name}.{index:05d}-of-{len(halves):05d}.json.gz", "wt") as handle:
+                    handle.writelines(json.dumps({"text": texts[i], "url": "u"}) + "\n" for i in chosen)
+    printed = write_text(corpus, tmp_path / "store", tokenizer)
+    assert "the corpus's own splits: validation from 1 file(s)" in printed and "1 test file(s) left out" in printed
+    assert decoded(TokenStore.open(tmp_path / "store", "val"), tokenizer) == parts["validation"]
+    assert decoded(TokenStore.open(tmp_path / "store", "train"), tokenizer) == parts["train"]
+    meta = TokenStore.open(tmp_path / "store", "train").meta
+    assert meta["split_rule"].startswith("own splits")
 
 
 def test_a_text_field_names_another_json_field_or_column(tokenizer, tmp_path):
@@ -228,3 +279,46 @@ def test_records_without_text_are_skipped_counted_said_and_kept_in_the_store(doc
     meta = json.loads((tmp_path / "store" / "store.json").read_text())
     assert (meta["null_records"], meta["empty_records"]) == (nulls, empties) and nulls > 10 and empties > 10
     assert meta["train"]["documents"] + meta["val"]["documents"] == 2400 - nulls - empties
+
+
+def test_a_batch_holds_at_most_its_characters_or_one_longer_document(tmp_path, monkeypatch):
+    """Books or code files: a batch closes at ``BATCH_CHARACTERS`` as at ``BATCH_DOCUMENTS``, so the
+    text in flight is bounded by bytes, not by a count of documents of any size."""
+    from trainrun.data import store_writer
+    from trainrun.data.corpus import corpus_files
+
+    sizes = [10, 3000, 20, 20, 20, 5000, 10]
+    corpus = tmp_path / "books.jsonl"
+    corpus.write_text("".join(json.dumps({"text": "x" * size}) + "\n" for size in sizes))
+    monkeypatch.setattr(store_writer, "BATCH_CHARACTERS", 1000)
+    found = [
+        [len(text) for text in batch.texts]
+        for batch in store_writer.batches(corpus_files(corpus), store_writer.CorpusSettings(), 0)
+    ]
+    assert found == [[10, 3000], [20, 20, 20, 5000], [10]]
+
+
+def test_a_resumed_write_skips_whole_files_whose_records_were_counted(tmp_path, monkeypatch):
+    """A killed write's ``progress.json`` keeps each finished file's record count: the resumed
+    write neither decompresses nor reads those files to count its way to where it stopped."""
+    from trainrun.data import corpus
+
+    files = []
+    for name, count in (("a", 5), ("b", 7), ("c", 3)):
+        path = tmp_path / f"{name}.jsonl.gz"
+        with gzip.open(path, "wt") as handle:
+            handle.writelines(json.dumps({"text": f"{name} {index}"}) + "\n" for index in range(count))
+        files.append(corpus.file_kind(path))
+    counts: dict[str, int] = {}
+    everything = list(corpus.records(files, "text", 0, counts))
+    assert counts == {str(tmp_path / f"{name}.jsonl.gz"): count for name, count in (("a", 5), ("b", 7), ("c", 3))}
+    opened, read = [], corpus.file_records
+
+    def recording(file, field, skip=0):  # noqa: ANN001
+        opened.append(file.path.name)
+        return read(file, field, skip)
+
+    monkeypatch.setattr(corpus, "file_records", recording)
+    resumed = list(corpus.records(files, "text", 10, counts))
+    assert opened == ["b.jsonl.gz", "c.jsonl.gz"]  # a's 5 records counted before: not opened
+    assert [row[:2] for row in resumed] == [row[:2] for row in everything[10:]]

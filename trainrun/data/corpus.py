@@ -11,17 +11,21 @@ Hugging Face ``datasets``' ``save_to_disk`` wrote. Each file kind is named by it
 
 Any other file is refused by name, never read as text nor skipped in silence. Records are numbered
 in stream order from 0, empty ones and those whose text is null too (they hold no document: they are
-dropped and counted later): the number decides a record's split (:func:`held_out`) and is where a
-resumed write continues.
+dropped and counted later): the number is where a resumed write continues. A corpus's own splits
+are kept (:func:`own_splits`): a ``DatasetDict``'s validation split, or files whose names say so
+(C4's ``c4-validation.*.json.gz``), are the store's validation, the rest its training; elsewhere a
+keyed hash of each document's text decides (:func:`held_out`).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +38,10 @@ TEXT_KINDS = {".txt": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "j
 COMPRESSIONS = (".gz", ".zst")
 READABLE = ".txt, .jsonl, .ndjson or .json (each also .gz or .zst), .parquet, or a folder datasets' save_to_disk wrote"
 HF_FOLDER_FILES = ("state.json", "dataset_dict.json")  # what marks a save_to_disk folder (a Dataset, a DatasetDict)
+# a split's name, or a word of a file's name between - _ . or its ends, that marks a corpus's own split
+SPLIT_WORDS = re.compile(r"(?:^|[-_.])(validation|valid|val|dev|test)(?=[-_.]|$)")
+HELD_OUT_RULE = "own splits, else BLAKE2b of the text keyed by the seed"  # store.json's split_rule
+LEFT_OUT = "left out"  # a test split beside a validation split: neither trained on nor scored, not read
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class CorpusFile:
     path: Path
     kind: str
     compression: str = ""  # "", ".gz" or ".zst"
+    split: str | None = None  # "train", "val" or LEFT_OUT where the corpus's own splits say; None: held_out decides
 
     @property
     def size(self) -> int:
@@ -69,11 +78,32 @@ def corpus_files(source: str | Path) -> list[CorpusFile]:
     if not root.is_dir():
         raise DataError(f"corpus '{source}' is neither a file nor a folder")
     if any((root / name).is_file() for name in HF_FOLDER_FILES):
-        return saved_dataset_files(root)
+        return own_splits(saved_dataset_files(root))
     files = sorted(path for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root)))
     if not files:
         raise DataError(f"corpus folder '{root}' holds no file (it reads {READABLE})")
-    return [file_kind(path) for path in files]
+    return own_splits([(file_kind(path), path.name) for path in files])
+
+
+def split_word(name: str) -> str:
+    """``val``, ``test`` or ``train``: the split a split's or a file's name says it holds."""
+    found = SPLIT_WORDS.search(name.lower())
+    if found is None:
+        return "train"
+    return "test" if found[1] == "test" else "val"
+
+
+def own_splits(files: list[tuple[CorpusFile, str]]) -> list[CorpusFile]:
+    """The corpus's files with its own splits kept, from each file's split or file name: the
+    validation files (or, where there are none, the test files) are the store's validation and the
+    rest its training; test files beside validation ones are :data:`LEFT_OUT` (neither trained on
+    nor scored). Where no name marks a split, every file's ``split`` stays None (the hash decides)."""
+    words = [split_word(name) for _, name in files]
+    if set(words) == {"train"}:
+        return [file for file, _ in files]
+    validation = "val" if "val" in words else "test"
+    splits = {validation: "val", "train": "train"}
+    return [replace(file, split=splits.get(word, LEFT_OUT)) for (file, _), word in zip(files, words)]
 
 
 def _hidden(relative: Path) -> bool:
@@ -81,18 +111,18 @@ def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
 
 
-def saved_dataset_files(root: Path) -> list[CorpusFile]:
-    """The Arrow files of a ``save_to_disk`` folder: a Dataset's in ``state.json``'s order, a
-    DatasetDict's splits in ``dataset_dict.json``'s."""
+def saved_dataset_files(root: Path) -> list[tuple[CorpusFile, str]]:
+    """The Arrow files of a ``save_to_disk`` folder, each with its split's name: a Dataset's in
+    ``state.json``'s order, a DatasetDict's splits in ``dataset_dict.json``'s."""
     if (root / "dataset_dict.json").is_file():
         splits = _json_object(root / "dataset_dict.json").get("splits", [])
-        return [file for split in splits for file in saved_dataset_files(root / split)]
+        return [(file, split) for split in splits for file, _ in saved_dataset_files(root / split)]
     state = _json_object(root / "state.json")
     names = [entry["filename"] for entry in state.get("_data_files", []) if "filename" in entry]
     missing = [name for name in names if not (root / name).is_file()]
     if not names or missing:
         raise DataError(f"'{root}' is a damaged datasets folder: state.json names {missing or 'no'} Arrow files")
-    return [CorpusFile(root / name, "arrow") for name in names]
+    return [(CorpusFile(root / name, "arrow"), "") for name in names]
 
 
 def _json_object(path: Path) -> dict:
@@ -221,25 +251,39 @@ def file_records(file: CorpusFile, field: str, skip: int = 0) -> Iterator[tuple[
             yield ("".join(block).strip() if skip <= 0 else None), counter.consumed
 
 
-def records(files: list[CorpusFile], field: str, start: int = 0) -> Iterator[tuple[int, str | None, int]]:
-    """(record number, text or None where it is null, bytes of the corpus read so far) of every record
-    from number ``start`` on, across ``files`` in order (the records before it are counted, not decoded)."""
+def records(
+    files: list[CorpusFile], field: str, start: int = 0, counts: dict[str, int] | None = None
+) -> Iterator[tuple[int, str | None, int, str | None]]:
+    """(record number, text or None where it is null, bytes of the corpus read so far, its file's
+    own split) of every record from number ``start`` on, across ``files`` in order. The records
+    before ``start`` are counted, not decoded, and a whole file before it not even read where
+    ``counts`` (file path: records) knows its count; each file read to its end adds its count there."""
     number, done = 0, 0
+    counts = {} if counts is None else counts
     for file in files:
+        if file.split == LEFT_OUT:
+            done += file.size
+            continue
+        known = counts.get(str(file.path))
+        if known is not None and number + known <= start:  # counted when an earlier write read it
+            number, done = number + known, done + file.size
+            continue
+        first = number
         for text, position in file_records(file, field, skip=max(0, start - number)):
             if number >= start:
-                yield number, text, done + position
+                yield number, text, done + position, file.split
             number += 1
+        counts[str(file.path)] = number - first
         done += file.size
 
 
-def held_out(numbers: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Which records go to validation: those whose keyed hash of (``seed``, number) falls below
-    ``fraction`` (SplitMix64, a fixed mixing of integers): a seeded share that does not depend on
-    how the corpus is batched, read by how many workers, or where a resumed write starts."""
-    with np.errstate(over="ignore"):
-        mixed = np.asarray(numbers, dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
-        mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        mixed ^= mixed >> np.uint64(31)
-    return (mixed >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
+def held_out(texts: list[str], fraction: float, seed: int) -> np.ndarray:
+    """Which documents go to validation: those whose hash of their text (BLAKE2b, keyed by
+    ``seed``) falls below ``fraction``. Keyed to content, not place: a document keeps its side when
+    files are added to the corpus or its order changes, the same text is always on the same side,
+    and nothing depends on how the corpus is batched, read by how many workers, or resumed."""
+    key = seed.to_bytes(8, "little", signed=True)
+    digests = b"".join(
+        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=key).digest() for text in texts
+    )
+    return (np.frombuffer(digests, dtype="<u8") >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction

@@ -1,7 +1,9 @@
 """``trainrun write-text``'s writer: a corpus streamed into a token store of shards, resumably.
 
-Records are read in order (:mod:`trainrun.data.corpus`), split by a keyed hash of their number
-(:func:`~trainrun.data.corpus.held_out`), and tokenized a batch of ``BATCH_DOCUMENTS`` at a time with
+Records are read in order (:mod:`trainrun.data.corpus`), split by the corpus's own splits or a keyed
+hash of their text (:func:`~trainrun.data.corpus.held_out`), and tokenized a batch at a time (at most
+``BATCH_DOCUMENTS`` documents and ``BATCH_CHARACTERS`` characters, so books or code files do not hold
+gigabytes in flight) with
 ``tokenizers``' batch encoding, in ``workers`` processes (a bounded number of batches in flight,
 results taken in order). Token ids go straight to the open shard files; a shard closes after the
 batch that brings its training part to ``shard_tokens`` tokens, with the validation documents of the
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from trainrun.atomic_io import atomic_directory, atomic_write_json, read_json
-from trainrun.data.corpus import CorpusFile, corpus_files, held_out, records
+from trainrun.data.corpus import HELD_OUT_RULE, LEFT_OUT, CorpusFile, corpus_files, held_out, records
 from trainrun.data.encoding import Encoder, encode
 from trainrun.data.token_store import TEXT_VAL_FRACTION, file_sha256, load_tokenizer, store_facts, train_tokenizer
 from trainrun.errors import ConfigError, DataError, FileFormatError
@@ -37,6 +39,7 @@ from trainrun.schema import DataConfig, TextConfig
 
 FORMAT = "trainrun-tokens/2"
 BATCH_DOCUMENTS = 1024  # documents tokenized per task: fixed, so shard boundaries do not depend on the workers
+BATCH_CHARACTERS = 2**23  # and characters (8 Mi: at most 32 MB of text a batch, beyond one longer document)
 # records that hold no document (their text null, or empty): counted per shard and in store.json
 WITHOUT_TEXT = ("null_records", "empty_records")
 SPLITS = ("train", "val")
@@ -124,7 +127,8 @@ def shard_intact(folder: Path, entry: dict, itemsize: int) -> bool:
 
 @dataclass
 class Batch:
-    """Up to ``BATCH_DOCUMENTS`` documents in record order, which of them are held out, where they
+    """Up to ``BATCH_DOCUMENTS`` documents (and ``BATCH_CHARACTERS`` characters, or one longer
+    document) in record order, which of them are held out, where they
     end, and how many records among them held no text (:data:`WITHOUT_TEXT`)."""
 
     texts: list[str]
@@ -134,27 +138,31 @@ class Batch:
     without_text: Counter[str]
 
 
-def batches(files: list[CorpusFile], settings: CorpusSettings, start: int) -> Iterator[Batch]:
+def batches(
+    files: list[CorpusFile], settings: CorpusSettings, start: int, counts: dict[str, int] | None = None
+) -> Iterator[Batch]:
     """The corpus's documents from record ``start`` on, in batches (records whose text is null or
     empty dropped and counted)."""
 
     def batch(records_end: int, position: int) -> Batch:
-        held = held_out(np.array(numbers), settings.val_fraction, settings.split_seed)
-        return Batch(texts, held, records_end, position, without_text)
+        hashed = held_out(texts, settings.val_fraction, settings.split_seed)
+        held = np.array([hashed[index] if split is None else split == "val" for index, split in enumerate(splits)])
+        return Batch(texts, held.astype(bool), records_end, position, without_text)
 
-    texts, numbers, without_text = [], [], Counter()
+    texts, splits, without_text, characters = [], [], Counter(), 0
     number, position = start - 1, 0
-    for number, text, position in records(files, settings.text_field, start):
+    for number, text, position, split in records(files, settings.text_field, start, counts):
         if text is None:
             without_text["null_records"] += 1
         elif not text.strip():
             without_text["empty_records"] += 1
         else:
             texts.append(text)
-            numbers.append(number)
-        if len(texts) == BATCH_DOCUMENTS:
+            splits.append(split)
+            characters += len(text)
+        if len(texts) == BATCH_DOCUMENTS or characters >= BATCH_CHARACTERS:
             yield batch(number + 1, position)
-            texts, numbers, without_text = [], [], Counter()
+            texts, splits, without_text, characters = [], [], Counter(), 0
     if texts or number + 1 > start:
         yield batch(number + 1, position)
 
@@ -205,10 +213,12 @@ def _identity(files: list[CorpusFile], settings: CorpusSettings, tokenizer: Path
     """What a partial store was begun from: the files (sizes, times), the settings, a given tokenizer."""
     return {
         "format": FORMAT,
-        "files": [[str(file.path.resolve()), file.size, file.path.stat().st_mtime_ns] for file in files],
+        "files": [[str(file.path.resolve()), file.size, file.path.stat().st_mtime_ns, file.split] for file in files],
         "settings": asdict(settings),
+        "split_rule": HELD_OUT_RULE,
         "tokenizer": file_sha256(tokenizer) if tokenizer else None,
         "batch_documents": BATCH_DOCUMENTS,
+        "batch_characters": BATCH_CHARACTERS,
     }
 
 
@@ -279,6 +289,16 @@ def write_corpus(
     """Write the corpus at ``source`` to a token store at ``out`` (resuming a killed write of the
     same corpus and settings); return its ``store.json``."""
     files = corpus_files(source)
+    own = Counter(file.split for file in files)
+    if own["val"]:
+        names = [file.path.name for file in files if file.split == "val"]
+        named = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        left = f"; {own[LEFT_OUT]} test file(s) left out" if own[LEFT_OUT] else ""
+        console.print(
+            f"the corpus's own splits: validation from {own['val']} file(s) ({named}), training from "
+            f"{own['train']}{left} (--val-fraction is not used)",
+            soft_wrap=True,
+        )
     if tokenizer is not None:
         store_facts(tokenizer, settings.dtype)  # a tokenizer that cannot write this store: refused before any work
     identity = _identity(files, settings, tokenizer)
@@ -331,7 +351,12 @@ def _resume(
 def _finish(folder: Path, source: str, settings: CorpusSettings, facts: dict, shards: list[dict]) -> dict:
     """``store.json`` of the finished shards, written; the partial folder's own files removed."""
     meta = store_meta(
-        facts, file_sha256(folder / "tokenizer.json"), shards, corpus=str(source), settings=asdict(settings)
+        facts,
+        file_sha256(folder / "tokenizer.json"),
+        shards,
+        corpus=str(source),
+        settings=asdict(settings),
+        split_rule=HELD_OUT_RULE,
     )
     if meta["train"]["tokens"] == 0 or meta["val"]["tokens"] == 0:
         split = "training" if meta["train"]["tokens"] == 0 else "validation"
@@ -356,13 +381,16 @@ def _write_shards(
     console,
 ) -> list[dict]:
     """Tokenize the records after the ``kept`` shards into shards of ``dtype`` ids; every shard's
-    entry, in order, each recorded in ``progress.json`` as it closes."""
+    entry, in order, each recorded in ``progress.json`` as it closes, with the record count of each
+    file read to its end (a resumed write skips those files whole)."""
     start = kept[-1]["records_end"] if kept else 0
+    saved = read_json(folder / "progress.json")
+    counts = saved.get("file_records", {}) if isinstance(saved, dict) else {}
     progress = Progress(console, sum(file.size for file in files), kept[-1]["position"] if kept else 0)
     encoder = Encoder(folder / "tokenizer.json", workers)
     writer = ShardWriter(folder, len(kept), dtype)
     try:
-        for batch, (ids, lengths) in encoder.map(batches(files, settings, start)):
+        for batch, (ids, lengths) in encoder.map(batches(files, settings, start, counts)):
             held = np.repeat(batch.validation, lengths)
             writer.add("train", ids[~held], lengths[~batch.validation])
             writer.add("val", ids[held], lengths[batch.validation])
@@ -371,7 +399,9 @@ def _write_shards(
             start, position = batch.records_end, batch.position
             if writer.tokens["train"] >= settings.shard_tokens:
                 kept.append({**writer.close(start), "position": position})
-                atomic_write_json(folder / "progress.json", {"identity": identity, "shards": kept})
+                atomic_write_json(
+                    folder / "progress.json", {"identity": identity, "shards": kept, "file_records": counts}
+                )
                 progress.shard(writer.index, position)
                 writer = ShardWriter(folder, writer.index + 1, dtype)
         if writer.tokens["train"] or writer.tokens["val"] or not kept:

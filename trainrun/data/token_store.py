@@ -83,7 +83,7 @@ def read_documents(source: str) -> list[str]:
 
     if source in BUILTIN_CORPORA:
         return stdlib_docstrings()
-    documents = [text for _, text, _ in records(corpus_files(source), "text") if text and text.strip()]
+    documents = [text for _, text, _, _ in records(corpus_files(source), "text") if text and text.strip()]
     if not documents:
         raise DataError(f"corpus '{source}' has no text")
     return documents
