@@ -7,13 +7,17 @@ few cases. Each case's files are written whole or not at all, and a preparation 
 a kill) prepares only the cases missing. Where the cases' voxel spacings differ, each is resampled
 after cropping and normalisation (nnU-Net's order) to their median spacing (nnU-Net's target
 spacing): images trilinearly, labels by nearest neighbour; BraTS and the Decathlon's brain tumours
-are 1 mm isotropic and are not resampled.
+are 1 mm isotropic and are not resampled. Each channel is normalised as its ``modality`` name says
+(:func:`~trainrun.data.volume_store.normalisation`): a CT channel by the whole training set's
+foreground intensities, sampled from every case in a first, resumable pass (each case's sample kept
+in the store) before any case is prepared; MRI and other channels per case.
 Written here rather than with nnU-Net's preprocessing, which needs its own folder layout and plans.
 """
 
 from __future__ import annotations
 
 import time
+import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -22,8 +26,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainrun.atomic_io import read_json
-from trainrun.data.volume_store import case_written, preprocess, write_arrays, write_index
+from trainrun.atomic_io import atomic_write, read_json
+from trainrun.data.volume_store import (
+    case_written,
+    ct_statistics,
+    foreground_sample,
+    normalisation,
+    preprocess,
+    write_arrays,
+    write_index,
+)
 from trainrun.errors import DataError
 
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
@@ -119,18 +131,36 @@ def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tupl
     return image.numpy(), label.to(torch.uint8).numpy()
 
 
-def prepare_case(
-    case: tuple[str, Path, Path], channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path
-) -> str:
-    """Read, check, resample and preprocess one case into the store at ``path``; its name."""
-    name, image_file, label_file = case
+def checked_case(case: tuple[str, Path, Path], channels: int, lookup: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A case's image and its label as class indices, its channels and label values checked."""
+    _, image_file, label_file = case
     image, label = read_decathlon_case(image_file, label_file)
     if image.shape[0] != channels:
         raise DataError(f"{image_file.name} has {image.shape[0]} channel(s); dataset.json names {channels}")
     label = lookup[label]
     if (label == 255).any():
         raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
-    image, label = resampled(*preprocess(image, label), voxel_spacing(image_file), target)  # nnU-Net's order
+    return image, label
+
+
+def sample_case(case: tuple[str, Path, Path], channels: int, lookup: np.ndarray, ct: list[int], path: Path) -> str:
+    """A case's foreground sample of the CT channels ``ct``, kept in the store at ``path``; its name."""
+    name = case[0]
+    sample = foreground_sample(*checked_case(case, channels, lookup), ct, zlib.crc32(name.encode()))
+    atomic_write(path / f"{name}_foreground.npy", lambda handle: np.save(handle, sample))
+    return name
+
+
+def prepare_case(
+    case: tuple[str, Path, Path], channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path,
+    schemes: tuple[str, ...] = (), ct: dict[int, dict] | None = None,
+) -> str:  # fmt: skip
+    """Read, check, normalise, resample and preprocess one case into the store at ``path``; its name."""
+    name, image_file, _ = case
+    image, label = checked_case(case, channels, lookup)
+    image, label = resampled(
+        *preprocess(image, label, schemes, ct), voxel_spacing(image_file), target
+    )  # nnU-Net's order
     write_arrays(path, name, image, label, classes)
     return name
 
@@ -151,32 +181,50 @@ def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     lookup[values] = np.arange(len(values))
     target = tuple(float(side) for side in np.median([voxel_spacing(image) for _, image, _ in cases], axis=0))
     path.mkdir(parents=True, exist_ok=True)
+    schemes = tuple(normalisation(channel) for channel in channels)
+    ct_channels = [index for index, scheme in enumerate(schemes) if scheme == "ct"]
+    ct = {}
+    if ct_channels:  # the training set's foreground statistics first: every case's sample
+        unsampled = [case for case in cases if not (path / f"{case[0]}_foreground.npy").is_file()]
+        run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, source, path)
+        samples = np.concatenate([np.load(path / f"{name}_foreground.npy") for name, _, _ in cases], axis=1)
+        ct = {channel: ct_statistics(samples[row]) for row, channel in enumerate(ct_channels)}
     missing = [case for case in cases if not case_written(path, case[0])]
-    progress = CaseProgress(len(cases), len(cases) - len(missing), source, path)
-    arguments = (len(channels), len(labels), lookup, target, path)
+    arguments = (len(channels), len(labels), lookup, target, path, schemes, ct)
+    run_cases(prepare_case, missing, arguments, workers, source, path, already=len(cases) - len(missing))
+    normalised = {"schemes": list(schemes), "ct": {str(channel): stats for channel, stats in ct.items()}}
+    write_index(path, [name for name, _, _ in cases], channels, labels, target, normalised)
+
+
+def run_cases(job, cases: list, arguments: tuple, workers: int, source: Path, path: Path, already: int = 0) -> None:  # noqa: ANN001
+    """``job(case, *arguments)`` for each of ``cases``, in ``workers`` processes (here at 0), with progress."""
+    words = ("sampling the CT intensities of", "sampled") if job is sample_case else ("preparing", "prepared")
+    progress = CaseProgress(already + len(cases), already, source, path, words)
     if workers == 0:
-        for case in missing:
-            prepare_case(case, *arguments)
+        for case in cases:
+            job(case, *arguments)
             progress.done()
     else:
         context = get_context("spawn")
-        with ProcessPoolExecutor(min(workers, len(missing) or 1), context, initializer=_one_thread) as pool:
-            for future in as_completed([pool.submit(prepare_case, case, *arguments) for case in missing]):
+        with ProcessPoolExecutor(min(workers, len(cases) or 1), context, initializer=_one_thread) as pool:
+            for future in as_completed([pool.submit(job, case, *arguments) for case in cases]):
                 future.result()
                 progress.done()
     progress.finish()
-    write_index(path, [name for name, _, _ in cases], channels, labels, target)
 
 
 class CaseProgress:
     """A line every :data:`PROGRESS_SECONDS` while cases are prepared: cases done, seconds a case, time left."""
 
-    def __init__(self, total: int, already: int, source: Path, path: Path) -> None:
+    def __init__(
+        self, total: int, already: int, source: Path, path: Path, words: tuple = ("preparing", "prepared")
+    ) -> None:
         self.total, self.already, self.count = total, already, already
+        self.doing, self.done_word = words
         self.started = self.shown = time.perf_counter()
         if already < total:
             kept = f" ({already} kept from an earlier preparation)" if already else ""
-            print(f"preparing {total - already} of {total} cases of {source} into {path}{kept}", flush=True)
+            print(f"{self.doing} {total - already} of {total} cases of {source} into {path}{kept}", flush=True)
 
     def line(self) -> str:
         done = self.count - self.already
@@ -188,8 +236,8 @@ class CaseProgress:
         self.count += 1
         if time.perf_counter() - self.shown >= PROGRESS_SECONDS:
             self.shown = time.perf_counter()
-            print(f"preparing: {self.line()}", flush=True)
+            print(f"{self.doing}: {self.line()}", flush=True)
 
     def finish(self) -> None:
         if self.count > self.already:
-            print(f"prepared: {self.line()}", flush=True)
+            print(f"{self.done_word}: {self.line()}", flush=True)

@@ -15,24 +15,63 @@ import numpy as np
 from trainrun.atomic_io import atomic_write, atomic_write_text
 from trainrun.errors import DataError
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: each channel normalised by its modality (CT by the training set's statistics)
 LOCATIONS_PER_CLASS = 10_000  # nnU-Net's sample of each class's voxels for foreground crops
+FOREGROUND_SAMPLE = 10_000  # nnU-Net's sample of each case's foreground intensities for CT statistics
+# nnU-Net v2's normalisation names (channel_names), and the modality names that mean CT
+SCHEMES = {"ct": "ct", "nonorm": "none", "rescale_to_0_1": "rescale", "zscore": "zscore"}
+
+
+def normalisation(channel: str) -> str:
+    """How a channel named ``channel`` in dataset.json is normalised, as nnU-Net chooses: ``ct``
+    (CT: clipped and scaled by the training set's foreground statistics), ``none`` (noNorm),
+    ``rescale`` (rescale_to_0_1) or ``zscore`` (every other name: MRI's FLAIR, T1w, T2, ADC, ...)."""
+    return SCHEMES.get(channel.strip().lower(), "zscore")
 
 
 # ------------------------------------------------------------------------------ preprocessing
-def preprocess(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def preprocess(
+    image: np.ndarray, label: np.ndarray, schemes: Sequence[str] = (), ct: dict[int, dict] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """nnU-Net's preprocessing of one case: crop ``image`` (C, D, H, W) and ``label`` (D, H, W) to
-    the box of voxels non-zero in any channel, z-score each channel over those voxels and set the
-    rest to 0; float16 and uint8 for the store."""
-    brain = (image != 0).any(axis=0)
-    if not brain.any():
+    the box of voxels non-zero in any channel, then normalise each channel by its scheme
+    (:func:`normalisation`; z-score where none is given): ``zscore`` over the non-zero voxels, the
+    rest set to 0; ``ct`` clipped to the training set's foreground 0.5 and 99.5 percentiles and
+    scaled by its foreground mean and standard deviation (``ct[channel]``), every voxel kept (0 HU
+    is tissue); ``rescale`` to [0, 1]; ``none`` as it is. float16 and uint8 for the store."""
+    body = (image != 0).any(axis=0)
+    if not body.any():
         raise DataError("a case has no non-zero voxel in any channel")
-    box = tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(brain))
-    image, label, brain = image[(slice(None), *box)].astype(np.float32), label[box], brain[box]
-    for channel in image:
-        values = channel[brain]
-        channel[:] = np.where(brain, (channel - values.mean()) / max(float(values.std()), 1e-8), 0.0)
+    box = tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(body))
+    image, label, body = image[(slice(None), *box)].astype(np.float32), label[box], body[box]
+    for index, channel in enumerate(image):
+        scheme = schemes[index] if schemes else "zscore"
+        if scheme == "ct":
+            stats = ct[index]
+            clipped = np.clip(channel, stats["lower"], stats["upper"])
+            channel[:] = (clipped - stats["mean"]) / max(stats["std"], 1e-8)
+        elif scheme == "rescale":
+            low, high = float(channel.min()), float(channel.max())
+            channel[:] = (channel - low) / max(high - low, 1e-8)
+        elif scheme == "zscore":
+            values = channel[body]
+            channel[:] = np.where(body, (channel - values.mean()) / max(float(values.std()), 1e-8), 0.0)
     return image.astype(np.float16), label.astype(np.uint8)
+
+
+def foreground_sample(image: np.ndarray, label: np.ndarray, channels: Sequence[int], seed: int) -> np.ndarray:
+    """(len(channels), n): up to :data:`FOREGROUND_SAMPLE` of a case's foreground voxels (label > 0)
+    in each of ``channels``, drawn seeded, as nnU-Net samples them for a data set's CT statistics."""
+    voxels = np.flatnonzero(label > 0)
+    if len(voxels) > FOREGROUND_SAMPLE:
+        voxels = np.sort(np.random.default_rng(seed).choice(voxels, FOREGROUND_SAMPLE, replace=False))
+    return np.stack([image[channel].reshape(-1)[voxels] for channel in channels]).astype(np.float32)
+
+
+def ct_statistics(samples: np.ndarray) -> dict[str, float]:
+    """nnU-Net's intensity properties of one CT channel from every training case's foreground sample."""
+    lower, upper = np.percentile(samples, [0.5, 99.5])
+    return {"lower": float(lower), "upper": float(upper), "mean": float(samples.mean()), "std": float(samples.std())}
 
 
 def foreground_locations(label: np.ndarray, classes: int, seed: int) -> np.ndarray:
@@ -93,9 +132,16 @@ def case_written(path: Path, name: str) -> bool:
 
 
 def write_index(
-    path: Path, cases: Sequence[str], channels: Sequence[str], labels: Sequence[str], spacing: Sequence[float] = ()
+    path: Path,
+    cases: Sequence[str],
+    channels: Sequence[str],
+    labels: Sequence[str],
+    spacing: Sequence[float] = (),
+    normalised: dict | None = None,
 ) -> None:
-    """Written last: a store with an index is complete. ``spacing``: the voxels' (D, H, W) in mm."""
+    """Written last: a store with an index is complete. ``spacing``: the voxels' (D, H, W) in mm;
+    ``normalised``: each channel's scheme and the CT channels' statistics."""
     index = {"version": STORE_VERSION, "cases": list(cases), "channels": list(channels), "labels": list(labels)}
     index |= {"spacing": list(spacing)} if spacing else {}
+    index |= {"normalisation": normalised} if normalised else {}
     atomic_write_text(path / "index.json", json.dumps(index, indent=1))
