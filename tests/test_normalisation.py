@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import write_decathlon_task
 
 from trainrun.data.segmentation import store_path
 from trainrun.data.volume_store import VolumeStore, normalisation
@@ -17,10 +18,6 @@ from trainrun.schema import DataConfig
 def write_ct_task(root, cases: int = 3) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A Decathlon-layout task of a CT channel (air at -1,000 HU, soft tissue around 0 with voxels at
     exactly 0 HU, a brighter organ) and an MRI channel; its arrays in NIfTI's (x, y, z, channel)."""
-    import nibabel
-
-    (root / "imagesTr").mkdir(parents=True)
-    (root / "labelsTr").mkdir()
     rng = np.random.default_rng(0)
     arrays = {}
     for index in range(cases):
@@ -32,18 +29,8 @@ def write_ct_task(root, cases: int = 3) -> dict[str, tuple[np.ndarray, np.ndarra
         ct[label == 1] = rng.normal(150 + 20 * index, 30, int(label.sum())).round()
         ct[6, 4, 2] = 3000.0  # a metal voxel: beyond the 99.5th percentile, clipped
         mri = np.where(ct > -1000, rng.uniform(0.5, 2.0, ct.shape), 0.0).astype(np.float32)
-        image = np.stack([ct, mri], axis=-1)
-        name = f"CT_{index:03d}"
-        nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), root / "imagesTr" / f"{name}.nii.gz")
-        nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
-        arrays[name] = image, label
-    manifest = {
-        "name": "Liver-like",
-        "modality": {"0": "CT", "1": "T2"},
-        "labels": {"0": "background", "1": "organ"},
-        "training": [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays],
-    }
-    (root / "dataset.json").write_text(json.dumps(manifest))
+        arrays[f"CT_{index:03d}"] = np.stack([ct, mri], axis=-1), label
+    write_decathlon_task(root, "Liver-like", arrays, {"0": "CT", "1": "T2"}, {"0": "background", "1": "organ"})
     return arrays
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import killed_and_resumed, read_metrics, run_here
+from conftest import killed_and_resumed, read_metrics, run_here, write_decathlon_task
 
 from trainrun.config import compose
 from trainrun.data.segmentation import biased_crop, by_class, fold_cases, gaussian_blur, store_path, synthetic_case
@@ -271,10 +271,6 @@ def test_folds_are_scikit_learns_seeded_kfold_and_partition_the_cases():
 def write_decathlon_folder(root, cases=3, values=(0, 1, 2, 3)):
     """A Decathlon-layout task folder of ``cases`` 4-channel NIfTI volumes whose labels take
     ``values`` (BraTS21's are 0, 1, 2, 4), and their arrays."""
-    import nibabel
-
-    (root / "imagesTr").mkdir(parents=True)
-    (root / "labelsTr").mkdir()
     rng = np.random.default_rng(0)
     arrays = {}
     for index in range(cases):
@@ -282,17 +278,10 @@ def write_decathlon_folder(root, cases=3, values=(0, 1, 2, 3)):
         image[2:8, 3:11, 1:5] = rng.uniform(0.5, 3.0, (6, 8, 4, 4))
         label = np.zeros((10, 12, 6), np.uint8)
         label[4:6, 5:8, 2:4] = values[index % 3 + 1]
-        name = f"BRATS_{index:03d}"
-        nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), root / "imagesTr" / f"{name}.nii.gz")
-        nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
-        arrays[name] = image, label
-    manifest = {
-        "name": "BRATS",
-        "modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"},
-        "labels": dict(zip(map(str, values), ["background", "edema", "non-enhancing tumor", "enhancing tumour"])),
-        "training": [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays],
-    }
-    (root / "dataset.json").write_text(json.dumps(manifest))
+        arrays[f"BRATS_{index:03d}"] = image, label
+    modality = {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"}
+    labels = dict(zip(map(str, values), ["background", "edema", "non-enhancing tumor", "enhancing tumour"]))
+    write_decathlon_task(root, "BRATS", arrays, modality, labels)
     return arrays
 
 
