@@ -12,6 +12,7 @@ from conftest import write_decathlon_task
 
 from trainrun.data.segmentation import store_path
 from trainrun.data.volume_store import VolumeStore, normalisation
+from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 
@@ -72,3 +73,43 @@ def test_ct_is_clipped_and_scaled_by_the_training_sets_foreground_and_keeps_0_hu
         body = (image != 0).any(axis=-1).transpose(2, 0, 1)  # non-zero in any channel: nnU-Net's mask
         z_scored = np.where(body, (mri - mri[body].mean()) / mri[body].std(), 0.0)
         np.testing.assert_allclose(store.image(case)[1].astype(np.float32), z_scored, atol=4e-3, rtol=2e-3)
+
+
+def write_nnunet_v2_task(root, arrays: dict, channels: dict[str, str], labels: dict[str, int]) -> None:
+    """nnU-Net v2's raw layout of ``arrays``: a file a channel (``CASE_0000.nii.gz``), labels by name."""
+    import nibabel
+
+    (root / "imagesTr").mkdir(parents=True)
+    (root / "labelsTr").mkdir()
+    for name, (image, label) in arrays.items():
+        for channel in range(image.shape[-1]):
+            nibabel.save(
+                nibabel.Nifti1Image(image[..., channel], np.eye(4)), root / "imagesTr" / f"{name}_{channel:04d}.nii.gz"
+            )
+        nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
+    manifest = {"channel_names": channels, "labels": labels, "numTraining": len(arrays), "file_ending": ".nii.gz"}
+    (root / "dataset.json").write_text(json.dumps(manifest))
+
+
+def test_an_nnunet_v2_raw_folder_is_read_as_the_same_cases_as_the_decathlon_layout(tmp_path):
+    arrays = write_ct_task(tmp_path / "Task03_Liver")
+    write_nnunet_v2_task(tmp_path / "Dataset003_Liver", arrays, {"0": "CT", "1": "T2"}, {"background": 0, "organ": 1})
+    stores = [
+        VolumeStore.open(
+            store_path(DataConfig(name="decathlon", path=str(tmp_path / task), cache_dir=str(tmp_path / "c")))
+        )
+        for task in ("Task03_Liver", "Dataset003_Liver")
+    ]
+    decathlon, nnunet = stores
+    assert (
+        nnunet.cases == decathlon.cases and nnunet.channels == ("CT", "T2") and nnunet.labels == ("background", "organ")
+    )
+    for case in range(len(decathlon.cases)):
+        assert np.array_equal(nnunet.image(case), decathlon.image(case))
+        assert np.array_equal(nnunet.label(case), decathlon.label(case))
+    regions = tmp_path / "regions"
+    write_nnunet_v2_task(
+        regions, dict(list(arrays.items())[:2]), {"0": "CT", "1": "T2"}, {"background": 0, "organ": [1]}
+    )
+    with pytest.raises(DataError, match=r"labels must give each name one integer value"):
+        store_path(DataConfig(name="decathlon", path=str(regions), cache_dir=str(tmp_path / "c")))

@@ -1,5 +1,7 @@
 """The Medical Segmentation Decathlon layout (``dataset.json``, ``imagesTr/``, ``labelsTr/``) read into
-a volume store (:mod:`trainrun.data.volume_store`).
+a volume store (:mod:`trainrun.data.volume_store`), and nnU-Net v2's raw layout as it is
+(``channel_names``, ``labels`` name: value, ``file_ending``, ``imagesTr/CASE_0000.nii.gz`` a file a
+channel), read as the same cases.
 
 Cases are prepared in ``data.num_workers`` processes (in this one at 0), one case at a time in each,
 so memory is bounded by a case per worker whatever the task's size; a line reports progress every
@@ -39,17 +41,19 @@ from trainrun.data.volume_store import (
 from trainrun.errors import DataError
 
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
+Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its image file(s), its label file
 
 
-def read_decathlon_case(image_file: Path, label_file: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One Decathlon case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with
-    the axial axis z first."""
-    image, label = (_nifti(file) for file in (image_file, label_file))
-    image = image.astype(np.float32, copy=False)
+def read_decathlon_case(image_files: tuple[Path, ...], label_file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with the axial
+    axis z first, from one file of every channel (the Decathlon's) or one file a channel (nnU-Net v2's)."""
+    arrays = [_nifti(file).astype(np.float32, copy=False) for file in image_files]
+    image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
+    label = _nifti(label_file)
     if image.ndim == 3:
         image = image[..., None]
     if image.shape[:3] != label.shape:
-        raise DataError(f"{image_file.name}: image {image.shape[:3]} and label {label.shape} differ in size")
+        raise DataError(f"{image_files[0].name}: image {image.shape[:3]} and label {label.shape} differ in size")
     return image.transpose(3, 2, 0, 1), np.rint(label).astype(np.uint8).transpose(2, 0, 1)
 
 
@@ -72,8 +76,39 @@ def read_manifest(source: Path) -> tuple[Path, dict]:
     if not manifest.is_file():
         raise DataError(f"bad value for 'data.path': '{source}' has no dataset.json (the Decathlon layout)")
     described = read_json(manifest)
+    if isinstance(described, dict) and "channel_names" in described:
+        described = nnunet_v2_manifest(source, manifest, described)
     _check_manifest(manifest, described)
     return manifest, described
+
+
+def nnunet_v2_manifest(source: Path, manifest: Path, described: dict) -> dict:
+    """nnU-Net v2's ``dataset.json`` (``channel_names``, ``labels`` name: value, ``file_ending``;
+    ``imagesTr/CASE_XXXX`` a file a channel, ``labelsTr/CASE``) in the Decathlon's form: ``modality``,
+    ``labels`` value: name, and a training entry a label file, its image the case's channel files."""
+    ending, labels, channels = (
+        described.get("file_ending", ".nii.gz"),
+        described.get("labels"),
+        described["channel_names"],
+    )
+    if not isinstance(labels, dict) or not all(isinstance(value, int) for value in labels.values()):
+        raise DataError(
+            f"'{manifest}' labels must give each name one integer value (region lists, nnU-Net's region "
+            "training, are not read: name the label values and set data.segmentation.regions)"
+        )
+    if not isinstance(channels, dict):
+        raise DataError(f"'{manifest}' has no 'channel_names' object (nnU-Net v2's layout)")
+    training = [
+        {
+            "image": [
+                f"imagesTr/{label.name[: -len(ending)]}_{int(key):04d}{ending}" for key in sorted(channels, key=int)
+            ],
+            "label": f"labelsTr/{label.name}",
+        }
+        for label in sorted((source / "labelsTr").glob(f"*{ending}"))
+        if not label.name.startswith(".")  # macOS's ._ files beside the cases
+    ]
+    return {"modality": channels, "labels": {str(value): name for name, value in labels.items()}, "training": training}
 
 
 def channel_names(described: dict) -> list[str]:
@@ -81,16 +116,18 @@ def channel_names(described: dict) -> list[str]:
     return [described["modality"][key] for key in sorted(described["modality"], key=int)]
 
 
-def decathlon_listing(source: Path) -> tuple[dict, list[tuple[str, Path, Path]]]:
-    """``dataset.json`` and its training cases as (name, image file, label file)."""
+def decathlon_listing(source: Path) -> tuple[dict, list[Case]]:
+    """``dataset.json`` and its training cases as (name, image files, label file): one image file
+    holding every channel (the Decathlon's) or one a channel (nnU-Net v2's)."""
     manifest, described = read_manifest(source)
     cases = []
     for entry in described["training"]:
-        image, label = source / entry["image"], source / entry["label"]
-        for file in (image, label):
+        named = [entry["image"]] if isinstance(entry["image"], str) else entry["image"]
+        images, label = tuple(source / name for name in named), source / entry["label"]
+        for file in (*images, label):
             if not file.is_file():
                 raise DataError(f"{manifest}: '{file.relative_to(source)}' is listed but missing")
-        cases.append((image.name.split(".")[0], image, label))
+        cases.append((label.name.split(".")[0], images, label))
     if len(cases) < 2:
         raise DataError(f"{manifest} lists {len(cases)} training case(s); a train/validation split needs 2")
     return described, sorted(cases)
@@ -108,8 +145,10 @@ def _check_manifest(manifest: Path, described: object) -> None:
     if not all(str(key).isdigit() for key in described["modality"]):
         raise DataError(f"'{manifest}' modality keys are not channel numbers: {sorted(described['modality'])}")
     for number, entry in enumerate(described["training"], 1):
+        image = entry.get("image") if isinstance(entry, dict) else None
         if not (
-            isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)
+            (isinstance(image, str) or (isinstance(image, list) and all(isinstance(name, str) for name in image)))
+            and isinstance(entry.get("label"), str)
         ):
             raise DataError(f"'{manifest}' training case {number} needs an 'image' and a 'label' path")
 
@@ -131,19 +170,19 @@ def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tupl
     return image.numpy(), label.to(torch.uint8).numpy()
 
 
-def checked_case(case: tuple[str, Path, Path], channels: int, lookup: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def checked_case(case: Case, channels: int, lookup: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A case's image and its label as class indices, its channels and label values checked."""
-    _, image_file, label_file = case
-    image, label = read_decathlon_case(image_file, label_file)
+    _, image_files, label_file = case
+    image, label = read_decathlon_case(image_files, label_file)
     if image.shape[0] != channels:
-        raise DataError(f"{image_file.name} has {image.shape[0]} channel(s); dataset.json names {channels}")
+        raise DataError(f"{image_files[0].name} has {image.shape[0]} channel(s); dataset.json names {channels}")
     label = lookup[label]
     if (label == 255).any():
         raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
     return image, label
 
 
-def sample_case(case: tuple[str, Path, Path], channels: int, lookup: np.ndarray, ct: list[int], path: Path) -> str:
+def sample_case(case: Case, channels: int, lookup: np.ndarray, ct: list[int], path: Path) -> str:
     """A case's foreground sample of the CT channels ``ct``, kept in the store at ``path``; its name."""
     name = case[0]
     sample = foreground_sample(*checked_case(case, channels, lookup), ct, zlib.crc32(name.encode()))
@@ -152,14 +191,14 @@ def sample_case(case: tuple[str, Path, Path], channels: int, lookup: np.ndarray,
 
 
 def prepare_case(
-    case: tuple[str, Path, Path], channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path,
+    case: Case, channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path,
     schemes: tuple[str, ...] = (), ct: dict[int, dict] | None = None,
 ) -> str:  # fmt: skip
     """Read, check, normalise, resample and preprocess one case into the store at ``path``; its name."""
-    name, image_file, _ = case
+    name, image_files, _ = case
     image, label = checked_case(case, channels, lookup)
     image, label = resampled(
-        *preprocess(image, label, schemes, ct), voxel_spacing(image_file), target
+        *preprocess(image, label, schemes, ct), voxel_spacing(image_files[0]), target
     )  # nnU-Net's order
     write_arrays(path, name, image, label, classes)
     return name
@@ -179,7 +218,7 @@ def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
     lookup = np.full(256, 255, np.uint8)
     lookup[values] = np.arange(len(values))
-    target = tuple(float(side) for side in np.median([voxel_spacing(image) for _, image, _ in cases], axis=0))
+    target = tuple(float(side) for side in np.median([voxel_spacing(images[0]) for _, images, _ in cases], axis=0))
     path.mkdir(parents=True, exist_ok=True)
     schemes = tuple(normalisation(channel) for channel in channels)
     ct_channels = [index for index, scheme in enumerate(schemes) if scheme == "ct"]

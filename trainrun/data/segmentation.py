@@ -102,7 +102,7 @@ def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> Pat
     else:
         source = Path(config.path).expanduser().resolve()
         _, cases = decathlon_listing(source)
-        files = [file for _, image, label in cases for file in (image, label)]
+        files = [file for _, images, label in cases for file in (*images, label)]
         identity = {"source": str(source), "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
 
         def write(path: Path) -> None:
