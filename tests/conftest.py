@@ -179,18 +179,22 @@ def trained_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def write_decathlon_task(root: Path, task: str, arrays: dict, modality: dict[str, str], labels: dict[str, str]) -> None:
+def write_decathlon_task(
+    root: Path, task: str, arrays: dict, modality: dict[str, str], labels: dict[str, str], voxel_mm: float = 1.0
+) -> None:
     """A Decathlon-layout task folder at ``root``: each case's image (NIfTI's x, y, z, channel) and
-    label of ``arrays`` (name: (image, label)) as ``imagesTr/`` and ``labelsTr/`` NIfTI files, and a
-    ``dataset.json`` naming them, the channels (``modality``) and the label values (``labels``)."""
+    label of ``arrays`` (name: (image, label)) as ``imagesTr/`` and ``labelsTr/`` NIfTI files of
+    ``voxel_mm`` voxels, and a ``dataset.json`` naming them, the channels (``modality``) and the
+    label values (``labels``)."""
     import nibabel
     import numpy as np
 
     (root / "imagesTr").mkdir(parents=True)
     (root / "labelsTr").mkdir()
+    affine = np.diag([voxel_mm, voxel_mm, voxel_mm, 1.0])
     for name, (image, label) in arrays.items():
-        nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), root / "imagesTr" / f"{name}.nii.gz")
-        nibabel.save(nibabel.Nifti1Image(label, np.eye(4)), root / "labelsTr" / f"{name}.nii.gz")
+        nibabel.save(nibabel.Nifti1Image(image, affine), root / "imagesTr" / f"{name}.nii.gz")
+        nibabel.save(nibabel.Nifti1Image(label, affine), root / "labelsTr" / f"{name}.nii.gz")
     training = [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays]
     manifest = {"name": task, "modality": modality, "labels": labels, "training": training}
     (root / "dataset.json").write_text(json.dumps(manifest))

@@ -16,7 +16,7 @@ from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
 
-def write_ct_task(root, cases: int = 3) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def write_ct_task(root, cases: int = 3, voxel_mm: float = 1.0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A Decathlon-layout task of a CT channel (air at -1,000 HU, soft tissue around 0 with voxels at
     exactly 0 HU, a brighter organ) and an MRI channel; its arrays in NIfTI's (x, y, z, channel)."""
     rng = np.random.default_rng(0)
@@ -31,7 +31,8 @@ def write_ct_task(root, cases: int = 3) -> dict[str, tuple[np.ndarray, np.ndarra
         ct[6, 4, 2] = 3000.0  # a metal voxel: beyond the 99.5th percentile, clipped
         mri = np.where(ct > -1000, rng.uniform(0.5, 2.0, ct.shape), 0.0).astype(np.float32)
         arrays[f"CT_{index:03d}"] = np.stack([ct, mri], axis=-1), label
-    write_decathlon_task(root, "Liver-like", arrays, {"0": "CT", "1": "T2"}, {"0": "background", "1": "organ"})
+    modality, labels = {"0": "CT", "1": "T2"}, {"0": "background", "1": "organ"}
+    write_decathlon_task(root, "Liver-like", arrays, modality, labels, voxel_mm)
     return arrays
 
 
@@ -113,3 +114,23 @@ def test_an_nnunet_v2_raw_folder_is_read_as_the_same_cases_as_the_decathlon_layo
     )
     with pytest.raises(DataError, match=r"labels must give each name one integer value"):
         store_path(DataConfig(name="decathlon", path=str(regions), cache_dir=str(tmp_path / "c")))
+
+
+def test_held_out_cases_are_prepared_at_the_training_stores_spacing_and_ct_statistics(tmp_path):
+    """``trainrun ensemble --data HELDOUT`` prepares the held-out cases as the model saw its
+    training cases: at the training store's voxel spacing, CT scaled by the training set's statistics."""
+    from trainrun.commands.ensemble import training_reference
+
+    write_ct_task(tmp_path / "train")
+    write_ct_task(tmp_path / "held", cases=2, voxel_mm=2.0)  # coarser voxels, another foreground
+    train = DataConfig(name="decathlon", path=str(tmp_path / "train"), cache_dir=str(tmp_path / "c"))
+    held = DataConfig(name="decathlon", path=str(tmp_path / "held"), cache_dir=str(tmp_path / "c"))
+    reference = training_reference(train)
+    prepared = VolumeStore.open(store_path(held, reference=reference))
+    own = VolumeStore.open(store_path(held))  # the folder alone: its own spacing and statistics
+    index, alone = (json.loads((store.path / "index.json").read_text()) for store in (prepared, own))
+    assert index["normalisation"]["ct"] == reference["normalisation"]["ct"] != alone["normalisation"]["ct"]
+    assert index["spacing"] == reference["spacing"] == [1.0, 1.0, 1.0] and alone["spacing"] == [2.0, 2.0, 2.0]
+    assert prepared.label(0).shape[0] == 2 * own.label(0).shape[0]  # resampled to 1 mm: twice the slices
+    synthetic = DataConfig(name="synthetic_brats", cache_dir=str(tmp_path / "c"))
+    assert training_reference(synthetic) is None  # a built-in set has no folder to follow

@@ -4,13 +4,15 @@ together, as nnU-Net ensembles its five folds: each volume's class probabilities
 per region) are averaged over the runs, then scored as one prediction (arg-max, or above one half),
 after the first run's post-processing. Each run alone is scored on the same cases beside it. The
 mean Dice of each and of the ensemble is printed and written, per case and per class, to
-``ensemble.json`` (beside the first folder given, or ``--out``).
+``ensemble.json`` (beside the first folder given, or ``--out``). The held-out cases are prepared
+with the runs' training store's voxel spacing and CT statistics (:func:`training_reference`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,9 +24,9 @@ from rich.table import Table
 
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write_json, read_yaml
-from trainrun.errors import ConfigError
+from trainrun.errors import ConfigError, DataError
 from trainrun.kinds import Capability, task_spec, tasks_offering
-from trainrun.schema import TrainConfig
+from trainrun.schema import DataConfig, TrainConfig
 
 if TYPE_CHECKING:
     from trainrun.tasks.segmentation import Segmentation
@@ -59,6 +61,22 @@ def ensemble_command(argv: list[str]) -> int:
     atomic_write_json(out, {"data": str(args.data), "runs": [str(run) for run in runs], "mean": means, "cases": scores})
     console.print(f"wrote {out}", highlight=False)
     return 0
+
+
+def training_reference(data: DataConfig) -> dict | None:
+    """The runs' training store's index (its voxel spacing and CT statistics), which the held-out
+    cases are prepared with, as the model saw its training cases; None where the runs trained on a
+    built-in set, or where their task folder is not here (then said: the held-out folder's own)."""
+    from trainrun.data.segmentation import store_path
+
+    if data.path is None:  # a built-in set
+        return None
+    try:
+        return json.loads((store_path(data) / "index.json").read_text())
+    except DataError as error:
+        print(f"note: the runs' training data is not readable here ({error}): the held-out cases are "
+              "resampled and normalised by their own statistics", flush=True)  # fmt: skip
+        return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +131,7 @@ def predict(runs: list[Path], configs: list[TrainConfig], data) -> dict[str, lis
         .eval()
         for run, config in zip(runs, configs, strict=True)
     ]
-    store = VolumeStore.open(store_path(data))
+    store = VolumeStore.open(store_path(data, reference=training_reference(configs[0].data)))
     scores: dict[str, list[list[float]]] = {run.name: [] for run in runs} | {"ensemble": []}
 
     def scored(run: Path, model: torch.nn.Module, volume: torch.Tensor, label: torch.Tensor) -> torch.Tensor:

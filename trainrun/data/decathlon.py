@@ -208,11 +208,14 @@ def _one_thread() -> None:
     torch.set_num_threads(1)  # a worker per core: each case's arithmetic on one thread
 
 
-def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
+def write_decathlon(source: Path, path: Path, workers: int = 0, reference: dict | None = None) -> None:
     """The task folder ``source`` as a volume store in ``path``: the missing cases prepared (in
-    ``workers`` processes), then the index."""
+    ``workers`` processes), then the index. With ``reference`` (a training store's index), held-out
+    cases are resampled to its spacing and its CT channels scaled by its statistics, as the model saw."""
     described, cases = decathlon_listing(source)
     channels = channel_names(described)
+    if reference is not None and reference["channels"] != channels:
+        raise DataError(f"'{source}' has channels {channels}; the training store's are {reference['channels']}")
     values = sorted(int(key) for key in described["labels"])
     labels = [described["labels"][str(value)] for value in values]
     # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
@@ -223,7 +226,10 @@ def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     schemes = tuple(normalisation(channel) for channel in channels)
     ct_channels = [index for index, scheme in enumerate(schemes) if scheme == "ct"]
     ct = {}
-    if ct_channels:  # the training set's foreground statistics first: every case's sample
+    if reference is not None:  # the training store's spacing and statistics, not this folder's own
+        target = tuple(reference.get("spacing") or target)
+        ct = {int(channel): stats for channel, stats in reference.get("normalisation", {}).get("ct", {}).items()}
+    elif ct_channels:  # the training set's foreground statistics first: every case's sample
         unsampled = [case for case in cases if not (path / f"{case[0]}_foreground.npy").is_file()]
         run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, source, path)
         samples = np.concatenate([np.load(path / f"{name}_foreground.npy") for name, _, _ in cases], axis=1)
