@@ -37,8 +37,9 @@ from trainrun.core.precision import resolve_precision
 from trainrun.data.causal_text import stream_datasets
 from trainrun.models.build import build_model
 from trainrun.models.gpt import GPT
+from trainrun.models.llama import Llama
 from trainrun.optim.optimizers import build_optimizer
-from trainrun.schema import GPTConfig, OptimizerConfig
+from trainrun.schema import GPTConfig, LlamaConfig, OptimizerConfig
 from trainrun.tasks.causal_lm import next_token_cross_entropy
 from trainrun.validation import validate
 
@@ -46,8 +47,9 @@ VARIANTS = {"adamw": ("adamw", False), "muon": ("muon", False), "adamw, document
 RATES = {"adamw": 6e-4, "muon": 0.05}  # gpt125's and the speedrun's (Muon's Adam groups: optimizer.muon's)
 
 
-def model_flops_per_token(config: GPTConfig, model: GPT, seq: int) -> float:
-    """``6·N + 12·L·H·Q·T`` (nanoGPT's ``estimate_mfu``), N the blocks' and the head's weights."""
+def model_flops_per_token(config: GPTConfig | LlamaConfig, model: GPT | Llama, seq: int) -> float:
+    """``6·N + 12·L·H·Q·T`` (nanoGPT's ``estimate_mfu``), N the blocks' and the head's weights (a
+    tied head counted: its product runs whatever its weight is shared with): a GPT's or a Llama's."""
     weights = sum(p.numel() for p in model.blocks.parameters()) + model.head.weight.numel()
     return 6 * weights + 12 * config.layers * config.width * seq
 

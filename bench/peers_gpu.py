@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 from gpt import COMPANION, schedule_ratio
+from gpt_step import model_flops_per_token
 from peers import (
     ROOT,
     nanogpt_command,
@@ -52,8 +53,9 @@ from peers import (
     nanogpt_loss,
     nanogpt_workdir,
     ratio_text,
+    step_ms,
     trainrun_gpt_loss,
-    warm,
+    trainrun_steps,
 )
 
 # each section's sizes: trainrun's arguments and the peers' matching settings
@@ -144,9 +146,7 @@ class Section:
         device = [] if self.device == "cuda" else ["device=cpu"]
         self.run([sys.executable, "-m", "trainrun", *args, *device, "launcher.devices=1", f"hydra.run.dir={run_dir}"])
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-        seconds = [sum(v for k, v in row.items() if k not in ("step", "eval", "checkpoint")) for row in steps]
-        return rows, seconds, json.loads((run_dir / "summary.json").read_text())
+        return rows, trainrun_steps(run_dir), json.loads((run_dir / "summary.json").read_text())
 
     def alternate(self, sides: dict, rounds: int, measure) -> dict[str, list]:  # noqa: ANN001
         """Each round measures every side (``measure(side, how, folder, round_index)``), the order
@@ -176,15 +176,8 @@ class Section:
 
 
 def median_step(seconds: list[float]) -> float:
-    return statistics.median(warm(seconds))
-
-
-def flops_per_token(model: torch.nn.Module, layers: int, width: int, seq: int) -> float:
-    """``6·N + 12·L·H·Q·T`` (nanoGPT's and PaLM's model FLOPs a token), N the weights outside the
-    embedding tables: one count for every side of a section."""
-    embedded = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    weights = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) - embedded
-    return 6 * weights + 12 * layers * width * seq
+    """The median warm step, in seconds."""
+    return step_ms(seconds) / 1000
 
 
 def stream_model(args: list[str]):
@@ -225,7 +218,7 @@ def compare_gpt(section: Section, args: argparse.Namespace) -> None:
     train, val = (data.__getitems__(list(range(len(data)))) for data in (sets.train, sets.val))
     work = nanogpt_workdir(args.nanogpt, section.out, train, val, sets.text.vocab_size)
     seq = config.data.text.max_seq_len
-    flops = flops_per_token(model, len(model.blocks), config.model.gpt.width, seq)
+    flops = model_flops_per_token(config.model.gpt, model, seq)
     tokens = config.train_batch_size * seq
     results: dict[str, list[tuple[float, float, float]]] = {"trainrun": [], "nanoGPT": []}  # (s a step, loss, s)
     try:
@@ -286,7 +279,7 @@ def compare_llama(section: Section, args: argparse.Namespace) -> None:
     recipe_args += ["checkpoint.interval=null", "export=false", "stop_at=null", "progress=false"]
     model, config, _ = stream_model(recipe_args)
     seq, llama = config.data.text.max_seq_len, config.model.llama
-    tokens, flops = config.train_batch_size * seq, flops_per_token(model, llama.layers, llama.width, seq)
+    tokens, flops = config.train_batch_size * seq, model_flops_per_token(llama, model, seq)
 
     def measure(side: str, compiled: str | None, out: Path, index: int) -> tuple[float, float | None]:
         if compiled is None:

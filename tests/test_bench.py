@@ -340,7 +340,9 @@ def test_the_gpu_peer_sections_run_at_tiny_size_on_a_cpu(tmp_path, sections):
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "failed" not in text and "cut:" not in text and "stopped:" not in text, text
-    rows = {line.split("|")[1].strip() for line in text.splitlines() if re.match(r"^\| (?!side |---)", line)}
+    table = [line.split("|") for line in text.splitlines() if re.match(r"^\| (?!side |---)", line)]
+    rows = {cells[1].strip() for cells in table}
+    assert table and all(float(cells[2].replace(",", "")) > 0 for cells in table), text  # each side's rate
     ratios = set(re.findall(r"^(\w+): (.+?)'s step time / trainrun's", text, re.MULTILINE))
     sides = {
         "bert": ["Trainer", "Trainer, compiled"],

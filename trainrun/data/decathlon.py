@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -41,6 +42,7 @@ from trainrun.data.volume_store import (
 from trainrun.errors import DataError
 
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
+SAMPLING = ("sampling the CT intensities of", "sampled")  # CaseProgress's words for the statistics' pass
 Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its image file(s), its label file
 
 
@@ -231,20 +233,23 @@ def write_decathlon(source: Path, path: Path, workers: int = 0, reference: dict 
         ct = {int(channel): stats for channel, stats in reference.get("normalisation", {}).get("ct", {}).items()}
     elif ct_channels:  # the training set's foreground statistics first: every case's sample
         unsampled = [case for case in cases if not (path / f"{case[0]}_foreground.npy").is_file()]
-        run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, source, path)
+        sampling = CaseProgress(len(cases), len(cases) - len(unsampled), source, path, SAMPLING)
+        run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, sampling)
         samples = np.concatenate([np.load(path / f"{name}_foreground.npy") for name, _, _ in cases], axis=1)
         ct = {channel: ct_statistics(samples[row]) for row, channel in enumerate(ct_channels)}
     missing = [case for case in cases if not case_written(path, case[0])]
     arguments = (len(channels), len(labels), lookup, target, path, schemes, ct)
-    run_cases(prepare_case, missing, arguments, workers, source, path, already=len(cases) - len(missing))
+    preparing = CaseProgress(len(cases), len(cases) - len(missing), source, path)
+    run_cases(prepare_case, missing, arguments, workers, preparing)
     normalised = {"schemes": list(schemes), "ct": {str(channel): stats for channel, stats in ct.items()}}
     write_index(path, [name for name, _, _ in cases], channels, labels, target, normalised)
 
 
-def run_cases(job, cases: list, arguments: tuple, workers: int, source: Path, path: Path, already: int = 0) -> None:  # noqa: ANN001
-    """``job(case, *arguments)`` for each of ``cases``, in ``workers`` processes (here at 0), with progress."""
-    words = ("sampling the CT intensities of", "sampled") if job is sample_case else ("preparing", "prepared")
-    progress = CaseProgress(already + len(cases), already, source, path, words)
+def run_cases(
+    job: Callable[..., str], cases: list[Case], arguments: tuple, workers: int, progress: CaseProgress
+) -> None:
+    """``job(case, *arguments)`` for each of ``cases``, in ``workers`` processes (here at 0),
+    counted by ``progress``."""
     if workers == 0:
         for case in cases:
             job(case, *arguments)

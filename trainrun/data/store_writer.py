@@ -145,9 +145,12 @@ def batches(
     empty dropped and counted)."""
 
     def batch(records_end: int, position: int) -> Batch:
-        hashed = held_out(texts, settings.val_fraction, settings.split_seed)
-        held = np.array([hashed[index] if split is None else split == "val" for index, split in enumerate(splits)])
-        return Batch(texts, held.astype(bool), records_end, position, without_text)
+        held = np.array([split == "val" for split in splits], dtype=bool)  # the corpus's own splits
+        unsplit = np.array([split is None for split in splits], dtype=bool)  # the hash decides these alone
+        if unsplit.any():
+            chosen = [text for text, hashed in zip(texts, unsplit) if hashed]
+            held[unsplit] = held_out(chosen, settings.val_fraction, settings.split_seed)
+        return Batch(texts, held, records_end, position, without_text)
 
     texts, splits, without_text, characters = [], [], Counter(), 0
     number, position = start - 1, 0
