@@ -15,8 +15,14 @@ and evaluating them costs.
    of ``--eval-patches`` and ``--window-batches``, each in a child process: seconds and peak resident
    memory of the process (the model, the volume, its blended logits and each pass's windows).
 
+5. ``trainrun predict``'s steps on ``--predict-cases`` of the cases with ``model=unet2d`` at
+   ``--predict-patch`` (Composer's 192 x 160; untrained weights: the time is the geometry's and the
+   windows', not the quality's): seconds a case reading and preparing it, in the model's windows,
+   bringing the probabilities back to its grid (resampling, post-processing, classes, un-cropping)
+   and writing its label map, and the peak resident memory.
+
     .venv/bin/python bench/segmentation_data.py OUT [--cases 12] [--workers 0 2] [--patch 128 128 128]
-        [--eval-patches 64 128] [--window-batches 1 4]
+        [--eval-patches 64 128] [--window-batches 1 4] [--predict-cases 2] [--predict-patch 192 160]
 """
 
 from __future__ import annotations
@@ -131,6 +137,43 @@ result = {{"seconds": time.perf_counter() - started, "shape": list(volume.shape)
     print(f"| {patch}^3 | {window_batch} | {result['shape']} | {result['seconds']:.0f} | {result['peak_gb']:.2f} |")
 
 
+def prediction(source: Path, predicted: Path, cases: int, patch: list[int]) -> None:
+    predicted.mkdir(parents=True, exist_ok=True)
+    code = f"""
+import time, torch
+from pathlib import Path
+from trainrun.config import compose
+from trainrun.data.decathlon import image_cases, read_manifest
+from trainrun.models.unet import build
+from trainrun.tasks.segmentation import Segmentation
+from trainrun.tasks.whole_cases import Preparation, class_map, model_probabilities, prepared, write_label_map
+from trainrun.validation import validate
+overrides = ["task=segmentation", "data=synthetic_brats", "model=unet2d", "data.segmentation.patch_size={patch}"]
+config = validate(compose(overrides), files=False)
+model, task = build(config.model).eval(), Segmentation(config.data)
+preparation = Preparation.of(None, read_manifest(Path({str(source)!r}))[1], config.model.num_classes)
+steps = dict.fromkeys(("prepare", "model", "back", "write"), 0.0)
+for name, images, _ in image_cases(Path({str(source)!r}), 4)[:{cases}]:
+    started = time.perf_counter()
+    case = prepared(images, preparation, 4)
+    marks = [time.perf_counter()]
+    with torch.inference_mode():
+        probabilities = model_probabilities(task, model, case, torch.device("cpu"))
+    marks.append(time.perf_counter())
+    classes = class_map(task, probabilities, case)
+    marks.append(time.perf_counter())
+    write_label_map(Path({str(predicted)!r}) / f"{{name}}.nii.gz", classes, preparation.values, images[0])
+    marks.append(time.perf_counter())
+    for step, begun, ended in zip(steps, [started, *marks], marks):
+        steps[step] += (ended - begun) / {cases}
+result = {{**steps, "box": list(case.cropped)}}
+"""
+    result = child(code)
+    seconds = [result[step] for step in ("prepare", "model", "back", "write")]
+    each = " | ".join(f"{value:.1f}" for value in seconds)
+    print(f"| {patch} | {result['box']} | {each} | {sum(seconds):.1f} | {result['peak_gb']:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -141,6 +184,8 @@ def main() -> None:
     parser.add_argument("--crops", type=int, default=40)
     parser.add_argument("--eval-patches", type=int, nargs="*", default=[64, 128])
     parser.add_argument("--window-batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--predict-cases", type=int, default=2)
+    parser.add_argument("--predict-patch", type=int, nargs=2, default=[192, 160])
     args = parser.parse_args()
     source = args.out / "Task01_like"
     write_cases(source, args.cases, tuple(args.shape))
@@ -162,6 +207,11 @@ def main() -> None:
         for patch in args.eval_patches:
             for window_batch in args.window_batches:
                 evaluation(store, patch, window_batch)
+    if args.predict_cases:
+        print(f"\ntrainrun predict's steps, seconds a case ({args.predict_cases} cases, model=unet2d, untrained)")
+        print("| patch | box (D, H, W) | read and prepare | model | back to the case's grid | write | all | peak GB |")
+        print("|---|---|---|---|---|---|---|---|")
+        prediction(source, args.out / "predicted", args.predict_cases, args.predict_patch)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ def write_llmc_shard(path: Path, tokens: np.ndarray) -> None:
 
 
 def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
-    """A 16-shard token store and llm.c shards of the same ``tokens`` random ids; each source's data overrides."""
+    """A 16-shard token store and llm.c shards of the same ``tokens`` random ids; each source's data
+    overrides, and a mixture of the store with itself."""
     from trainrun.data.store_writer import ShardWriter, store_meta
     from trainrun.data.token_store import stdlib_docstrings, store_facts, train_tokenizer
 
@@ -152,7 +153,12 @@ def write_window_sources(folder: Path, tokens: int) -> dict[str, list[str]]:
     digest = hashlib.sha256((store / "tokenizer.json").read_bytes()).hexdigest()
     (store / "store.json").write_text(json.dumps(store_meta(facts, digest, entries)))
     shards = [f"data.train={folder}/shard_*.bin", f"data.val={folder}/val_000000.bin", "data.shards.val_tokens=8192"]
-    return {"token store": ["data=token_stream", f"data.path={store}"], "llm.c shards": ["data=token_shards", *shards]}
+    mix = f"data.mix=[{{name: a, path: {store}, weight: 0.7}}, {{name: b, path: {store}, weight: 0.3}}]"
+    return {
+        "token store": ["data=token_stream", f"data.path={store}"],
+        "llm.c shards": ["data=token_shards", *shards],
+        "mixture": ["data=token_mix", mix],  # the store twice, 70/30: what mixing adds to one store's reads
+    }
 
 
 def window_rates(args: argparse.Namespace) -> None:

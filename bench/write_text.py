@@ -148,6 +148,8 @@ def main() -> None:
     facts = json.loads((args.corpus / "corpus.json").read_text())
     megabytes = facts["text_bytes"] / 1e6
     corpus_file = args.corpus / f"corpus.{args.kind}"
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.dir))
     try:
         tokenizer = work / "tokenizer.json"

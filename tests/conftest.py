@@ -180,21 +180,30 @@ def trained_run(tmp_path_factory) -> Path:
 
 
 def write_decathlon_task(
-    root: Path, task: str, arrays: dict, modality: dict[str, str], labels: dict[str, str], voxel_mm: float = 1.0
+    root: Path,
+    task: str,
+    arrays: dict,
+    modality: dict[str, str],
+    labels: dict[str, str],
+    voxel_mm: float | tuple[float, float, float] = 1.0,
+    images: str = "imagesTr",
 ) -> None:
     """A Decathlon-layout task folder at ``root``: each case's image (NIfTI's x, y, z, channel) and
-    label of ``arrays`` (name: (image, label)) as ``imagesTr/`` and ``labelsTr/`` NIfTI files of
-    ``voxel_mm`` voxels, and a ``dataset.json`` naming them, the channels (``modality``) and the
-    label values (``labels``)."""
+    label of ``arrays`` (name: (image, label)) as ``imagesTr/`` and ``labelsTr/`` NIfTI files (or
+    ``imagesTs/`` and ``labelsTs/``) of ``voxel_mm`` voxels (x, y, z), and a ``dataset.json`` naming
+    them, the channels (``modality``) and the label values (``labels``)."""
     import nibabel
     import numpy as np
 
-    (root / "imagesTr").mkdir(parents=True)
-    (root / "labelsTr").mkdir()
-    affine = np.diag([voxel_mm, voxel_mm, voxel_mm, 1.0])
+    labels_folder = images.replace("images", "labels")
+    (root / images).mkdir(parents=True)
+    (root / labels_folder).mkdir()
+    sides = voxel_mm if isinstance(voxel_mm, tuple) else (voxel_mm,) * 3
+    affine = np.diag([*sides, 1.0])
     for name, (image, label) in arrays.items():
-        nibabel.save(nibabel.Nifti1Image(image, affine), root / "imagesTr" / f"{name}.nii.gz")
-        nibabel.save(nibabel.Nifti1Image(label, affine), root / "labelsTr" / f"{name}.nii.gz")
-    training = [{"image": f"./imagesTr/{name}.nii.gz", "label": f"./labelsTr/{name}.nii.gz"} for name in arrays]
-    manifest = {"name": task, "modality": modality, "labels": labels, "training": training}
+        nibabel.save(nibabel.Nifti1Image(image, affine), root / images / f"{name}.nii.gz")
+        nibabel.save(nibabel.Nifti1Image(label, affine), root / labels_folder / f"{name}.nii.gz")
+    listed = [{"image": f"./{images}/{name}.nii.gz", "label": f"./{labels_folder}/{name}.nii.gz"} for name in arrays]
+    training, test = (listed, []) if images == "imagesTr" else ([], [entry["image"] for entry in listed])
+    manifest = {"name": task, "modality": modality, "labels": labels, "training": training, "test": test}
     (root / "dataset.json").write_text(json.dumps(manifest))

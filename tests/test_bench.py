@@ -244,7 +244,7 @@ def test_window_loader_bench_prints_every_source_and_worker_count():
     result = bench("text_loader.py", *args)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if " workers: " in line]
-    assert len(lines) == 6 and all("x a GPU's need" in line and "x slower)" in line for line in lines)
+    assert len(lines) == 9 and all("x a GPU's need" in line and "x slower)" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -274,7 +274,8 @@ def test_estimate_check_estimates_the_gpus_shapes_and_says_it_measures_a_gpu(mon
 @pytest.mark.slow
 def test_segmentation_data_bench_prepares_crops_and_evaluates_generated_cases(tmp_path):
     args = ["--cases", "2", "--shape", "16", "40", "40", "--workers", "0", "1", "--patch", "16", "16", "16"]
-    args += ["--crops", "3", "--eval-patches", "64", "--window-batches", "1"]
+    args += ["--crops", "3", "--eval-patches", "64", "--window-batches", "1", "--predict-cases", "1"]
+    args += ["--predict-patch", "32", "32"]
     result = bench("segmentation_data.py", str(tmp_path), *args)
     assert result.returncode == 0, result.stderr
     rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
@@ -282,6 +283,8 @@ def test_segmentation_data_bench_prepares_crops_and_evaluates_generated_cases(tm
     assert len(prepared) == 2 and prepared[0][4] == prepared[1][4]  # the same store bytes a case either way
     assert "loader workers of this CPU" in result.stdout
     assert any(row[0] == "| 64^3" and row[1] == "1" for row in rows)  # one case evaluated, its memory measured
+    (predicted,) = [row for row in rows if row[0] == "| [32, 32]"]  # predict's steps timed, a label map written
+    assert float(predicted[-2]) > 0 and len(list((tmp_path / "predicted").glob("*.nii.gz"))) == 1
 
 
 def test_peers_bench_refuses_a_nanogpt_folder_without_its_train_py(tmp_path):

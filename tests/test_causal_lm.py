@@ -3,6 +3,7 @@ document separators, the task's shift and sums, and a real run whose quality is 
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -192,8 +193,6 @@ def test_alibi_biases_each_heads_scores_by_its_slope_times_the_distance_back():
 
 
 def test_the_alibi_method_turns_a_gpt_to_alibi_and_splits_training_sequences():
-    from types import SimpleNamespace
-
     from trainrun.algorithms.alibi import Alibi
     from trainrun.algorithms.specs.alibi import AlibiConfig
     from trainrun.core.events import Event
@@ -345,7 +344,7 @@ def test_byte_level_bpe_stores_round_trip_any_text_and_end_documents_with_endoft
 
 def test_the_task_scores_each_position_on_the_next_token_summed_over_batches():
     task = CausalLanguageModeling()
-    state = type("S", (), {"device": torch.device("cpu"), "world_size": 1})()
+    state = type("S", (), {"device": torch.device("cpu"), "world_size": 1, "data": SimpleNamespace(text=None)})()
     inputs, targets, count = task.batch(torch.tensor([[1, 2, 3], [4, 5, 6]]), state)
     assert inputs.tolist() == [[1, 2], [4, 5]] and targets.tolist() == [[2, 3], [5, 6]] and count == 2
     evaluator = task.evaluator(state)
@@ -356,7 +355,7 @@ def test_the_task_scores_each_position_on_the_next_token_summed_over_batches():
     assert evaluator.compute() == {"eval_loss": pytest.approx(mean), "perplexity": pytest.approx(math.exp(mean))}
     assert isinstance(evaluator, NextTokenEvaluator) and task.quality_rule.higher_is_better is False
     assert evaluator.sums.dtype == torch.float64  # exact token counts past float32's 2^24
-    on_device = type("S", (), {"device": torch.device("meta"), "world_size": 1})()  # as a GPU run
+    on_device = type("S", (), {"device": torch.device("meta"), "world_size": 1, "data": state.data})()  # as a GPU run
     inputs, _, _ = task.batch(torch.tensor([[1, 2, 3]]), on_device)
     assert inputs.device.type == "meta" and task.evaluator(on_device).sums.device.type == "meta"
     # the training loss: the mean of -log p(next token), by hand

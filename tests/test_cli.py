@@ -82,7 +82,7 @@ def test_help_lists_groups_and_options(tmp_path):
         "parallel: ddp, fsdp",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, poly, step, wsd",
         "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "
-        "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_shards, token_stream",
+        "stdlib_stream, synthetic, synthetic_brats, synthetic_ffcv, text, token_mix, token_shards, token_stream",
         "task: causal_lm, image_classification, masked_lm, segmentation",
     ):
         assert line in result.stdout
@@ -312,8 +312,7 @@ def test_a_key_that_moved_under_its_kind_is_refused_naming_where_it_went():
     from omegaconf import OmegaConf
 
     from trainrun.errors import ConfigError
-    from trainrun.schema import moved_keys
-    from trainrun.validation import validate
+    from trainrun.validation import moved_keys, validate
 
     moved = moved_keys()
     assert (
@@ -423,7 +422,8 @@ def test_help_is_trainruns_own_template_without_internal_groups_and_with_the_ove
         (
             ["task=causal_lm", "data=stdlib_docs"],
             "bad value for 'data': 'stdlib_docs' (data.name 'text'; with task=causal_lm it must be token_stream or "
-            "token_shards); choose data=stdlib_stream or data=token_stream or data=token_shards",
+            "token_mix or token_shards); choose data=stdlib_stream or data=token_stream or data=token_mix or "
+            "data=token_shards",
         ),
         (
             ["data=stdlib_docs"],

@@ -34,6 +34,7 @@ READ_AROUND_A_RUN = {
     "data.train": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
     "data.val": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
     "data.shards": "data=token_shards (tests/test_token_shards.py trains on llm.c shards)",
+    "data.mix": "data=token_mix (tests/test_token_mix.py trains on two stores mixed)",
 }
 SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.llama", "model.unet", "data.ffcv", "data.text")
 SECTIONS += ("data.segmentation", "optimizer.muon")

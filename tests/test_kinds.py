@@ -83,7 +83,8 @@ def test_a_method_the_task_has_but_the_model_does_not_names_what_it_needs(monkey
         ({"model": {"name": "gpt"}}, "bad value for 'task.name': 'image_classification' (with model=gpt it must be"),
         (
             {"task": {"name": "causal_lm"}, "data": {"name": "text"}},
-            "bad value for 'data.name': 'text' (with task=causal_lm it must be token_stream or token_shards)",
+            "bad value for 'data.name': 'text' "
+            "(with task=causal_lm it must be token_stream or token_mix or token_shards)",
         ),
         (
             {"task": {"name": "segmentation"}, "model": {"name": "unet"}},

@@ -612,14 +612,14 @@ def test_the_ensemble_averages_the_runs_probabilities_not_their_logits_or_their_
     """Two runs that disagree, crafted so that the rules differ: voxel 0, the mean of the logits picks
     class 1 where the mean probability picks 2; voxel 1, the single most confident run picks 0 where
     the mean probability picks 1. The ensemble takes nnU-Net's rule, the mean probability."""
-    from trainrun.commands.ensemble import ensemble_scores
+    from trainrun.commands.ensemble import mean_probabilities
 
     task = Segmentation(DataConfig(name="synthetic_brats"))
     first = torch.tensor([[2.0, 3.0, -3.0], [0.9, 0.1, 1e-4]])  # per voxel: logits, then probabilities
     second = torch.tensor([[-2.0, -2.0, 1.0], [1e-4, 0.85, 0.15]])
     first[1], second[1] = first[1].log(), second[1].log()
     runs = [logits.T.reshape(3, 1, 1, 2) for logits in (first, second)]  # (classes, D, H, W)
-    scores = ensemble_scores(task, iter(runs))
+    scores = task.scores(mean_probabilities(task.probabilities(each) for each in runs))
     assert torch.allclose(scores, torch.stack(runs).softmax(1).mean(0).log(), atol=1e-6)  # by value, every class
     assert scores.argmax(0).flatten().tolist() == [2, 1]
     assert torch.stack(runs).mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits

@@ -230,11 +230,22 @@ def test_a_corpus_keeps_its_own_validation_split_and_leaves_its_test_split_out(d
                 with gzip.open(corpus / f"c4-{name}.{index:05d}-of-{len(halves):05d}.json.gz", "wt") as handle:
                     handle.writelines(json.dumps({"text": texts[i], "url": "u"}) + "\n" for i in chosen)
     printed = write_text(corpus, tmp_path / "store", tokenizer)
-    assert "the corpus's own splits: validation from 1 file(s)" in printed and "1 test file(s) left out" in printed
+    assert "the corpus's own splits: validation from 1 file(s)" in printed
+    assert "1 file(s) of other splits left out" in printed
     assert decoded(TokenStore.open(tmp_path / "store", "val"), tokenizer) == parts["validation"]
     assert decoded(TokenStore.open(tmp_path / "store", "train"), tokenizer) == parts["train"]
     meta = TokenStore.open(tmp_path / "store", "train").meta
     assert meta["split_rule"].startswith("own splits")
+    # --split test: the test split is the validation, the validation split left out
+    printed = write_text(corpus, tmp_path / "by_test", tokenizer, "--split", "test")
+    assert "1 file(s) of other splits left out" in printed
+    assert decoded(TokenStore.open(tmp_path / "by_test", "val"), tokenizer) == parts["test"]
+    assert decoded(TokenStore.open(tmp_path / "by_test", "train"), tokenizer) == parts["train"]
+    result = run_here("write-text", str(corpus), str(tmp_path / "no"), "--tokenizer", str(tokenizer), "--split", "dev")
+    assert result.returncode == 2 and f"bad value for '--split': no split or file of '{corpus}' is named 'dev'" in (
+        result.stderr
+    )
+    assert not (tmp_path / "no").exists() and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_a_text_field_names_another_json_field_or_column(tokenizer, tmp_path):

@@ -21,8 +21,9 @@ from trainrun import kinds, run_files
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
+from trainrun.fields import list_keys
 from trainrun.kinds import config_dir
-from trainrun.schema import TrainConfig, list_keys
+from trainrun.schema import TrainConfig
 from trainrun.validation import (
     KindMismatch,
     describe_omegaconf_error,
@@ -43,15 +44,13 @@ NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--info", "-i", "--
 
 
 def _is_value(token: str) -> bool:
-    if token.startswith("-"):
-        return token[1:2].isdigit() or token[1:2] == "."
-    return "=" not in token
+    return token[1:2].isdigit() or token[1:2] == "." if token.startswith("-") else "=" not in token
 
 
 def translate(argv: list[str]) -> tuple[list[str], list[str], bool]:
     """Split argv into (Hydra flags, overrides, debug), turning ``--key value...`` into overrides."""
     hydra_args, overrides, debug = [], [], False
-    lists = list_keys()
+    lists = list_keys(TrainConfig) | {"algorithms"}
     index = 0
     while index < len(argv):
         token = argv[index]

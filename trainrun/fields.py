@@ -8,6 +8,8 @@ like every config dataclass, so that a bad value fails in a fraction of a second
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import field, fields
 from typing import Any
 
@@ -63,3 +65,14 @@ def open_fraction_field(default: float) -> Any:
 def positive_fraction_field(default: float) -> Any:
     """A share in (0, 1]."""
     return field(default=default, metadata={"exclusive_min": 0, "max": 1})
+
+
+def list_keys(cls: type, prefix: str = "") -> set[str]:
+    """Dotted keys of the dataclass ``cls`` whose value is a list, for flag translation."""
+    keys = set()
+    for name, hint in typing.get_type_hints(cls).items():
+        if typing.get_origin(hint) is list:
+            keys.add(prefix + name)
+        elif dataclasses.is_dataclass(hint):
+            keys |= list_keys(hint, f"{prefix}{name}.")
+    return keys

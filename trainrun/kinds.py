@@ -51,7 +51,7 @@ class Capability(str, Enum):
 Check = Callable[[Any], None]  # the run's TrainConfig -> raise ConfigError naming the key
 # the keys under data that say where a data source's data come from and how it is cut: each data kind
 # reads some (KindSpec.reads); one a run sets that its kind does not read is refused
-DATA_SOURCE_KEYS = ("path", "train", "val", "text", "shards", "segmentation")
+DATA_SOURCE_KEYS = ("path", "train", "val", "text", "shards", "segmentation", "mix")
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@ Torch-free, so that a bad key, type or value fails in a fraction of a second
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +207,18 @@ class ShardsConfig:
 
 
 @dataclass
+class MixSourceConfig:
+    """One corpus of ``data=token_mix`` (trainrun/data/token_mix.py): a token store at ``path``, or
+    llm.c token shards matched by the globs ``train`` and ``val``."""
+
+    name: str | None = None  # how metrics name it: eval_loss/<name>
+    weight: float = positive_field(1.0)  # its share of the training windows (the weights are normalised)
+    path: str | None = None  # a token store written by trainrun write-text
+    train: str | None = None  # a glob of llm.c training shards
+    val: str | None = None  # a glob of llm.c validation shards
+
+
+@dataclass
 class DataConfig:
     """Where images or text come from and how they are cut, augmented (or masked) and batched."""
 
@@ -243,6 +253,7 @@ class DataConfig:
     text: TextConfig = field(default_factory=TextConfig)
     segmentation: SegmentationDataConfig = field(default_factory=SegmentationDataConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
+    mix: list[MixSourceConfig] = field(default_factory=list)  # data=token_mix: the corpora, each named
 
 
 @dataclass
@@ -424,26 +435,3 @@ def budget_seconds(config: TrainConfig) -> float:
 
 
 FORMER_NAMES = {"accuracy_targets": "quality_targets"}  # a renamed key -> its name now
-
-
-def moved_keys() -> dict[str, str]:
-    """Each key that moved under its kind's section (``model.hidden_size``) and where it is now
-    (``model.bert.hidden_size``): the old spelling is refused with a line naming the new one."""
-    moved: dict[str, str] = {}
-    for group, section in (("model", ModelConfig), ("data", DataConfig)):
-        for kind, hint in typing.get_type_hints(section).items():
-            if dataclasses.is_dataclass(hint):  # the first kind with a name keeps it: the one it moved from
-                for spec in dataclasses.fields(hint):
-                    moved.setdefault(f"{group}.{spec.name}", f"{group}.{kind}.{spec.name}")
-    return moved
-
-
-def list_keys(cls: type = TrainConfig, prefix: str = "") -> set[str]:
-    """Dotted keys whose value is a list (``algorithms`` included), for flag translation."""
-    keys = {"algorithms"} if cls is TrainConfig else set()
-    for name, hint in typing.get_type_hints(cls).items():
-        if typing.get_origin(hint) is list:
-            keys.add(prefix + name)
-        elif dataclasses.is_dataclass(hint):
-            keys |= list_keys(hint, f"{prefix}{name}.")
-    return keys

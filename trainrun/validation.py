@@ -10,6 +10,7 @@ import functools
 import ipaddress
 import operator
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from trainrun.schema import (
     ModelConfig,
     TaskConfig,
     TrainConfig,
-    moved_keys,
 )
 
 
@@ -68,6 +68,17 @@ def former_name_notices(cfg: DictConfig) -> list[str]:
         for former, name in FORMER_NAMES.items()
         if OmegaConf.select(cfg, former) is not None
     ]
+
+
+def moved_keys() -> dict[str, str]:
+    """Each key that moved under its kind's section and where it is now (``model.bert.hidden_size``)."""
+    moved: dict[str, str] = {}
+    for group, section in (("model", ModelConfig), ("data", DataConfig)):
+        for kind, hint in typing.get_type_hints(section).items():
+            if dataclasses.is_dataclass(hint):  # the first kind with a name keeps it: the one it moved from
+                for spec in dataclasses.fields(hint):
+                    moved.setdefault(f"{group}.{spec.name}", f"{group}.{kind}.{spec.name}")
+    return moved
 
 
 def unknown_key_message(key: str) -> str:
@@ -194,6 +205,10 @@ def check_fields(obj: Any, prefix: str) -> None:
         key = prefix + spec.name
         if dataclasses.is_dataclass(value):
             check_fields(value, key + ".")
+            continue
+        if isinstance(value, list) and value and all(dataclasses.is_dataclass(item) for item in value):
+            for index, item in enumerate(value):  # a list of sections (data.mix): keys as Hydra names them
+                check_fields(item, f"{key}.{index}.")
             continue
         if value is None:
             continue

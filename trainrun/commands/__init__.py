@@ -1,5 +1,5 @@
 """``trainrun``'s entry layer: argv to training (:mod:`.train`) or to a subcommand, each its own
-module here (write and write-text, sweep, report, sample, consolidate, ensemble, estimate). Each
+module here (write and write-text, sweep, report, sample, consolidate, ensemble, predict, estimate). Each
 composes and validates what it runs once, before any heavy import or process start, and hands it on."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "sample": ("trainrun.commands.sample", "sample_command"),  # a continuation from a finished causal-LM run
     "consolidate": ("trainrun.commands.consolidate", "consolidate_command"),  # a sharded checkpoint as one file
     "ensemble": ("trainrun.commands.ensemble", "ensemble_command"),  # segmentation folds averaged on held-out cases
+    "predict": ("trainrun.commands.predict", "predict_command"),  # NIfTI label maps of a folder's images
     "estimate": ("trainrun.commands.estimate", "estimate_command"),  # a run's memory and time at its real size
 }
 

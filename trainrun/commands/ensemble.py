@@ -1,11 +1,12 @@
 """``trainrun ensemble RUN... --data FOLDER``: several runs of one segmentation task (the folds of a
-cross-validation, ``trainrun sweep folds=all``) predict the cases of a held-out Decathlon folder
-together, as nnU-Net ensembles its five folds: each volume's class probabilities (softmax; sigmoid
-per region) are averaged over the runs, then scored as one prediction (arg-max, or above one half),
-after the first run's post-processing. Each run alone is scored on the same cases beside it. The
-mean Dice of each and of the ensemble is printed and written, per case and per class, to
-``ensemble.json`` (beside the first folder given, or ``--out``). The held-out cases are prepared
-with the runs' training store's voxel spacing and CT statistics (:func:`training_reference`).
+cross-validation, ``trainrun sweep folds=all``) predict the labelled cases of a held-out Decathlon
+folder together, as nnU-Net ensembles its five folds: each case's class probabilities (softmax;
+sigmoid per region) are averaged over the runs, then made classes in the case's own geometry
+(:mod:`trainrun.tasks.whole_cases`, what ``trainrun predict`` writes) and scored against its label
+file. Each run alone is scored on the same cases beside it. The mean Dice of each and of the
+ensemble is printed and written, per case and per class, to ``ensemble.json`` (beside the first
+folder given, or ``--out``). Cases are prepared with the runs' training store's voxel spacing and CT
+statistics (:func:`training_reference`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,16 @@ from trainrun.atomic_io import atomic_write_json, read_yaml
 from trainrun.errors import ConfigError, DataError
 from trainrun.kinds import Capability, task_spec, tasks_offering
 from trainrun.schema import DataConfig, TrainConfig
+from trainrun.tasks.whole_cases import (
+    Preparation,
+    PreparedCase,
+    class_map,
+    map_dice,
+    model_probabilities,
+    prepared,
+    true_classes,
+    write_label_map,
+)
 
 if TYPE_CHECKING:
     from trainrun.tasks.segmentation import Segmentation
@@ -48,7 +60,9 @@ def ensemble_command(argv: list[str]) -> int:
         validate(OmegaConf.structured(dataclasses.replace(configs[0], data=data)))
     except ConfigError as error:
         raise ConfigError(f"bad value for '--data': the runs' models do not fit '{args.data}': {error}") from None
-    scores = predict(runs, configs, data)
+    from trainrun.data.decathlon import decathlon_listing
+
+    scores = predict(Segmenter.of(runs, args.data), decathlon_listing(args.data)[1])
     names = [run.name for run in runs]
     means = {name: _mean(values) for name, values in scores.items()}
     table = Table(title=f"mean Dice on {len(scores['ensemble'])} held-out cases of {args.data}")
@@ -112,50 +126,85 @@ def run_config(run: Path) -> TrainConfig:
     return config
 
 
-def predict(runs: list[Path], configs: list[TrainConfig], data) -> dict[str, list[list[float]]]:
-    """Per case, the Dice of each class (region) as each run and the ensemble predict it."""
-    from trainrun.core.distributed import select_device
-    from trainrun.data.segmentation import Volumes, store_path
-    from trainrun.data.volume_store import VolumeStore
-    from trainrun.run import model_holding
-    from trainrun.tasks.segmentation import Segmentation
+@dataclass
+class Segmenter:
+    """Finished segmentation runs' models, and how their cases are prepared and brought back."""
 
-    task = Segmentation(data)
-    outputs = {(config.model.num_classes, config.model.unet.dimensions) for config in configs}
-    if len(outputs) > 1:
-        raise ConfigError(f"bad value for 'RUNS': the runs differ in outputs and dimensions {sorted(outputs)}")
-    device = select_device("auto", 0)
-    models = [
-        model_holding(config, None, torch.load(run / run_files.MODEL, map_location="cpu", weights_only=True))
-        .to(device)
-        .eval()
-        for run, config in zip(runs, configs, strict=True)
-    ]
-    store = VolumeStore.open(store_path(data, reference=training_reference(configs[0].data)))
-    scores: dict[str, list[list[float]]] = {run.name: [] for run in runs} | {"ensemble": []}
+    runs: list[Path]
+    models: list[torch.nn.Module]
+    task: Segmentation
+    preparation: Preparation
+    channels: int
+    device: torch.device
 
-    def scored(run: Path, model: torch.nn.Module, volume: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """``model``'s logits for ``volume``, its Dice kept as ``run``'s."""
-        (logits,) = task.predict(model, [volume])
-        scores[run.name].append(task.volume_dice(logits, label).tolist())
-        return logits
+    @classmethod
+    def of(cls, runs: list[Path], folder: Path) -> Segmenter:
+        """The models of ``runs`` (one task, outputs and dimensions), on the best device here, to
+        segment the cases of ``folder`` (whose ``dataset.json``, where there is one, names the label
+        values and schemes when the runs' training store is not here)."""
+        from trainrun.core.distributed import select_device
+        from trainrun.data.decathlon import read_manifest
+        from trainrun.run import model_holding
+        from trainrun.tasks.segmentation import Segmentation
 
-    with torch.inference_mode():
-        for volume, label in Volumes(store, list(range(len(store.cases)))):  # as evaluation reads them
-            volume, label = volume.to(device), label.to(device)
-            each = (scored(run, model, volume, label) for run, model in zip(runs, models, strict=True))
-            scores["ensemble"].append(task.volume_dice(ensemble_scores(task, each), label).tolist())
+        configs = [run_config(run) for run in runs]
+        outputs = {(config.model.num_classes, config.model.unet.dimensions) for config in configs}
+        if len(outputs) > 1:
+            raise ConfigError(f"bad value for 'RUNS': the runs differ in outputs and dimensions {sorted(outputs)}")
+        device = select_device("auto", 0)
+        models = [
+            model_holding(config, None, torch.load(run / run_files.MODEL, map_location="cpu", weights_only=True))
+            .to(device)
+            .eval()
+            for run, config in zip(runs, configs, strict=True)
+        ]
+        described = read_manifest(folder)[1] if (folder / "dataset.json").is_file() else None
+        first = configs[0]
+        preparation = Preparation.of(training_reference(first.data), described, first.model.num_classes)
+        return cls(runs, models, Segmentation(first.data), preparation, first.model.unet.in_channels, device)
+
+    def prepared(self, images: tuple[Path, ...]) -> PreparedCase:
+        return prepared(images, self.preparation, self.channels)
+
+    @torch.inference_mode()
+    def each_run(self, case: PreparedCase) -> Iterator[torch.Tensor]:
+        """Each run's class (region) probabilities of ``case``, one at a time."""
+        for model in self.models:
+            yield model_probabilities(self.task, model, case, self.device)
+
+    def write(self, images: tuple[Path, ...], path: Path) -> None:
+        """The ensemble's label map of the case of ``images``, written to ``path`` in its geometry."""
+        case = self.prepared(images)
+        classes = class_map(self.task, mean_probabilities(self.each_run(case)), case)
+        write_label_map(path, classes, self.preparation.values, images[0])
+
+    def dice_of_file(self, written: Path, label: Path) -> list[float]:
+        """The Dice of a written label map against the case's label file."""
+        values = self.preparation.values
+        return map_dice(self.task, true_classes(written, values), true_classes(label, values))
+
+
+def predict(segmenter: Segmenter, cases: list) -> dict[str, list[list[float]]]:
+    """Per case, the Dice of each class (region) as each run and the ensemble predict it, in the
+    case's geometry."""
+    scores: dict[str, list[list[float]]] = {run.name: [] for run in segmenter.runs} | {"ensemble": []}
+    task, values = segmenter.task, segmenter.preparation.values
+    for _, images, label in cases:
+        case, truth = segmenter.prepared(images), true_classes(label, values)
+        total = None
+        for run, probabilities in zip(segmenter.runs, segmenter.each_run(case), strict=True):
+            scores[run.name].append(map_dice(task, class_map(task, probabilities, case), truth))
+            total = probabilities.clone() if total is None else total.add_(probabilities)
+        scores["ensemble"].append(map_dice(task, class_map(task, total / len(segmenter.runs), case), truth))
     return scores
 
 
-def ensemble_scores(task: Segmentation, logits: Iterator[torch.Tensor]) -> torch.Tensor:
-    """The ensemble of one case's predictions (each run's logits, read one at a time): the mean of
-    their probabilities (nnU-Net's rule), as the scores Dice and post-processing read."""
+def mean_probabilities(each: Iterator[torch.Tensor]) -> torch.Tensor:
+    """The mean of the runs' probabilities of one case, read one at a time (nnU-Net's ensemble rule)."""
     total, count = None, 0
-    for each in logits:
-        probabilities = task.probabilities(each)
-        total, count = (probabilities if total is None else total.add_(probabilities)), count + 1
-    return task.scores(total / count)
+    for probabilities in each:
+        total, count = (probabilities.clone() if total is None else total.add_(probabilities)), count + 1
+    return total / count
 
 
 def _mean(cases: list[list[float]]) -> list[float]:

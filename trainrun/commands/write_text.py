@@ -61,6 +61,11 @@ def write_text_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--val-fraction", type=float, default=defaults.val_fraction, help="share of documents held out for evaluation"
     )
+    parser.add_argument(
+        "--split",
+        help="the corpus's own split that is the validation: a DatasetDict's split name or a word of its files' "
+        "names (default: validation, valid, val or dev, else test); other named splits are left out",
+    )
     parser.add_argument("--split-seed", type=int, default=defaults.split_seed)
     parser.add_argument(
         "--dtype", choices=["auto", *TOKEN_DTYPES], default="auto", help="token id type (auto: the smallest that fits)"
@@ -103,6 +108,8 @@ def write_text_command(argv: list[str]) -> int:
     args = write_text_arguments(argv)
     console = Console(highlight=False)
     console.print(f"reading {args.corpus}")
+    if args.corpus in BUILTIN_CORPORA and args.split is not None:
+        raise ConfigError(f"bad value for '--split': the built-in corpus {args.corpus} has no splits of its own")
     if args.corpus in BUILTIN_CORPORA:  # held in memory, split as a run reading it does
         train, val = split_documents(read_documents(args.corpus), args.val_fraction, args.split_seed)
         write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype, args.tokenizer_kind)

@@ -70,19 +70,24 @@ def file_kind(path: Path) -> CorpusFile:
     raise DataError(f"corpus file '{path}' is of a kind write-text does not read (it reads {READABLE})")
 
 
-def corpus_files(source: str | Path) -> list[CorpusFile]:
-    """Every file of the corpus at ``source``, in reading order, each of a kind it reads."""
+def corpus_files(source: str | Path, split: str | None = None) -> list[CorpusFile]:
+    """Every file of the corpus at ``source``, in reading order, each of a kind it reads, its own
+    splits kept (``split``: the one that is the validation, :func:`own_splits`)."""
     root = Path(source).expanduser()
     if root.is_file():
-        return [file_kind(root)]
-    if not root.is_dir():
+        named = [(file_kind(root), root.name)]
+    elif not root.is_dir():
         raise DataError(f"corpus '{source}' is neither a file nor a folder")
-    if any((root / name).is_file() for name in HF_FOLDER_FILES):
-        return own_splits(saved_dataset_files(root))
-    files = sorted(path for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root)))
-    if not files:
-        raise DataError(f"corpus folder '{root}' holds no file (it reads {READABLE})")
-    return own_splits([(file_kind(path), path.name) for path in files])
+    elif any((root / name).is_file() for name in HF_FOLDER_FILES):
+        named = saved_dataset_files(root)
+    else:
+        files = sorted(path for path in root.rglob("*") if path.is_file() and not _hidden(path.relative_to(root)))
+        if not files:
+            raise DataError(f"corpus folder '{root}' holds no file (it reads {READABLE})")
+        named = [(file_kind(path), path.name) for path in files]
+    if split is None:
+        return own_splits(named) if root.is_dir() else [file for file, _ in named]
+    return chosen_split(named, split, source)
 
 
 def split_word(name: str) -> str:
@@ -104,6 +109,21 @@ def own_splits(files: list[tuple[CorpusFile, str]]) -> list[CorpusFile]:
     validation = "val" if "val" in words else "test"
     splits = {validation: "val", "train": "train"}
     return [replace(file, split=splits.get(word, LEFT_OUT)) for (file, _), word in zip(files, words)]
+
+
+def chosen_split(files: list[tuple[CorpusFile, str]], split: str, source: str | Path) -> list[CorpusFile]:
+    """``write-text --split NAME``: the files whose split (a ``DatasetDict``'s) or a word of whose
+    name is ``split`` are the validation; the other files that name a split are left out, the rest
+    trained on. One line if none is so named."""
+    word = re.compile(rf"(?:^|[-_.]){re.escape(split.lower())}(?=[-_.]|$)")
+    marked = [word.search(name.lower()) is not None for _, name in files]
+    if not any(marked):
+        names = ", ".join(dict.fromkeys(name for _, name in files[:20]))
+        raise DataError(f"bad value for '--split': no split or file of '{source}' is named '{split}' ({names})")
+    return [
+        replace(file, split="val" if chosen else "train" if split_word(name) == "train" else LEFT_OUT)
+        for (file, name), chosen in zip(files, marked)
+    ]
 
 
 def _hidden(relative: Path) -> bool:

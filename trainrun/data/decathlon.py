@@ -8,8 +8,10 @@ so memory is bounded by a case per worker whatever the task's size; a line repor
 few cases. Each case's files are written whole or not at all, and a preparation started again (after
 a kill) prepares only the cases missing. Where the cases' voxel spacings differ, each is resampled
 after cropping and normalisation (nnU-Net's order) to their median spacing (nnU-Net's target
-spacing): images trilinearly, labels by nearest neighbour; BraTS and the Decathlon's brain tumours
-are 1 mm isotropic and are not resampled. Each channel is normalised as its ``modality`` name says
+spacing): images trilinearly (or, where the spacing is anisotropic, linearly within each slice and
+by nearest neighbour across slices, nnU-Net's separate z; nnU-Net interpolates cubically where
+trainrun does linearly), labels by nearest neighbour; BraTS and the Decathlon's brain tumours are
+1 mm isotropic and are not resampled. Each channel is normalised as its ``modality`` name says
 (:func:`~trainrun.data.volume_store.normalisation`): a CT channel by the whole training set's
 foreground intensities, sampled from every case in a first, resumable pass (each case's sample kept
 in the store) before any case is prepared; MRI and other channels per case.
@@ -18,9 +20,10 @@ Written here rather than with nnU-Net's preprocessing, which needs its own folde
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -41,6 +44,9 @@ from trainrun.data.volume_store import (
 )
 from trainrun.errors import DataError
 
+ANISOTROPY = 3.0  # nnU-Net's: a spacing whose coarsest side is over 3x its finest is resampled apart
+NIFTI_ENDINGS = (".nii.gz", ".nii")
+CHANNEL_SUFFIX = re.compile(r"(?P<case>.+)_(?P<channel>\d{4})")  # nnU-Net v2's CASE_0000: a file a channel
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
 SAMPLING = ("sampling the CT intensities of", "sampled")  # CaseProgress's words for the statistics' pass
 Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its image file(s), its label file
@@ -49,14 +55,52 @@ Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its imag
 def read_decathlon_case(image_files: tuple[Path, ...], label_file: Path) -> tuple[np.ndarray, np.ndarray]:
     """One case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with the axial
     axis z first, from one file of every channel (the Decathlon's) or one file a channel (nnU-Net v2's)."""
+    image, label = read_image(image_files), read_label(label_file)
+    if image.shape[1:] != label.shape:
+        raise DataError(f"{image_files[0].name}: image {image.shape[1:]} and label {label.shape} differ in size")
+    return image, label
+
+
+def read_image(image_files: tuple[Path, ...]) -> np.ndarray:
+    """A case's image as (C, D, H, W) float32 (:func:`read_decathlon_case`)."""
     arrays = [_nifti(file).astype(np.float32, copy=False) for file in image_files]
     image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
-    label = _nifti(label_file)
     if image.ndim == 3:
         image = image[..., None]
-    if image.shape[:3] != label.shape:
-        raise DataError(f"{image_files[0].name}: image {image.shape[:3]} and label {label.shape} differ in size")
-    return image.transpose(3, 2, 0, 1), np.rint(label).astype(np.uint8).transpose(2, 0, 1)
+    return image.transpose(3, 2, 0, 1)
+
+
+def read_label(label_file: Path) -> np.ndarray:
+    """A case's label values as (D, H, W) uint8 (:func:`read_decathlon_case`)."""
+    return np.rint(_nifti(label_file)).astype(np.uint8).transpose(2, 0, 1)
+
+
+def image_cases(folder: Path, channels: int) -> list[tuple[str, tuple[Path, ...], Path | None]]:
+    """The cases ``trainrun predict`` segments in ``folder`` (a task folder's ``imagesTs/``, else its
+    ``imagesTr/``, else ``folder`` itself), each as (name, its image files, its label file or None):
+    one file of every channel, or nnU-Net v2's ``CASE_0000`` ... a channel where every case has files
+    0000 to ``channels - 1``; a label where ``labelsTs/`` (``labelsTr/``) holds one of the case's name."""
+    images = next((folder / name for name in ("imagesTs", "imagesTr") if (folder / name).is_dir()), folder)
+    if not images.is_dir():
+        raise DataError(f"bad value for '--data': '{folder}' is not a folder")
+    files = sorted(path for path in images.iterdir() if path.name.endswith(NIFTI_ENDINGS) and path.name[0] != ".")
+    if not files:
+        raise DataError(f"bad value for '--data': '{images}' holds no NIfTI image ({', '.join(NIFTI_ENDINGS)})")
+    stems = {path: path.name[: -len(next(e for e in NIFTI_ENDINGS if path.name.endswith(e)))] for path in files}
+    grouped: dict[str, list[Path]] = {}
+    for path, stem in stems.items():
+        match = CHANNEL_SUFFIX.fullmatch(stem)
+        grouped.setdefault(match["case"] if match else stem, []).append(path)
+    expected = [f"_{channel:04d}" for channel in range(channels)]
+    if not all([stems[path][-5:] for path in group] == expected for group in grouped.values()):
+        grouped = {stem: [path] for path, stem in stems.items()}  # each file a case of every channel
+    labels = images.parent / images.name.replace("images", "labels") if "images" in images.name else None
+    found = [labels / f"{name}{ending}" for name in grouped for ending in NIFTI_ENDINGS] if labels else []
+    found = {path.name: path for path in found if path.is_file()}
+    return [
+        (name, tuple(group), next((found[name + ending] for ending in NIFTI_ENDINGS if name + ending in found), None))
+        for name, group in grouped.items()
+    ]
 
 
 def _nifti(path: Path, header_only: bool = False):
@@ -161,13 +205,43 @@ def voxel_spacing(image_file: Path) -> tuple[float, float, float]:
     return z, x, y
 
 
+def low_resolution_axis(spacing: Sequence[float], target: Sequence[float]) -> int | None:
+    """The axis nnU-Net resamples apart from the others: the coarsest of ``spacing`` where its
+    coarsest side is over :data:`ANISOTROPY` times its finest, else of ``target`` where that is so."""
+    for sides in (spacing, target):
+        if max(sides) > ANISOTROPY * min(sides):
+            return int(np.argmax(sides))
+    return None
+
+
+def resampled_size(shape: Sequence[int], spacing: Sequence[float], target: Sequence[float]) -> list[int]:
+    """The (D, H, W) size of a volume of ``shape`` voxels of ``spacing`` mm at ``target`` mm a voxel."""
+    return [max(1, round(side * have / want)) for side, have, want in zip(shape, spacing, target, strict=True)]
+
+
+def resampled_volume(volume: torch.Tensor, size: Sequence[int], axis: int | None) -> torch.Tensor:
+    """``volume`` (C, D, H, W, float) at ``size``: trilinear, or with a low-resolution ``axis``
+    (0-2) linear within each slice across it and nearest-neighbour along it (nnU-Net's separate z:
+    no blending of slices 3 mm or more apart)."""
+    if tuple(volume.shape[1:]) == tuple(size):
+        return volume
+    if axis is None:
+        return F.interpolate(volume[None], size=list(size), mode="trilinear", align_corners=False)[0]
+    moved = volume.movedim(axis + 1, 1)  # (C, A, P, Q): the low-resolution axis first
+    plane = [side for index, side in enumerate(size) if index != axis]
+    slices = F.interpolate(moved.transpose(0, 1), size=plane, mode="bilinear", align_corners=False).transpose(0, 1)
+    nearest = ((torch.arange(size[axis]) + 0.5) * moved.shape[1] / size[axis]).long().clamp(max=moved.shape[1] - 1)
+    return slices[:, nearest].movedim(1, axis + 1)
+
+
 def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """``image`` (C, D, H, W) and ``label`` (D, H, W) from ``spacing`` to ``target`` mm a voxel."""
+    """``image`` (C, D, H, W) and ``label`` (D, H, W) from ``spacing`` to ``target`` mm a voxel: the
+    image by :func:`resampled_volume`, the label by nearest neighbour."""
     if np.allclose(spacing, target):
         return image, label
-    size = [max(1, round(side * have / want)) for side, have, want in zip(label.shape, spacing, target, strict=True)]
-    image = torch.from_numpy(image.astype(np.float32))[None]
-    image = F.interpolate(image, size=size, mode="trilinear", align_corners=False)[0].to(torch.float16)
+    size = resampled_size(label.shape, spacing, target)
+    axis = low_resolution_axis(spacing, target)
+    image = resampled_volume(torch.from_numpy(image.astype(np.float32)), size, axis).to(torch.float16)
     label = F.interpolate(torch.from_numpy(label)[None, None].float(), size=size, mode="nearest-exact")[0, 0]
     return image.numpy(), label.to(torch.uint8).numpy()
 
@@ -242,7 +316,7 @@ def write_decathlon(source: Path, path: Path, workers: int = 0, reference: dict 
     preparing = CaseProgress(len(cases), len(cases) - len(missing), source, path)
     run_cases(prepare_case, missing, arguments, workers, preparing)
     normalised = {"schemes": list(schemes), "ct": {str(channel): stats for channel, stats in ct.items()}}
-    write_index(path, [name for name, _, _ in cases], channels, labels, target, normalised)
+    write_index(path, [name for name, _, _ in cases], channels, labels, target, normalised, values)
 
 
 def run_cases(

@@ -25,6 +25,8 @@ class TextFacts:
     tokenizer_file: Path | None  # the store's tokenizer.json (None: token shards given without one)
     separator: int  # the token id between documents (a GPT's document mask reads it)
     separator_begins: bool = False  # it begins each document (llm.c's shards), not ends it (trainrun's stores)
+    sources: tuple[str, ...] = ()  # a mixture's corpora: validation batches say which each window is from
+    source_weights: tuple[float, ...] = ()  # their shares of training (summing to 1), which weigh eval_loss
 
 
 @dataclass

@@ -57,6 +57,7 @@ class CorpusSettings:
     split_seed: int = DataConfig.split_seed
     dtype: str = "auto"
     shard_tokens: int = 2**24  # training tokens per shard (the validation part of its records beside it)
+    split: str | None = None  # the corpus's own split that is the validation (None: validation, else test)
 
 
 def shard_name(split: str, index: int) -> str:
@@ -291,12 +292,12 @@ def write_corpus(
 ) -> dict:
     """Write the corpus at ``source`` to a token store at ``out`` (resuming a killed write of the
     same corpus and settings); return its ``store.json``."""
-    files = corpus_files(source)
+    files = corpus_files(source, settings.split)
     own = Counter(file.split for file in files)
     if own["val"]:
         names = [file.path.name for file in files if file.split == "val"]
         named = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        left = f"; {own[LEFT_OUT]} test file(s) left out" if own[LEFT_OUT] else ""
+        left = f"; {own[LEFT_OUT]} file(s) of other splits left out" if own[LEFT_OUT] else ""
         console.print(
             f"the corpus's own splits: validation from {own['val']} file(s) ({named}), training from "
             f"{own['train']}{left} (--val-fraction is not used)",

@@ -51,7 +51,11 @@ class AugmentedDataset(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Any:
         """A batch: read at once where the data set gathers batches (it then draws nothing at random,
-        and no transform is added), else sample by sample."""
+        and no transform is added; one whose samples depend on the seed and epoch is given them,
+        ``gather_keyed``), else sample by sample."""
+        keyed = getattr(self.dataset, "gather_keyed", None)
+        if keyed is not None and not self.transforms:
+            return keyed(self.seed, keys)
         gather = getattr(self.dataset, "__getitems__", None)
         if gather is not None and not self.transforms:
             return gather([index for _, index in keys])

@@ -15,7 +15,7 @@ import numpy as np
 from trainrun.atomic_io import atomic_write, atomic_write_text
 from trainrun.errors import DataError
 
-STORE_VERSION = 2  # 2: each channel normalised by its modality (CT by the training set's statistics)
+STORE_VERSION = 3  # 2: each channel normalised by its modality; 3: anisotropic cases resampled as nnU-Net does
 LOCATIONS_PER_CLASS = 10_000  # nnU-Net's sample of each class's voxels for foreground crops
 FOREGROUND_SAMPLE = 10_000  # nnU-Net's sample of each case's foreground intensities for CT statistics
 # nnU-Net v2's normalisation names (channel_names), and the modality names that mean CT
@@ -39,11 +39,22 @@ def preprocess(
     rest set to 0; ``ct`` clipped to the training set's foreground 0.5 and 99.5 percentiles and
     scaled by its foreground mean and standard deviation (``ct[channel]``), every voxel kept (0 HU
     is tissue); ``rescale`` to [0, 1]; ``none`` as it is. float16 and uint8 for the store."""
+    box = body_box(image)
+    return normalised(image[(slice(None), *box)], schemes, ct), label[box].astype(np.uint8)
+
+
+def body_box(image: np.ndarray) -> tuple[slice, ...]:
+    """The (D, H, W) box of the voxels non-zero in any channel of ``image`` (C, D, H, W)."""
     body = (image != 0).any(axis=0)
     if not body.any():
         raise DataError("a case has no non-zero voxel in any channel")
-    box = tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(body))
-    image, label, body = image[(slice(None), *box)].astype(np.float32), label[box], body[box]
+    return tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(body))
+
+
+def normalised(image: np.ndarray, schemes: Sequence[str] = (), ct: dict[int, dict] | None = None) -> np.ndarray:
+    """Each channel of a cropped ``image`` normalised by its scheme (:func:`preprocess`), as float16."""
+    image = image.astype(np.float32)
+    body = (image != 0).any(axis=0)
     for index, channel in enumerate(image):
         scheme = schemes[index] if schemes else "zscore"
         if scheme == "ct":
@@ -56,7 +67,7 @@ def preprocess(
         elif scheme == "zscore":
             values = channel[body]
             channel[:] = np.where(body, (channel - values.mean()) / max(float(values.std()), 1e-8), 0.0)
-    return image.astype(np.float16), label.astype(np.uint8)
+    return image.astype(np.float16)
 
 
 def foreground_sample(image: np.ndarray, label: np.ndarray, channels: Sequence[int], seed: int) -> np.ndarray:
@@ -138,10 +149,13 @@ def write_index(
     labels: Sequence[str],
     spacing: Sequence[float] = (),
     normalised: dict | None = None,
+    values: Sequence[int] = (),
 ) -> None:
     """Written last: a store with an index is complete. ``spacing``: the voxels' (D, H, W) in mm;
-    ``normalised``: each channel's scheme and the CT channels' statistics."""
+    ``normalised``: each channel's scheme and the CT channels' statistics; ``values``: the label
+    value of each class in the task's files (BraTS: 0, 1, 2, 4)."""
     index = {"version": STORE_VERSION, "cases": list(cases), "channels": list(channels), "labels": list(labels)}
+    index |= {"label_values": list(values)} if values else {}
     index |= {"spacing": list(spacing)} if spacing else {}
     index |= {"normalisation": normalised} if normalised else {}
     atomic_write_text(path / "index.json", json.dumps(index, indent=1))

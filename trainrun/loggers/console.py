@@ -91,6 +91,9 @@ class ConsoleLogger(Callback):
         metrics = "  ".join(f"{label} {self.rule.format(record[name])}" for name, label in shown)
         if "eval_loss" not in self.quality_log.task.metrics:  # a loss as the quality is shown once
             metrics += f"  eval loss {record['eval_loss']:.4f}"
+        parts = [f"{name.partition('/')[2]} {value:.4f}" for name, value in record.items() if "/" in name]
+        if parts:  # a mixture's loss on each corpus
+            metrics += f" ({', '.join(parts)})"
         self.console.print(
             f"epoch {record['epoch']:.2f}  batch {record['batch']}  {metrics}  "
             f"train {record['train_seconds']:.1f}s  {record['throughput']:,.0f} {self.unit}/s",

@@ -93,6 +93,7 @@ class TimeToQualityLogger(Callback):
             "train_loss": _finite_or_none(metrics["train_loss"]),
             "eval_loss": metrics["eval_loss"],
             **{name: metrics[name] for name in self.task.metrics},
+            **{name: value for name, value in metrics.items() if "/" in name},  # parts: eval_loss/<corpus>
         }
 
     def time_to_targets(self) -> dict[str, dict[str, Any] | None]:

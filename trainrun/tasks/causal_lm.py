@@ -29,18 +29,36 @@ def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tor
 
 
 class NextTokenEvaluator(Evaluator):
-    def __init__(self, device: torch.device, world_size: int) -> None:
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
+    """Summed cross-entropy and tokens, per corpus where validation batches say each window's
+    (``{"next", "source"}`` targets of a mixture): ``eval_loss/<corpus>`` each, and ``eval_loss``
+    their mean weighted by the corpora's shares of training."""
+
+    def __init__(self, device: torch.device, world_size: int, text: TextFacts | None = None) -> None:
+        self.sources = text.sources if text is not None else ()
+        self.weights = text.source_weights if text is not None else ()
+        self.sums = torch.zeros(max(1, len(self.sources)), 2, dtype=torch.float64, device=device)  # loss, tokens
         self.world_size = world_size
 
-    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        self.sums[0] += summed_cross_entropy(outputs.flatten(0, 1), targets.flatten())
-        self.sums[1] += targets.numel()
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor | dict[str, torch.Tensor]) -> None:
+        if not isinstance(targets, dict):
+            self.sums[0, 0] += summed_cross_entropy(outputs.flatten(0, 1), targets.flatten())
+            self.sums[0, 1] += targets.numel()
+            return
+        next_tokens, sources = targets["next"], targets["source"]
+        for source in sources.unique().tolist():
+            rows = sources == source
+            self.sums[source, 0] += summed_cross_entropy(outputs[rows].flatten(0, 1), next_tokens[rows].flatten())
+            self.sums[source, 1] += next_tokens[rows].numel()
 
     def compute(self) -> dict[str, float]:
         if self.world_size > 1:
             dist.all_reduce(self.sums)
-        return token_loss_metrics(*(float(value) for value in self.sums))
+        if not self.sources:
+            return token_loss_metrics(*(float(value) for value in self.sums[0]))
+        means = {name: token_loss_metrics(float(loss), float(tokens))["eval_loss"]
+                 for name, (loss, tokens) in zip(self.sources, self.sums, strict=True)}  # fmt: skip
+        mixed = sum(weight * mean for weight, mean in zip(self.weights, means.values(), strict=True))
+        return {**token_loss_metrics(mixed, 1.0), **{f"eval_loss/{name}": mean for name, mean in means.items()}}
 
 
 class CausalLanguageModeling(SequenceTask):
@@ -48,7 +66,13 @@ class CausalLanguageModeling(SequenceTask):
     metrics = {"eval_loss": "validation loss"}
     unit = "seq"
 
-    def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, Any, int]:
+        """Inputs and next tokens of a batch of windows; of a mixture's validation batch, the next
+        tokens with each window's corpus (``{"next", "source"}``)."""
+        if isinstance(batch, dict):
+            windows = batch["windows"].to(state.device, non_blocking=True)
+            sources = batch["source"].to(state.device, non_blocking=True)
+            return windows[:, :-1], {"next": windows[:, 1:], "source": sources}, len(windows)
         windows = batch.to(state.device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:], len(windows)
 
@@ -75,7 +99,7 @@ class CausalLanguageModeling(SequenceTask):
         return next_token_cross_entropy
 
     def evaluator(self, state: State) -> NextTokenEvaluator:
-        return NextTokenEvaluator(state.device, state.world_size)
+        return NextTokenEvaluator(state.device, state.world_size, state.data.text)
 
     def export(self, state: State, run_dir: Path) -> list[str]:
         """``<run>/hf_model``: the model as its ``transformers`` class (GPT-2's, Llama's) and its tokenizer."""
