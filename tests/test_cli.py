@@ -77,8 +77,8 @@ def test_help_lists_groups_and_options(tmp_path):
         "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, gpt125, gpt_tiny, llama3_1b, llama3_8b, llama_tiny, "
         "resnet101, resnet18, resnet34, resnet50",
-        "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt_speedrun, hot, "
-        "llama31_8b, medium, mild, unet3d_brats, unet_brats",
+        "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt2_finetune, gpt_speedrun, "
+        "hot, llama31_8b, llama32_1b_continue, medium, mild, unet3d_brats, unet_brats",
         "parallel: ddp, fsdp",
         "scheduler: constant, cosine, linear, mlperf_bert_multistep, multistep, poly, step, wsd",
         "data: decathlon, digits, digits_ffcv, folder, imagenet_ffcv, mnist5k, mnist5k_ffcv, stdlib_docs, "

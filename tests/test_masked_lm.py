@@ -333,7 +333,7 @@ def _the_export_is_what_transformers_loads_and_what_a_next_run_starts_from(run_d
     wider = dataclasses.replace(config, bert=wider_bert, weights=str(run_dir / "hf_model"))
     with pytest.raises(ConfigError, match="'model.weights': '.*hf_model' has another shape for the model's weight"):
         build_model(wider, text)
-    with pytest.raises(ConfigError, match="'model.weights': '.*' is a Hugging Face folder; only model=bert"):
+    with pytest.raises(ConfigError, match="'.*' is a Hugging Face folder; only a BERT, GPT or Llama reads one"):
         build_model(ModelConfig(weights=str(run_dir / "hf_model")))
 
 

@@ -151,3 +151,15 @@ def test_the_low_resolution_axis_is_resampled_by_nearest_neighbour_the_others_li
     expected = torch.nn.functional.interpolate(volume.transpose(0, 1), size=(6, 4), mode="bilinear")
     assert torch.allclose(linear, expected.transpose(0, 1))
     assert resampled_volume(volume, (4, 3, 2), axis=0) is volume
+
+
+def test_nested_regions_paint_their_own_class_outermost_first():
+    """BraTS21's regions (whole tumour {1,2,3}, core {1,3}, enhancing {3}) become classes 2, 1 and 3
+    as nnU-Net's ``regions_class_order`` paints them; regions that are not nested are one line."""
+    from trainrun.errors import DataError
+    from trainrun.tasks.whole_cases import region_classes
+
+    member = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0]], dtype=torch.bool)  # (R, voxels)
+    assert region_classes(member, [[1, 2, 3], [1, 3], [3]]).tolist() == [2, 1, 3, 0]
+    with pytest.raises(DataError, match=r"region \[1, 2\] has no class of its own"):
+        region_classes(member[:2], [[1, 2], [1, 2]])

@@ -458,3 +458,107 @@ def test_llama31_8b_runs_a_few_steps_at_llama_tiny_size(tmp_path, monkeypatch):
     assert result.returncode == 0, result.stderr
     assert read_metrics(tmp_path)[-1]["batch"] == 2 and (tmp_path / "checkpoints" / "ep0-ba2" / ".metadata").is_file()
     assert json.loads((tmp_path / "summary.json").read_text())["compile"]["graph_breaks"] == 0
+
+
+def test_llama32_1b_continue_carries_its_sources_values():
+    """Against Ibrahim et al. 2024 (linear re-warming over 1 % of the run, cosine re-decay to 0.1 x
+    the peak) and recipe=llama31_8b's optimizer (MLPerf's NeMo Adam); Llama 3.2 1B's shape."""
+    cfg = compose(["recipe=llama32_1b_continue", "model.weights=/models/Llama-3.2-1B", "data.path=/data/tokens"])
+    reference = {
+        "model.name": "llama",
+        "model.llama.layers": 16,
+        "model.llama.width": 2048,
+        "model.llama.kv_heads": 8,
+        "model.llama.rope_factor": 32.0,
+        "model.llama.tie_head": True,
+        "model.weights": "/models/Llama-3.2-1B",
+        "scheduler.name": "cosine",
+        "scheduler.t_warmup": "0.01dur",
+        "scheduler.alpha_f": 0.1,
+        "optimizer.lr": 3e-5,  # a tenth of the paper's re-warming peak (trainrun's choice, said in the header)
+        "optimizer.betas": [0.9, 0.95],
+        "optimizer.weight_decay": 0.1,
+        "algorithms.gradient_clipping.threshold": 1.0,
+        "parallel.name": "fsdp",
+        "precision": "bf16",
+    }
+    _assert_values(cfg, reference)
+
+
+@pytest.mark.slow
+def test_llama32_1b_continue_runs_from_a_saved_folder_at_llama_tiny_size(tmp_path, monkeypatch):
+    from transformers import LlamaForCausalLM
+
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.data.token_store import TokenStore, read_documents
+    from trainrun.models.llama_export import hf_llama_config
+    from trainrun.schema import LlamaConfig
+
+    monkeypatch.setattr(compiled, "BACKEND", "eager")
+    documents = read_documents("stdlib_docs")[:300]
+    store = write_token_store(documents[20:], documents[:20], tmp_path / "store", 500, kind="bpe")
+    vocab = TokenStore.open(store, "train").vocab_size
+    LlamaForCausalLM(hf_llama_config(LlamaConfig(tie_head=True, rope_factor=32.0), vocab)).save_pretrained(
+        tmp_path / "hf"
+    )
+    args = ["recipe=llama32_1b_continue", f"model.weights={tmp_path / 'hf'}", f"data.path={store}", "model=llama_tiny"]
+    args += ["model.llama.tie_head=true", "model.llama.rope_factor=32.0", "data.text.max_seq_len=64"]
+    args += ["data.text.val_tokens=256", "train_batch_size=4", "eval_batch_size=4", "max_duration=2ba"]
+    args += ["eval_interval=2ba", "precision=fp32", "progress=false"]
+    result = run_here(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path / "run")[-1]["batch"] == 2
+
+
+def test_gpt2_finetune_carries_transformers_run_clm_defaults():
+    """Against transformers' run_clm.py and TrainingArguments' defaults; published GPT-2's block."""
+    cfg = compose(["recipe=gpt2_finetune", "model.weights=/models/gpt2", "data.path=/data/tokens"])
+    reference = {
+        "model.gpt.layers": 12,
+        "model.gpt.width": 768,
+        "model.gpt.bias": True,
+        "model.gpt.mlp": "gelu_tanh",
+        "model.gpt.dropout": 0.1,
+        "model.gpt.tie_head": True,
+        "data.text.max_seq_len": 1024,
+        "optimizer.lr": 5e-5,
+        "optimizer.betas": [0.9, 0.999],
+        "optimizer.eps": 1e-8,
+        "optimizer.weight_decay": 0.0,
+        "scheduler.name": "linear",
+        "scheduler.t_warmup": "0ba",
+        "scheduler.alpha_f": 0.0,
+        "algorithms.gradient_clipping.threshold": 1.0,
+        "train_batch_size": 8,
+        "max_duration": "3ep",
+        "precision": "fp32",
+    }
+    _assert_values(cfg, reference)
+
+
+@pytest.mark.slow
+def test_gpt2_finetune_runs_from_a_saved_gpt2_folder_at_a_tiny_size(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.data.token_store import TokenStore, read_documents
+
+    documents = read_documents("stdlib_docs")[:300]
+    store = write_token_store(documents[20:], documents[:20], tmp_path / "store", 500, kind="bpe")
+    vocab = TokenStore.open(store, "train").vocab_size
+    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4)).save_pretrained(
+        tmp_path / "hf"
+    )
+    args = ["recipe=gpt2_finetune", f"model.weights={tmp_path / 'hf'}", f"data.path={store}", "model.gpt.layers=2"]
+    args += ["model.gpt.heads=4", "model.gpt.width=64", "model.gpt.max_seq_len=64", "data.text.max_seq_len=64"]
+    args += [
+        "train_batch_size=4",
+        "max_duration=2ba",
+        "eval_interval=2ba",
+        "data.text.val_tokens=256",
+        "progress=false",
+    ]
+    result = run_here(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    assert read_metrics(tmp_path / "run")[-1]["batch"] == 2
+    assert (tmp_path / "run" / "hf_model" / "model.safetensors").is_file()  # exported back as a GPT-2

@@ -71,7 +71,7 @@ class GPTConfig:
     positions: str = choice_field("learned", "learned", "rotary", "alibi")
     norm: str = choice_field("layernorm", "layernorm", "rmsnorm")
     qk_norm: bool = False  # RMS-normalise queries and keys per head before attention
-    mlp: str = choice_field("gelu", "gelu", "relu2")
+    mlp: str = choice_field("gelu", "gelu", "gelu_tanh", "relu2")  # gelu_tanh: published GPT-2's approximation
     tie_head: bool = True  # the output head shares the token embedding
     logit_softcap: float | None = field(default=None, metadata={"exclusive_min": 0})  # c * tanh(logits / c)
     zero_init: bool = False  # attention and MLP output projections (and an untied head) start at zero

@@ -220,10 +220,11 @@ class MLP(nn.Module):
         self.up = nn.Linear(config.width, 4 * config.width, bias=config.bias)
         self.proj = nn.Linear(4 * config.width, config.width, bias=config.bias)
         self.relu_squared = config.mlp == "relu2"
+        self.approximate = "tanh" if config.mlp == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.up(x)
-        hidden = F.relu(hidden).square() if self.relu_squared else F.gelu(hidden)
+        hidden = F.relu(hidden).square() if self.relu_squared else F.gelu(hidden, approximate=self.approximate)
         return self.proj(hidden)
 
 
@@ -339,6 +340,12 @@ class GPT(nn.Module):
         """Weights that stack several matrices by rows, and how many: each block's fused q, k and v
         (Muon orthogonalises and scales them as three, as the speedrun's separate matrices)."""
         return {f"blocks.{index}.attention.qkv.weight": 3 for index in range(len(self.blocks))}
+
+    def published_state(self, source: Path) -> dict[str, torch.Tensor]:
+        """This model's state dict from a published ``GPT2LMHeadModel`` folder (``model.weights``)."""
+        from trainrun.models.gpt2_export import gpt2_state
+
+        return gpt2_state(self, source)
 
     def export_pretrained(self, tokenizer_file: Path, separator: int, directory: Path) -> str | None:
         """Write ``directory`` as a ``GPT2LMHeadModel`` and its tokenizer; or say why it cannot hold this GPT."""

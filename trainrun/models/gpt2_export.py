@@ -1,10 +1,12 @@
-"""trainrun's GPT as a ``transformers`` ``GPT2LMHeadModel``, where it has GPT-2's shape.
+"""trainrun's GPT and ``transformers``' ``GPT2LMHeadModel``, both ways, where it has GPT-2's shape.
 
-GPT-2's block is trainrun's with ``positions: learned``, ``norm: layernorm``, ``mlp: gelu``, no
-QK-norm, no soft-cap and no ALiBi; each weight maps to one of GPT-2's (its ``Conv1D`` layers hold
-the transpose of a ``Linear``'s weight; missing biases are zeros) and the configuration says exact
-GELU. The vocabulary is trainrun's padded one (a multiple of 64): logits past the store's own
-vocabulary are the padding rows'.
+GPT-2's block is trainrun's with ``positions: learned``, ``norm: layernorm``, a GELU MLP (published
+GPT-2's is the tanh approximation, ``mlp: gelu_tanh``), no QK-norm, no soft-cap and no ALiBi; each
+weight maps to one of GPT-2's (:func:`gpt2_names`: its ``Conv1D`` layers hold the transpose of a
+``Linear``'s weight; missing biases are zeros). The export (:func:`to_gpt2`) and the import of a
+published folder (:func:`gpt2_state`, ``model.weights``) read the same table. The vocabulary is
+trainrun's padded one (a multiple of 64): logits past the store's own vocabulary are the padding
+rows', which an import leaves as the model initialised them (the model never returns them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 
 from trainrun.atomic_io import atomic_directory
+from trainrun.errors import ConfigError
 
 
 def gpt2_mismatch(model: torch.nn.Module) -> str | None:
@@ -24,7 +27,7 @@ def gpt2_mismatch(model: torch.nn.Module) -> str | None:
         "positions are not learned": config.positions != "learned" or model.positions is None,
         "its norm is RMSNorm": config.norm != "layernorm",
         "it normalises queries and keys": config.qk_norm,
-        "its MLP is ReLU²": config.mlp != "gelu",
+        "its MLP is ReLU²": config.mlp == "relu2",
         "its logits are soft-capped": config.logit_softcap is not None,
         "it masks attention by document": config.document_mask,
         "its attention is windowed": model.window is not None,
@@ -33,20 +36,36 @@ def gpt2_mismatch(model: torch.nn.Module) -> str | None:
     return next((reason for reason, differs in differences.items() if differs), None)
 
 
-def to_gpt2(model: torch.nn.Module, end_of_text: int | None = None):
-    """A ``GPT2LMHeadModel`` with ``model``'s weights (``model`` must have GPT-2's shape) whose
-    beginning and end of text, where ``generate`` stops, are token ``end_of_text`` (GPT-2's own
-    50256 would lie outside a store's vocabulary)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def gpt2_names(layers: int) -> list[tuple[str, str, bool]]:
+    """(GPT-2's name, trainrun's, whether GPT-2 holds the transpose) of every weight of ``layers`` blocks."""
+    names = [("transformer.wte.weight", "embed.weight", False), ("transformer.wpe.weight", "positions.weight", False)]
+    names += [(f"transformer.ln_f.{kind}", f"final_norm.{kind}", False) for kind in ("weight", "bias")]
+    for index in range(layers):
+        ours, theirs = f"blocks.{index}", f"transformer.h.{index}"
+        for norm, hf in (("attention_norm", "ln_1"), ("mlp_norm", "ln_2")):
+            names += [(f"{theirs}.{hf}.{kind}", f"{ours}.{norm}.{kind}", False) for kind in ("weight", "bias")]
+        for hf, linear in LINEARS:
+            names += [(f"{theirs}.{hf}.weight", f"{ours}.{linear}.weight", True)]
+            names += [(f"{theirs}.{hf}.bias", f"{ours}.{linear}.bias", False)]
+    return [*names, ("lm_head.weight", "head.weight", False)]
+
+
+LINEARS = (("attn.c_attn", "attention.qkv"), ("attn.c_proj", "attention.proj"), ("mlp.c_fc", "mlp.up"))
+LINEARS += (("mlp.c_proj", "mlp.proj"),)
+
+
+def hf_gpt2_config(model: torch.nn.Module, end_of_text: int | None = None):
+    """The ``transformers`` ``GPT2Config`` of trainrun's GPT ``model``."""
+    from transformers import GPT2Config
 
     config = model.config
-    hf_config = GPT2Config(
+    return GPT2Config(
         vocab_size=model.embed.num_embeddings,
         n_positions=config.max_seq_len,
         n_embd=config.width,
         n_layer=config.layers,
         n_head=config.heads,
-        activation_function="gelu",
+        activation_function="gelu_new" if config.mlp == "gelu_tanh" else "gelu",
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
@@ -55,27 +74,79 @@ def to_gpt2(model: torch.nn.Module, end_of_text: int | None = None):
         bos_token_id=end_of_text,
         eos_token_id=end_of_text,
     )
-    gpt2 = GPT2LMHeadModel(hf_config)
-    state = {"transformer.wte.weight": model.embed.weight, "transformer.wpe.weight": model.positions.weight}
-    state |= _norm("transformer.ln_f", model.final_norm)
-    for index, block in enumerate(model.blocks):
-        prefix = f"transformer.h.{index}"
-        state |= _norm(f"{prefix}.ln_1", block.attention_norm) | _norm(f"{prefix}.ln_2", block.mlp_norm)
-        for name, linear in (
-            ("attn.c_attn", block.attention.qkv),
-            ("attn.c_proj", block.attention.proj),
-            ("mlp.c_fc", block.mlp.up),
-            ("mlp.c_proj", block.mlp.proj),
-        ):
-            state[f"{prefix}.{name}.weight"] = linear.weight.T  # Conv1D: (in, out)
-            state[f"{prefix}.{name}.bias"] = (
-                linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-            )
-    state["lm_head.weight"] = model.head.weight
+
+
+def to_gpt2(model: torch.nn.Module, end_of_text: int | None = None):
+    """A ``GPT2LMHeadModel`` with ``model``'s weights (``model`` must have GPT-2's shape) whose
+    beginning and end of text, where ``generate`` stops, are token ``end_of_text`` (GPT-2's own
+    50256 would lie outside a store's vocabulary)."""
+    from transformers import GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(hf_gpt2_config(model, end_of_text))
+    ours = model.state_dict()
+    state = {}
+    for theirs, name, transposed in gpt2_names(model.config.layers):
+        if name in ours:
+            state[theirs] = ours[name].T if transposed else ours[name]
+        elif name.endswith(".bias"):  # a GPT without biases: GPT-2's are zeros
+            weight = ours[name.removesuffix(".bias") + ".weight"]
+            state[theirs] = weight.new_zeros(weight.shape[0])
     missing, unexpected = gpt2.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
     if unexpected or [name for name in missing if not name.endswith(".attn.bias")]:
         raise RuntimeError(f"GPT-2 export: missing {missing}, unexpected {unexpected}")
     return gpt2.eval()
+
+
+def gpt2_state(model: torch.nn.Module, source: Path) -> dict[str, torch.Tensor]:
+    """trainrun's state dict for ``model`` from a published ``GPT2LMHeadModel`` folder (``config.json``
+    checked, every weight by :func:`gpt2_names`, names with or without ``transformer.``; the padding
+    rows of the vocabulary kept as initialised); one line naming the first difference or missing weight."""
+    from trainrun.models.weights import KEY, published_config, published_tensors
+
+    mismatch = published_gpt2_mismatch(model, published_config(source))
+    if mismatch:
+        raise ConfigError(f"bad value for '{KEY}': '{source}' does not fit the model: {mismatch}")
+    tensors = {name.removeprefix("transformer."): value for name, value in published_tensors(source).items()}
+    state = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    for theirs, name, transposed in gpt2_names(model.config.layers):
+        tensor = tensors.get(theirs.removeprefix("transformer."))
+        if tensor is None and name == "head.weight":  # a tied head: the embedding
+            tensor = tensors.get("wte.weight")
+        if tensor is None:
+            raise ConfigError(f"bad value for '{KEY}': '{source}' lacks the weight '{theirs}'")
+        tensor = tensor.T if transposed else tensor
+        state[name][: tensor.shape[0]] = tensor  # the embedding and head: the published rows of the padded ones
+    return state
+
+
+def published_gpt2_mismatch(model: torch.nn.Module, published) -> str | None:
+    """The first way a published GPT-2 config differs from trainrun's GPT ``model`` (one phrase), or None."""
+    if published.model_type != "gpt2":
+        return f"it is a {published.model_type} model, not a GPT-2"
+    reason = gpt2_mismatch(model)
+    if reason is not None:
+        return f"a GPT-2 cannot hold this GPT: {reason}"
+    if not model.config.bias:
+        return "GPT-2's linear layers have biases: set model.gpt.bias=true"
+    if published.vocab_size != model.vocab_size:
+        return f"its vocabulary is {published.vocab_size:,}, the data's {model.vocab_size:,} (the store's tokenizer)"
+    ours = hf_gpt2_config(model)
+    for key, setting in (
+        ("n_layer", "layers"),
+        ("n_head", "heads"),
+        ("n_embd", "width"),
+        ("n_positions", "max_seq_len"),
+    ):
+        if getattr(published, key) != getattr(ours, key):
+            return f"its {key} is {getattr(published, key)}, model.gpt.{setting} {getattr(ours, key)}"
+    if published.activation_function != ours.activation_function:
+        wanted = "gelu_tanh" if published.activation_function in ("gelu_new", "gelu_pytorch_tanh") else "gelu"
+        return f"its activation is {published.activation_function}: set model.gpt.mlp={wanted}"
+    if published.tie_word_embeddings != ours.tie_word_embeddings:
+        return (
+            f"its tie_word_embeddings is {published.tie_word_embeddings}, model.gpt.tie_head {ours.tie_word_embeddings}"
+        )
+    return None
 
 
 def _norm(prefix: str, norm: torch.nn.LayerNorm) -> dict[str, torch.Tensor]:

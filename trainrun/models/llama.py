@@ -103,6 +103,7 @@ class Llama(nn.Module):
     dtype (bfloat16 under autocast: the loss takes them to float32 a chunk at a time)."""
 
     transformers_class = "LlamaForCausalLM"  # what export_pretrained writes
+    starting_weights: dict[str, torch.Tensor] | None = None  # model.weights, kept until initialise sets them
 
     def __init__(self, config: LlamaConfig, vocab_size: int) -> None:
         super().__init__()
@@ -134,9 +135,11 @@ class Llama(nn.Module):
     def initialise(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Set every weight (each rank's shard of it under FSDP2) and the rotary tables, one weight at
         a time: the way a model built on the meta device is materialised after ``to_empty``. With
-        ``weights``, from them (a whole state dict) instead of the initial values."""
+        ``weights`` (a whole state dict), or the :attr:`starting_weights` ``model.weights`` gave a
+        model on the meta device, from them instead of the initial values."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
+        weights, self.starting_weights = weights if weights is not None else self.starting_weights, None
         if self.config.tie_head and self.head.weight is not self.embed.weight:  # to_empty unties them
             self.head.weight = self.embed.weight
         for name, parameter in self.named_parameters():
@@ -151,6 +154,12 @@ class Llama(nn.Module):
         )
         device = self.final_norm.weight.device
         self.rotary_cos, self.rotary_sin = angles.cos().to(device), angles.sin().to(device)
+
+    def published_state(self, source: Path) -> dict[str, torch.Tensor]:
+        """This model's state dict from a published ``LlamaForCausalLM`` folder (``model.weights``)."""
+        from trainrun.models.llama_export import llama_state
+
+        return llama_state(self, source)
 
     def export_pretrained(self, tokenizer_file: Path, separator: int, directory: Path) -> str | None:
         """Write ``directory`` as a ``LlamaForCausalLM`` and its tokenizer (every Llama fits one)."""

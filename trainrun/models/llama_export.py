@@ -1,9 +1,10 @@
-"""trainrun's Llama as a ``transformers`` ``LlamaForCausalLM`` with the same logits.
+"""trainrun's Llama and ``transformers``' ``LlamaForCausalLM``, both ways, with the same logits.
 
 Each weight maps to one of Hugging Face's Llama (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``,
 ``gate_proj``, ``up_proj``, ``down_proj``, the two RMSNorms per layer); both rotate the halves of
 each head, so no weight is permuted. The configuration carries the rotary base and Llama 3's
-frequency scaling (``rope_type: llama3``).
+frequency scaling (``rope_type: llama3``). The export (:func:`to_llama`) and the import of a
+published folder (:func:`llama_state`, ``model.weights``) read the same names and settings.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from trainrun.errors import ConfigError
 
 NAMES = {  # trainrun's name within a block -> Hugging Face's within model.layers.N
     "attention_norm": "input_layernorm",
@@ -35,34 +38,78 @@ def hf_name(name: str) -> str:
     return outside.get(name, "lm_head.weight" if name == "head.weight" else name)
 
 
+SETTINGS = {  # trainrun's Llama setting (model.llama.*) -> transformers' LlamaConfig attribute
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "width": "hidden_size",
+    "ffn_hidden": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+    "tie_head": "tie_word_embeddings",
+}
+ROPE = {  # trainrun's rotary setting -> its key in transformers' rope_parameters (Llama 3's scaling)
+    "rope_theta": "rope_theta",
+    "rope_factor": "factor",
+    "rope_low_freq_factor": "low_freq_factor",
+    "rope_high_freq_factor": "high_freq_factor",
+    "rope_original_positions": "original_max_position_embeddings",
+}
+
+
 def hf_llama_config(config, vocab_size: int, end_of_text: int | None = None):
     """The ``transformers`` ``LlamaConfig`` of trainrun's Llama settings ``config`` (a ``LlamaConfig``
     of :mod:`trainrun.schema`), its rotary scaling included."""
     from transformers import LlamaConfig
 
-    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
-    if config.rope_factor is not None:
-        rope |= {
-            "rope_type": "llama3",
-            "factor": config.rope_factor,
-            "low_freq_factor": config.rope_low_freq_factor,
-            "high_freq_factor": config.rope_high_freq_factor,
-            "original_max_position_embeddings": config.rope_original_positions,
-        }
+    scaled = config.rope_factor is not None
+    rope = {key: getattr(config, ours) for ours, key in ROPE.items() if scaled or ours == "rope_theta"}
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=config.width,
-        intermediate_size=config.ffn_hidden,
-        num_hidden_layers=config.layers,
-        num_attention_heads=config.heads,
-        num_key_value_heads=config.kv_heads,
+        **{theirs: getattr(config, ours) for ours, theirs in SETTINGS.items()},
         max_position_embeddings=max(config.max_seq_len, config.rope_original_positions + 1),
-        rms_norm_eps=config.norm_eps,
-        rope_parameters=rope,
-        tie_word_embeddings=config.tie_head,
+        rope_parameters={"rope_type": "llama3" if scaled else "default", **rope},
         bos_token_id=end_of_text,
         eos_token_id=end_of_text,
     )
+
+
+def llama_mismatch(config, vocab_size: int, published) -> str | None:
+    """The first way a published ``transformers`` Llama config differs from trainrun's settings
+    ``config`` and vocabulary (one phrase naming trainrun's key), or None where it fits."""
+    ours = hf_llama_config(config, vocab_size)
+    if published.model_type != "llama":
+        return f"it is a {published.model_type} model, not a Llama"
+    if published.vocab_size != vocab_size:
+        return f"its vocabulary is {published.vocab_size:,}, the data's {vocab_size:,} (the store's tokenizer)"
+    for setting, attribute in SETTINGS.items():
+        value, wanted = getattr(published, attribute), getattr(ours, attribute)
+        if value != wanted:
+            return f"its {attribute} is {value}, model.llama.{setting} {wanted}"
+    theirs, wanted = dict(published.rope_parameters or {}), ours.rope_parameters
+    scaled = theirs.get("rope_type") == "llama3"
+    for setting, key in ROPE.items():
+        if (theirs.get(key) != wanted[key]) if key in wanted else scaled:
+            return f"its rope {key} is {theirs.get(key)}, model.llama.{setting} {getattr(config, setting)}"
+    return None
+
+
+def llama_state(model: torch.nn.Module, source: Path) -> dict[str, torch.Tensor]:
+    """trainrun's state dict for ``model`` from a published ``LlamaForCausalLM`` folder (its
+    ``config.json`` checked against the model's settings, every weight by :func:`hf_name`; a tied
+    head is the embedding); one line naming the first difference or the first weight missing."""
+    from trainrun.models.weights import KEY, published_config, published_tensors
+
+    mismatch = llama_mismatch(model.config, model.vocab_size, published_config(source))
+    if mismatch:
+        raise ConfigError(f"bad value for '{KEY}': '{source}' does not fit the model: {mismatch}")
+    tensors = published_tensors(source)
+    state = {}
+    for name in model.state_dict():
+        wanted = hf_name(name)
+        if wanted not in tensors and not (model.config.tie_head and name == "head.weight"):
+            raise ConfigError(f"bad value for '{KEY}': '{source}' lacks the weight '{wanted}'")
+        state[name] = tensors.get(wanted, tensors.get("model.embed_tokens.weight"))
+    return state
 
 
 def to_llama(model: torch.nn.Module, end_of_text: int | None = None):

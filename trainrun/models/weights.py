@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainrun.atomic_io import atomic_directory
+from trainrun.atomic_io import atomic_directory, read_json
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from trainrun.core.checkpoint import check_shard_files, load_failure
 from trainrun.errors import CheckpointError, ConfigError
@@ -35,19 +35,69 @@ def load_weights(model: nn.Module, path: str) -> None:
 
         sharded_files_whole(source)
         state = whole_weights(source)
+    elif source.is_dir() and hasattr(model, "published_state"):  # a GPT's or a Llama's adapter
+        state = model.published_state(source)
     elif source.is_dir():
         bert = getattr(model, "bert", None)
         if bert is None:
-            raise ConfigError(f"bad value for '{KEY}': '{path}' is a Hugging Face folder; only model=bert reads one")
+            readers = "only a BERT, GPT or Llama reads one"
+            raise ConfigError(f"bad value for '{KEY}': '{path}' is a Hugging Face folder; {readers}")
         state = _hugging_face_state(bert, source)
         model = bert
     else:
         state = _weights_file(source, path)
+    on_meta = any(parameter.is_meta for parameter in model.parameters())
+    if on_meta and hasattr(model, "starting_weights"):  # set where each rank materialises its shards
+        model.starting_weights = fitting(model, state, path)
+        return
     try:  # a model built on the meta device (to be sharded) takes the tensors themselves
-        model.load_state_dict(state, assign=any(parameter.is_meta for parameter in model.parameters()))
+        model.load_state_dict(state, assign=on_meta)
     except RuntimeError as error:
         problem = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
         raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None
+
+
+def fitting(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> dict[str, torch.Tensor]:
+    """``state`` where it names every weight of ``model`` at its shape; else one line naming the first."""
+    for name, value in model.state_dict().items():
+        if name not in state or state[name].shape != value.shape:
+            found = "lacks" if name not in state else f"has shape {tuple(state[name].shape)} for"
+            shape = tuple(value.shape)
+            raise ConfigError(f"bad value for '{KEY}': '{path}' {found} the model's weight '{name}' {shape}")
+    return state
+
+
+def published_config(source: Path):
+    """The ``transformers`` config of a published folder (its ``config.json``), or one line."""
+    from transformers import AutoConfig
+
+    try:
+        with quiet_transformers():
+            return AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"bad value for '{KEY}': '{source}': {str(error).splitlines()[0]}") from None
+
+
+def published_tensors(source: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a published folder's safetensors: ``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` names, read a file at a time (safetensors maps each file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = source / "model.safetensors.index.json"
+    try:
+        files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"bad value for '{KEY}': '{index}' is not a safetensors index (weight_map)") from None
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (source / name).is_file():
+            raise ConfigError(f"bad value for '{KEY}': '{source}' has no {name} (safetensors weights)")
+        try:
+            tensors |= load_file(source / name)
+        except (SafetensorError, OSError) as error:
+            raise ConfigError(f"bad value for '{KEY}': '{source / name}': {error}") from None
+    return tensors
 
 
 def sharded_files_whole(source: Path) -> None:
