@@ -126,3 +126,48 @@ def test_a_run_started_from_a_published_llama_scores_transformers_loss_and_train
     sampled = run_here("sample", str(tmp_path / "one"), "--prompt", "The river", "--tokens", "5")
     assert sampled.returncode == 0 and sampled.stdout.startswith("The river"), sampled.stderr
     assert json.loads((tmp_path / "one" / "hf_model" / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_each_rank_reads_the_rows_torch_chunk_gives_it():
+    """FSDP2 shards dimension 0 as ``torch.chunk`` cuts it (ceil(rows / ranks) a rank, the last
+    shorter, trailing ranks empty): the rows a rank reads of a published tensor are those."""
+    from types import SimpleNamespace
+
+    from trainrun.models.llama import rows_of_rank
+
+    for rows in (301, 300, 3):
+        for ranks in (2, 3, 4, 8):
+            chunks = torch.arange(rows).chunk(ranks)
+            for rank in range(ranks):
+                mesh = SimpleNamespace(size=lambda ranks=ranks: ranks, get_local_rank=lambda rank=rank: rank)
+                held = chunks[rank] if rank < len(chunks) else torch.arange(0)
+                first, end = rows_of_rank(SimpleNamespace(shape=(rows, 8), device_mesh=mesh), len(held))
+                assert torch.equal(torch.arange(rows)[first:end], held), (rows, ranks, rank)
+
+
+def test_a_published_folders_tokenizer_must_be_the_datas(tmp_path):
+    """The folder's tokenizer.json against the store's: the same file passes; another vocabulary
+    of the same size, or of another size, is one line naming the first difference."""
+    import shutil
+
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.models.published import same_tokenizer
+
+    texts = [f"The river {index} runs past the mill." for index in range(200)]
+    store = write_token_store(texts, texts[:5], tmp_path / "store", 300, kind="bpe")
+    smaller = write_token_store(texts, texts[:5], tmp_path / "smaller", 280, kind="bpe")
+    swapped = json.loads((store / "tokenizer.json").read_text())  # the same size, two tokens' ids exchanged
+    vocabulary = swapped["model"]["vocab"]
+    first, second = list(vocabulary)[-2:]
+    vocabulary[first], vocabulary[second] = vocabulary[second], vocabulary[first]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tokenizer.json").write_text(json.dumps(swapped))
+    other = tmp_path / "other"
+    (tmp_path / "hf").mkdir()
+    shutil.copy(store / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")
+    same_tokenizer(tmp_path / "hf", store / "tokenizer.json")  # the data written with the folder's tokenizer
+    same_tokenizer(tmp_path / "hf", None)  # token shards without a tokenizer: nothing to compare
+    with pytest.raises(ConfigError, match=r"has \d+ tokens, the data.s tokenizer .*smaller.* 2\d\d \(write the data"):
+        same_tokenizer(tmp_path / "hf", smaller / "tokenizer.json")
+    with pytest.raises(ConfigError, match=r"gives '.*' id \d+, the data's tokenizer .*other.*\(write the data with"):
+        same_tokenizer(tmp_path / "hf", other / "tokenizer.json")

@@ -101,20 +101,21 @@ def gpt2_state(model: torch.nn.Module, source: Path) -> dict[str, torch.Tensor]:
     """trainrun's state dict for ``model`` from a published ``GPT2LMHeadModel`` folder (``config.json``
     checked, every weight by :func:`gpt2_names`, names with or without ``transformer.``; the padding
     rows of the vocabulary kept as initialised); one line naming the first difference or missing weight."""
-    from trainrun.models.weights import KEY, published_config, published_tensors
+    from trainrun.models.published import KEY, PublishedTensors, published_config
 
     mismatch = published_gpt2_mismatch(model, published_config(source))
     if mismatch:
         raise ConfigError(f"bad value for '{KEY}': '{source}' does not fit the model: {mismatch}")
-    tensors = {name.removeprefix("transformer."): value for name, value in published_tensors(source).items()}
+    published = PublishedTensors(source)
+    tensors = {name.removeprefix("transformer."): name for name in published}  # GPT-2's hub files lack the prefix
     state = {name: value.detach().clone() for name, value in model.state_dict().items()}
     for theirs, name, transposed in gpt2_names(model.config.layers):
-        tensor = tensors.get(theirs.removeprefix("transformer."))
-        if tensor is None and name == "head.weight":  # a tied head: the embedding
-            tensor = tensors.get("wte.weight")
-        if tensor is None:
+        found = tensors.get(theirs.removeprefix("transformer."))
+        if found is None and name == "head.weight":  # a tied head: the embedding
+            found = tensors.get("wte.weight")
+        if found is None:
             raise ConfigError(f"bad value for '{KEY}': '{source}' lacks the weight '{theirs}'")
-        tensor = tensor.T if transposed else tensor
+        tensor = published[found].T if transposed else published[found]
         state[name][: tensor.shape[0]] = tensor  # the embedding and head: the published rows of the padded ones
     return state
 

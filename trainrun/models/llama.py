@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -98,12 +99,20 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def rows_of_rank(parameter, count: int) -> tuple[int, int]:  # noqa: ANN001
+    """(first, end) of the rows of a dimension-0-sharded DTensor that this rank holds (``count`` of
+    them): torch.chunk's cut, which FSDP2 shards by (chunks of ceil(rows / ranks), the last shorter)."""
+    rows, ranks = parameter.shape[0], parameter.device_mesh.size()
+    first = min(parameter.device_mesh.get_local_rank() * -(-rows // ranks), rows)
+    return first, first + count
+
+
 class Llama(nn.Module):
     """Token ids (batch, length) to next-token logits (batch, length, vocabulary), in the compute
     dtype (bfloat16 under autocast: the loss takes them to float32 a chunk at a time)."""
 
     transformers_class = "LlamaForCausalLM"  # what export_pretrained writes
-    starting_weights: dict[str, torch.Tensor] | None = None  # model.weights, kept until initialise sets them
+    starting_weights: Mapping[str, torch.Tensor] | None = None  # model.weights, kept until initialise sets them
 
     def __init__(self, config: LlamaConfig, vocab_size: int) -> None:
         super().__init__()
@@ -132,17 +141,22 @@ class Llama(nn.Module):
         return torch.empty(parameter.shape).normal_(0.0, std, generator=generator)
 
     @torch.no_grad()
-    def initialise(self, weights: dict[str, torch.Tensor] | None = None) -> None:
+    def initialise(self, weights: Mapping[str, torch.Tensor] | None = None) -> None:
         """Set every weight (each rank's shard of it under FSDP2) and the rotary tables, one weight at
         a time: the way a model built on the meta device is materialised after ``to_empty``. With
-        ``weights`` (a whole state dict), or the :attr:`starting_weights` ``model.weights`` gave a
-        model on the meta device, from them instead of the initial values."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        ``weights`` (a whole state dict, or a published folder's tensors, of which each rank reads
+        only its rows), or the :attr:`starting_weights` ``model.weights`` gave a model on the meta
+        device, from them instead of the initial values."""
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
         weights, self.starting_weights = weights if weights is not None else self.starting_weights, None
         if self.config.tie_head and self.head.weight is not self.embed.weight:  # to_empty unties them
             self.head.weight = self.embed.weight
         for name, parameter in self.named_parameters():
+            if isinstance(parameter, DTensor) and hasattr(weights, "rows") and parameter.placements == (Shard(0),):
+                local = parameter.to_local()  # this rank's rows of a published tensor, read alone
+                local.copy_(weights.rows(name, *rows_of_rank(parameter, local.shape[0])))
+                continue
             value = weights[name] if weights is not None else self.initial_value(name, parameter)
             if isinstance(parameter, DTensor):
                 shard = distribute_tensor(value, parameter.device_mesh, parameter.placements, src_data_rank=None)

@@ -93,23 +93,23 @@ def llama_mismatch(config, vocab_size: int, published) -> str | None:
     return None
 
 
-def llama_state(model: torch.nn.Module, source: Path) -> dict[str, torch.Tensor]:
-    """trainrun's state dict for ``model`` from a published ``LlamaForCausalLM`` folder (its
-    ``config.json`` checked against the model's settings, every weight by :func:`hf_name`; a tied
-    head is the embedding); one line naming the first difference or the first weight missing."""
-    from trainrun.models.weights import KEY, published_config, published_tensors
+def llama_state(model: torch.nn.Module, source: Path):  # noqa: ANN201
+    """``model``'s weights in a published ``LlamaForCausalLM`` folder, under trainrun's names, read
+    when asked for (its ``config.json`` checked against the model's settings first; a tied head is
+    the embedding); one line naming the first difference or the first weight missing."""
+    from trainrun.models.published import KEY, PublishedTensors, Renamed, published_config
 
     mismatch = llama_mismatch(model.config, model.vocab_size, published_config(source))
     if mismatch:
         raise ConfigError(f"bad value for '{KEY}': '{source}' does not fit the model: {mismatch}")
-    tensors = published_tensors(source)
-    state = {}
-    for name in model.state_dict():
-        wanted = hf_name(name)
-        if wanted not in tensors and not (model.config.tie_head and name == "head.weight"):
-            raise ConfigError(f"bad value for '{KEY}': '{source}' lacks the weight '{wanted}'")
-        state[name] = tensors.get(wanted, tensors.get("model.embed_tokens.weight"))
-    return state
+    tensors = PublishedTensors(source)
+    names = {name: hf_name(name) for name in model.state_dict()}
+    if model.config.tie_head and names["head.weight"] not in tensors:
+        names["head.weight"] = hf_name("embed.weight")
+    missing = next((wanted for wanted in names.values() if wanted not in tensors), None)
+    if missing:
+        raise ConfigError(f"bad value for '{KEY}': '{source}' lacks the weight '{missing}'")
+    return Renamed(tensors, names)
 
 
 def to_llama(model: torch.nn.Module, end_of_text: int | None = None):

@@ -11,19 +11,20 @@ is a configuration error naming it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from trainrun.atomic_io import atomic_directory, read_json
+from trainrun.atomic_io import atomic_directory
 from trainrun.core.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from trainrun.core.checkpoint import check_shard_files, load_failure
 from trainrun.errors import CheckpointError, ConfigError
 from trainrun.models.glu import GatedIntermediate
 
 KEY = "model.weights"
+Weights = Mapping[str, torch.Tensor]  # a state dict, or a published folder's tensors read when asked for
 
 
 def load_weights(model: nn.Module, path: str) -> None:
@@ -50,6 +51,12 @@ def load_weights(model: nn.Module, path: str) -> None:
     if on_meta and hasattr(model, "starting_weights"):  # set where each rank materialises its shards
         model.starting_weights = fitting(model, state, path)
         return
+    if not isinstance(state, dict):  # a published folder's tensors, read one at a time into the model
+        fitting(model, state, path)
+        with torch.no_grad():
+            for name, value in model.state_dict().items():
+                value.copy_(state[name])
+        return
     try:  # a model built on the meta device (to be sharded) takes the tensors themselves
         model.load_state_dict(state, assign=on_meta)
     except RuntimeError as error:
@@ -57,47 +64,16 @@ def load_weights(model: nn.Module, path: str) -> None:
         raise ConfigError(f"bad value for '{KEY}': '{path}' does not fit the model: {problem}") from None
 
 
-def fitting(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> dict[str, torch.Tensor]:
+def fitting(model: nn.Module, state: Weights, path: str) -> Weights:
     """``state`` where it names every weight of ``model`` at its shape; else one line naming the first."""
     for name, value in model.state_dict().items():
-        if name not in state or state[name].shape != value.shape:
-            found = "lacks" if name not in state else f"has shape {tuple(state[name].shape)} for"
-            shape = tuple(value.shape)
-            raise ConfigError(f"bad value for '{KEY}': '{path}' {found} the model's weight '{name}' {shape}")
+        shape = (state.shape(name) if hasattr(state, "shape") else tuple(state[name].shape)) if name in state else None
+        if shape != tuple(value.shape):
+            found = "lacks" if shape is None else f"has shape {shape} for"
+            raise ConfigError(
+                f"bad value for '{KEY}': '{path}' {found} the model's weight '{name}' {tuple(value.shape)}"
+            )
     return state
-
-
-def published_config(source: Path):
-    """The ``transformers`` config of a published folder (its ``config.json``), or one line."""
-    from transformers import AutoConfig
-
-    try:
-        with quiet_transformers():
-            return AutoConfig.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigError(f"bad value for '{KEY}': '{source}': {str(error).splitlines()[0]}") from None
-
-
-def published_tensors(source: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a published folder's safetensors: ``model.safetensors``, or the shards its
-    ``model.safetensors.index.json`` names, read a file at a time (safetensors maps each file)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    index = source / "model.safetensors.index.json"
-    try:
-        files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ConfigError(f"bad value for '{KEY}': '{index}' is not a safetensors index (weight_map)") from None
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        if not (source / name).is_file():
-            raise ConfigError(f"bad value for '{KEY}': '{source}' has no {name} (safetensors weights)")
-        try:
-            tensors |= load_file(source / name)
-        except (SafetensorError, OSError) as error:
-            raise ConfigError(f"bad value for '{KEY}': '{source / name}': {error}") from None
-    return tensors
 
 
 def sharded_files_whole(source: Path) -> None:
