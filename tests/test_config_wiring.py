@@ -35,6 +35,7 @@ READ_AROUND_A_RUN = {
     "data.val": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
     "data.shards": "data=token_shards (tests/test_token_shards.py trains on llm.c shards)",
     "data.mix": "data=token_mix (tests/test_token_mix.py trains on two stores mixed)",
+    "model.shape_from_weights": "read as the config is composed (kinds.fill_published_shape), before the run",
 }
 SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.llama", "model.unet", "data.ffcv", "data.text")
 SECTIONS += ("data.segmentation", "optimizer.muon")

@@ -171,3 +171,32 @@ def test_a_published_folders_tokenizer_must_be_the_datas(tmp_path):
         same_tokenizer(tmp_path / "hf", smaller / "tokenizer.json")
     with pytest.raises(ConfigError, match=r"gives '.*' id \d+, the data's tokenizer .*other.*\(write the data with"):
         same_tokenizer(tmp_path / "hf", other / "tokenizer.json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt"])
+def test_model_llama_or_gpt_takes_the_published_folders_shape(tmp_path, kind):
+    """``model=llama`` / ``model=gpt`` name no preset: the shape is the folder's config.json's,
+    written into the run's config.yaml (so that sample and a resume build it), and the run starts
+    from the folder's weights; without a folder it is one line."""
+    import yaml
+
+    from trainrun.data.store_writer import write_token_store
+    from trainrun.data.token_store import TokenStore
+
+    documents = [f"The river {index} runs past the mill and the town of {index * 7}." for index in range(300)]
+    store = write_token_store(documents[20:], documents[:20], tmp_path / "store", 300, kind="bpe")
+    vocab = TokenStore.open(store, "train").vocab_size
+    (saved_llama if kind == "llama" else saved_gpt2)(tmp_path / "hf", vocab=vocab)
+    args = ["task=causal_lm", "data=token_stream", f"data.path={store}", f"model={kind}", "data.text.max_seq_len=32"]
+    args += ["train_batch_size=4", "optimizer=adamw", "max_duration=2ba", "progress=false"]
+    result = run_here(*args, f"model.weights={tmp_path / 'hf'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"][kind]
+    expected = {"layers": 2, "heads": 4, "width": 64}  # the context: the folder's max_position_embeddings
+    llama = {"kv_heads": 2, "ffn_hidden": 96, "rope_factor": 32.0, "max_seq_len": 8193}
+    expected |= llama if kind == "llama" else {"mlp": "gelu_tanh", "max_seq_len": 64}
+    assert {key: written[key] for key in expected} == expected
+    assert run_here("sample", str(tmp_path / "run"), "--prompt", "The river", "--tokens", "3").returncode == 0
+    missing = run_here(*args, f"hydra.run.dir={tmp_path / 'other'}")
+    assert missing.returncode == 2 and "has no config.json to read model=" in missing.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from trainrun.errors import ConfigError
 from trainrun.quality import Quality
 
 KIND_ORDER = ("task", "data", "model")  # a run's kinds, in the order validation reads them
@@ -67,6 +69,9 @@ class KindSpec:
     # a language model's vocabulary as published (its tokenizer's), which trainrun estimate sizes
     # the model with where the run names no data to read it from
     published_vocab: int | None = None
+    # a language model's settings (model.<name>.*) from a published folder's config.json, for
+    # model.shape_from_weights
+    published_shape: Callable[[dict], dict] | None = None
     # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
     # "text.max_seq_len"); a run that sets another under data is refused
     reads: tuple[str, ...] = ()
@@ -161,3 +166,30 @@ def option_names(kind: str, default: str) -> dict[str, str]:
             option = yaml.safe_load((folder / f"{parent}.yaml").read_text()) or {}
         found[path.stem] = option.get("name", default)
     return found
+
+
+def fill_published_shape(composed: Any) -> None:
+    """``model.shape_from_weights`` (``model=llama``, ``model=gpt``): the model's settings read from
+    ``model.weights``' ``config.json`` into the composed config, so that the run, its config.yaml and
+    whatever reads that later build the published shape; one line where there is none to read."""
+    from omegaconf import OmegaConf
+
+    model = composed.get("model") or {}
+    if not model.get("shape_from_weights"):
+        return
+    spec = specs("model").get(model.get("name"))
+    if spec is None or spec.published_shape is None:
+        name = model.get("name")
+        raise ConfigError(f"bad value for 'model.shape_from_weights': model={name} reads no published shape")
+    folder = Path(str(model.get("weights") or "")).expanduser()
+    if not model.get("weights") or not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"bad value for 'model.weights': '{model.get('weights')}' has no config.json to read "
+            f"model={model.get('name')}'s shape from (a Hugging Face save_pretrained folder)"
+        )
+    try:
+        published = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"bad value for 'model.weights': '{folder / 'config.json'}' is not JSON ({error})") from None
+    for key, value in spec.published_shape(published).items():
+        OmegaConf.update(composed, f"model.{spec.name}.{key}", value, merge=False)

@@ -127,9 +127,11 @@ class ModelConfig:
     name: str = choice_field("resnet_small", *names("model"))
     num_classes: int = positive_field(10)
     initializers: list[str] = field(default_factory=lambda: list(INITIALIZERS))
-    # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert),
-    # a torch.save'd state dict, or a trainrun checkpoint
+    # start from these weights, not the initialisers: a Hugging Face save_pretrained folder (bert,
+    # gpt, llama), a torch.save'd state dict, or a trainrun checkpoint
     weights: str | None = None
+    # gpt, llama (model=gpt, model=llama): the shape read from model.weights' config.json, not a preset's
+    shape_from_weights: bool = False
     resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
     bert: BertConfig = field(default_factory=BertConfig)
     gpt: GPTConfig = field(default_factory=GPTConfig)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from trainrun.errors import ConfigError
+from trainrun.models.specs.llama import ROPE, SETTINGS
 
 NAMES = {  # trainrun's name within a block -> Hugging Face's within model.layers.N
     "attention_norm": "input_layernorm",
@@ -36,24 +37,6 @@ def hf_name(name: str) -> str:
         return f"model.layers.{index}.{NAMES[inner]}.weight"
     outside = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}
     return outside.get(name, "lm_head.weight" if name == "head.weight" else name)
-
-
-SETTINGS = {  # trainrun's Llama setting (model.llama.*) -> transformers' LlamaConfig attribute
-    "layers": "num_hidden_layers",
-    "heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "width": "hidden_size",
-    "ffn_hidden": "intermediate_size",
-    "norm_eps": "rms_norm_eps",
-    "tie_head": "tie_word_embeddings",
-}
-ROPE = {  # trainrun's rotary setting -> its key in transformers' rope_parameters (Llama 3's scaling)
-    "rope_theta": "rope_theta",
-    "rope_factor": "factor",
-    "rope_low_freq_factor": "low_freq_factor",
-    "rope_high_freq_factor": "high_freq_factor",
-    "rope_original_positions": "original_max_position_embeddings",
-}
 
 
 def hf_llama_config(config, vocab_size: int, end_of_text: int | None = None):

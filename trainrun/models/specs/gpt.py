@@ -10,6 +10,22 @@ from trainrun.kinds import Capability, KindSpec
 from trainrun.models.specs import check_even_heads, check_window_limit, refuse_initializers
 
 
+def published_shape(published: dict) -> dict:
+    """``model.gpt.*`` from a ``GPT2LMHeadModel``'s ``config.json``: GPT-2's block (learned positions,
+    LayerNorm, biases, its GELU, its dropout); one line where it is not a GPT-2."""
+    if published.get("model_type") != "gpt2":
+        raise ConfigError(
+            f"bad value for 'model.weights': its config.json is a {published.get('model_type')}, not a gpt2"
+        )
+    tanh = published.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh")
+    return {
+        "layers": published["n_layer"], "heads": published["n_head"], "width": published["n_embd"],
+        "max_seq_len": published["n_positions"], "positions": "learned", "norm": "layernorm", "bias": True,
+        "mlp": "gelu_tanh" if tanh else "gelu", "tie_head": published.get("tie_word_embeddings", True),
+        "dropout": published.get("resid_pdrop", 0.1),
+    }  # fmt: skip
+
+
 def check(config: Any) -> None:
     """Heads of an even size, value-embedding tables for at most half the blocks, windows within
     the positions the model has (or a method gives it)."""
@@ -37,5 +53,6 @@ SPECS = (
         ),
         check=check,
         published_vocab=50_257,  # GPT-2's tokenizer
+        published_shape=published_shape,
     ),
 )
