@@ -361,3 +361,13 @@ def test_the_gpu_peer_sections_run_at_tiny_size_on_a_cpu(tmp_path, sections):
     assert {"trainrun", "trainrun, channels-last", "trainrun, mild"} & rows
     if "gpt" in sections:
         assert "to nanoGPT's final loss" in text, text
+
+
+@pytest.mark.slow
+def test_published_load_bench_prints_what_each_way_of_reading_a_folder_adds(tmp_path):
+    args = ["--width", "64", "--layers", "2", "--vocab", "300", "--shard", "50KB"]
+    result = bench("published_load.py", str(tmp_path), *args)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert {"trainrun", "whole files"} <= set(rows) and "whole files / trainrun, memory added: " in result.stdout
+    assert "safetensors file(s)" in result.stdout and len(list(tmp_path.glob("*/*.safetensors"))) > 1
