@@ -117,20 +117,24 @@ def test_an_nnunet_v2_raw_folder_is_read_as_the_same_cases_as_the_decathlon_layo
 
 
 def test_held_out_cases_are_prepared_at_the_training_stores_spacing_and_ct_statistics(tmp_path):
-    """``trainrun ensemble --data HELDOUT`` prepares the held-out cases as the model saw its
+    """``trainrun ensemble`` and ``trainrun predict`` prepare a held-out case as the model saw its
     training cases: at the training store's voxel spacing, CT scaled by the training set's statistics."""
     from trainrun.commands.ensemble import training_reference
+    from trainrun.tasks.whole_cases import Preparation, prepared
 
     write_ct_task(tmp_path / "train")
     write_ct_task(tmp_path / "held", cases=2, voxel_mm=2.0)  # coarser voxels, another foreground
     train = DataConfig(name="decathlon", path=str(tmp_path / "train"), cache_dir=str(tmp_path / "c"))
     held = DataConfig(name="decathlon", path=str(tmp_path / "held"), cache_dir=str(tmp_path / "c"))
     reference = training_reference(train)
-    prepared = VolumeStore.open(store_path(held, reference=reference))
+    preparation = Preparation.of(reference, None, classes=2)
     own = VolumeStore.open(store_path(held))  # the folder alone: its own spacing and statistics
-    index, alone = (json.loads((store.path / "index.json").read_text()) for store in (prepared, own))
-    assert index["normalisation"]["ct"] == reference["normalisation"]["ct"] != alone["normalisation"]["ct"]
-    assert index["spacing"] == reference["spacing"] == [1.0, 1.0, 1.0] and alone["spacing"] == [2.0, 2.0, 2.0]
-    assert prepared.label(0).shape[0] == 2 * own.label(0).shape[0]  # resampled to 1 mm: twice the slices
+    alone = json.loads((own.path / "index.json").read_text())
+    assert preparation.ct[0] == reference["normalisation"]["ct"]["0"] != alone["normalisation"]["ct"]["0"]
+    assert list(preparation.spacing) == reference["spacing"] == [1.0, 1.0, 1.0] and alone["spacing"] == [2.0] * 3
+    case = prepared((tmp_path / "held" / "imagesTr" / "CT_000.nii.gz",), preparation, channels=2)
+    assert case.volume.shape[1] == 2 * own.label(0).shape[0]  # resampled to 1 mm: twice the slices
+    stats = preparation.ct[0]  # the metal voxel clipped at the training set's 99.5th percentile
+    assert float(case.volume[0].max()) <= (stats["upper"] - stats["mean"]) / stats["std"] + 1e-2
     synthetic = DataConfig(name="synthetic_brats", cache_dir=str(tmp_path / "c"))
     assert training_reference(synthetic) is None  # a built-in set has no folder to follow

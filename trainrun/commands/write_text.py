@@ -90,6 +90,8 @@ def checked(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")
     if args.dtype != "auto" and args.tokenizer is None:
         check_token_dtype(args.vocab_size, args.dtype)
+    if args.corpus in BUILTIN_CORPORA and args.split is not None:
+        raise ConfigError(f"bad value for '--split': the built-in corpus {args.corpus} has no splits of its own")
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
     least = {"--workers": (args.workers, 0), "--shard-tokens": (args.shard_tokens, 1)}
@@ -108,8 +110,6 @@ def write_text_command(argv: list[str]) -> int:
     args = write_text_arguments(argv)
     console = Console(highlight=False)
     console.print(f"reading {args.corpus}")
-    if args.corpus in BUILTIN_CORPORA and args.split is not None:
-        raise ConfigError(f"bad value for '--split': the built-in corpus {args.corpus} has no splits of its own")
     if args.corpus in BUILTIN_CORPORA:  # held in memory, split as a run reading it does
         train, val = split_documents(read_documents(args.corpus), args.val_fraction, args.split_seed)
         write_token_store(train, val, args.out, args.vocab_size, args.tokenizer, args.dtype, args.tokenizer_kind)

@@ -47,6 +47,7 @@ from trainrun.errors import DataError
 ANISOTROPY = 3.0  # nnU-Net's: a spacing whose coarsest side is over 3x its finest is resampled apart
 NIFTI_ENDINGS = (".nii.gz", ".nii")
 CHANNEL_SUFFIX = re.compile(r"(?P<case>.+)_(?P<channel>\d{4})")  # nnU-Net v2's CASE_0000: a file a channel
+UNNAMED = 255  # the class of a label value dataset.json does not name
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
 SAMPLING = ("sampling the CT intensities of", "sampled")  # CaseProgress's words for the statistics' pass
 Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its image file(s), its label file
@@ -246,6 +247,14 @@ def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tupl
     return image.numpy(), label.to(torch.uint8).numpy()
 
 
+def class_lookup(values: Sequence[int]) -> np.ndarray:
+    """Label value -> class index, for uint8 label maps: the values as dataset.json lists them
+    (BraTS21's 0, 1, 2, 4) become classes 0 .. K-1, and any other value :data:`UNNAMED`."""
+    lookup = np.full(256, UNNAMED, np.uint8)
+    lookup[list(values)] = np.arange(len(values))
+    return lookup
+
+
 def checked_case(case: Case, channels: int, lookup: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A case's image and its label as class indices, its channels and label values checked."""
     _, image_files, label_file = case
@@ -253,7 +262,7 @@ def checked_case(case: Case, channels: int, lookup: np.ndarray) -> tuple[np.ndar
     if image.shape[0] != channels:
         raise DataError(f"{image_files[0].name} has {image.shape[0]} channel(s); dataset.json names {channels}")
     label = lookup[label]
-    if (label == 255).any():
+    if (label == UNNAMED).any():
         raise DataError(f"{label_file.name} holds a label value that dataset.json's labels do not name")
     return image, label
 
@@ -284,28 +293,20 @@ def _one_thread() -> None:
     torch.set_num_threads(1)  # a worker per core: each case's arithmetic on one thread
 
 
-def write_decathlon(source: Path, path: Path, workers: int = 0, reference: dict | None = None) -> None:
+def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     """The task folder ``source`` as a volume store in ``path``: the missing cases prepared (in
-    ``workers`` processes), then the index. With ``reference`` (a training store's index), held-out
-    cases are resampled to its spacing and its CT channels scaled by its statistics, as the model saw."""
+    ``workers`` processes), then the index."""
     described, cases = decathlon_listing(source)
     channels = channel_names(described)
-    if reference is not None and reference["channels"] != channels:
-        raise DataError(f"'{source}' has channels {channels}; the training store's are {reference['channels']}")
     values = sorted(int(key) for key in described["labels"])
     labels = [described["labels"][str(value)] for value in values]
-    # label values as dataset.json lists them (BraTS21's 0, 1, 2, 4) become class indices 0 .. K-1
-    lookup = np.full(256, 255, np.uint8)
-    lookup[values] = np.arange(len(values))
+    lookup = class_lookup(values)
     target = tuple(float(side) for side in np.median([voxel_spacing(images[0]) for _, images, _ in cases], axis=0))
     path.mkdir(parents=True, exist_ok=True)
     schemes = tuple(normalisation(channel) for channel in channels)
     ct_channels = [index for index, scheme in enumerate(schemes) if scheme == "ct"]
     ct = {}
-    if reference is not None:  # the training store's spacing and statistics, not this folder's own
-        target = tuple(reference.get("spacing") or target)
-        ct = {int(channel): stats for channel, stats in reference.get("normalisation", {}).get("ct", {}).items()}
-    elif ct_channels:  # the training set's foreground statistics first: every case's sample
+    if ct_channels:  # the training set's foreground statistics first: every case's sample
         unsampled = [case for case in cases if not (path / f"{case[0]}_foreground.npy").is_file()]
         sampling = CaseProgress(len(cases), len(cases) - len(unsampled), source, path, SAMPLING)
         run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, sampling)

@@ -91,9 +91,8 @@ def write_synthetic(path: Path, cases: int, shape: Sequence[int]) -> None:
     write_index(path, names, SYNTHETIC_MODALITIES, SYNTHETIC_LABELS)
 
 
-def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS, reference: dict | None = None) -> Path:
-    """The volume store of ``config``'s source, written first if missing (each node's local rank 0);
-    with ``reference`` (a training store's index) prepared at its spacing and CT statistics."""
+def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS) -> Path:
+    """The volume store of ``config``'s source, written first if missing (each node's local rank 0)."""
     segmentation = config.segmentation
     if config.name == "synthetic_brats":
         identity = {"cases": segmentation.synthetic_cases, "shape": list(segmentation.synthetic_shape)}
@@ -105,11 +104,9 @@ def store_path(config: DataConfig, placement: Placement = SINGLE_PROCESS, refere
         _, cases = decathlon_listing(source)
         files = [file for _, images, label in cases for file in (*images, label)]
         identity = {"source": str(source), "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
-        if reference is not None:
-            identity["reference"] = {key: reference.get(key) for key in ("spacing", "normalisation")}
 
         def write(path: Path) -> None:
-            write_decathlon(source, path, config.num_workers, reference)
+            write_decathlon(source, path, config.num_workers)
 
     prefix = cache_prefix(config.cache_dir, config.name, {**identity, "version": STORE_VERSION})
     write_once_per_node(prefix, (prefix / "index.json").is_file, lambda: write(prefix), placement)

@@ -58,6 +58,16 @@ def affine_order(seed: int, corpus: int, passes: int, windows: int) -> tuple[int
             return multiplier, int(generator.integers(0, windows))
 
 
+def gathered(corpora: list[TokenWindows], corpus: np.ndarray, window: np.ndarray) -> torch.Tensor:
+    """Window ``window[i]`` of corpus ``corpus[i]`` for each i, as one batch: each corpus's windows
+    gathered at once (:meth:`TokenWindows.__getitems__`), in the batch's order."""
+    batch = torch.empty((len(corpus), corpora[0].max_seq_len + 1), dtype=torch.int64)
+    for k in np.unique(corpus).tolist():
+        rows = np.flatnonzero(corpus == k)
+        batch[torch.from_numpy(rows)] = corpora[k].__getitems__(window[rows].tolist())
+    return batch
+
+
 class MixedWindows(Dataset):
     """The training windows of several corpora in set proportions (the module's rule). Torch's
     loader asks for ``(epoch, index)`` keys through :meth:`gather_keyed`; an index alone is read
@@ -97,12 +107,7 @@ class MixedWindows(Dataset):
         """The windows of samples ``(epoch, index)`` under the run's ``seed``, gathered a corpus at a time."""
         epochs = np.array([epoch for epoch, _ in keys], dtype=np.int64)
         index = np.array([index for _, index in keys], dtype=np.int64)
-        corpus, window = self.source_windows(seed, epochs, index)
-        batch = torch.empty((len(keys), self.corpora[0].max_seq_len + 1), dtype=torch.int64)
-        for k in np.unique(corpus).tolist():
-            rows = np.flatnonzero(corpus == k)
-            batch[torch.from_numpy(rows)] = self.corpora[k].__getitems__(window[rows].tolist())
-        return batch
+        return gathered(self.corpora, *self.source_windows(seed, epochs, index))
 
 
 class SourcedWindows(Dataset):
@@ -119,10 +124,7 @@ class SourcedWindows(Dataset):
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         index = np.asarray(indices, dtype=np.int64)
         corpus = np.searchsorted(self.starts, index, side="right") - 1
-        windows = torch.empty((len(index), self.corpora[0].max_seq_len + 1), dtype=torch.int64)
-        for k in np.unique(corpus).tolist():
-            rows = np.flatnonzero(corpus == k)
-            windows[torch.from_numpy(rows)] = self.corpora[k].__getitems__((index[rows] - self.starts[k]).tolist())
+        windows = gathered(self.corpora, corpus, index - self.starts[corpus])
         return {"windows": windows, "source": torch.from_numpy(corpus)}
 
 

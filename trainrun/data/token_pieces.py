@@ -27,19 +27,21 @@ class MappedTokens:
 
     def __init__(self, path: Path, dtype: str | np.dtype, count: int, offset: int = 0) -> None:
         self.path, self.dtype, self.count, self.offset = Path(path), np.dtype(dtype), count, offset
+        self.key = (str(self.path), self.dtype.str, count, offset)  # its mapping's, among the process's
 
     def __len__(self) -> int:
         return self.count
 
     @property
     def mapped(self) -> np.memmap:
-        key = (self.path, self.dtype.str, self.count, self.offset)
-        mapping = _open.pop(key, None)
-        if mapping is None:
-            mapping = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
-            while len(_open) >= OPEN_FILES:
-                _open.popitem(last=False)
-        _open[key] = mapping
+        mapping = _open.get(self.key)
+        if mapping is not None:  # every batch's read: the mapping moved to the most recently read
+            _open.move_to_end(self.key)
+            return mapping
+        mapping = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        while len(_open) >= OPEN_FILES:
+            _open.popitem(last=False)
+        _open[self.key] = mapping
         return mapping
 
     def __getitem__(self, key: slice | np.ndarray | int) -> np.ndarray:

@@ -148,14 +148,14 @@ def write_index(
     channels: Sequence[str],
     labels: Sequence[str],
     spacing: Sequence[float] = (),
-    normalised: dict | None = None,
+    intensities: dict | None = None,
     values: Sequence[int] = (),
 ) -> None:
     """Written last: a store with an index is complete. ``spacing``: the voxels' (D, H, W) in mm;
-    ``normalised``: each channel's scheme and the CT channels' statistics; ``values``: the label
+    ``intensities``: each channel's scheme and the CT channels' statistics; ``values``: the label
     value of each class in the task's files (BraTS: 0, 1, 2, 4)."""
     index = {"version": STORE_VERSION, "cases": list(cases), "channels": list(channels), "labels": list(labels)}
     index |= {"label_values": list(values)} if values else {}
     index |= {"spacing": list(spacing)} if spacing else {}
-    index |= {"normalisation": normalised} if normalised else {}
+    index |= {"normalisation": intensities} if intensities else {}
     atomic_write_text(path / "index.json", json.dumps(index, indent=1))

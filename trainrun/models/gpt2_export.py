@@ -18,6 +18,7 @@ import torch
 
 from trainrun.atomic_io import atomic_directory
 from trainrun.errors import ConfigError
+from trainrun.models.specs.gpt import SETTINGS, TANH_GELUS, mlp_of
 
 
 def gpt2_mismatch(model: torch.nn.Module) -> str | None:
@@ -61,16 +62,12 @@ def hf_gpt2_config(model: torch.nn.Module, end_of_text: int | None = None):
     config = model.config
     return GPT2Config(
         vocab_size=model.embed.num_embeddings,
-        n_positions=config.max_seq_len,
-        n_embd=config.width,
-        n_layer=config.layers,
-        n_head=config.heads,
-        activation_function="gelu_new" if config.mlp == "gelu_tanh" else "gelu",
+        **{theirs: getattr(config, ours) for ours, theirs in SETTINGS.items()},
+        activation_function=TANH_GELUS[0] if config.mlp == "gelu_tanh" else "gelu",
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
         layer_norm_epsilon=model.final_norm.eps,
-        tie_word_embeddings=config.tie_head,
         bos_token_id=end_of_text,
         eos_token_id=end_of_text,
     )
@@ -101,7 +98,8 @@ def gpt2_state(model: torch.nn.Module, source: Path) -> dict[str, torch.Tensor]:
     """trainrun's state dict for ``model`` from a published ``GPT2LMHeadModel`` folder (``config.json``
     checked, every weight by :func:`gpt2_names`, names with or without ``transformer.``; the padding
     rows of the vocabulary kept as initialised); one line naming the first difference or missing weight."""
-    from trainrun.models.published import KEY, PublishedTensors, published_config
+    from trainrun.models.published import PublishedTensors, published_config
+    from trainrun.models.weights import KEY
 
     mismatch = published_gpt2_mismatch(model, published_config(source))
     if mismatch:
@@ -131,22 +129,13 @@ def published_gpt2_mismatch(model: torch.nn.Module, published) -> str | None:
         return "GPT-2's linear layers have biases: set model.gpt.bias=true"
     if published.vocab_size != model.vocab_size:
         return f"its vocabulary is {published.vocab_size:,}, the data's {model.vocab_size:,} (the store's tokenizer)"
-    ours = hf_gpt2_config(model)
-    for key, setting in (
-        ("n_layer", "layers"),
-        ("n_head", "heads"),
-        ("n_embd", "width"),
-        ("n_positions", "max_seq_len"),
-    ):
-        if getattr(published, key) != getattr(ours, key):
-            return f"its {key} is {getattr(published, key)}, model.gpt.{setting} {getattr(ours, key)}"
-    if published.activation_function != ours.activation_function:
-        wanted = "gelu_tanh" if published.activation_function in ("gelu_new", "gelu_pytorch_tanh") else "gelu"
-        return f"its activation is {published.activation_function}: set model.gpt.mlp={wanted}"
-    if published.tie_word_embeddings != ours.tie_word_embeddings:
-        return (
-            f"its tie_word_embeddings is {published.tie_word_embeddings}, model.gpt.tie_head {ours.tie_word_embeddings}"
-        )
+    for setting, key in SETTINGS.items():
+        value, wanted = getattr(published, key), getattr(model.config, setting)
+        if value != wanted:
+            return f"its {key} is {value}, model.gpt.{setting} {wanted}"
+    activation = published.activation_function
+    if mlp_of(activation) != model.config.mlp:
+        return f"its activation is {activation}: set model.gpt.mlp={mlp_of(activation)}"
     return None
 
 

@@ -80,7 +80,8 @@ def llama_state(model: torch.nn.Module, source: Path):  # noqa: ANN201
     """``model``'s weights in a published ``LlamaForCausalLM`` folder, under trainrun's names, read
     when asked for (its ``config.json`` checked against the model's settings first; a tied head is
     the embedding); one line naming the first difference or the first weight missing."""
-    from trainrun.models.published import KEY, PublishedTensors, Renamed, published_config
+    from trainrun.models.published import PublishedTensors, Renamed, published_config
+    from trainrun.models.weights import KEY
 
     mismatch = llama_mismatch(model.config, model.vocab_size, published_config(source))
     if mismatch:

@@ -15,15 +15,12 @@ import torch
 
 from trainrun.atomic_io import read_json
 from trainrun.errors import ConfigError
-
-KEY = "model.weights"
+from trainrun.models.weights import KEY, quiet_transformers
 
 
 def published_config(source: Path):  # noqa: ANN201
     """The ``transformers`` config of a published folder (its ``config.json``), or one line."""
     from transformers import AutoConfig
-
-    from trainrun.models.weights import quiet_transformers
 
     try:
         with quiet_transformers():

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from trainrun.atomic_io import atomic_write
 from trainrun.data.decathlon import (
+    UNNAMED,
+    class_lookup,
     low_resolution_axis,
     read_image,
     read_label,
@@ -138,10 +140,8 @@ def map_dice(task: Segmentation, predicted: torch.Tensor, truth: torch.Tensor) -
 
 def true_classes(label_file: Path, values: Sequence[int]) -> torch.Tensor:
     """A label file's classes (D, H, W): each value's place in ``values``; one line for another value."""
-    lookup = np.full(256, 255, np.uint8)
-    lookup[list(values)] = np.arange(len(values))
-    classes = lookup[read_label(label_file)]
-    if (classes == 255).any():
+    classes = class_lookup(values)[read_label(label_file)]
+    if (classes == UNNAMED).any():
         raise DataError(f"'{label_file}' holds a label value not among the task's {list(values)}")
     return torch.from_numpy(classes)
 

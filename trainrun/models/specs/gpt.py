@@ -9,19 +9,32 @@ from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
 from trainrun.models.specs import check_even_heads, check_window_limit, refuse_initializers
 
+SETTINGS = {  # trainrun's GPT setting (model.gpt.*) -> transformers' GPT2Config attribute
+    "layers": "n_layer",
+    "heads": "n_head",
+    "width": "n_embd",
+    "max_seq_len": "n_positions",
+    "tie_head": "tie_word_embeddings",
+}
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names of GELU's tanh approximation
+
+
+def mlp_of(activation: str) -> str:
+    """``model.gpt.mlp`` of a GPT-2 config's ``activation_function``."""
+    return "gelu_tanh" if activation in TANH_GELUS else "gelu"
+
 
 def published_shape(published: dict) -> dict:
     """``model.gpt.*`` from a ``GPT2LMHeadModel``'s ``config.json``: GPT-2's block (learned positions,
     LayerNorm, biases, its GELU, its dropout); one line where it is not a GPT-2."""
     if published.get("model_type") != "gpt2":
-        raise ConfigError(
-            f"bad value for 'model.weights': its config.json is a {published.get('model_type')}, not a gpt2"
-        )
-    tanh = published.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh")
+        found = published.get("model_type")
+        raise ConfigError(f"bad value for 'model.weights': its config.json is a {found} model, not a gpt2")
+    defaults = {"tie_word_embeddings": True}  # transformers' GPT2Config's, where config.json leaves it out
+    settings = {ours: published.get(theirs, defaults.get(theirs)) for ours, theirs in SETTINGS.items()}
+    activation = published.get("activation_function", TANH_GELUS[0])
     return {
-        "layers": published["n_layer"], "heads": published["n_head"], "width": published["n_embd"],
-        "max_seq_len": published["n_positions"], "positions": "learned", "norm": "layernorm", "bias": True,
-        "mlp": "gelu_tanh" if tanh else "gelu", "tie_head": published.get("tie_word_embeddings", True),
+        **settings, "positions": "learned", "norm": "layernorm", "bias": True, "mlp": mlp_of(activation),
         "dropout": published.get("resid_pdrop", 0.1),
     }  # fmt: skip
 
