@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from gpt import COMPANION, schedule_ratio
 from gpt_step import model_flops_per_token
-from peers import (
+from peers_shared import (
     ROOT,
     nanogpt_command,
     nanogpt_durations,
@@ -434,7 +434,7 @@ def trainer_bert_side(out: Path, device: str, scale: str, compile_model: bool, s
     """(Its own process.) Trainer trains ``BertForMaskedLM`` (the recipe's model before its methods'
     surgery, from the weights trainrun draws at ``seed``) on the run's samples with the recipe's
     masking, rates and schedule; each epoch evaluated on the held-out samples' fixed masks."""
-    from peers import bert_sets, bert_tokenizer, padded_samples
+    from peers_shared import bert_sets, bert_tokenizer, padded_samples
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, default_data_collator
 
     from trainrun.config import compose

@@ -13,7 +13,7 @@ from conftest import resume_after_step_6, run_here
 
 from trainrun.config import compose
 from trainrun.data.causal_text import TokenWindows
-from trainrun.errors import ConfigError
+from trainrun.errors import ConfigError, DataError
 from trainrun.kinds import task_spec
 from trainrun.models.gpt import (
     GPT,
@@ -298,10 +298,31 @@ def test_the_gpt_returns_fresh_logits_not_a_view(vocab):
     assert logits.shape == (2, 8, vocab) and not logits._is_view()
 
 
-def test_a_validation_cap_reads_the_first_windows_of_the_stream_by_value():
+def test_a_validation_cap_reads_the_first_windows_of_the_stream_by_value(tmp_path):
     capped = TokenWindows.of_store(Store(), 2, tokens=4)  # the first 4 tokens: 2 windows of 2 (+1)
     assert [capped[i].tolist() for i in range(len(capped))] == [[1, 2, 3], [3, 9, 4]]
-    assert len(TokenWindows.of_store(Store(), 2, tokens=1000)) == 3  # a cap beyond the stream: all of it
+    assert len(TokenWindows.of_store(Store(), 2, tokens=6)) == 3  # every window the stream holds
+    with pytest.raises(
+        DataError,
+        match=r"^bad value for 'data.text.val_tokens': 8, but the store's validation split holds 6 tokens in windows",
+    ):
+        TokenWindows.of_store(Store(), 2, tokens=8)  # one window more than there is: refused, not cut
+    # from the command line, before the run: one line, and no run folder
+    (tmp_path / "corpus.txt").write_text("\n\n".join(f"document {n} " + "words of text " * 40 for n in range(40)))
+    store = tmp_path / "store"
+    assert (
+        run_here(
+            "write-text", str(tmp_path / "corpus.txt"), str(store), "--tokenizer-kind", "bpe", "--vocab-size", "300"
+        ).returncode
+        == 0
+    )
+    held_out = json.loads((store / "store.json").read_text())["val"]["tokens"]
+    asked = (held_out // 64 + 2) * 64
+    args = ["task=causal_lm", "data=token_stream", f"data.path={store}", "model=gpt_tiny", "data.text.max_seq_len=64"]
+    result = run_here(*args, f"data.text.val_tokens={asked}", "max_duration=1ba", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"trainrun: error: bad value for 'data.text.val_tokens': {asked:,}, but ")
+    assert not (tmp_path / "run").exists()
     base = ["task=causal_lm", "data=stdlib_stream", "model=gpt_tiny", "data.text.max_seq_len=64"]
     with pytest.raises(ConfigError, match=r"^bad value for 'data.text.val_tokens': 100 \(a multiple of"):
         validate(compose([*base, "data.text.val_tokens=100"]), files=False)

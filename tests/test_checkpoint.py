@@ -183,11 +183,17 @@ def sharded_checkpoint(folder: Path) -> Path:
     return path
 
 
+def one_byte_short(shard: Path) -> None:
+    """Cut the last byte off ``shard`` (DCP writes its entries back to back: the last ends where the file does)."""
+    os.truncate(shard, shard.stat().st_size - 1)
+
+
 DAMAGES = {
     "metadata garbled": (lambda path: (path / ".metadata").write_bytes(b"garbage"), "/.metadata' is damaged"),
     "metadata empty": (lambda path: (path / ".metadata").write_bytes(b""), "/.metadata' is damaged"),
     "shard missing": (lambda path: (path / "__0_0.distcp").unlink(), "__0_0.distcp' is missing"),
     "shard truncated": (lambda path: os.truncate(path / "__0_0.distcp", 100), "__0_0.distcp' has 100 bytes"),
+    "shard one byte short": (lambda path: one_byte_short(path / "__0_0.distcp"), "bytes, its .metadata needs"),
     "trainer.pt truncated": (lambda path: os.truncate(path / "trainer.pt", 50), "trainer.pt' is corrupt"),
     "trainer.pt missing": (lambda path: (path / "trainer.pt").unlink(), "is not a sharded trainrun checkpoint"),
 }
@@ -204,7 +210,10 @@ def test_a_damaged_sharded_checkpoint_is_one_line_naming_the_file_for_resume_wei
 
     path = sharded_checkpoint(tmp_path)
     harm, named = DAMAGES[damage]
+    size = (path / "__0_0.distcp").stat().st_size
     harm(path)
+    if damage == "shard one byte short":  # by value: the size found and the size the metadata needs
+        named = f"__0_0.distcp' has {size - 1:,} bytes, its .metadata needs {size:,}"
     with pytest.raises(CheckpointError, match=re.escape(named)):
         load_checkpoint(path)  # what resume= and consolidate read first
     if damage.startswith(("metadata", "shard")):  # model.weights reads the shards alone

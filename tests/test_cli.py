@@ -481,6 +481,8 @@ UNDER_A_FILE = {  # command line (A_FILE: a regular file's path), the key its re
     "write onto a folder": (["write", "digits", "{FOLDER}", "--overwrite"], "OUT"),
     "consolidate --output": (["consolidate", "{CHECKPOINT}", "--output", "{A_FILE}/x.pt"], "--output"),
     "consolidate --hf": (["consolidate", "{CHECKPOINT}", "--hf", "{A_FILE}/hf"], "--hf"),
+    "consolidate --hf onto a file": (["consolidate", "{CHECKPOINT}", "--hf", "{A_FILE}"], "--hf"),
+    "predict --out onto a file": (["predict", "{FOLDER}", "--data", "{FOLDER}", "--out", "{A_FILE}"], "--out"),
     "ensemble --out": (["ensemble", "{FOLDER}", "--data", "{FOLDER}", "--out", "{A_FILE}/e.json"], "--out"),
     "report --out": (["report", "{FOLDER}", "--out", "{A_FILE}/report"], "--out"),
     "sweep out=": (["sweep", *TINY, "budgets=[1,2]", "out={A_FILE}/sweep"], "out"),
@@ -505,6 +507,71 @@ def test_an_output_under_a_regular_file_is_refused_before_any_work_and_nothing_i
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"trainrun: error: bad value for '{key}': "), result.stderr
     assert sorted(tmp_path.rglob("*")) == before and a_file.read_text() == "kept\n"
+
+
+BAD_OPTIONS = {  # a subcommand's option past its bounds (OUT: a path in the test's folder), the key named
+    "estimate --peak-tflops -5": (["estimate", "--peak-tflops", "-5"], "--peak-tflops"),
+    "estimate --peak-tflops 0": (["estimate", "--peak-tflops", "0"], "--peak-tflops"),
+    "estimate --peak-tflops inf": (["estimate", "--peak-tflops", "inf"], "--peak-tflops"),
+    "estimate --peak-tflops nan": (["estimate", "--peak-tflops", "nan"], "--peak-tflops"),
+    "estimate --mfu 0": (["estimate", "--mfu", "0"], "--mfu"),
+    "estimate --mfu 1.5": (["estimate", "--mfu", "1.5"], "--mfu"),
+    "estimate --mfu nan": (["estimate", "--mfu", "nan"], "--mfu"),
+    "estimate --steps 0": (["estimate", "--steps", "0"], "--steps"),
+    "estimate --vocab -1": (["estimate", "--vocab", "-1"], "--vocab"),
+    "write-text --split-seed -1": (["write-text", "stdlib_docs", "{OUT}", "--split-seed", "-1"], "--split-seed"),
+    "write-text --workers -1": (["write-text", "stdlib_docs", "{OUT}", "--workers", "-1"], "--workers"),
+    "write-text --shard-tokens 0": (["write-text", "stdlib_docs", "{OUT}", "--shard-tokens", "0"], "--shard-tokens"),
+    "write-text --tokenizer-sample 0": (
+        ["write-text", "stdlib_docs", "{OUT}", "--tokenizer-sample", "0"],
+        "--tokenizer-sample",
+    ),
+    "write-text --val-fraction 1": (["write-text", "stdlib_docs", "{OUT}", "--val-fraction", "1"], "--val-fraction"),
+    "write-text --vocab-size 100": (
+        ["write-text", "stdlib_docs", "{OUT}", "--tokenizer-kind", "bpe", "--vocab-size", "100"],
+        "--vocab-size",
+    ),
+    "write-text --vocab-size 2**32 + 1": (
+        ["write-text", "stdlib_docs", "{OUT}", "--vocab-size", str(2**32 + 1)],
+        "--vocab-size",
+    ),
+    "write-text --dtype uint16": (
+        ["write-text", "stdlib_docs", "{OUT}", "--vocab-size", "70000", "--dtype", "uint16"],
+        "--dtype",
+    ),
+    "write-text --tokenizer missing": (
+        ["write-text", "stdlib_docs", "{OUT}", "--tokenizer", "{OUT}.json"],
+        "--tokenizer",
+    ),
+    "write-text --split on a built-in": (["write-text", "stdlib_docs", "{OUT}", "--split", "test"], "--split"),
+    "consolidate --hf of an image run": (["consolidate", "{IMAGE_CHECKPOINT}", "--hf", "{OUT}"], "CHECKPOINT"),
+    "predict of an image run": (["predict", "{IMAGE_RUN}", "--data", "{OUT}", "--out", "{OUT}"], "RUNS"),
+    "ensemble of an image run": (["ensemble", "{IMAGE_RUN}", "--data", "{OUT}", "--out", "{OUT}.json"], "RUNS"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_a_subcommands_option_past_its_bounds_is_one_line_before_any_work(tmp_path, case, trained_run):
+    """``estimate``, ``write-text``, ``consolidate``, ``predict`` and ``ensemble``: a value past an
+    option's bounds, or a run of a task the command does not read, is one line naming the option,
+    exit 2, before any work, and nothing is written."""
+    image_run = tmp_path / "image_run"
+    (image_run / "checkpoints" / "ep0-ba1").mkdir(parents=True)
+    for name in ("config.yaml", "summary.json"):
+        (image_run / name).write_bytes((trained_run / name).read_bytes())
+    before = sorted(tmp_path.rglob("*"))
+    command, key = BAD_OPTIONS[case]
+    paths = {
+        "{OUT}": tmp_path / "out",
+        "{IMAGE_RUN}": image_run,
+        "{IMAGE_CHECKPOINT}": image_run / "checkpoints" / "ep0-ba1",
+    }
+    for placeholder, path in paths.items():
+        command = [part.replace(placeholder, str(path)) for part in command]
+    result = run_here(*command)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"trainrun: error: bad value for '{key}': "), result.stderr
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def bounded_fields(instance: object, prefix: str = "") -> list[tuple[object, str, str, dict]]:

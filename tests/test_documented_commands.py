@@ -1,12 +1,20 @@
 """Every ``trainrun`` command in the code blocks of README.md and docs/ is valid as written: a training command
 composes and validates (the data files a user would have, ``/data/...``, need not exist here), a
 sweep plans and validates its runs, and each flag a subcommand is shown with exists. The runs
-themselves are the other test files' business; this file keeps the documents from drifting."""
+themselves are the other test files' business; this file keeps the documents from drifting.
+
+The documents' ``/tmp/...`` paths are the test's own folder's ``tmp/``: what an earlier walk of the
+README left in this machine's ``/tmp`` is never read. Where composing a command reads what earlier
+documented lines write (a published folder's ``config.json`` gives ``model=llama`` its shape), those
+lines run first, as written, in that folder (:data:`WRITTEN_BY_EARLIER_LINES`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +30,33 @@ DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 # recipe=mild ... launcher.nnodes=2`), a shell variable for settings given in prose (`$C`).
 PLACEHOLDER = re.compile(r"\.\.\.|\$\w+")
 HEREDOC = re.compile(r"<<\s*'?(\w+)'?")
+TMP = re.compile(r"(?<![\w./-])/tmp/")
+# A path documented commands read when they compose, and the earlier documented lines that write it
+# (each found by a piece of its text), in order; ``SMALLER`` shrinks what they make, nothing else.
+WRITTEN_BY_EARLIER_LINES = {
+    "/tmp/tiny_llama": (
+        "bench/make_corpus.py /tmp/corpus ",
+        "trainrun write-text /tmp/corpus/corpus.parquet /tmp/tokens ",
+        "save_pretrained('/tmp/tiny_llama')",
+    ),
+}
+SMALLER = {"--mb 20": "--mb 0.2"}
 
 
 def documented_commands(text: str) -> list[tuple[int, list[str]]]:
     """(line, arguments after ``trainrun``) of each command in the fenced code blocks: continued
     lines joined, comments dropped, here-documents' bodies skipped."""
-    commands, inside, pending, heredoc_end = [], False, "", None
+    return [
+        (number, shlex.split(line, comments=True)[1:])
+        for number, line in documented_lines(text)
+        if line.split(" ", 1)[0] == "trainrun"
+    ]
+
+
+def documented_lines(text: str) -> list[tuple[int, str]]:
+    """(line, text) of each shell line in the fenced code blocks, continued lines joined,
+    here-documents' bodies skipped."""
+    lines, inside, pending, heredoc_end = [], False, "", None
     for number, line in enumerate(text.splitlines(), 1):
         if heredoc_end is not None:
             heredoc_end = None if line.strip() == heredoc_end else heredoc_end
@@ -44,9 +73,8 @@ def documented_commands(text: str) -> list[tuple[int, list[str]]]:
             pending = line[:-1] + " "
             continue
         pending = ""
-        if line.split(" ", 1)[0] == "trainrun":
-            commands.append((number, shlex.split(line, comments=True)[1:]))
-    return commands
+        lines.append((number, line))
+    return lines
 
 
 def here_document(text: str, name: str) -> str:
@@ -73,8 +101,30 @@ def user_folder(tmp_path, monkeypatch):
     recipe.parent.mkdir(parents=True)
     recipe.write_text(here_document(text, "myconf/recipe/quick.yaml"))
     (tmp_path / "myconf" / "myrun.yaml").write_text("defaults: [config, _self_]\nmax_duration: 2ep\n")
+    (tmp_path / "tmp").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def in_folder(word: str, folder: Path) -> str:
+    """``word`` with the documents' ``/tmp/`` as ``folder``'s ``tmp/``."""
+    return TMP.sub(f"{folder}/tmp/", word)
+
+
+def write_earlier_outputs(argv: list[str], folder: Path) -> None:
+    """Run, in ``folder``, the documented lines that write what ``argv`` reads when it composes."""
+    lines = [line for document in DOCUMENTS for _, line in documented_lines(document.read_text("utf-8"))]
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for path, writers in WRITTEN_BY_EARLIER_LINES.items():
+        if not any(path in word for word in argv):
+            continue
+        for piece in writers:
+            (line,) = [line for line in lines if piece in line]  # the documents still show it, once
+            for large, small in SMALLER.items():
+                line = line.replace(large, small)
+            line = in_folder(line, folder).replace(".venv/bin/python", sys.executable)
+            done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=environment, capture_output=True, text=True)
+            assert done.returncode == 0, f"{line}\n{done.stderr[-2000:]}"
 
 
 def test_the_documents_show_commands_of_every_kind():
@@ -84,7 +134,8 @@ def test_the_documents_show_commands_of_every_kind():
 
 @pytest.mark.parametrize(("where", "argv"), COMMANDS, ids=[where for where, _ in COMMANDS])
 def test_a_documented_command_is_valid_as_written(where, argv, user_folder, capsys):
-    argv = [word for word in argv if not PLACEHOLDER.fullmatch(word)]
+    write_earlier_outputs(argv, user_folder)
+    argv = [in_folder(word, user_folder) for word in argv if not PLACEHOLDER.fullmatch(word)]
     if argv[:1] and argv[0] in SUBCOMMANDS:
         check_subcommand(argv, capsys)
         return

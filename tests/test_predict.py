@@ -116,17 +116,89 @@ def test_a_folder_of_channel_files_without_labels_is_segmented_and_a_killed_pred
         assert nibabel.load(path).shape == (24, 24, 8)
 
 
-def test_bad_folders_are_one_line(trained, tmp_path):
-    (tmp_path / "empty").mkdir()
-    result = run_here("predict", str(trained / "run"), "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
-    assert result.returncode == 2 and "holds no NIfTI image" in result.stderr
-    two = tmp_path / "two"
-    two.mkdir()
-    image = np.stack([case(1, 8)[0]] * 2, axis=-1)  # two channels; the model takes one
-    nibabel.save(nibabel.Nifti1Image(image, np.eye(4)), two / "x.nii.gz")
-    result = run_here("predict", str(trained / "run"), "--data", str(two), "--out", str(tmp_path / "o2"))
-    assert result.returncode == 2 and "has 2 channel(s); the runs' models take 1" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def bad_folder(tmp_path, name: str, images: dict, labels: dict | None = None):
+    """A folder ``name`` of NIfTI images (file name: array), and a ``labelsTs/`` beside them where given."""
+    folder = tmp_path / name / ("imagesTs" if labels else "")
+    folder.mkdir(parents=True)
+    for file, array in images.items():
+        nibabel.save(nibabel.Nifti1Image(array, np.eye(4)), folder / file)
+    for file, array in (labels or {}).items():
+        (tmp_path / name / "labelsTs").mkdir(exist_ok=True)
+        nibabel.save(nibabel.Nifti1Image(array, np.eye(4)), tmp_path / name / "labelsTs" / file)
+    return tmp_path / name
+
+
+BAD_FOLDERS = {  # a folder predict cannot segment: its files, and the refusal's words
+    "empty": ({}, None, "holds no NIfTI image"),
+    "two channels, the model takes one": (
+        {"x.nii.gz": np.stack([case(1, 8)[0]] * 2, axis=-1)},
+        None,
+        "x.nii.gz' has 2 channel(s); the runs' models take 1",
+    ),
+    "a 2-D image": (
+        {"x.nii.gz": case(1, 8)[0][:, :, 0]},
+        None,
+        "x.nii.gz' is a 2-D image (24 x 24); cases are volumes",
+    ),
+    "a 5-D image": (
+        {"x.nii.gz": case(1, 8)[0][..., None, None]},
+        None,
+        "x.nii.gz' is a 5-D image (24 x 24 x 8 x 1 x 1)",
+    ),
+    "a label of another size": (
+        {"x.nii.gz": case(1, 8)[0]},
+        {"x.nii.gz": case(1, 6)[1]},
+        "x.nii.gz' is 24 x 24 x 6, its image",
+    ),
+    "a good case, then a bad one": (
+        {"a.nii.gz": case(1, 8)[0], "b.nii.gz": case(2, 8)[0][:, :, :1, None, None]},
+        None,
+        "b.nii.gz' is a 5-D image",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FOLDERS)
+def test_a_folder_predict_cannot_segment_is_one_line_and_nothing_is_written(trained, tmp_path, name):
+    """Every case's files are checked from their headers before ``--out`` is made: the first that
+    cannot be segmented is one line naming it, exit 2, and no folder is left behind."""
+    images, labels, words = BAD_FOLDERS[name]
+    folder = bad_folder(tmp_path, "data", images, labels)
+    result = run_here("predict", str(trained / "run"), "--data", str(folder), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert words in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_run_given_is_a_finished_segmentation_run_of_one_task(trained, trained_run, tmp_path):
+    """``predict`` and ``ensemble`` take every run found under the folders given, or refuse in one
+    line naming the run: one of another task (an image classifier), one that has not finished (no
+    model.pt: leaving it out would change the ensemble), one that trained on another task folder."""
+    import shutil
+
+    unfinished, elsewhere = tmp_path / "unfinished", tmp_path / "elsewhere"
+    for copy in (unfinished, elsewhere):  # other runs: their summaries differ (a copy of the same run is one run)
+        shutil.copytree(trained / "run", copy)
+        summary = json.loads((copy / "summary.json").read_text())
+        (copy / "summary.json").write_text(json.dumps({**summary, "seed": copy.name}))
+    (unfinished / "model.pt").unlink()
+    config = (elsewhere / "config.yaml").read_text()
+    (elsewhere / "config.yaml").write_text(config.replace(str(trained / "train"), str(tmp_path / "other_task")))
+    data = trained / "train"
+    refusals = {
+        "an image run": (trained_run, f"'{trained_run}' trained task image_classification; predict needs segmentation"),
+        "an unfinished run": (unfinished, f"'{unfinished}' has no model.pt"),
+        "a run of another task": (elsewhere, f"'{elsewhere}' trained on data=decathlon '{tmp_path / 'other_task'}'"),
+    }
+    for run, words in refusals.values():
+        result = run_here("predict", str(trained / "run"), str(run), "--data", str(data), "--out", str(tmp_path / "o"))
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith("trainrun: error: bad value for 'RUNS': ") and words in result.stderr
+        assert not (tmp_path / "o").exists()
+        out = tmp_path / "e.json"
+        result = run_here("ensemble", str(trained / "run"), str(run), "--data", str(data), "--out", str(out))
+        assert result.returncode == 2 and words.replace("predict needs", "ensemble needs") in result.stderr
+        assert not out.exists()
 
 
 def test_cases_group_nnunet_channel_files_only_where_every_case_has_them_all(tmp_path):

@@ -611,19 +611,41 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
 def test_the_ensemble_averages_the_runs_probabilities_not_their_logits_or_their_most_confident():
     """Two runs that disagree, crafted so that the rules differ: voxel 0, the mean of the logits picks
     class 1 where the mean probability picks 2; voxel 1, the single most confident run picks 0 where
-    the mean probability picks 1. The ensemble takes nnU-Net's rule, the mean probability."""
-    from trainrun.commands.ensemble import mean_probabilities
+    the mean probability picks 1. Through the one path ``predict`` writes and ``ensemble`` scores
+    (:meth:`Segmenter.ensembled`, each run's model predicting the case as a run's would): the
+    ensemble is nnU-Net's rule, the mean probability, by value; each run is shown its own once."""
+    from pathlib import Path
+
+    from trainrun.commands.ensemble import Segmenter
+    from trainrun.tasks.whole_cases import PreparedCase
 
     task = Segmentation(DataConfig(name="synthetic_brats"))
     first = torch.tensor([[2.0, 3.0, -3.0], [0.9, 0.1, 1e-4]])  # per voxel: logits, then probabilities
     second = torch.tensor([[-2.0, -2.0, 1.0], [1e-4, 0.85, 0.15]])
     first[1], second[1] = first[1].log(), second[1].log()
-    runs = [logits.T.reshape(3, 1, 1, 2) for logits in (first, second)]  # (classes, D, H, W)
-    scores = task.scores(mean_probabilities(task.probabilities(each) for each in runs))
-    assert torch.allclose(scores, torch.stack(runs).softmax(1).mean(0).log(), atol=1e-6)  # by value, every class
-    assert scores.argmax(0).flatten().tolist() == [2, 1]
-    assert torch.stack(runs).mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits
-    assert torch.stack(runs).softmax(1).amax(0).argmax(0).flatten().tolist() == [2, 0]  # the most confident
+
+    def model(logits: torch.Tensor) -> torch.nn.Module:
+        """A 1 x 1 convolution whose logits are ``logits[0]`` at intensity 1 and ``logits[1]`` at -1."""
+        convolution = torch.nn.Conv2d(1, 3, 1)
+        with torch.no_grad():
+            convolution.weight.copy_(((logits[0] - logits[1]) / 2).reshape(3, 1, 1, 1))
+            convolution.bias.copy_((logits[0] + logits[1]) / 2)
+        return convolution.eval()
+
+    runs = [Path("fold_0"), Path("fold_1")]
+    segmenter = Segmenter(runs, [model(first), model(second)], task, None, 1, torch.device("cpu"))
+    case = PreparedCase(torch.tensor([1.0, -1.0]).reshape(1, 1, 1, 2), (), (1, 1, 2), (1, 1, 2), None)
+    seen: list[tuple[str, torch.Tensor]] = []
+    ensembled = segmenter.ensembled(case, lambda run, probabilities: seen.append((run.name, probabilities.clone())))
+    each = [logits.T.reshape(3, 1, 1, 2).softmax(0) for logits in (first, second)]  # (classes, D, H, W)
+    assert [name for name, _ in seen] == ["fold_0", "fold_1"]
+    for (_, shown), expected in zip(seen, each, strict=True):
+        torch.testing.assert_close(shown, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ensembled, (each[0] + each[1]) / 2, atol=1e-6, rtol=1e-5)  # by value, every class
+    assert ensembled.argmax(0).flatten().tolist() == [2, 1]
+    logits = torch.stack([first.T.reshape(3, 1, 1, 2), second.T.reshape(3, 1, 1, 2)])
+    assert logits.mean(0).argmax(0).flatten().tolist() == [1, 1]  # the mean of the logits
+    assert logits.softmax(1).amax(0).argmax(0).flatten().tolist() == [2, 0]  # the most confident
 
 
 def test_a_loader_process_keeps_a_bounded_number_of_cases_open(tmp_path, monkeypatch):

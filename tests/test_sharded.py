@@ -304,3 +304,27 @@ def test_each_llama_weight_starts_from_its_own_names_generator_whatever_the_layo
     assert all(torch.equal(backwards[name], p) for name, p in two.named_parameters())
     matrices = [p.flatten()[:16] for name, p in two.named_parameters() if p.dim() == 2]
     assert len({tuple(m.tolist()) for m in matrices}) == len(matrices)  # no two weights share a draw
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_reshard_after_forward_decides_whether_a_blocks_weights_stay_gathered_for_its_backward(reshard):
+    """``parallel.reshard_after_forward``, from the command line to FSDP2: after a forward, each
+    block's weights are shards again (true: gathered anew for the backward) or stay whole (false:
+    more memory, one all-gather less); the root's stay whole either way (its backward starts at once).
+    Rank 0 of a fake process group of 2."""
+    from torch.distributed.tensor import DTensor
+
+    from trainrun.core import parallel
+    from trainrun.fake_rank import fake_world
+    from trainrun.run import parallelism
+
+    args = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "parallel=fsdp"]
+    config = validate(compose([*args, f"parallel.reshard_after_forward={str(reshard).lower()}"]), files=False)
+    with fake_world(2):
+        model = Llama(LlamaConfig(layers=2, width=32, heads=2, kv_heads=1, ffn_hidden=64, max_seq_len=8), 40)
+        model = parallel.prepare(model, parallelism(config), None, torch.device("cpu"))
+        assert all(isinstance(weight, DTensor) for weight in model.parameters())  # sharded before the forward
+        model(torch.randint(0, 40, (1, 8)))
+        sharded = [all(isinstance(weight, DTensor) for weight in block.parameters()) for block in model.blocks]
+        assert sharded == [reshard, reshard]
+        assert not isinstance(model.embed.weight, DTensor)

@@ -116,10 +116,31 @@ def hsdp_main(rank: int, port: int, results) -> None:
         optimizer.step()
         optimizer.zero_grad()
     whole = parallel.whole_state(model)
+    results[("groups", rank)] = (mesh["shard"].mesh.tolist(), mesh["replicate"].mesh.tolist())
     if rank == 0:
         results["mesh"] = (tuple(mesh.shape), mesh.mesh_dim_names)
         results["weights"] = {name: value.clone() for name, value in whole.items()}
     dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("ranks", "nodes"), [(4, 2), (8, 2), (6, 3), (4, 1)])
+def test_the_sharding_mesh_shards_within_a_node_and_replicates_across_nodes(ranks, nodes):
+    """The ranks of a node (launchers number them consecutively: node n holds n x per-node to the
+    next) are one shard group; a rank's replicas are its places on the other nodes (rank 0 of a fake
+    process group's view)."""
+    from trainrun.fake_rank import fake_world
+
+    per_node = ranks // nodes
+    with fake_world(ranks):
+        mesh = parallel.sharding_mesh("cpu", ranks, nodes)
+        layout = mesh.mesh.tolist()
+        if nodes == 1:
+            assert (layout, mesh.mesh_dim_names) == (list(range(ranks)), ("shard",))
+            return
+        assert mesh.mesh_dim_names == ("replicate", "shard")
+        assert layout == [list(range(node * per_node, (node + 1) * per_node)) for node in range(nodes)]
+        assert mesh["shard"].mesh.tolist() == list(range(per_node))
+        assert mesh["replicate"].mesh.tolist() == list(range(0, ranks, per_node))
 
 
 def global_batches() -> list[torch.Tensor]:
@@ -131,6 +152,13 @@ def test_several_nodes_shard_within_a_node_and_replicate_across_and_train_as_one
     results = mp.Manager().dict()
     mp.spawn(hsdp_main, args=(free_port(), results), nprocs=4)
     assert results["mesh"] == ((2, 2), ("replicate", "shard"))
+    # each rank shards with the other rank of its node and replicates with its place on the other node
+    assert [results[("groups", rank)] for rank in range(4)] == [
+        ([0, 1], [0, 2]),
+        ([0, 1], [1, 3]),
+        ([2, 3], [0, 2]),
+        ([2, 3], [1, 3]),
+    ]
     torch.manual_seed(0)
     model = Llama(BLOCKS, VOCAB)  # one process, the same initial weights (each drawn from its own generator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-5)  # eps above float noise

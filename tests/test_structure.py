@@ -6,6 +6,7 @@ import re
 import typing
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trainrun.algorithms.specs import SPECS
@@ -32,8 +33,24 @@ def module_imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_circle():
-    graph = module_imports()
+def bench_imports() -> dict[str, set[str]]:
+    """Each bench script's imports of the other bench scripts (they import each other by file name)."""
+    scripts = {path.stem: path for path in (PACKAGE.parent / "bench").glob("*.py")}
+    graph = {}
+    for name, path in scripts.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {target for target in found if target in scripts and target != name}
+    return graph
+
+
+@pytest.mark.parametrize("graph_of", [module_imports, bench_imports], ids=["trainrun", "bench"])
+def test_no_import_circle(graph_of):
+    graph = graph_of()
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:
@@ -45,6 +62,15 @@ def test_no_import_circle():
 
     for module in sorted(graph):
         visit(module, [module])
+
+
+def test_a_model_imports_no_method():
+    """Models offer capabilities and methods ask for them (DESIGN.md): nothing under models/, specs
+    included, imports a method or the methods' specs."""
+    for module, targets in module_imports().items():
+        if module.startswith("trainrun.models"):
+            methods = {t for t in targets if t.startswith("trainrun.algorithms")}
+            assert not methods, f"{module} imports {sorted(methods)}"
 
 
 def test_core_imports_nothing_of_loggers_report_or_the_cli():

@@ -90,7 +90,7 @@ def mix_args(*sources: tuple[str, object, float]) -> list[str]:
     listed = ", ".join(f"{{name: {name}, path: {path}, weight: {weight}}}" for name, path, weight in sources)
     return [
         "task=causal_lm", "data=token_mix", f"data.mix=[{listed}]", "model=gpt_tiny", "data.text.max_seq_len=16",
-        "data.text.val_tokens=64", "train_batch_size=4", "optimizer=adamw", "optimizer.lr=3e-3", "eval_interval=5ba",
+        "data.text.val_tokens=48", "train_batch_size=4", "optimizer=adamw", "optimizer.lr=3e-3", "eval_interval=5ba",
     ]  # fmt: skip
 
 
@@ -132,11 +132,11 @@ def test_two_ranks_train_and_score_a_mixture_as_one_rank(stores, tmp_path):
     by one rank (the second rank's share padded by a repeat that is left out): two gloo ranks give
     one rank's losses, per corpus too, to float summation order."""
     web, code, _ = stores
-    args = [*mix_args(("web", web, 0.7), ("code", code, 0.3)), "max_duration=10ba"]
-    args.append("data.text.val_tokens=160")  # web's 3 windows and code's first 10: 13, one rank pads one
+    sources = [("web", web, 0.5), ("code", code, 0.3), ("again", code, 0.2)]  # 3 windows of each: one rank pads one
+    args = [*mix_args(*sources), "max_duration=10ba"]
     for name, split in {"one": [], "two": ["launcher.devices=2"]}.items():
         result = run_here(*args, *split, "progress=false", f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     for one, two in zip(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), strict=True):
-        for key in ("train_loss", "eval_loss", "eval_loss/web", "eval_loss/code"):
+        for key in ("train_loss", "eval_loss", "eval_loss/web", "eval_loss/code", "eval_loss/again"):
             assert two[key] == pytest.approx(one[key], rel=1e-5), key

@@ -191,7 +191,9 @@ def test_shards_with_ids_beyond_the_vocabulary_are_refused_before_the_run_in_one
     folder = tmp_path / "data"
     folder.mkdir()
     write_shard(folder / "train_000000.bin", shards["train"][:5000])
-    bad = write_shard(folder / "train_000001.bin", [*shards["train"][:300], vocab + 7, vocab - 1])
+    bad = write_shard(
+        folder / "train_000001.bin", [*shards["train"][:300], vocab, vocab - 1]
+    )  # the smallest id refused
     write_shard(folder / "val_000000.bin", [*shards["train"][:200], vocab - 1])  # the largest id allowed
     args = [*shard_args(shards), f"data.train={folder}/train_*.bin", f"data.val={folder}/val_*.bin"]
     args += ["data.shards.val_tokens=128", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -201,7 +203,7 @@ def test_shards_with_ids_beyond_the_vocabulary_are_refused_before_the_run_in_one
     for _ in range(2):  # the second time from the cache
         result = run_here(*args)
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-        expected = f"'{bad}' holds token id {vocab + 7:,}, beyond the vocabulary of {vocab:,} ({source}"
+        expected = f"'{bad}' holds token id {vocab:,}, beyond the vocabulary of {vocab:,} ({source}"
         assert result.stderr.startswith(f"trainrun: error: {expected}"), result.stderr
         assert not (tmp_path / "run").exists()
     assert len(list((tmp_path / "cache").glob("shard-largest-id-*.json"))) == 2  # the shards up to the bad one

@@ -55,19 +55,18 @@ def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
 
 
 def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """An attention kernel's backward FLOPs, grouped-query attention as in :func:`_attention_flops`."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    heads = query_shape[1]
-    keys, values = _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads)
-    return sdpa_backward_flop_count(grad_shape, query_shape, keys, values)
+    """An attention kernel's backward model FLOPs: twice its forward's (each of the two products'
+    gradients with respect to both of its operands), as 6N + 12LDT counts them. torch's formula
+    adds the fused kernel's recompute of the scores (2.5x the forward): work the kernel chooses to
+    redo, not the model's, as activation checkpointing's recompute is not."""
+    return 2 * _attention_flops(query_shape, key_shape, value_shape)
 
 
 def attention_flop_formulas() -> dict:
     """``FlopCounterMode``'s ``custom_mapping`` for the fused attention kernels: the CPU's flash
-    kernel, which the estimate's fake tensors run, and CUDA's, counted by torch's formulas with
-    grouped-query attention's keys and values widened to the query's heads (torch 2.11's formulas
-    reject unequal heads; later torch counts them so)."""
+    kernel, which the estimate's fake tensors run, and CUDA's, counted as model FLOPs (torch's
+    forward formula; the backward twice the forward) with grouped-query attention's keys and values
+    widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts them so)."""
     kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
     ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
     backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
@@ -235,6 +234,8 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = meta_model(config, shape)
+    whole = dataclasses.replace(shape, checkpointing="none")  # model FLOPs: no recompute counted
+    counted_model = meta_model(config, whole) if shape.checkpointing != "none" else None
     sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
     mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -249,9 +250,10 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         peak = _parts(tracker.get_tracker_snapshot("peak"))
         held = rank.held()
         rank.optimizer.zero_grad(set_to_none=True)
+        counted = rank if counted_model is None else _Rank(config, whole, task, counted_model, mesh)
         with counter:  # one pass's FLOPs, apart: the counter inside the tracker changes what it sees
-            rank.step_passes(inputs, targets, passes=1)
-        rank.optimizer.zero_grad(set_to_none=True)
+            counted.step_passes(inputs, targets, passes=1)
+        counted.optimizer.zero_grad(set_to_none=True)
         eval_inputs, _ = rank.batch(shape.eval_micro_batch)
         eval_tracker = rank.tracker()
         with eval_tracker:

@@ -72,6 +72,10 @@ class KindSpec:
     # a language model's settings (model.<name>.*) from a published folder's config.json, for
     # model.shape_from_weights
     published_shape: Callable[[dict], dict] | None = None
+    # a sequence model's longest sequence under a run's settings and the key that sets it (None where
+    # its settings set none: ALiBi's positions); validation holds data.text.max_seq_len to it, or to
+    # the bound a chosen method gives instead (a method's spec says which of its settings does)
+    positions: Callable[[Any], tuple[int, str] | None] | None = None
     # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
     # "text.max_seq_len"); a run that sets another under data is refused
     reads: tuple[str, ...] = ()

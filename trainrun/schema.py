@@ -164,7 +164,7 @@ class TextConfig:
     mlm_probability: float = positive_fraction_field(0.15)  # tokens masked
     eval_mlm_probability: float = positive_fraction_field(0.15)
     # data=token_stream: validation reads the first this many held-out tokens, in order, the same on
-    # any number of ranks (a multiple of max_seq_len; null: every held-out window)
+    # any number of ranks (a multiple of max_seq_len, at most the store holds; null: every held-out window)
     val_tokens: int | None = positive_field(None)
 
 

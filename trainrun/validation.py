@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trainrun import kinds
-from trainrun.algorithms.specs import SPECS, check_methods
+from trainrun.algorithms.specs import SPECS, check_methods, check_sequence_length
 from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability
@@ -361,10 +361,8 @@ class KindMismatch(ConfigError):
 
 
 def _check_kinds(config: TrainConfig) -> None:
-    """The task, data source and model speak the same batches, then each passes its own checks.
-
-    The first of them the user changed from the schema's default is the one the others must suit.
-    """
+    """The task, data source and model speak the same batches (the first of them the user changed
+    from the schema's default is the one the others must suit), then each passes its own checks."""
     parts = kinds.chosen(config)
     defaults = {"task": TaskConfig().name, "data": DataConfig().name, "model": ModelConfig().name}
     anchor = next((kind for kind, spec in parts.items() if spec.name != defaults[kind]), "task")
@@ -381,6 +379,7 @@ def _check_kinds(config: TrainConfig) -> None:
     for spec in parts.values():
         if spec.check is not None:
             spec.check(config)
+    check_sequence_length(config, parts["model"].positions)
 
 
 def _check_quality_values(config: TrainConfig) -> None:

@@ -35,7 +35,10 @@ def consolidate_command(argv: list[str]) -> int:
     output = args.output or run / f"{path.name}.pt"
     check_output_file("--output", output)  # a folder that cannot be made: one line, before any work
     if args.hf:
-        check_output_dir("--hf", str(args.hf.parent))
+        check_output_dir("--hf", str(args.hf))  # a file there, or in its way: one line
+        from trainrun.commands.sample import run_config
+
+        run_config(run, "consolidate --hf", "CHECKPOINT")  # a causal-LM run: said before the shards are read
     payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete
     written_hf = export_hf(run, path, args.hf) if args.hf else None  # atomic: whole or not at all
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,9 +60,11 @@ def ensemble_command(argv: list[str]) -> int:
         validate(OmegaConf.structured(dataclasses.replace(configs[0], data=data)))
     except ConfigError as error:
         raise ConfigError(f"bad value for '--data': the runs' models do not fit '{args.data}': {error}") from None
-    from trainrun.data.decathlon import decathlon_listing
+    from trainrun.data.decathlon import check_image_cases, decathlon_listing
 
-    scores = predict(Segmenter.of(runs, args.data), decathlon_listing(args.data)[1])
+    segmenter, cases = Segmenter.of(runs, args.data), decathlon_listing(args.data)[1]
+    check_image_cases(cases, segmenter.channels)  # every case's files, from their headers: before any prediction
+    scores = predict(segmenter, cases)
     names = [run.name for run in runs]
     means = {name: _mean(values) for name, values in scores.items()}
     table = Table(title=f"mean Dice on {len(scores['ensemble'])} held-out cases of {args.data}")
@@ -104,25 +106,39 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def trained_runs(folders: list[Path]) -> list[Path]:
-    """The runs under ``folders`` that wrote their final weights, or one line saying there are none."""
+def trained_runs(folders: list[Path], command: str = "ensemble") -> list[Path]:
+    """Every run at or under ``folders``, each a finished segmentation run (its final weights
+    written) of one task: one line naming the first that is not (a run left out silently would
+    change the ensemble)."""
     from trainrun.report.runs import find_runs
 
-    runs = [run for run in find_runs(folders) if (run / run_files.MODEL).is_file()]
-    if not runs:
-        shown = ", ".join(str(folder) for folder in folders)
-        raise ConfigError(f"bad value for 'RUNS': no finished segmentation run with {run_files.MODEL} in {shown}")
+    runs, tasks = find_runs(folders), {}
+    for run in runs:
+        config = run_config(run, command)
+        if not (run / run_files.MODEL).is_file():
+            raise ConfigError(
+                f"bad value for 'RUNS': '{run}' has no {run_files.MODEL} "
+                "(a segmentation run writes it when it finishes)"
+            )
+        data = config.data
+        where = f" '{Path(data.path).expanduser().resolve()}'" if data.path else ""
+        tasks.setdefault(f"data={data.name}{where} ({data.num_classes} classes)", run)
+        if len(tasks) > 1:
+            (first, first_run), (other, _) = tasks.items()
+            raise ConfigError(
+                f"bad value for 'RUNS': '{run}' trained on {other}, '{first_run}' on {first}: the runs segment one task"
+            )
     return runs
 
 
-def run_config(run: Path) -> TrainConfig:
+def run_config(run: Path, command: str = "ensemble") -> TrainConfig:
     """Segmentation run ``run``'s validated config, or one line saying why it is not one."""
     from trainrun.validation import validate
 
     config = validate(OmegaConf.create(read_yaml(run / run_files.CONFIG)), files=False)
     if Capability.FOLDS not in task_spec(config.task.name).offers:
         tasks = " or ".join(tasks_offering({Capability.FOLDS}))
-        raise ConfigError(f"bad value for 'RUNS': '{run}' trained task {config.task.name}; ensemble needs {tasks}")
+        raise ConfigError(f"bad value for 'RUNS': '{run}' trained task {config.task.name}; {command} needs {tasks}")
     return config
 
 
@@ -172,10 +188,22 @@ class Segmenter:
         for model in self.models:
             yield model_probabilities(self.task, model, case, self.device)
 
+    def ensembled(self, case: PreparedCase, seen: Callable[[Path, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """The ensemble's class (region) probabilities of ``case``: the mean of the runs'
+        probabilities (nnU-Net's rule for ensembles), each run's read, shown to ``seen`` with its run
+        folder, and added in turn, so that one case's probabilities of two runs are held at a time.
+        The one rule ``predict`` writes and ``ensemble`` scores."""
+        total = None
+        for run, probabilities in zip(self.runs, self.each_run(case), strict=True):
+            if seen is not None:
+                seen(run, probabilities)
+            total = probabilities.clone() if total is None else total.add_(probabilities)
+        return total / len(self.runs)
+
     def write(self, images: tuple[Path, ...], path: Path) -> None:
         """The ensemble's label map of the case of ``images``, written to ``path`` in its geometry."""
         case = self.prepared(images)
-        classes = class_map(self.task, mean_probabilities(self.each_run(case)), case)
+        classes = class_map(self.task, self.ensembled(case), case)
         write_label_map(path, classes, self.preparation.values, images[0])
 
     def dice_of_file(self, written: Path, label: Path) -> list[float]:
@@ -191,20 +219,12 @@ def predict(segmenter: Segmenter, cases: list) -> dict[str, list[list[float]]]:
     task, values = segmenter.task, segmenter.preparation.values
     for _, images, label in cases:
         case, truth = segmenter.prepared(images), true_classes(label, values)
-        total = None
-        for run, probabilities in zip(segmenter.runs, segmenter.each_run(case), strict=True):
+
+        def score(run: Path, probabilities: torch.Tensor, case: PreparedCase = case, truth=truth) -> None:  # noqa: ANN001
             scores[run.name].append(map_dice(task, class_map(task, probabilities, case), truth))
-            total = probabilities.clone() if total is None else total.add_(probabilities)
-        scores["ensemble"].append(map_dice(task, class_map(task, total / len(segmenter.runs), case), truth))
+
+        scores["ensemble"].append(map_dice(task, class_map(task, segmenter.ensembled(case, score), case), truth))
     return scores
-
-
-def mean_probabilities(each: Iterator[torch.Tensor]) -> torch.Tensor:
-    """The mean of the runs' probabilities of one case, read one at a time (nnU-Net's ensemble rule)."""
-    total, count = None, 0
-    for probabilities in each:
-        total, count = (probabilities.clone() if total is None else total.add_(probabilities)), count + 1
-    return total / count
 
 
 def _mean(cases: list[list[float]]) -> list[float]:

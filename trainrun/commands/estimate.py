@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING
 
 from trainrun.config import check, locate, translate
@@ -36,6 +37,8 @@ def estimate_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.mfu <= 1:
         raise ConfigError(f"bad value for '--mfu': {args.mfu} (a fraction in (0, 1])")
+    if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
+        raise ConfigError(f"bad value for '--peak-tflops': {args.peak_tflops} (a device's peak: a positive number)")
     for flag, value in (("--vocab", args.vocab), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ConfigError(f"bad value for '{flag}': {value} (a positive number)")

@@ -28,12 +28,13 @@ DICE = "dice.json"
 def predict_command(argv: list[str]) -> int:
     """Entry point of ``trainrun predict``."""
     from trainrun.commands.ensemble import Segmenter, trained_runs
-    from trainrun.data.decathlon import image_cases
+    from trainrun.data.decathlon import check_image_cases, image_cases
 
     args = _parser().parse_args(argv)
     run_files.check_output_dir("--out", str(args.out))
-    segmenter = Segmenter.of(trained_runs(args.runs), args.data)
+    segmenter = Segmenter.of(trained_runs(args.runs, "predict"), args.data)
     cases = image_cases(args.data, segmenter.channels)
+    check_image_cases(cases, segmenter.channels)  # every case's files, from their headers: before --out is made
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in args.out.glob(".*.nii*.tmp*"):  # a killed predict's file in writing
         stale.unlink(missing_ok=True)

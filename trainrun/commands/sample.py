@@ -73,15 +73,17 @@ def load_run(run: Path):
     return model.eval(), load_tokenizer(text.tokenizer_file), text.separator, text.max_seq_len
 
 
-def run_config(run: Path) -> TrainConfig:
-    """Causal-LM run ``run``'s validated config, or one line saying why ``run`` is not one."""
+def run_config(run: Path, command: str = "sample", key: str = "RUN") -> TrainConfig:
+    """Causal-LM run ``run``'s validated config, or one line saying why ``run`` is not one (naming
+    ``key`` of ``trainrun command``)."""
     config_file = run / run_files.CONFIG
     if not config_file.is_file():
-        raise ConfigError(f"bad value for 'RUN': '{run}' has no {run_files.CONFIG} (not a trainrun run directory)")
+        raise ConfigError(f"bad value for '{key}': '{run}' has no {run_files.CONFIG} (not a trainrun run directory)")
     config = validate(OmegaConf.create(read_yaml(config_file)), files=False)
     if Capability.CAUSAL_SEQUENCES not in task_spec(config.task.name).offers:
         generating = " or ".join(tasks_offering({Capability.CAUSAL_SEQUENCES}))
-        raise ConfigError(f"bad value for 'RUN': '{run}' trained task {config.task.name}; sample needs {generating}")
+        task = config.task.name
+        raise ConfigError(f"bad value for '{key}': '{run}' trained task {task}; {command} needs {generating}")
     return config
 
 

@@ -95,6 +95,7 @@ def checked(args: argparse.Namespace) -> argparse.Namespace:
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"bad value for '--val-fraction': {args.val_fraction} (between 0 and 1)")
     least = {"--workers": (args.workers, 0), "--shard-tokens": (args.shard_tokens, 1)}
+    least |= {"--split-seed": (args.split_seed, 0)}
     for flag, (value, smallest) in {**least, "--tokenizer-sample": (args.tokenizer_sample, 1)}.items():
         if value < smallest:
             raise ConfigError(f"bad value for '{flag}': {value} (at least {smallest})")

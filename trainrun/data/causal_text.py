@@ -57,10 +57,17 @@ class TokenWindows(Dataset):
     @classmethod
     def of_store(cls, store: TokenStore, max_seq_len: int, tokens: int | None = None) -> TokenWindows:
         """The windows of one split of a token store: its documents, each followed by its separator;
-        with ``tokens``, only the windows of the stream's first that many tokens (or all there are)."""
+        with ``tokens`` (``data.text.val_tokens``), only the windows of the stream's first that many
+        tokens: one line where the split holds fewer (fewer would be scored than asked)."""
         windows = cls(store.tokens, max_seq_len, store.separator, store.offsets[1:])
         if tokens is not None:
-            windows.windows = min(windows.windows, tokens // max_seq_len)
+            if tokens // max_seq_len > windows.windows:
+                raise DataError(
+                    f"bad value for 'data.text.val_tokens': {tokens:,}, but the store's validation split holds "
+                    f"{windows.windows * max_seq_len:,} tokens in windows of {max_seq_len} (data.text.max_seq_len): "
+                    "give at most that, or leave it unset to score them all"
+                )
+            windows.windows = tokens // max_seq_len
         return windows
 
     def __len__(self) -> int:

@@ -65,6 +65,8 @@ def read_decathlon_case(image_files: tuple[Path, ...], label_file: Path) -> tupl
 def read_image(image_files: tuple[Path, ...]) -> np.ndarray:
     """A case's image as (C, D, H, W) float32 (:func:`read_decathlon_case`)."""
     arrays = [_nifti(file).astype(np.float32, copy=False) for file in image_files]
+    for file, array in zip(image_files, arrays, strict=True):
+        _check_volume(file, array.shape, len(image_files) > 1)
     image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
     if image.ndim == 3:
         image = image[..., None]
@@ -102,6 +104,42 @@ def image_cases(folder: Path, channels: int) -> list[tuple[str, tuple[Path, ...]
         (name, tuple(group), next((found[name + ending] for ending in NIFTI_ENDINGS if name + ending in found), None))
         for name, group in grouped.items()
     ]
+
+
+def check_image_cases(cases: Sequence[tuple[str, tuple[Path, ...], Path | None]], channels: int) -> None:
+    """Every case of :func:`image_cases` (or a task folder's) is a volume of ``channels`` channels
+    whose label, if any, has its size, read from the files' headers alone: one line naming the first
+    file that is not, before a command writes anything."""
+    for _, images, label in cases:
+        shapes = [tuple(_nifti(file, header_only=True).get_data_shape()) for file in images]
+        for file, shape in zip(images, shapes, strict=True):
+            _check_volume(file, shape, len(images) > 1)
+        if len(set(shapes)) > 1:
+            first, other = _sides(shapes[0]), _sides(next(shape for shape in shapes if shape != shapes[0]))
+            raise DataError(f"'{images[0]}' is {first}, another channel's file of its case {other}: one size for all")
+        found = len(images) if len(images) > 1 else (shapes[0][3] if len(shapes[0]) == 4 else 1)
+        if found != channels:
+            raise DataError(f"'{images[0]}' has {found} channel(s); the runs' models take {channels}")
+        if label is not None and (labelled := tuple(_nifti(label, header_only=True).get_data_shape())) != shapes[0][:3]:
+            raise DataError(f"'{label}' is {_sides(labelled)}, its image '{images[0]}' {_sides(shapes[0][:3])}")
+
+
+def _check_volume(file: Path, shape: tuple[int, ...], one_of_channels: bool) -> None:
+    """A NIfTI image is a volume (x, y, z), or with every channel on a 4th axis where it is a case's only file."""
+    if len(shape) < 3:
+        raise DataError(
+            f"'{file}' is a {len(shape)}-D image ({_sides(shape)}); cases are volumes (x, y, z): "
+            "save a 2-D image as one slice (x, y, 1)"
+        )
+    most = 3 if one_of_channels else 4
+    if len(shape) > most:
+        kind, axes = ("a channel's own file", "x, y, z") if one_of_channels else ("a case's file", "x, y, z, channel")
+        dimensions = f"'{file}' is a {len(shape)}-D image ({_sides(shape)})"
+        raise DataError(f"{dimensions}; {kind} has at most {most} axes ({axes})")
+
+
+def _sides(shape: Sequence[int]) -> str:
+    return " x ".join(str(side) for side in shape)
 
 
 def _nifti(path: Path, header_only: bool = False):

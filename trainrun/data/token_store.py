@@ -133,11 +133,13 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, kind: str = "word
 
 
 def check_vocab_size(vocab_size: int, kind: str) -> None:
-    """Refuse a vocabulary too small for a ``kind`` tokenizer to be trained to."""
-    smallest = BYTE_ALPHABET + 1 if kind == "bpe" else 16
+    """Refuse a vocabulary too small for a ``kind`` tokenizer to be trained to, or too large for a token id type."""
+    smallest, largest = BYTE_ALPHABET + 1 if kind == "bpe" else 16, max(TOKEN_DTYPES.values())
     if vocab_size < smallest:
         reason = " (every byte and <|endoftext|>)" if kind == "bpe" else ""
         raise ConfigError(f"bad value for '--vocab-size': {vocab_size} (at least {smallest} for {kind}{reason})")
+    if vocab_size > largest:
+        raise ConfigError(f"bad value for '--vocab-size': {vocab_size:,} (at most {largest:,}: a uint32 token id)")
 
 
 def smallest_token_dtype(vocab_size: int) -> str:

@@ -86,6 +86,19 @@ def check_methods(config: Any) -> None:
             spec.check(params, config)
 
 
+def check_sequence_length(config: Any, positions: Callable[[Any], tuple[int, str] | None] | None) -> None:
+    """A sequence model's windows (``data.text.max_seq_len``) within the longest sequence it takes:
+    its own (``positions``, its kind spec's), or the bound a chosen method gives it instead (ALiBi's)."""
+    if positions is None:
+        return
+    limit = sequence_limit(config.algorithms) or positions(config)
+    if limit is not None and config.data.text.max_seq_len > limit[0]:
+        raise ConfigError(
+            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
+            f"{limit[0]} positions ({limit[1]})"
+        )
+
+
 def sequence_limit(algorithms: Mapping[str, Any]) -> tuple[int, str] | None:
     """(the longest sequence, the key that sets it) where a chosen method bounds it instead of the model."""
     for name, params in algorithms.items():

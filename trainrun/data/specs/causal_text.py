@@ -20,13 +20,22 @@ def check(config: Any) -> None:
         )
 
 
+def check_files(config: Any) -> None:
+    """A store is given; one at ``data.path`` opens and holds the windows asked for (``data.text.val_tokens``)."""
+    check_store_given(config)
+    if config.data.path:
+        from trainrun.data.causal_text import stream_datasets
+
+        stream_datasets(config.data)
+
+
 SPECS = (
     KindSpec(
         name="token_stream",
         builder="trainrun.data.causal_text:stream_datasets",
         batches="token_windows",
         check=check,
-        check_files=check_store_given,
+        check_files=check_files,
         reads=("path", "text"),
     ),
 )

@@ -27,12 +27,3 @@ def check_even_heads(kind: str, width: int, heads: int) -> None:
             f"bad value for 'model.{kind}.heads': {heads} heads do not split model.{kind}.width {width} "
             "into heads of an even size"
         )
-
-
-def check_window_limit(config: Any, limit: tuple[int, str] | None) -> None:
-    """The windows (``data.text.max_seq_len``) within the positions the model or a method allows."""
-    if limit is not None and config.data.text.max_seq_len > limit[0]:
-        raise ConfigError(
-            f"bad value for 'data.text.max_seq_len': {config.data.text.max_seq_len} is more than the model's "
-            f"{limit[1]} {limit[0]}"
-        )

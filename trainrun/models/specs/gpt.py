@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainrun.algorithms.specs import sequence_limit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
-from trainrun.models.specs import check_even_heads, check_window_limit, refuse_initializers
+from trainrun.models.specs import check_even_heads, refuse_initializers
 
 SETTINGS = {  # trainrun's GPT setting (model.gpt.*) -> transformers' GPT2Config attribute
     "layers": "n_layer",
@@ -40,8 +39,8 @@ def published_shape(published: dict) -> dict:
 
 
 def check(config: Any) -> None:
-    """Heads of an even size, value-embedding tables for at most half the blocks, windows within
-    the positions the model has (or a method gives it)."""
+    """Heads of an even size, value-embedding tables for at most half the blocks (its windows:
+    :func:`positions`, which validation holds them to)."""
     refuse_initializers(config, "GPT-2's normal(0, 0.02), residual projections scaled by depth")
     gpt = config.model.gpt
     check_even_heads("gpt", gpt.width, gpt.heads)
@@ -50,10 +49,12 @@ def check(config: Any) -> None:
             f"bad value for 'model.gpt.value_embeddings': {gpt.value_embeddings} tables serve the first and the "
             f"last {gpt.value_embeddings} blocks, more than model.gpt.layers {gpt.layers}"
         )
-    limit = sequence_limit(config.algorithms) or (
-        None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
-    )
-    check_window_limit(config, limit)
+
+
+def positions(config: Any) -> tuple[int, str] | None:
+    """Its rotary tables' or learned positions' length; none with ALiBi's distance biases."""
+    gpt = config.model.gpt
+    return None if gpt.positions == "alibi" else (gpt.max_seq_len, "model.gpt.max_seq_len")
 
 
 SPECS = (
@@ -65,6 +66,7 @@ SPECS = (
             {Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS}
         ),
         check=check,
+        positions=positions,
         published_vocab=50_257,  # GPT-2's tokenizer
         published_shape=published_shape,
     ),

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainrun.algorithms.specs import sequence_limit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec
-from trainrun.models.specs import check_even_heads, check_window_limit, refuse_initializers
+from trainrun.models.specs import check_even_heads, refuse_initializers
 
 SETTINGS = {  # trainrun's Llama setting (model.llama.*) -> transformers' LlamaConfig attribute
     "layers": "num_hidden_layers",
@@ -48,7 +47,8 @@ def published_shape(published: dict) -> dict:
 
 
 def check(config: Any) -> None:
-    """Heads of an even size, key/value heads that divide the heads, windows within the rotary tables."""
+    """Heads of an even size, key/value heads that divide the heads (its windows: :func:`positions`,
+    which validation holds them to)."""
     refuse_initializers(config, "normal(0, 0.02) per weight, output projections scaled by depth")
     llama = config.model.llama
     check_even_heads("llama", llama.width, llama.heads)
@@ -61,7 +61,11 @@ def check(config: Any) -> None:
             f"bad value for 'model.llama.rope_high_freq_factor': {llama.rope_high_freq_factor} is not more than "
             f"model.llama.rope_low_freq_factor {llama.rope_low_freq_factor}"
         )
-    check_window_limit(config, sequence_limit(config.algorithms) or (llama.max_seq_len, "model.llama.max_seq_len"))
+
+
+def positions(config: Any) -> tuple[int, str]:
+    """Its rotary tables' length."""
+    return config.model.llama.max_seq_len, "model.llama.max_seq_len"
 
 
 SPECS = (
@@ -71,6 +75,7 @@ SPECS = (
         batches="token_windows",
         offers=frozenset({Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS, Capability.META_INIT}),
         check=check,
+        positions=positions,
         published_vocab=128_256,  # Llama 3's tokenizer
         published_shape=published_shape,
     ),
