@@ -41,6 +41,7 @@ RECIPES = {
         *STREAM,
         "model=llama3_1b",
         "data.text.max_seq_len=2048",
+        "data.text.val_tokens=8192",  # the recipe's 1,024 x 8,192 are more than the docs hold
         "train_batch_size=4",
         "device_train_microbatch_size=1",
     ],

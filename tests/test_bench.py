@@ -296,6 +296,7 @@ def test_peers_bench_refuses_a_nanogpt_folder_without_its_train_py(tmp_path):
 def test_peers_bench_hands_nanogpt_the_token_stream_trainrun_trains_on_and_scores_both_alike(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import peers
+    import peers_shared
 
     stream = torch.arange(1, 64 * 5 + 2) % 50
     windows = torch.stack([stream[i * 64 : i * 64 + 65] for i in range(5)])
@@ -309,9 +310,10 @@ def test_peers_bench_hands_nanogpt_the_token_stream_trainrun_trains_on_and_score
     assert pickle.loads((data / "meta.pkl").read_bytes()) == {"vocab_size": 50}
     assert (work / "configurator.py").resolve() == checkout / "configurator.py"
     # the evaluator: uniform logits score ln(vocabulary) per token, whatever the targets
-    uniform = peers.next_token_loss(lambda x, y: torch.zeros(*x.shape, 50), windows)
+    uniform = peers_shared.next_token_loss(lambda x, y: torch.zeros(*x.shape, 50), windows)
     assert uniform == pytest.approx(math.log(50))
-    assert peers.step_ms([9.0, 9.0] + [0.1] * 18 + [0.2] * 10) == pytest.approx(100.0)  # first tenth (>= 2) left out
+    steps = [9.0, 9.0] + [0.1] * 18 + [0.2] * 10
+    assert peers_shared.step_ms(steps) == pytest.approx(100.0)  # the first tenth (>= 2) left out
 
 
 @pytest.mark.slow

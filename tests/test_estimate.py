@@ -81,6 +81,31 @@ def test_estimate_command_prints_json_and_exits_3_when_the_peak_does_not_fit():
     assert bad.returncode == 2 and "--mfu" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_run_that_stops_at_its_target_is_never_priced_to_its_whole_schedule_as_its_cost():
+    """With ``stop_at`` and no steps to it, the time and cost to ``max_duration`` are said to be the
+    whole schedule's (``schedule_hours``/``schedule_cost`` in the JSON, the run's ``cost`` null);
+    with ``--steps`` they are to the target, priced at those steps by value."""
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=8", "hardware=8xh100_aws"]
+    base += ["launcher.devices=8", "max_duration=1000ba", "stop_at=3.3"]
+    unknown = run_estimate(*base, "--json")
+    assert unknown.returncode == 0, unknown.stderr
+    schedule = json.loads(unknown.stdout)
+    assert schedule["time_to"] == "schedule" and schedule["hours"] is None and schedule["cost"] is None
+    hours = 1000 * schedule["step_seconds"] / 3600
+    assert schedule["schedule_hours"] == pytest.approx(hours) and schedule["schedule_cost"] == pytest.approx(
+        hours * 98.32
+    )
+    text = run_estimate(*base).stdout
+    assert "to the end of the whole schedule, max_duration=1000ba, not the target (1,000 steps)" in text
+    assert "note: the run stops at stop_at=3.3, whose steps are not known here" in text
+    known = json.loads(run_estimate(*base, "--steps", "100", "--json").stdout)
+    assert known["time_to"] == "target" and known["steps"] == 100 and "schedule_cost" not in known
+    assert known["cost"] == pytest.approx(100 * known["step_seconds"] / 3600 * 98.32)
+    assert "to the target (stop_at=3.3) (100 steps)" in run_estimate(*base, "--steps", "100").stdout
+    whole = json.loads(run_estimate(*base[:-1], "--json").stdout)  # no target: the schedule is the run
+    assert whole["time_to"] == "schedule" and whole["cost"] == pytest.approx(hours * 98.32, rel=1e-6)
+
+
 def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
     """At its real size, estimated here: the per-rank peak is under 80 GB, and a rank's gradients
     between micro-batches are its shard (a whole float32 gradient would be 32 GB)."""

@@ -50,11 +50,19 @@ class Estimate:
     peak_tflops: float | None
     mfu: float
     step_seconds: float | None
-    steps: int | None  # to max_duration (None: in epochs, whose length needs the data)
+    steps: int | None  # to what ``time_to`` names (None: max_duration in epochs, whose length needs the data)
     hours: float | None
     cost: float | None
     fitting: str | None = None  # where the run as given does not fit: the largest setting that does
     notes: list[str] = field(default_factory=list)
+    time_to: str = "schedule"  # target: the steps to it were given; schedule: max_duration's
+    stop_at: float | None = None  # the quality the run stops at, where it stops early
+
+    @property
+    def stops_before_the_schedule(self) -> bool:
+        """The run stops at a target whose steps are not known here: ``hours`` and ``cost`` are the
+        whole schedule's, an upper bound, never the run's."""
+        return self.time_to == "schedule" and self.stop_at is not None
 
     @property
     def highest_gb(self) -> float:
@@ -66,7 +74,12 @@ class Estimate:
         return None if self.device_memory_gb is None else self.highest_gb <= self.device_memory_gb
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"fits": self.fits}
+        """For ``--json``: where the run stops before its schedule ends, the schedule's time and cost
+        are ``schedule_hours`` and ``schedule_cost``, and ``hours`` and ``cost`` (the run's) are null."""
+        values = asdict(self) | {"fits": self.fits}
+        if self.stops_before_the_schedule:
+            values |= {"hours": None, "cost": None, "schedule_hours": self.hours, "schedule_cost": self.cost}
+        return values
 
 
 def world_of(config: TrainConfig) -> tuple[int, int]:
@@ -214,6 +227,7 @@ def timed(
     hardware = config.hardware
     peak_tflops = peak_tflops or hardware.peak_tflops
     step_seconds = memory.step_flops / (shape.ranks * peak_tflops * 1e12 * mfu) if peak_tflops else None
+    time_to = "target" if steps is not None else "schedule"
     steps = steps if steps is not None else steps_to_the_end(config)
     hours = steps * step_seconds / 3600 if steps and step_seconds else None
     cost = hours * hardware.price_per_hour * config.launcher.nnodes if hours and hardware.price_per_hour else None
@@ -243,4 +257,6 @@ def timed(
         cost=cost,
         fitting=fitting,
         notes=notes,
+        time_to=time_to,
+        stop_at=config.stop_at,
     )

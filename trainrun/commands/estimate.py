@@ -53,12 +53,27 @@ def estimate_command(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
-        print(render(result, config, "the target" if args.steps else f"max_duration={config.max_duration}"))
+        print(render(result, config))
     return DOES_NOT_FIT if result.fits is False else 0
 
 
-def render(result: Estimate, config: TrainConfig, end: str) -> str:
-    """The estimate as a person reads it (``end``: what the time is to)."""
+def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
+    """The time (and cost) to the target where its steps were given, else to ``max_duration``, said
+    as the whole schedule where the run stops before it; none where the steps are not known."""
+    if not result.hours:
+        return []
+    cost = f", ${result.cost:,.0f} at ${config.hardware.price_per_hour:g}/h a node" if result.cost else ""
+    if result.time_to == "target":
+        end = f"the target (stop_at={config.stop_at:g})" if config.stop_at is not None else "the steps given"
+    elif result.stops_before_the_schedule:
+        end = f"the end of the whole schedule, max_duration={config.max_duration}, not the target"
+    else:
+        end = f"max_duration={config.max_duration}"
+    return [f"to {end} ({result.steps:,} steps): {result.hours:,.1f} h{cost}"]
+
+
+def render(result: Estimate, config: TrainConfig) -> str:
+    """The estimate as a person reads it."""
     hardware = config.hardware
     lines = [
         f"{config.name or config.model.name}: {result.ranks} rank(s) on {result.nodes} node(s), {result.mesh}, "
@@ -86,11 +101,15 @@ def render(result: Estimate, config: TrainConfig, end: str) -> str:
         rate = f", {result.tokens_per_step / result.step_seconds:,.0f} tokens/s" if result.tokens_per_step else ""
         at = f"at {result.mfu:.0%} MFU of {result.peak_tflops:g} TFLOP/s a device"
         lines.append(f"{at}: {result.step_seconds:.3f} s a step{rate}")
-        if result.hours:
-            cost = f", ${result.cost:,.0f} at ${hardware.price_per_hour:g}/h a node" if result.cost else ""
-            lines.append(f"to {end} ({result.steps:,} steps): {result.hours:,.1f} h{cost}")
+        lines += time_lines(result, config)
         lines.append(f"per 1,000 steps: {1000 * result.step_seconds / 3600:.2f} h")
     lines += [f"note: {note}" for note in result.notes]
+    if result.stops_before_the_schedule:
+        lines.append(
+            f"note: the run stops at stop_at={config.stop_at:g}, whose steps are not known here: the time and cost "
+            "to max_duration are the whole schedule's, an upper bound (give --steps N, the steps a finished run "
+            "or a published result took to the target)"
+        )
     lines.append(
         "not counted: the CUDA context and allocator fragmentation (keep 2-5 GB spare), the optimizer kernel's scratch"
     )
