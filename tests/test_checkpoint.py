@@ -193,7 +193,10 @@ DAMAGES = {
     "metadata empty": (lambda path: (path / ".metadata").write_bytes(b""), "/.metadata' is damaged"),
     "shard missing": (lambda path: (path / "__0_0.distcp").unlink(), "__0_0.distcp' is missing"),
     "shard truncated": (lambda path: os.truncate(path / "__0_0.distcp", 100), "__0_0.distcp' has 100 bytes"),
-    "shard one byte short": (lambda path: one_byte_short(path / "__0_0.distcp"), "bytes, its .metadata needs"),
+    "shard one byte short": (
+        lambda path: one_byte_short(path / "__0_0.distcp"),
+        "__0_0.distcp' has {short:,} bytes, its .metadata needs {size:,}",  # by value: found and needed
+    ),
     "trainer.pt truncated": (lambda path: os.truncate(path / "trainer.pt", 50), "trainer.pt' is corrupt"),
     "trainer.pt missing": (lambda path: (path / "trainer.pt").unlink(), "is not a sharded trainrun checkpoint"),
 }
@@ -211,9 +214,8 @@ def test_a_damaged_sharded_checkpoint_is_one_line_naming_the_file_for_resume_wei
     path = sharded_checkpoint(tmp_path)
     harm, named = DAMAGES[damage]
     size = (path / "__0_0.distcp").stat().st_size
+    named = named.format(size=size, short=size - 1)  # the sizes, where the refusal names them
     harm(path)
-    if damage == "shard one byte short":  # by value: the size found and the size the metadata needs
-        named = f"__0_0.distcp' has {size - 1:,} bytes, its .metadata needs {size:,}"
     with pytest.raises(CheckpointError, match=re.escape(named)):
         load_checkpoint(path)  # what resume= and consolidate read first
     if damage.startswith(("metadata", "shard")):  # model.weights reads the shards alone

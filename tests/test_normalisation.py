@@ -132,7 +132,7 @@ def test_held_out_cases_are_prepared_at_the_training_stores_spacing_and_ct_stati
     alone = json.loads((own.path / "index.json").read_text())
     assert preparation.ct[0] == reference["normalisation"]["ct"]["0"] != alone["normalisation"]["ct"]["0"]
     assert list(preparation.spacing) == reference["spacing"] == [1.0, 1.0, 1.0] and alone["spacing"] == [2.0] * 3
-    case = prepared((tmp_path / "held" / "imagesTr" / "CT_000.nii.gz",), preparation, channels=2)
+    case = prepared((tmp_path / "held" / "imagesTr" / "CT_000.nii.gz",), preparation)
     assert case.volume.shape[1] == 2 * own.label(0).shape[0]  # resampled to 1 mm: twice the slices
     stats = preparation.ct[0]  # the metal voxel clipped at the training set's 99.5th percentile
     assert float(case.volume[0].max()) <= (stats["upper"] - stats["mean"]) / stats["std"] + 1e-2

@@ -13,10 +13,14 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainrun.core.checkpoint import atomic_torch_save
 from trainrun.errors import ConfigError
 from trainrun.run_files import check_output_dir, check_output_file
+
+if TYPE_CHECKING:
+    from trainrun.schema import TrainConfig
 
 
 def consolidate_command(argv: list[str]) -> int:
@@ -34,13 +38,14 @@ def consolidate_command(argv: list[str]) -> int:
     run = path.parent.parent
     output = args.output or run / f"{path.name}.pt"
     check_output_file("--output", output)  # a folder that cannot be made: one line, before any work
+    config = None
     if args.hf:
         check_output_dir("--hf", str(args.hf))  # a file there, or in its way: one line
         from trainrun.commands.sample import run_config
 
-        run_config(run, "consolidate --hf", "CHECKPOINT")  # a causal-LM run: said before the shards are read
+        config = run_config(run, "consolidate --hf", "CHECKPOINT")  # a causal-LM run, before the shards are read
     payload = sharded_checkpoint.one_file(path, with_optimizer=not args.weights_only)  # one line if incomplete
-    written_hf = export_hf(run, path, args.hf) if args.hf else None  # atomic: whole or not at all
+    written_hf = export_hf(config, run, path, args.hf) if config else None  # atomic: whole or not at all
     try:
         atomic_torch_save(payload, output)
     except BaseException:  # a consolidation that fails leaves nothing it wrote
@@ -53,11 +58,12 @@ def consolidate_command(argv: list[str]) -> int:
     return 0
 
 
-def export_hf(run: Path, path: Path, directory: Path) -> str:
-    """Write checkpoint ``path`` of ``run`` as transformers' folder ``directory``; its class name."""
-    from trainrun.commands.sample import run_config, run_model
+def export_hf(config: TrainConfig, run: Path, path: Path, directory: Path) -> str:
+    """Write checkpoint ``path`` of ``run`` (trained with ``config``) as transformers' folder
+    ``directory``; its class name."""
+    from trainrun.commands.sample import run_model
 
-    model, text = run_model(run_config(run), run, path)
+    model, text = run_model(config, run, path)
     unwritten = model.export_pretrained(text.tokenizer_file, text.separator, directory)
     if unwritten:
         raise ConfigError(f"bad value for '--hf': {unwritten}")

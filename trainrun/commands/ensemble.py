@@ -51,8 +51,8 @@ def ensemble_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     out = args.out or (args.runs[0] / ENSEMBLE)
     run_files.check_output_file("--out", out)  # before any prediction
-    runs = trained_runs(args.runs)
-    configs = [run_config(run) for run in runs]
+    trained = trained_runs(args.runs)
+    runs, configs = list(trained), list(trained.values())
     data = dataclasses.replace(configs[0].data, name="decathlon", path=str(args.data))
     from trainrun.validation import validate
 
@@ -62,7 +62,7 @@ def ensemble_command(argv: list[str]) -> int:
         raise ConfigError(f"bad value for '--data': the runs' models do not fit '{args.data}': {error}") from None
     from trainrun.data.decathlon import check_image_cases, decathlon_listing
 
-    segmenter, cases = Segmenter.of(runs, args.data), decathlon_listing(args.data)[1]
+    segmenter, cases = Segmenter.of(trained, args.data), decathlon_listing(args.data)[1]
     check_image_cases(cases, segmenter.channels)  # every case's files, from their headers: before any prediction
     scores = predict(segmenter, cases)
     names = [run.name for run in runs]
@@ -106,15 +106,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def trained_runs(folders: list[Path], command: str = "ensemble") -> list[Path]:
-    """Every run at or under ``folders``, each a finished segmentation run (its final weights
-    written) of one task: one line naming the first that is not (a run left out silently would
-    change the ensemble)."""
+def trained_runs(folders: list[Path], command: str = "ensemble") -> dict[Path, TrainConfig]:
+    """Every run at or under ``folders`` with its validated config, each a finished segmentation run
+    (its final weights written) of one task: one line naming the first that is not (a run left out
+    silently would change the ensemble)."""
     from trainrun.report.runs import find_runs
 
-    runs, tasks = find_runs(folders), {}
-    for run in runs:
-        config = run_config(run, command)
+    runs, tasks = {run: run_config(run, command) for run in find_runs(folders)}, {}
+    for run, config in runs.items():
         if not (run / run_files.MODEL).is_file():
             raise ConfigError(
                 f"bad value for 'RUNS': '{run}' has no {run_files.MODEL} "
@@ -154,16 +153,17 @@ class Segmenter:
     device: torch.device
 
     @classmethod
-    def of(cls, runs: list[Path], folder: Path) -> Segmenter:
-        """The models of ``runs`` (one task, outputs and dimensions), on the best device here, to
-        segment the cases of ``folder`` (whose ``dataset.json``, where there is one, names the label
-        values and schemes when the runs' training store is not here)."""
+    def of(cls, trained: dict[Path, TrainConfig], folder: Path) -> Segmenter:
+        """The models of the ``trained`` runs (:func:`trained_runs`; one task, outputs and
+        dimensions), on the best device here, to segment the cases of ``folder`` (whose
+        ``dataset.json``, where there is one, names the label values and schemes when the runs'
+        training store is not here)."""
         from trainrun.core.distributed import select_device
         from trainrun.data.decathlon import read_manifest
         from trainrun.run import model_holding
         from trainrun.tasks.segmentation import Segmentation
 
-        configs = [run_config(run) for run in runs]
+        runs, configs = list(trained), list(trained.values())
         outputs = {(config.model.num_classes, config.model.unet.dimensions) for config in configs}
         if len(outputs) > 1:
             raise ConfigError(f"bad value for 'RUNS': the runs differ in outputs and dimensions {sorted(outputs)}")
@@ -180,7 +180,7 @@ class Segmenter:
         return cls(runs, models, Segmentation(first.data), preparation, first.model.unet.in_channels, device)
 
     def prepared(self, images: tuple[Path, ...]) -> PreparedCase:
-        return prepared(images, self.preparation, self.channels)
+        return prepared(images, self.preparation)
 
     @torch.inference_mode()
     def each_run(self, case: PreparedCase) -> Iterator[torch.Tensor]:

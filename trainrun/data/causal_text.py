@@ -99,13 +99,18 @@ def store_path(config: DataConfig, placement: Placement) -> Path:
     return Path(config.path).expanduser() if config.path else cached_store(config, placement)
 
 
+def validation_windows(path: Path, config: DataConfig) -> TokenWindows:
+    """The validation windows of the store at ``path``: its held-out split, capped at
+    ``data.text.val_tokens`` (one line where it holds fewer)."""
+    return TokenWindows.of_store(TokenStore.open(path, "val"), config.text.max_seq_len, config.text.val_tokens)
+
+
 def stream_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, augment: bool = True) -> Datasets:
     """Training and validation windows of the store at ``data.path`` or of a built-in corpus."""
     path = store_path(config, placement)
-    train, val = TokenStore.open(path, "train"), TokenStore.open(path, "val")
-    length = config.text.max_seq_len
+    train, length = TokenStore.open(path, "train"), config.text.max_seq_len
     training = TokenWindows.of_store(train, length)
-    evaluation = TokenWindows.of_store(val, length, config.text.val_tokens)
+    evaluation = validation_windows(path, config)
     for name, windows in (("training", training), ("validation", evaluation)):
         if len(windows) == 0:
             raise DataError(f"token store '{path}' has no {name} window of {length + 1} tokens (data.text.max_seq_len)")

@@ -79,11 +79,10 @@ class PreparedCase:
     axis: int | None  # the low-resolution axis resampled apart, if any
 
 
-def prepared(image_files: Sequence[Path], preparation: Preparation, channels: int) -> PreparedCase:
-    """A case's image files read and prepared as its runs' training cases were."""
+def prepared(image_files: Sequence[Path], preparation: Preparation) -> PreparedCase:
+    """A case's image files read and prepared as its runs' training cases were (their shapes and
+    channels checked before, from their headers: :func:`~trainrun.data.decathlon.check_image_cases`)."""
     image = read_image(tuple(image_files))
-    if image.shape[0] != channels:
-        raise DataError(f"'{image_files[0]}' has {image.shape[0]} channel(s); the runs' models take {channels}")
     if preparation.schemes and "ct" in preparation.schemes and not preparation.ct:
         raise DataError("the runs' CT statistics are not here (their training store's index.json): CT is not scaled")
     box = body_box(image)

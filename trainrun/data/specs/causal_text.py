@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from trainrun.data.specs.masked_text import check_loader, check_store_given
@@ -21,12 +22,12 @@ def check(config: Any) -> None:
 
 
 def check_files(config: Any) -> None:
-    """A store is given; one at ``data.path`` opens and holds the windows asked for (``data.text.val_tokens``)."""
+    """A store is given; one at ``data.path`` holds the validation tokens asked for (``data.text.val_tokens``)."""
     check_store_given(config)
     if config.data.path:
-        from trainrun.data.causal_text import stream_datasets
+        from trainrun.data.causal_text import validation_windows
 
-        stream_datasets(config.data)
+        validation_windows(Path(config.data.path).expanduser(), config.data)
 
 
 SPECS = (
