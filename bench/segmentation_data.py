@@ -155,7 +155,7 @@ preparation = Preparation.of(None, read_manifest(Path({str(source)!r}))[1], conf
 steps = dict.fromkeys(("prepare", "model", "back", "write"), 0.0)
 for name, images, _ in image_cases(Path({str(source)!r}), 4)[:{cases}]:
     started = time.perf_counter()
-    case = prepared(images, preparation, 4)
+    case = prepared(images, preparation)
     marks = [time.perf_counter()]
     with torch.inference_mode():
         probabilities = model_probabilities(task, model, case, torch.device("cpu"))
