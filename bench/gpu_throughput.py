@@ -65,6 +65,8 @@ PEAK_TFLOPS = {
     "NVIDIA A100-SXM4-40GB": (19.5, 156.0, 312.0),
     "NVIDIA A100 80GB PCIe": (19.5, 156.0, 312.0),
     "NVIDIA A100-PCIE-40GB": (19.5, 156.0, 312.0),
+    "NVIDIA B200": (80.0, 1100.0, 2250.0),  # NVIDIA's B200 figures, dense
+    "AMD Instinct MI355X": (157.3, 157.3, 2516.6),  # AMD's MI355X product brief: no TF32; dense bf16
 }
 SCHEDULE_EPOCHS = 10  # the full step is timed in the last of these: 90-100 % of the schedule
 RECIPE_ALGORITHMS = {

@@ -15,7 +15,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-fastpaths peers env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
+steps=${STEPS:-peers rates fastpaths env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -76,6 +76,10 @@ for name in $steps; do
     tests) step tests python3 -m pytest -q -x -p no:cacheprovider tests/test_bert_attention.py tests/test_gpu_paths.py tests/test_distributed_step.py ;;
     resnet) step resnet python3 bench/gpu_throughput.py --resolutions 176 224 --batch-sizes 256 --precisions amp bf16 \
       --channels-last on --compile off on --recipe mild ;;
+    # trainrun estimate's ResNet rate rows at every side a progressive-resizing run trains at (issue 67:
+    # one utilisation for every side is what its mild and hot misses come from); then bert128 for BERT's
+    rates) step rates python3 bench/gpu_throughput.py --resolutions 88 128 160 176 192 224 --batch-sizes 256 \
+      --precisions amp --channels-last on --compile off on --recipe mild ;;
     bert128) step bert128 python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --attention sdpa varlen flex --check-syncs ;;
     compile) step compile python3 bench/bert.py --precision bf16 --seq 128 --batch 256 --compile --rounds 2 ;;
     bert512) step bert512 python3 bench/bert.py --precision bf16 --lengths corpus --seq 512 --batch 128 --attention sdpa varlen flex ;;

@@ -609,7 +609,7 @@ def test_every_bounded_setting_refuses_a_value_past_each_bound_naming_the_key():
             value = meta[bound] + step
             bad = copy.deepcopy(section)
             numbers = getattr(bad, name)
-            setattr(bad, name, [numbers[0], value] if isinstance(numbers, list) else value)
+            setattr(bad, name, [*(numbers[:1] or [1]), value] if isinstance(numbers, list) else value)
             with pytest.raises(ConfigError, match=rf"^bad value for '{key}': "):
                 check_fields(bad, key.removesuffix(name))
             tried += 1

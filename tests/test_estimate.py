@@ -6,6 +6,7 @@ says of the real-size recipe; plus the refusals and the exit code a script reads
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_a_run_that_stops_at_its_target_is_never_priced_to_its_whole_schedule_as
     known = json.loads(run_estimate(*base, "--steps", "100", "--json").stdout)
     assert known["time_to"] == "target" and known["steps"] == 100 and "schedule_cost" not in known
     assert known["cost"] == pytest.approx(100 * known["step_seconds"] / 3600 * 98.32)
-    assert "to the target (stop_at=3.3) (100 steps)" in run_estimate(*base, "--steps", "100").stdout
+    assert "to the target (stop_at=3.3, --steps) (100 steps" in run_estimate(*base, "--steps", "100").stdout
     whole = json.loads(run_estimate(*base[:-1], "--json").stdout)  # no target: the schedule is the run
     assert whole["time_to"] == "schedule" and whole["cost"] == pytest.approx(hours * 98.32, rel=1e-6)
 
@@ -211,3 +212,141 @@ def test_a_steps_flops_are_the_models_whatever_is_recomputed(checkpointing):
     layers, width, kv_width, ffn, vocab, tokens = 2, 128, 64, 384, 512, 128
     blocks_and_head = layers * (2 * width * width + 2 * width * kv_width + 3 * width * ffn) + width * vocab
     assert result.step_flops == (6 * blocks_and_head + 12 * layers * width * tokens) * 4 * tokens
+
+
+def test_each_method_changes_a_steps_work_where_it_acts_along_the_schedule():
+    """The methods' own schedules, read by the estimate: progressive resizing's sides (from FixRes's
+    training side), ColOut's kept rows and columns, selective backprop's scoring and kept share
+    inside its window, SAM's second pass every interval, sequence-length warmup's lengths."""
+    from trainrun.algorithms.specs import SPECS
+    from trainrun.core.work import StepWork
+    from trainrun.estimate_time import phases_of
+    from trainrun.schema import TrainConfig
+
+    def config(**methods):
+        return TrainConfig(algorithms={name: SPECS[name].config(**params) for name, params in methods.items()})
+
+    images = StepWork(full_resolution=224, resolution=224)
+    resized = phases_of(config(fixres={"train_resolution": 176}, progressive_resizing={}), images)
+    assert (resized[0][:2], resized[0][2].resolution) == ((0.0, 0.4), 88)  # half of FixRes's 176 until 40 %
+    assert (resized[-1][:2], resized[-1][2].resolution) == ((0.8, 1.0), 176)  # full size for the last 20 %
+    assert [phase[2].resolution for phase in resized] == sorted(phase[2].resolution for phase in resized)
+    ((_, _, cut),) = phases_of(config(colout={"p_row": 0.15, "p_col": 0.15}), images)
+    assert cut.pixel_share == pytest.approx(190 * 190 / 224**2)  # int(0.85 x 224) rows and columns kept
+    ((_, _, sam),) = phases_of(config(sam={"interval": 10}), images)
+    assert sam.extra_passes == pytest.approx(0.1)
+    selective = phases_of(config(selective_backprop={"keep": 0.5, "interval": 4, "scale_factor": 0.5}), images)
+    assert [phase[:2] for phase in selective] == [(0.0, 0.5), (0.5, 0.9), (0.9, 1.0)]
+    inside = selective[1][2]
+    assert inside.trained_share == pytest.approx(1 - 0.75 * 0.5)  # 3 batches in 4 keep half
+    assert inside.scored_share == pytest.approx(0.75 * 0.25)  # scored at half the side
+    assert selective[0][2].trained_share == selective[2][2].trained_share == 1.0
+    text = StepWork(sequence_length=512)
+    warmup = phases_of(config(seq_length_warmup={"duration": 0.5, "min_seq_length": 8, "max_seq_length": 512}), text)
+    # read at the middle of the first fiftieth: 8 + 8 x floor(0.01 / 0.5 x 63) tokens
+    assert warmup[0][2].sequence_length == 16 and warmup[-1][2].sequence_length == 512
+    assert warmup[-1][:2] == (0.5, 1.0)
+
+
+def test_the_sliding_windows_of_a_case_are_monais_at_half_overlap_with_every_mirror():
+    from trainrun.schema import DataConfig, SegmentationDataConfig
+    from trainrun.tasks.segmentation import Segmentation
+
+    def task(patch, mirrors):
+        settings = SegmentationDataConfig(patch_size=patch, mirror_axes=mirrors)
+        return Segmentation(DataConfig(name="synthetic_brats", num_classes=4, segmentation=settings))
+
+    # 138 and 169 voxels over 128 at a stride of 64: two windows an axis; 8 mirrored passes each
+    assert task([128, 128, 128], [0, 1, 2]).windows_a_case([138, 169, 138]) == 2 * 2 * 2 * 8
+    # a 2D model: every axial slice's windows (240 over 192 at 96: 2; over 160 at 80: 2), mirrored on 2 axes
+    assert task([192, 160], [1, 2]).windows_a_case([155, 240, 240]) == 155 * 2 * 2 * 4
+
+
+def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_bound_late():
+    """mild on 8 x A100 with 24 cores for FFCV's loaders: at 88 px the GPUs wait for the decode
+    (whose cost hardly depends on the side), at 176 px the decode waits for the GPUs; the time
+    scales the calibrated ResNet row and ImageNet's epochs."""
+    result = run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "hardware.cpu_cores=24", "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    assert estimate["bottlenecks"] == ["loader", "GPU"]
+    assert estimate["rate_basis"] == "calibrated" and "resnet amp eager on a100" in estimate["rate"]
+    assert estimate["schedule_steps"] == 90 * (1_281_167 // 2048) and estimate["evaluations"] == 90
+    first, last = estimate["phases"][0], estimate["phases"][-1]
+    assert (first["resolution"], last["resolution"]) == (88, 176)
+    assert first["seconds"] == first["loader_seconds"] and last["seconds"] == last["gpu_seconds"]
+    train = sum((p["end"] - p["start"]) * estimate["schedule_steps"] * p["seconds"] for p in estimate["phases"])
+    assert estimate["hours"] == pytest.approx((train + 90 * estimate["eval_seconds"]) / 3600)
+    plenty = json.loads(run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "--json").stdout)
+    assert plenty["bottlenecks"] == ["GPU"] and plenty["hours"] < estimate["hours"]
+
+
+def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
+    result = run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    assert estimate["time_to"] == "target" and estimate["steps"] == math.ceil(643_000 / 448)
+    assert estimate["target_source"] == "target_samples=643,000" and estimate["cost"] is None  # no price set
+    assert estimate["real_token_share"] == 1.0  # no store named: every position assumed a token, and said
+    half = json.loads(run_estimate("recipe=bert_large", "launcher.devices=8", "--real-tokens", "0.5", "--json").stdout)
+    assert half["phases"][0]["step_flops"] < 0.6 * estimate["phases"][0]["step_flops"]  # unpadding's saving
+
+
+@pytest.mark.parametrize(
+    ("arguments", "key"),
+    [
+        (["--real-tokens", "0"], "--real-tokens"),
+        (["--real-tokens", "1.5"], "--real-tokens"),
+        (["--case-shape", "0", "64", "64"], "--case-shape"),
+        (["data.samples=[10]"], "data.samples"),
+        (["hardware.cpu_cores=0"], "hardware.cpu_cores"),
+    ],
+)
+def test_bad_estimate_input_is_one_line_naming_it(arguments, key):
+    result = run_estimate("task=causal_lm", "data=stdlib_stream", "model=llama_tiny", *arguments)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"'{key}'" in result.stderr
+
+
+def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_its_published_row():
+    import yaml
+
+    from trainrun.rates import rates
+
+    table = rates()
+    keys = [(row.family, row.precision, row.compile, row.gpu) for row in table.gpu]
+    assert len(keys) == len(set(keys))
+    published = {
+        row["id"]: row for row in yaml.safe_load((ROOT / "bench" / "published_times.yaml").read_text())["rows"]
+    }
+    calibrated = [row for row in table.gpu if row.basis == "calibrated"]
+    assert {row.basis for row in table.gpu} == {"measured", "calibrated"} and calibrated
+    for row in calibrated:
+        (named,) = [published[shape.split()[-1]] for shape in row.shape]
+        compiled = "compiled" if row.compile else "eager"
+        assert named["calibrates"] == f"{row.family} {row.precision} {compiled} on {row.gpu}"
+    calibrating = [row for row in published.values() if "calibrates" in row]
+    assert len(calibrating) == len(calibrated)
+    for row in table.gpu:
+        assert row.gpu in table.architectures and (row.basis == "calibrated" or row.reading is not None)
+
+
+def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_path):
+    """``--from-runs``: the median samples that runs of the same recipe and stop_at took, as their
+    summaries say; runs of another recipe or that never reached the target are not read as such."""
+    from conftest import TINY
+
+    tiny = [*TINY, "name=tiny", "max_duration=3ep", "device=cpu"]
+    for seed, stop_at in ((0, "0.05"), (1, "0.05"), (2, "0.999")):
+        run = run_here(*tiny, f"seed={seed}", f"stop_at={stop_at}", f"hydra.run.dir={tmp_path / f'run{seed}'}")
+        assert run.returncode == 0, run.stderr
+    reached = [json.loads((tmp_path / f"run{seed}" / "summary.json").read_text()) for seed in (0, 1)]
+    assert all(summary["status"] == "target_reached" for summary in reached)
+    median = sorted(summary["samples"] for summary in reached)[0] / 2 + sorted(s["samples"] for s in reached)[1] / 2
+    estimate = run_estimate(*tiny, "stop_at=0.05", "--from-runs", str(tmp_path), "--json")
+    assert estimate.returncode == 0, estimate.stderr
+    result = json.loads(estimate.stdout)
+    assert result["time_to"] == "target" and result["steps"] == math.ceil(median / 64)
+    assert result["target_source"] == f"the median of 2 finished run(s): {median:,.0f} samples"
+    never = run_estimate(*tiny, "stop_at=0.5", "--from-runs", str(tmp_path))
+    assert never.returncode == 2 and "no run of tiny under" in never.stderr and "stop_at=0.5" in never.stderr

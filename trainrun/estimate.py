@@ -1,8 +1,9 @@
 """What a run needs at its real size, computed on this machine without allocating it
 (``trainrun estimate``): one rank of the run as fake tensors over a fake process group of
 ``launcher.devices x launcher.nnodes`` ranks (:mod:`trainrun.fake_rank`), its memory at the peak
-of a step and of an evaluation micro-batch, and its step's time at a stated MFU of the hardware
-group's peak; where it does not fit, the largest setting that does, which is also what
+of a step and of an evaluation micro-batch, and its time along its schedule at the rates trainrun
+has measured (:mod:`trainrun.estimate_time`, :mod:`trainrun.rates`), to its target where the steps
+to it are known; where it does not fit, the largest setting that does, which is also what
 ``device_train_microbatch_size=auto`` takes under fsdp. Not counted: the CUDA context and the
 allocator's fragmentation.
 """
@@ -17,9 +18,11 @@ from typing import Any
 
 from trainrun import kinds
 from trainrun.core.microbatches import Microbatching
-from trainrun.core.time import Time, TimeUnit
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
+from trainrun.estimate_time import Timing, target_steps
+from trainrun.estimate_time import as_dict as phase_dict
+from trainrun.estimate_time import timing as run_timing
 from trainrun.fake_rank import Memory, RunShape, fake_world, measure
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task, build_task
@@ -29,7 +32,8 @@ CHECKPOINTING_ORDER = ("none", "selective", "full")  # least recomputation first
 
 @dataclass
 class Estimate:
-    """One rank's memory and one step's time for a run, as :func:`estimate` computes them."""
+    """One rank's memory, a step's FLOPs and the run's time along its schedule, as :func:`estimate`
+    computes them."""
 
     ranks: int
     nodes: int
@@ -40,22 +44,32 @@ class Estimate:
     activation_checkpointing: str
     vocab_size: int | None
     vocab_source: str
+    real_token_share: float | None  # a masked language model's tokens among its positions
     held: dict[str, float]
     peak: dict[str, float]
     peak_gb: float
     eval_peak_gb: float
-    step_flops: float
+    step_flops: float  # a plain step at the run's full shapes, all ranks
     tokens_per_step: int | None  # samples x window for language models
     device_memory_gb: float | None
     peak_tflops: float | None
     mfu: float
-    step_seconds: float | None
-    steps: int | None  # to what ``time_to`` names (None: max_duration in epochs, whose length needs the data)
-    hours: float | None
+    rate: str  # the measured rate row the time scales, in words (or the stated or assumed MFU)
+    rate_basis: str  # measured, calibrated, stated, unmeasured
+    loader: str | None  # the measured loader row, in words
+    step_seconds: float | None  # a plain step on the GPUs at ``mfu``
+    phases: list[dict[str, Any]]  # the schedule's phases: share, size, FLOPs, GPU and loader seconds, bottleneck
+    eval_flops: float  # one evaluation, all ranks
+    eval_seconds: float | None
+    evaluations: int | None  # to what ``time_to`` names
+    schedule_steps: int | None  # to max_duration (None: a budget, or epochs without data.samples)
+    steps: int | None  # to what ``time_to`` names
+    hours: float | None  # training and evaluation, to what ``time_to`` names
     cost: float | None
     fitting: str | None = None  # where the run as given does not fit: the largest setting that does
     notes: list[str] = field(default_factory=list)
-    time_to: str = "schedule"  # target: the steps to it were given; schedule: max_duration's
+    time_to: str = "schedule"  # target: the steps to it are known; schedule: max_duration's
+    target_source: str | None = None  # how the steps to the target are known: --steps, target_samples
     stop_at: float | None = None  # the quality the run stops at, where it stops early
 
     @property
@@ -73,10 +87,16 @@ class Estimate:
     def fits(self) -> bool | None:
         return None if self.device_memory_gb is None else self.highest_gb <= self.device_memory_gb
 
+    @property
+    def bottlenecks(self) -> list[str]:
+        """Each phase's bottleneck, in order, without repeats: what holds the run back, and when."""
+        named = [phase["bottleneck"] for phase in self.phases if phase["bottleneck"]]
+        return [name for index, name in enumerate(named) if index == 0 or named[index - 1] != name]
+
     def as_dict(self) -> dict[str, Any]:
         """For ``--json``: where the run stops before its schedule ends, the schedule's time and cost
         are ``schedule_hours`` and ``schedule_cost``, and ``hours`` and ``cost`` (the run's) are null."""
-        values = asdict(self) | {"fits": self.fits}
+        values = asdict(self) | {"fits": self.fits, "bottlenecks": self.bottlenecks}
         if self.stops_before_the_schedule:
             values |= {"hours": None, "cost": None, "schedule_hours": self.hours, "schedule_cost": self.cost}
         return values
@@ -104,13 +124,25 @@ def vocabulary(config: TrainConfig, vocab: int | None) -> tuple[int | None, str]
     return published, f"model={config.model.name}'s published tokenizer; --vocab to change"
 
 
-def run_shape(config: TrainConfig, vocab: int | None) -> RunShape:
+def real_tokens(config: TrainConfig, task: Task, given: float | None) -> tuple[float, str] | None:
+    """A masked language model's share of real tokens among its positions, and where it came from:
+    ``given``, else the store at ``data.path``, else every position (said); None for other tasks."""
+    if not hasattr(task, "real_token_share"):
+        return None
+    if given is not None:
+        return given, "--real-tokens"
+    if config.data.path:
+        return task.real_token_share(config), f"the store at data.path ({config.data.path})"
+    return 1.0, "full windows assumed: --real-tokens, or data.path to read the store's"
+
+
+def run_shape(config: TrainConfig, vocab: int | None, share: float = 1.0) -> RunShape:
     """The run's ranks and batches; ``auto`` micro-batches start at the whole per-rank batch, as ``auto`` does."""
     ranks, nodes = world_of(config)
     per_rank_batch = config.train_batch_size // ranks
     micro_batch = Microbatching.parse(config.device_train_microbatch_size).size or per_rank_batch
     vocab_size, source = vocabulary(config, vocab)
-    text = TextFacts(vocab_size, config.data.text.max_seq_len, None, 0) if vocab_size is not None else None
+    text = TextFacts(vocab_size, config.data.text.max_seq_len, None, 0, real_token_share=share) if vocab_size else None
     eval_micro_batch = min(max(1, config.eval_batch_size // ranks), micro_batch)
     checkpointing = config.parallel.activation_checkpointing
     return RunShape(ranks, nodes, per_rank_batch, micro_batch, eval_micro_batch, text, source, checkpointing)
@@ -150,18 +182,29 @@ def first_fitting(
 def estimate(
     config: TrainConfig,
     vocab: int | None = None,
-    mfu: float = 0.4,
+    mfu: float | None = None,
     peak_tflops: float | None = None,
     steps: int | None = None,
+    case_shape: list[int] | None = None,
+    real_token_share: float | None = None,
+    steps_source: str = "--steps",
 ) -> Estimate:
-    """One rank's memory at the peak of a training step and of an evaluation micro-batch, and the
-    step's time at ``mfu`` of the hardware group's peak (or ``peak_tflops``), for ``config`` at its
-    size, and the run's to ``steps`` (default: to ``max_duration``). Under
-    ``device_train_microbatch_size=auto`` the micro-batch is the largest that fits, as ``auto``
-    settles; a run that does not fit is told the largest setting that does."""
+    """One rank's memory at the peak of a training step and of an evaluation micro-batch, for
+    ``config`` at its size, and the run's time along its schedule (:mod:`trainrun.estimate_time`)
+    at the measured rate that fits (or ``mfu``) of the hardware group's peak (or ``peak_tflops``), to
+    the target where its steps are known (``steps``, else the recipe's ``target_samples``), else to
+    ``max_duration``. Under ``device_train_microbatch_size=auto`` the micro-batch is the largest that
+    fits, as ``auto`` settles; a run that does not fit is told the largest setting that does."""
     task = sized_task(config)
-    shape, limit = run_shape(config, vocab), config.hardware.device_memory_gb
+    share = real_tokens(config, task, real_token_share)
+    shape, limit = run_shape(config, vocab, share[0] if share else 1.0), config.hardware.device_memory_gb
     notes, fitting, auto = [], None, config.device_train_microbatch_size == "auto"
+    if share is not None:
+        notes.append(f"real tokens: {share[0]:.0%} of the positions ({share[1]})")
+    if config.target_samples is not None and config.stop_at is None:
+        notes.append(
+            f"target_samples={config.target_samples} not used: the run sets no stop_at, it trains to max_duration"
+        )
     if config.precision == "fp8":
         notes.append("precision=fp8 counted as bf16 (torchao's float8 layers keep bf16-sized activations or less)")
     with fake_world(shape.ranks):
@@ -175,7 +218,8 @@ def estimate(
                 fitting = f"micro-batches of {smaller.micro_batch}, activation checkpointing {smaller.checkpointing}"
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
-    return timed(config, shape, memory, mfu, peak_tflops, fitting, notes, steps)
+    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape)
+    return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
 
 
 def auto_microbatch(config: TrainConfig, limit: float) -> int | None:
@@ -202,34 +246,35 @@ def mesh_name(config: TrainConfig, shape: RunShape) -> str:
     return f"shards over {shape.ranks}"
 
 
-def steps_to_the_end(config: TrainConfig) -> int | None:
-    """The run's steps to ``max_duration`` where it says them: in steps or samples (epochs need the data)."""
-    duration = Time.parse(config.max_duration)
-    if duration.unit is TimeUnit.BATCH:
-        return int(duration.value)
-    if duration.unit is TimeUnit.SAMPLE:
-        return math.ceil(duration.value / config.train_batch_size)
-    return None
+def run_hours(
+    timing: Timing, to_target: int | None, step_seconds: float | None
+) -> tuple[int | None, float | None, int | None]:
+    """(steps, hours, evaluations) to the target where its steps are known, else to ``max_duration``;
+    where the schedule's length is not known, the given steps at the plain step's time."""
+    counted = to_target if to_target is not None else timing.steps
+    seconds = timing.seconds_to(counted) if counted else None
+    if seconds is None and counted and step_seconds:
+        seconds = counted * step_seconds
+    evaluations = math.ceil(counted / timing.eval_interval_steps) if counted and timing.eval_interval_steps else None
+    return counted, (seconds / 3600 if seconds else None), evaluations
 
 
 def timed(
     config: TrainConfig,
     shape: RunShape,
     memory: Memory,
-    mfu: float,
-    peak_tflops: float | None,
+    timing: Timing,
     fitting: str | None,
     notes: list[str],
-    steps: int | None = None,
+    steps: tuple[int | None, str] = (None, "--steps"),
+    share: tuple[float, str] | None = None,
 ) -> Estimate:
-    """The estimate with the step's time at ``mfu``, and the run's to ``steps`` (default: to
-    ``max_duration``, where it is in steps or samples) and its cost."""
-    hardware = config.hardware
-    peak_tflops = peak_tflops or hardware.peak_tflops
-    step_seconds = memory.step_flops / (shape.ranks * peak_tflops * 1e12 * mfu) if peak_tflops else None
-    time_to = "target" if steps is not None else "schedule"
-    steps = steps if steps is not None else steps_to_the_end(config)
-    hours = steps * step_seconds / 3600 if steps and step_seconds else None
+    """The estimate with the run's time to the target where its steps are known, else to
+    ``max_duration``, and its cost at the hardware's price for every node."""
+    hardware, peak_tflops = config.hardware, timing.peak_tflops
+    step_seconds = memory.step_flops / (shape.ranks * peak_tflops * 1e12 * timing.mfu) if peak_tflops else None
+    to_target, target_source = target_steps(config, *steps)
+    counted, hours, evaluations = run_hours(timing, to_target, step_seconds)
     cost = hours * hardware.price_per_hour * config.launcher.nnodes if hours and hardware.price_per_hour else None
     text = shape.text
     return Estimate(
@@ -242,6 +287,7 @@ def timed(
         activation_checkpointing=shape.checkpointing,
         vocab_size=text.vocab_size if text else None,
         vocab_source=shape.vocab_source,
+        real_token_share=share[0] if share else None,
         held=memory.held,
         peak=memory.peak,
         peak_gb=memory.peak["total"],
@@ -250,13 +296,22 @@ def timed(
         tokens_per_step=config.train_batch_size * text.max_seq_len if text else None,
         device_memory_gb=hardware.device_memory_gb,
         peak_tflops=peak_tflops,
-        mfu=mfu,
+        mfu=timing.mfu,
+        rate=timing.rate,
+        rate_basis=timing.rate_basis,
+        loader=timing.loader,
         step_seconds=step_seconds,
-        steps=steps,
+        phases=[phase_dict(phase) for phase in timing.phases],
+        eval_flops=timing.eval_flops,
+        eval_seconds=timing.eval_seconds,
+        evaluations=evaluations,
+        schedule_steps=timing.steps,
+        steps=counted,
         hours=hours,
         cost=cost,
         fitting=fitting,
-        notes=notes,
-        time_to=time_to,
+        notes=notes + timing.notes,
+        time_to="target" if to_target is not None else "schedule",
+        target_source=target_source,
         stop_at=config.stop_at,
     )

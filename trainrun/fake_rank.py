@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainrun.algorithms import build_algorithms
@@ -130,6 +131,35 @@ def meta_model(config: TrainConfig, shape: RunShape) -> nn.Module:
     return model
 
 
+def materialise(model: nn.Module) -> None:
+    """``model.to_empty(device="cpu")`` that keeps a tensor registered twice one tensor (MONAI's
+    DynUNet registers its blocks under two names; torch's swap of a meta tensor for a fake one
+    refuses a tensor held twice)."""
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, parameter in module._parameters.items():
+            if parameter is not None and id(parameter) not in made:
+                made[id(parameter)] = nn.Parameter(torch.empty_like(parameter, device="cpu"), parameter.requires_grad)
+            if parameter is not None:
+                module._parameters[name] = made[id(parameter)]
+        for name, buffer in module._buffers.items():
+            if buffer is not None and id(buffer) not in made:
+                made[id(buffer)] = torch.empty_like(buffer, device="cpu")
+            if buffer is not None:
+                module._buffers[name] = made[id(buffer)]
+
+
+def frozen_as_buffers(model: nn.Module) -> None:
+    """Each frozen parameter (ALiBi's zero position table) held as a buffer of the same tensor: the
+    same bytes, which torch's ``MemTracker`` cannot track as a parameter (it hooks every parameter's
+    gradient, and a tensor without one refuses the hook)."""
+    for module in model.modules():
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if not parameter.requires_grad:
+                del module._parameters[name]
+                module.register_buffer(name, parameter.data)
+
+
 class _Rank:
     """The run's model (from the meta device), optimizer and task on one rank, as fake tensors."""
 
@@ -145,21 +175,34 @@ class _Rank:
             config.parallel.checkpoint_every,
         )
         self.sharded = mesh is not None
+        frozen_as_buffers(model)
         if self.sharded:
             model = parallel.prepare(model, settings, self.dtype, torch.device("cpu"), mesh)
         else:  # as prepare leaves it: checkpointed, whole on the device
             parallel.checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
-            model.to_empty(device="cpu")
+            materialise(model)
             if hasattr(model, "initialise"):
                 model.initialise()
         self.model = model
         self.optimizer = build_optimizer(model, config.optimizer, config.train_batch_size)
 
-    def batch(self, size: int) -> tuple[Any, Any]:
-        """A batch of ``size`` samples of the run's shapes, as the task hands it to the model."""
+    def batch(self, example: Any) -> tuple[Any, Any]:
+        """``example`` (:func:`example_batch`) as the task hands it to the model: fake tensors on the
+        device, and what the task keeps on the host (its ``host_keys``: counts the host reads) real."""
+        from torch._guards import detect_fake_mode
+
         state = _BatchPlace(torch.device("cpu"), torch.contiguous_format)
-        inputs, targets, _ = self.task.batch(self.task.example_batch(self.config.data, size, self.shape.text), state)
-        return inputs, targets
+        inputs, targets, _ = self.task.batch(example, state)
+        mode, host = detect_fake_mode(), getattr(self.task, "host_keys", ())
+
+        def on_device(value: Any, key: str = "") -> Any:
+            if isinstance(value, dict):
+                return {name: on_device(item, name) for name, item in value.items()}
+            if isinstance(value, torch.Tensor) and key not in host and mode.is_our_fake(value) is False:
+                return mode.from_tensor(value)
+            return value
+
+        return on_device(inputs), on_device(targets)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast("cpu", dtype=self.dtype) if self.dtype else contextlib.nullcontext()
@@ -170,10 +213,11 @@ class _Rank:
         size = self.shape.per_rank_batch
         parts = microbatch_slices(size, self.shape.micro_batch)
         parts = parts if len(parts) <= passes else [*parts[: passes - 1], parts[-1]]
-        loss_fn = self.task.loss(self.config.loss)
+        loss_fn = getattr(self.task, "fake_tensor_loss", self.task.loss)(self.config.loss)
         for index, part in enumerate(parts):
             with parallel.pass_context(self.model, self.model, synchronises=index == len(parts) - 1):
-                part_inputs, part_targets = (take(value, part, size) for value in (inputs, targets))
+                with unset_fake_temporarily():  # a batch's host counts stay real: the host reads them
+                    part_inputs, part_targets = (take(value, part, size) for value in (inputs, targets))
                 with self.autocast():
                     loss = loss_fn(self.model(part_inputs), part_targets)
                 (loss * (part.stop - part.start) / size).backward()
@@ -234,13 +278,15 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = meta_model(config, shape)
+    # made outside fake mode: the host's counts a collation reads must have values
+    examples = [task.example_batch(config, size, shape.text) for size in (shape.per_rank_batch, shape.eval_micro_batch)]
     whole = dataclasses.replace(shape, checkpointing="none")  # model FLOPs: no recompute counted
     counted_model = meta_model(config, whole) if shape.checkpointing != "none" else None
     sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
     mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, mesh)
-        inputs, targets = rank.batch(shape.per_rank_batch)
+        inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
         tracker, counter = rank.tracker(), FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
         if rank.sharded:
@@ -254,10 +300,31 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         with counter:  # one pass's FLOPs, apart: the counter inside the tracker changes what it sees
             counted.step_passes(inputs, targets, passes=1)
         counted.optimizer.zero_grad(set_to_none=True)
-        eval_inputs, _ = rank.batch(shape.eval_micro_batch)
+        eval_inputs, _ = rank.batch(examples[1])
         eval_tracker = rank.tracker()
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
     step_flops = counter.get_total_flops() * shape.per_rank_batch / min(shape.micro_batch, shape.per_rank_batch)
     return Memory(held, peak, eval_peak, float(step_flops) * shape.ranks)
+
+
+def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool = True) -> float:
+    """Model FLOPs of ``samples`` samples of ``config``'s shapes (``data.resolution``, ``text``'s
+    window, the crops): a training forward and backward, or an evaluation forward (``train``
+    false), on the whole model as the run builds it with its methods, without activation
+    checkpointing's recompute (what :func:`measure`'s count is, for one phase of a run)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = RunShape(1, 1, samples, samples, samples, text, "", "none")
+    model, example = meta_model(config, shape), task.example_batch(config, samples, text)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        rank = _Rank(config, shape, task, model, None)
+        inputs, targets = rank.batch(example)
+        with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as counter:
+            if train:
+                rank.step_passes(inputs, targets, passes=1)
+            else:
+                rank.evaluate(inputs)
+    return float(counter.get_total_flops())

@@ -76,6 +76,8 @@ class KindSpec:
     # its settings set none: ALiBi's positions); validation holds data.text.max_seq_len to it, or to
     # the bound a chosen method gives instead (a method's spec says which of its settings does)
     positions: Callable[[Any], tuple[int, str] | None] | None = None
+    # a model's architecture family as trainrun's table of measured rates names it (trainrun/rates.yaml)
+    family: str | None = None
     # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
     # "text.max_seq_len"); a run that sets another under data is refused
     reads: tuple[str, ...] = ()

@@ -252,6 +252,9 @@ class DataConfig:
     persistent_workers: bool = True  # torch loader: workers live on across epochs and evaluations (no re-fork)
     prefetch_factor: int | None = None
     ffcv: FFCVConfig = field(default_factory=FFCVConfig)
+    # (training, validation) samples of the data set, for trainrun estimate's epochs where its files are
+    # not at hand (data=imagenet_ffcv states ImageNet-1k's; empty: not said)
+    samples: list[int] = field(default_factory=list, metadata={"length": 2, "optional": True, "exclusive_min": 0})
     text: TextConfig = field(default_factory=TextConfig)
     segmentation: SegmentationDataConfig = field(default_factory=SegmentationDataConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
@@ -375,6 +378,10 @@ class HardwareConfig:
     # TFLOP/s: what trainrun estimate sizes and times a run against (null: not said)
     device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})
     peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})
+    # the device as trainrun/rates.yaml names it (h100, a100, ...) and the node's CPU cores (vCPUs) its
+    # loaders share: what trainrun estimate times the GPU and the loader with (null: not said)
+    gpu: str | None = None
+    cpu_cores: int | None = positive_field(None)
 
 
 @dataclass
@@ -421,6 +428,9 @@ class TrainConfig:
     loggers: list[str] = field(default_factory=list)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
+    # the training samples a published run of this recipe took to reach stop_at (the recipe's header
+    # names the source): trainrun estimate prices the run to the target with it
+    target_samples: int | None = positive_field(None)
     # at the end, the task's export of the final model (<run>/hf_model for transformers, model.pt for
     # trainrun ensemble); a sharded model is gathered whole on rank 0 for it: false skips that
     export: bool = True

@@ -218,7 +218,7 @@ def check_fields(obj: Any, prefix: str) -> None:
                 _check_time(key, time, meta)
         if "choices" in meta and value not in meta["choices"]:
             raise ConfigError(f"bad value for '{key}': '{value}' (choose from: {', '.join(meta['choices'])})")
-        if "length" in meta and len(value) != meta["length"]:
+        if "length" in meta and len(value) != meta["length"] and not (meta.get("optional") and value == []):
             raise ConfigError(f"bad value for '{key}': {value} (give {meta['length']} numbers)")
         numbers, each = (value, "each ") if isinstance(value, list) else ([value], "")
         for bound, (sign, holds) in BOUNDS.items():

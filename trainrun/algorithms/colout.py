@@ -8,12 +8,15 @@ sample draws its own, gathered on the device (Composer does this per sample in t
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from trainrun.algorithms.specs.colout import ColOutConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 def kept(count: int, size: int, drop: float, device: torch.device) -> torch.Tensor:
@@ -41,6 +44,12 @@ class ColOut(Algorithm):
 
     def __init__(self, config: ColOutConfig) -> None:
         self.config = config
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        """The rows and columns kept, of the side the step trains at."""
+        side = work.resolution
+        kept_rows, kept_cols = (int((1 - drop) * side) for drop in (self.config.p_row, self.config.p_col))
+        return dataclasses.replace(work, pixel_share=work.pixel_share * kept_rows * kept_cols / side**2)
 
     def apply(self, event: Event, state: State) -> None:
         state.inputs = colout(state.inputs, self.config.p_row, self.config.p_col, self.config.batch)

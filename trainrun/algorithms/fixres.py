@@ -10,6 +10,8 @@ the device (bilinear, antialiased) at AFTER_DATALOADER. The paper's optional fin
 test resolution is left out: the published recipes do not use it.
 """
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +19,7 @@ from trainrun.algorithms.base import TrainingResolution
 from trainrun.algorithms.specs.fixres import FixResConfig
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 class FixRes(TrainingResolution):
@@ -35,6 +38,10 @@ class FixRes(TrainingResolution):
 
     def target_size(self, state: State) -> int:
         return self.config.train_resolution
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        side = self.config.train_resolution
+        return dataclasses.replace(work, full_resolution=side, resolution=side)
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True)

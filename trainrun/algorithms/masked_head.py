@@ -9,6 +9,8 @@ head's work falls to the masked share (about an eighth of it at the usual 15 %, 
 Evaluation always runs the head on the predicted positions alone, with or without this method.
 """
 
+from torch.nn import Module
+
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
@@ -21,7 +23,9 @@ class MaskedHead(Algorithm):
     events = frozenset({Event.INIT})
 
     def apply(self, event: Event, state: State) -> None:
-        model = state.raw_model
+        self.rebuild(state.raw_model)
+
+    def rebuild(self, model: Module) -> None:
         if not isinstance(model, MaskedPositionsHead):
             raise ConfigError(
                 f"algorithm 'masked_head' needs trainrun's BERT (model=bert_*), not {type(model).__name__}"

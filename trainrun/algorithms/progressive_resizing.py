@@ -11,12 +11,15 @@ Evaluation always runs at full resolution.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from trainrun.algorithms.base import TrainingResolution
 from trainrun.algorithms.specs.progressive_resizing import ProgressiveResizingConfig
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 def scale_at(progress: float, initial_scale: float, delay: float, finetune: float) -> float:
@@ -41,6 +44,9 @@ class ProgressiveResizing(TrainingResolution):
 
     def target_size(self, state: State) -> int:
         return size_at(state.progress, state.train_resolution, self.config)
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        return dataclasses.replace(work, resolution=size_at(progress, work.full_resolution, self.config))
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         """Resize (nearest) or crop a batch to ``size`` x ``size``."""

@@ -21,6 +21,8 @@ clips that gradient too. The loss of the second pass uses the targets the first 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,6 +30,7 @@ from trainrun.algorithms.specs.sam import SAMConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 class SAM(Algorithm):
@@ -40,6 +43,10 @@ class SAM(Algorithm):
 
     def match(self, event: Event, state: State) -> bool:
         return event in self.events and state.batch % self.config.interval == 0
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        """A second forward and backward of the batch every ``interval``-th step."""
+        return dataclasses.replace(work, extra_passes=work.extra_passes + 1 / self.config.interval)
 
     def apply(self, event: Event, state: State) -> None:
         if event is Event.BEFORE_FORWARD:

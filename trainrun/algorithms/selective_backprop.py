@@ -11,6 +11,8 @@ batch-norm statistics as they were.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +20,7 @@ from trainrun.algorithms.specs.selective_backprop import SelectiveBackpropConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 def selection_weights(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -46,6 +49,19 @@ class SelectiveBackprop(Algorithm):
             return False
         active = config.start <= state.progress < config.end
         return active and (state.batch + 1) % config.interval != 0
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        """Between ``start`` and ``end``, all but each ``interval``-th batch: a scoring forward of the
+        whole batch at ``scale_factor`` of its side, then forward and backward of ``keep`` of it."""
+        config = self.config
+        if not config.start <= progress < config.end:
+            return work
+        selective = 1 - 1 / config.interval  # of the batches
+        return dataclasses.replace(
+            work,
+            trained_share=work.trained_share * (1 - selective * (1 - config.keep)),
+            scored_share=work.scored_share + selective * config.scale_factor**2,
+        )
 
     @torch.no_grad()
     def apply(self, event: Event, state: State) -> None:

@@ -12,12 +12,14 @@ step. Serves every sequence task (masked and causal language models).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from trainrun.algorithms.specs.seq_length_warmup import SeqLengthWarmupConfig
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 
 
 def length_at(progress: float, full: int, config: SeqLengthWarmupConfig) -> int:
@@ -37,6 +39,9 @@ class SeqLengthWarmup(Algorithm):
 
     def __init__(self, config: SeqLengthWarmupConfig) -> None:
         self.config = config
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        return dataclasses.replace(work, sequence_length=length_at(progress, work.sequence_length, self.config))
 
     def apply(self, event: Event, state: State) -> None:
         full = state.task.sequence_length(state.inputs)

@@ -9,6 +9,8 @@ which is large for documents padded to ``max_seq_len`` (``data.text.packing=pad`
 sequences. The weights stay Hugging Face BERT's own.
 """
 
+from torch.nn import Module
+
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
@@ -21,7 +23,9 @@ class Unpadding(Algorithm):
     events = frozenset({Event.INIT})
 
     def apply(self, event: Event, state: State) -> None:
-        model = state.raw_model
+        self.rebuild(state.raw_model)
+
+    def rebuild(self, model: Module) -> None:
         if not isinstance(model, Unpaddable):
             raise ConfigError(f"algorithm 'unpadding' needs trainrun's BERT (model=bert_*), not {type(model).__name__}")
         model.use_unpadding()

@@ -1,5 +1,6 @@
-"""``trainrun estimate [OVERRIDES]``: a run's memory per rank and its step time at its real size,
-computed on this machine before a GPU is rented (:mod:`trainrun.estimate`).
+"""``trainrun estimate [OVERRIDES]``: a run's memory per rank and its time and cost at its real size,
+computed on this machine before a GPU is rented (:mod:`trainrun.estimate`): at the rates trainrun
+has measured, phase by phase of its schedule, naming what holds each phase back (GPU or loader).
 
 The overrides are a run's (``recipe=llama31_8b launcher.devices=8 hardware=8xh100_aws``), composed
 and validated as ``trainrun`` would (the data files need not be here). ``--json`` prints one JSON
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainrun.config import check, locate, translate
@@ -28,18 +31,36 @@ def estimate_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="trainrun estimate", description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="the run's overrides, as trainrun takes them")
     parser.add_argument("--json", action="store_true", help="one JSON object on standard output")
-    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation the time assumes (0.4)")
+    parser.add_argument(
+        "--mfu", type=float, help="model FLOPs utilisation to time with (default: the measured rate that fits)"
+    )
     parser.add_argument("--peak-tflops", type=float, help="the device's peak (default: the hardware group's)")
     parser.add_argument(
         "--steps", type=int, help="the steps to the target, where known (a reference run's); default: max_duration's"
     )
+    parser.add_argument(
+        "--from-runs", nargs="+", type=Path, metavar="RUNS",
+        help="run or sweep folders: the median samples their runs of this recipe took to stop_at",
+    )  # fmt: skip
     parser.add_argument("--vocab", type=int, help="a language model's vocabulary (default: the data's)")
+    parser.add_argument(
+        "--case-shape", type=int, nargs=3, metavar=("D", "H", "W"), help="segmentation: a validation case's voxels"
+    )
+    parser.add_argument(
+        "--real-tokens", type=float, help="masked LM: the share of positions that are tokens (default: the store's)"
+    )
     args = parser.parse_args(argv)
-    if not 0 < args.mfu <= 1:
+    if args.mfu is not None and not 0 < args.mfu <= 1:
         raise ConfigError(f"bad value for '--mfu': {args.mfu} (a fraction in (0, 1])")
     if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
         raise ConfigError(f"bad value for '--peak-tflops': {args.peak_tflops} (a device's peak: a positive number)")
-    for flag, value in (("--vocab", args.vocab), ("--steps", args.steps)):
+    if args.real_tokens is not None and not 0 < args.real_tokens <= 1:
+        raise ConfigError(f"bad value for '--real-tokens': {args.real_tokens} (a fraction in (0, 1])")
+    for flag, value in (
+        ("--vocab", args.vocab),
+        ("--steps", args.steps),
+        *(("--case-shape", side) for side in args.case_shape or []),
+    ):
         if value is not None and value < 1:
             raise ConfigError(f"bad value for '{flag}': {value} (a positive number)")
     hydra_args, overrides, _ = translate(args.overrides)
@@ -47,14 +68,34 @@ def estimate_command(argv: list[str]) -> int:
         raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
     source, _, overrides = locate([], overrides)
     (config,) = check(overrides, files=False, source=source)
+    steps, steps_source = target_from(args, config)
     from trainrun.estimate import estimate
 
-    result = estimate(config, args.vocab, args.mfu, args.peak_tflops, args.steps)
+    result = estimate(
+        config, args.vocab, args.mfu, args.peak_tflops, steps, args.case_shape, args.real_tokens, steps_source
+    )
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
         print(render(result, config))
     return DOES_NOT_FIT if result.fits is False else 0
+
+
+def target_from(args: argparse.Namespace, config: TrainConfig) -> tuple[int | None, str]:
+    """The steps to the target: ``--steps``, or the median samples of finished runs (``--from-runs``)."""
+    if args.from_runs is None:
+        return args.steps, "--steps"
+    if args.steps is not None:
+        raise ConfigError("bad value for '--from-runs': give it or --steps, not both")
+    if config.stop_at is None:
+        raise ConfigError("bad value for '--from-runs': the run sets no stop_at whose steps the runs could give")
+    from trainrun.report.runs import samples_to_target
+
+    samples = samples_to_target(args.from_runs, config.name, config.stop_at)
+    middle = statistics.median(samples)
+    return math.ceil(
+        middle / config.train_batch_size
+    ), f"the median of {len(samples)} finished run(s): {middle:,.0f} samples"
 
 
 def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
@@ -64,12 +105,62 @@ def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
         return []
     cost = f", ${result.cost:,.0f} at ${config.hardware.price_per_hour:g}/h a node" if result.cost else ""
     if result.time_to == "target":
-        end = f"the target (stop_at={config.stop_at:g})" if config.stop_at is not None else "the steps given"
+        end = (
+            f"the target (stop_at={config.stop_at:g}, {result.target_source})"
+            if config.stop_at is not None
+            else "the steps given"
+        )
     elif result.stops_before_the_schedule:
         end = f"the end of the whole schedule, max_duration={config.max_duration}, not the target"
     else:
         end = f"max_duration={config.max_duration}"
-    return [f"to {end} ({result.steps:,} steps): {result.hours:,.1f} h{cost}"]
+    evaluations = f" and {result.evaluations:,} evaluations" if result.evaluations and result.eval_flops else ""
+    return [f"to {end} ({result.steps:,} steps{evaluations}): {duration(result.hours)}{cost}"]
+
+
+def flops(count: float) -> str:
+    """FLOPs in PFLOP, or TFLOP under a tenth of one."""
+    return f"{count / 1e15:.2f} PFLOP" if count >= 1e14 else f"{count / 1e12:.2f} TFLOP"
+
+
+def duration(hours: float) -> str:
+    """Hours, or minutes under two hours."""
+    return f"{hours:,.1f} h" if hours >= 2 else f"{hours * 60:,.1f} min"
+
+
+def phase_lines(result: Estimate) -> list[str]:
+    """The schedule's phases, consecutive ones held back by the same part said as one line: their
+    share of the run, sizes, a step's FLOPs and time on the GPU and through the loader."""
+    groups: list[list[dict]] = []
+    for phase in result.phases:
+        if groups and groups[-1][-1]["bottleneck"] == phase["bottleneck"] and len(result.phases) > 4:
+            groups[-1].append(phase)
+        else:
+            groups.append([phase])
+    return [group_line(group) for group in groups]
+
+
+def spread(values: list[float], form: str) -> str:
+    """``first-last`` in ``form``, or one value where they are equal."""
+    low, high = form.format(values[0]), form.format(values[-1])
+    return low if low == high else f"{low}-{high}"
+
+
+def group_line(group: list[dict]) -> str:
+    first, last = group[0], group[-1]
+    if first["resolution"]:
+        size = spread([phase["resolution"] for phase in group], "{:g}") + " px"
+    elif first["sequence_length"]:
+        size = spread([phase["sequence_length"] for phase in group], "{:,}") + " tokens"
+    else:
+        size = "the run's crops"
+    work = spread([phase["step_flops"] / 1e12 for phase in group], "{:,.1f}")
+    line = f"  {first['start']:.0%}-{last['end']:.0%} of the run at {size}: {work} TFLOP a step"
+    if first["gpu_seconds"]:
+        line += ", GPU " + spread([phase["gpu_seconds"] for phase in group], "{:.3f}") + " s"
+    if first["loader_seconds"]:
+        line += ", loader " + spread([phase["loader_seconds"] for phase in group], "{:.3f}") + " s"
+    return line + (f": {first['bottleneck']}-bound" if first["bottleneck"] else "")
 
 
 def render(result: Estimate, config: TrainConfig) -> str:
@@ -96,13 +187,22 @@ def render(result: Estimate, config: TrainConfig) -> str:
             lines.append(f"what fits: {result.fitting}")
     else:
         lines.append(f"hardware={hardware.name} states no device memory: choose one that does (hardware=8xh100_aws)")
-    lines.append(f"step: {result.step_flops / 1e15:.2f} PFLOP (all ranks, model FLOPs)")
+    lines.append(f"step: {flops(result.step_flops)} (all ranks, model FLOPs, at the run's full shapes)")
+    lines.append(f"rate: {result.rate}")
+    if result.loader:
+        lines.append(f"loader: {result.loader} x {hardware.cpu_cores} cores")
     if result.step_seconds:
         rate = f", {result.tokens_per_step / result.step_seconds:,.0f} tokens/s" if result.tokens_per_step else ""
-        at = f"at {result.mfu:.0%} MFU of {result.peak_tflops:g} TFLOP/s a device"
-        lines.append(f"{at}: {result.step_seconds:.3f} s a step{rate}")
+        at = f"at {result.mfu:.1%} MFU of {result.peak_tflops:g} TFLOP/s a device"
+        lines.append(f"{at}: {result.step_seconds:.3f} s a plain step on the GPUs{rate}")
+        lines.append(
+            f"schedule ({len(result.phases)} phase(s)); bottleneck: {' then '.join(result.bottlenecks) or 'not known'}"
+        )
+        lines += phase_lines(result)
+        if result.eval_seconds:
+            lines.append(f"an evaluation: {flops(result.eval_flops)}, {result.eval_seconds:.1f} s")
         lines += time_lines(result, config)
-        lines.append(f"per 1,000 steps: {1000 * result.step_seconds / 3600:.2f} h")
+        lines.append(f"per 1,000 plain steps: {1000 * result.step_seconds / 3600:.2f} h")
     lines += [f"note: {note}" for note in result.notes]
     if result.stops_before_the_schedule:
         lines.append(

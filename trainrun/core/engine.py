@@ -12,6 +12,8 @@ from trainrun.core.state import State
 if TYPE_CHECKING:
     from torch import nn
 
+    from trainrun.core.work import StepWork
+
 
 class Algorithm:
     """A speed-up method: acts on ``events`` and changes the state there.
@@ -40,10 +42,15 @@ class Algorithm:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; called on resume right after FIT_START."""
 
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        """A training step's work after ``progress`` of the run, as this method changes it (the
+        expectation over its batches); methods that leave the step's work as it is return ``work``."""
+        return work
+
     def rebuild(self, model: nn.Module) -> None:
-        """Change ``model``, built afresh, as this method changed the run's at INIT, so that a
-        checkpoint's weights load into it (``trainrun sample``); methods that leave the model's
-        structure as it was do nothing."""
+        """Change ``model``, built afresh, as this method changed the run's at INIT (its structure, or
+        the forward it runs), so that a checkpoint's weights load into it (``trainrun sample``) and
+        ``trainrun estimate`` runs the run's forward; methods that leave the model as it was do nothing."""
 
     def restore_evaluated(self, model: nn.Module, saved: dict[str, Any]) -> None:
         """Make ``model``, built afresh and holding a checkpoint's training weights, what this

@@ -27,6 +27,7 @@ class TextFacts:
     separator_begins: bool = False  # it begins each document (llm.c's shards), not ends it (trainrun's stores)
     sources: tuple[str, ...] = ()  # a mixture's corpora: validation batches say which each window is from
     source_weights: tuple[float, ...] = ()  # their shares of training (summing to 1), which weigh eval_loss
+    real_token_share: float = 1.0  # of a window's positions that hold tokens, not padding (packed: all)
 
 
 @dataclass

@@ -62,11 +62,13 @@ def collate_masked(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Te
 @torch.compiler.disable
 def predicted_slots(counts: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
     """The flat indices, into (batch, ``width``) slots, of each sequence's first ``counts`` slots
-    (its predictions), row-major; built on the host from host counts, then sent to ``device``."""
-    counts = counts.cpu()  # a no-op for the loader's counts
-    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
-    within = torch.arange(int(counts.sum())) - starts.repeat_interleave(counts)
-    return ((torch.arange(len(counts)) * width).repeat_interleave(counts) + within).to(device, non_blocking=True)
+    (its predictions), row-major; built on the host from host counts (read as numbers: trainrun
+    estimate's fake tensors run this with the loader's real counts), then sent to ``device``."""
+    counted = np.asarray(counts.tolist(), dtype=np.int64)
+    starts = np.cumsum(counted) - counted
+    within = np.arange(int(counted.sum())) - np.repeat(starts, counted)
+    slots = np.repeat(np.arange(len(counted)) * width, counted) + within
+    return torch.from_numpy(slots).to(device, non_blocking=True)
 
 
 def document_pieces(offsets: np.ndarray, body: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +112,11 @@ class MaskedSequences(Dataset):
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def real_token_share(self) -> float:
+        """The share of a sample's ``max_seq_len`` positions that hold tokens ([CLS] and [SEP] among
+        them), the rest padding: what unpadding saves is the rest."""
+        return float(np.mean(self.ends - self.starts + 2) / self.max_seq_len)
 
     def tokens(self, index: int) -> np.ndarray:
         """Sample ``index``'s tokens between [CLS] and [SEP]."""

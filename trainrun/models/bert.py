@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,17 +69,19 @@ class Layout:
 
 @torch.compiler.disable
 def make_layout(lengths: torch.Tensor, length: int, device: torch.device, packed: bool) -> Layout:
-    """The batch's :class:`Layout` from ``lengths`` on the host (no device read-back)."""
+    """The batch's :class:`Layout` from ``lengths`` on the host (no device read-back; read as numbers,
+    which trainrun estimate's fake tensors run with the loader's real lengths)."""
     lengths = lengths.cpu()  # a no-op for the loader's (host) lengths
     batch = len(lengths)
     on_device = lengths.to(device, non_blocking=True)
     if not packed:
         return Layout(batch, length, on_device)
     rows = predicted_slots(lengths, length, device)  # each sequence's first ``length`` rows: its real tokens
-    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    documents = torch.arange(batch).repeat_interleave(lengths)
+    counts = np.asarray(lengths.tolist(), dtype=np.int64)
+    cu_seqlens = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    documents = torch.from_numpy(np.repeat(np.arange(batch), counts))
     moved = (tensor.to(device, non_blocking=True) for tensor in (cu_seqlens, documents))
-    return Layout(batch, length, on_device, rows, *moved, longest=int(lengths.max()))
+    return Layout(batch, length, on_device, rows, *moved, longest=int(counts.max()))
 
 
 @dataclass

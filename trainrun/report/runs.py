@@ -142,3 +142,19 @@ def _first_epoch_as_second(path: Path, summary: dict[str, Any]) -> float | None:
     for row in rows[: 2 * per_epoch]:
         epoch_seconds[(row["step"] - 1) // per_epoch] += train_seconds(row)
     return summary["train_seconds"] - epoch_seconds[0] + epoch_seconds[1]
+
+
+def samples_to_target(paths: list[Path], name: str | None, stop_at: float) -> list[int]:
+    """The samples each finished run of recipe ``name`` under ``paths`` took to reach ``stop_at``
+    (``summary.json``'s samples where the run stopped at a target of that value, as ``config.yaml``
+    says); one line naming the folders where none did."""
+    samples = []
+    for path in find_runs(paths):
+        run, _ = load_run(path)
+        config = read_yaml(path / run_files.CONFIG) if (path / run_files.CONFIG).is_file() else {}
+        if run.status == "target_reached" and config.get("name") == name and config.get("stop_at") == stop_at:
+            samples.append(int(run.summary["samples"]))
+    if not samples:
+        folders = ", ".join(str(path) for path in paths)
+        raise ConfigError(f"bad value for '--from-runs': no run of {name} under {folders} reached stop_at={stop_at:g}")
+    return samples

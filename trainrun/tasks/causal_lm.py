@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from trainrun.core.state import State
 from trainrun.data.interface import TextFacts
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, TrainConfig
 from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 from trainrun.tasks.losses import summed_cross_entropy
 
@@ -76,10 +76,10 @@ class CausalLanguageModeling(SequenceTask):
         windows = batch.to(state.device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:], len(windows)
 
-    def example_batch(self, data: DataConfig, size: int, text: TextFacts) -> torch.Tensor:
-        """``size`` windows of ``data.text.max_seq_len + 1`` token ids, as the loader gives them
-        (values arbitrary: what trainrun estimate runs)."""
-        return torch.randint(text.vocab_size, (size, data.text.max_seq_len + 1))
+    def example_batch(self, config: TrainConfig, size: int, text: TextFacts) -> torch.Tensor:
+        """``size`` windows of ``text.max_seq_len + 1`` token ids, as the loader gives them (values
+        arbitrary: what trainrun estimate runs)."""
+        return torch.randint(text.vocab_size, (size, text.max_seq_len + 1))
 
     def sequence_length(self, inputs: torch.Tensor) -> int:
         return inputs.shape[1]

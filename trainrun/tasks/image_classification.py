@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainrun.core.state import State
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, TrainConfig
 from trainrun.tasks.base import Evaluator, LossFunction, Task
 from trainrun.tasks.losses import LOSSES
 
@@ -73,6 +73,13 @@ class ImageClassification(Task):
         images, labels = batch
         images = self.normalise(images.to(state.device, non_blocking=True), state.memory_format)
         return images, labels.to(state.device, non_blocking=True), len(labels)
+
+    def example_batch(self, config: TrainConfig, size: int, text: None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` uint8 images at ``data.resolution`` and their labels, as the loader gives them
+        (values arbitrary: what trainrun estimate runs)."""
+        side = config.data.resolution
+        images = torch.randint(256, (size, 3, side, side), dtype=torch.uint8)
+        return images, torch.randint(config.data.num_classes, (size,))
 
     def loss(self, name: str) -> LossFunction:
         return LOSSES[name]

@@ -17,8 +17,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainrun.core.state import State
+from trainrun.data.interface import TextFacts
 from trainrun.data.masked_text import IGNORED, predicted_slots
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, TrainConfig
 from trainrun.tasks.base import Evaluator, LossFunction, SequenceTask, token_loss_metrics
 
 
@@ -65,6 +66,7 @@ class MaskedLanguageModeling(SequenceTask):
     name = "masked_lm"
     metrics = {"masked_accuracy": "masked-token accuracy"}
     unit = "seq"
+    host_keys = ("lengths", "predict_counts", "counts")  # what batch leaves on the host: counts it reads
 
     def batch(self, batch: Any, state: State) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
         """Inputs (``lengths`` stays on the host) and targets of a :func:`~trainrun.data.masked_text.
@@ -78,6 +80,34 @@ class MaskedLanguageModeling(SequenceTask):
         inputs["lengths"], inputs["predict_counts"] = batch["lengths"], batch["predict_counts"]  # host counts
         targets = {"labels": moved("labels"), "predicted": moved("predicted_labels"), "counts": batch["predict_counts"]}
         return inputs, targets, len(batch["labels"])
+
+    def example_batch(self, config: TrainConfig, size: int, text: TextFacts) -> dict[str, torch.Tensor]:
+        """``size`` sequences of ``text.max_seq_len`` positions, ``text.real_token_share`` of them
+        tokens and the rest padding, with ``data.text.mlm_probability`` of the tokens masked and
+        predicted, collated as the loader collates them (values arbitrary: what trainrun estimate runs)."""
+        from trainrun.data.masked_text import collate_masked
+
+        width = text.max_seq_len
+        length = max(2, min(width, round(text.real_token_share * width)))
+        predicted = max(1, round(config.data.text.mlm_probability * length))
+        mask = (torch.arange(width) < length).to(torch.int64)
+        sample = {
+            "input_ids": torch.randint(text.vocab_size, (width,)) * mask,
+            "attention_mask": mask,
+            "labels": torch.full((width,), IGNORED),
+            "predict_positions": torch.arange(1, predicted + 1),
+        }
+        sample["labels"][sample["predict_positions"]] = 1
+        return collate_masked([sample] * size)
+
+    def real_token_share(self, config: TrainConfig) -> float:
+        """The share of a training sample's positions that hold tokens, from the store at ``data.path``."""
+        from trainrun.data.masked_text import MaskedSequences
+        from trainrun.data.token_store import TokenStore
+
+        text = config.data.text
+        store = TokenStore.open(config.data.path, "train")
+        return MaskedSequences(store, text.max_seq_len, text.packing, text.mlm_probability).real_token_share()
 
     def sequence_length(self, inputs: dict) -> int:
         return inputs["input_ids"].shape[1]

@@ -18,6 +18,7 @@ region's (logit above 0) by the same rule.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from torch import nn
 from trainrun import run_files
 from trainrun.atomic_io import atomic_write
 from trainrun.core.state import State
-from trainrun.schema import DataConfig
+from trainrun.schema import DataConfig, TrainConfig
 from trainrun.tasks.base import Evaluator, LossFunction, Task
 
 SLIDING_WINDOW_OVERLAP = 0.5  # nnU-Net's inference
@@ -188,6 +189,24 @@ class Segmentation(Task):
         images = images.to(state.device, non_blocking=True).contiguous(memory_format=state.memory_format)
         return images, labels.to(state.device, non_blocking=True), len(labels)
 
+    def example_batch(self, config: TrainConfig, size: int, text: None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` training crops (``data.segmentation.patch_size``) of ``model.unet.in_channels``
+        channels and their labels, as the loader gives them (values arbitrary: what trainrun estimate runs)."""
+        images = torch.zeros(size, config.model.unet.in_channels, *self.patch)
+        return images, torch.randint(config.data.num_classes, (size, *self.patch))
+
+    def windows_a_case(self, shape: list[int]) -> int:
+        """Forward passes of one window each that :meth:`predict` runs on a case of ``shape`` (D, H, W):
+        MONAI's sliding windows at :data:`SLIDING_WINDOW_OVERLAP` (each axial slice's, in 2D), each
+        mirrored along every combination of ``mirror_axes``."""
+        spatial = shape[-len(self.patch) :]
+        slices = shape[0] if len(self.patch) == 2 else 1
+        windows = 1
+        for side, patch in zip(spatial, self.patch, strict=True):
+            step = max(1, int(patch * (1 - SLIDING_WINDOW_OVERLAP)))
+            windows *= 1 if side <= patch else math.ceil((side - patch) / step) + 1
+        return slices * windows * 2 ** len(self.mirror_axes)
+
     def predict(self, model: nn.Module, inputs: Any) -> Any:
         """Logits (K, D, H, W) of each whole volume: slice by slice (2D) or by sliding windows (3D),
         ``window_batch`` windows a pass, each mirrored along ``mirror_axes`` (volume axes; a 2D
@@ -210,6 +229,19 @@ class Segmentation(Task):
 
     def loss(self, name: str) -> LossFunction:
         return self.training_loss
+
+    def fake_tensor_loss(self, name: str) -> LossFunction:
+        """The training loss as ``trainrun estimate``'s fake tensors run it: its cross-entropy terms
+        alone, under deep supervision (MONAI's Dice reads its reduction axes back from a tensor, which
+        a fake tensor cannot give; its memory and FLOPs are the logits' size, small beside the network's)."""
+        if self.regions:
+            regions = self.regions
+
+            def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+                return F.binary_cross_entropy_with_logits(logits.float(), region_masks(labels, regions))
+
+            return DeepSupervision(cross_entropy)
+        return DeepSupervision(lambda logits, labels: F.cross_entropy(logits.float(), labels))
 
     def evaluator(self, state: State) -> DiceEvaluator:
         return DiceEvaluator(self, state.device, state.world_size)

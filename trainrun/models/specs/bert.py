@@ -28,6 +28,7 @@ SPECS = (
     KindSpec(
         name="bert",
         builder="trainrun.models.bert:build",
+        family="bert",
         batches="masked_text",
         offers=frozenset(
             {

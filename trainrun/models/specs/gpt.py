@@ -61,6 +61,7 @@ SPECS = (
     KindSpec(
         name="gpt",
         builder="trainrun.models.gpt:build",
+        family="gpt",
         batches="token_windows",
         offers=frozenset(
             {Capability.ALIBI, Capability.ATTENTION_WINDOW, Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS}

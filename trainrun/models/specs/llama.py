@@ -72,6 +72,7 @@ SPECS = (
     KindSpec(
         name="llama",
         builder="trainrun.models.llama:build",
+        family="llama",
         batches="token_windows",
         offers=frozenset({Capability.HIDDEN_MATRICES, Capability.TRANSFORMER_BLOCKS, Capability.META_INIT}),
         check=check,

@@ -10,6 +10,7 @@ SPECS = tuple(
     KindSpec(
         name=name,
         builder="trainrun.models.resnet:build",
+        family="resnet",
         batches="images",
         offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS}),
     )

@@ -8,6 +8,7 @@ SPECS = (
     KindSpec(
         name="resnet_small",
         builder="trainrun.models.small:build",
+        family="resnet",
         batches="images",
         offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS}),
     ),

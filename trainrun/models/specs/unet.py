@@ -41,6 +41,7 @@ SPECS = (
     KindSpec(
         name="unet",
         builder="trainrun.models.unet:build",
+        family="unet",
         batches="volumes",
         offers=frozenset({Capability.CONVOLUTIONS}),
         check=check,

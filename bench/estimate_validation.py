@@ -1,0 +1,180 @@
+"""``trainrun estimate`` against figures nobody here wrote (``bench/published_times.yaml``): each row's
+published minutes or rate beside the estimate's from the same settings, their ratio, the rate row
+the estimate used and what held each run back. The rows that calibrate a family's rate on a GPU
+(``calibrates``) print the utilisation that reproduces them, which ``trainrun/rates.yaml`` holds;
+every other row is a prediction, within 25 % of its figure or explained (``miss``).
+
+    .venv/bin/python bench/estimate_validation.py            # the table
+    .venv/bin/python bench/estimate_validation.py --write    # into docs/benchmarks.md
+    .venv/bin/python bench/estimate_validation.py --rows ffcv_rn50_16 speedrun_21
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "bench" / "published_times.yaml"
+DOCS = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- estimate-validation: start -->", "<!-- estimate-validation: end -->"
+GOAL = 0.25  # a prediction within this share of its published figure
+FLAGS = {"--real-tokens": ("real_token_share", float), "--vocab": ("vocab", int), "--steps": ("steps", int)}
+
+
+@dataclass
+class Checked:
+    """One row: the published figure, the estimate's, and what the estimate used."""
+
+    row: dict[str, Any]
+    published: float
+    estimated: float
+    unit: str
+    rate: str
+    basis: str
+    bottleneck: str
+    mfu: float
+
+    @property
+    def ratio(self) -> float:
+        return self.estimated / self.published
+
+    @property
+    def within_goal(self) -> bool:
+        return abs(self.ratio - 1) <= GOAL
+
+    @property
+    def fitted_mfu(self) -> float:
+        """The utilisation at which this row's estimate equals its figure (the GPU bounds the run)."""
+        return self.mfu * (self.ratio if self.unit == "min" else 1 / self.ratio)
+
+
+def rows() -> list[dict[str, Any]]:
+    return yaml.safe_load(TABLE.read_text())["rows"]
+
+
+def estimate_row(row: dict[str, Any]) -> Checked:
+    """The estimate of ``row``'s settings, composed as ``trainrun estimate`` composes them."""
+    from trainrun.config import check, locate, translate
+    from trainrun.estimate import estimate
+
+    _, overrides, _ = translate([*row["overrides"], *row.get("settings", [])])
+    source, _, overrides = locate([], overrides)
+    (config,) = check(overrides, files=False, source=source)
+    arguments, flags = {}, list(row.get("args", []))
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        name, kind = FLAGS[flag]
+        arguments[name] = kind(value)
+    result = estimate(config, **arguments)
+    published = row["published"]
+    if "minutes" in published:
+        value, unit = published["minutes"], "min"
+        estimated = result.hours * 60
+    else:
+        value, unit = published["rate"], published["unit"]
+        per_step = config.train_batch_size * (config.data.text.max_seq_len if unit == "tokens/s" else 1)
+        if published["over"] == "step":
+            estimated = per_step / result.step_seconds
+        else:  # the schedule's training time, evaluations left out
+            seconds = sum((p["end"] - p["start"]) * result.schedule_steps * p["seconds"] for p in result.phases)
+            estimated = per_step * result.schedule_steps / seconds
+    held = " then ".join(result.bottlenecks)
+    return Checked(row, value, estimated, unit, result.rate, result.rate_basis, held, result.mfu)
+
+
+def gpu_peak(gpu: str) -> float:
+    """A GPU's dense bf16 peak (TFLOP/s), as the hardware group of that GPU states it."""
+    for path in sorted((ROOT / "conf" / "hardware").glob("*.yaml")):
+        group = yaml.safe_load(path.read_text())
+        if group.get("gpu") == gpu:
+            return float(group["peak_tflops"])
+    raise ValueError(f"no hardware group states gpu: {gpu}")
+
+
+def measured_mfu(rate: Any) -> float:
+    """A measured rate row's utilisation: its reading times trainrun's FLOP count of its shape (a
+    training step's forward and backward a sample) over the GPU's peak."""
+    from trainrun.config import check, locate, translate
+    from trainrun.estimate import run_shape, sized_task
+    from trainrun.fake_rank import pass_flops
+
+    _, overrides, _ = translate(list(rate.shape))
+    source, _, overrides = locate([], overrides)
+    (config,) = check(overrides, files=False, source=source)
+    task = sized_task(config)
+    text = run_shape(config, rate.vocab, rate.real_tokens or 1.0).text
+    per_sample = pass_flops(config, task, text, 2) / 2
+    value, unit = rate.reading
+    samples = value / text.max_seq_len if unit == "tokens/s" else value
+    return samples * per_sample / (gpu_peak(rate.gpu) * 1e12)
+
+
+def markdown(checked: list[Checked]) -> str:
+    lines = [
+        "| row | published | estimated | ratio | rate row | bottleneck | within 25 % |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for item in checked:
+        form = "{:,.1f}" if item.unit == "min" else "{:,.0f}"
+        if item.row.get("calibrates"):
+            verdict = f"calibration ({item.fitted_mfu:.1%} MFU fitted)"
+        elif item.within_goal:
+            verdict = "yes"
+        else:
+            verdict = "no: " + item.row.get("miss", "NOT EXPLAINED")
+        lines.append(
+            f"| {item.row['what']} ({item.row['source']}) | {form.format(item.published)} {item.unit} "
+            f"| {form.format(item.estimated)} {item.unit} | {item.ratio:.2f} | {item.rate} | {item.bottleneck} "
+            f"| {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def write(table: str) -> None:
+    """Replace the table between the markers in docs/benchmarks.md."""
+    text = DOCS.read_text()
+    before, rest = text.split(START)
+    _, after = rest.split(END)
+    DOCS.write_text(f"{before}{START}\n{table}\n{END}{after}")
+
+
+def documented() -> str:
+    """The table docs/benchmarks.md holds now."""
+    return DOCS.read_text().split(START)[1].split(END)[0].strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", help="only these rows (ids)")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--rates", action="store_true", help="the measured rate rows' MFU, recounted, instead")
+    args = parser.parse_args()
+    if args.rates:
+        from trainrun.rates import rates
+
+        for rate in rates().gpu:
+            if rate.basis == "measured":
+                row = f"{rate.family} {rate.precision} compile={rate.compile} {rate.gpu}"
+                print(f"{row}: table {rate.mfu:.4f}, recounted {measured_mfu(rate):.4f}")
+        return 0
+    chosen = [row for row in rows() if not args.rows or row["id"] in args.rows]
+    checked = []
+    for row in chosen:
+        checked.append(estimate_row(row))
+        item = checked[-1]
+        line = f"{row['id']}: published {item.published:g} {item.unit}, estimated {item.estimated:.4g}"
+        print(f"{line} ({item.ratio:.3f}; fits at {item.fitted_mfu:.4f} MFU)", file=sys.stderr)
+    table = markdown(checked)
+    print(table)
+    if args.write:
+        write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

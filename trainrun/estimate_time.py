@@ -1,0 +1,318 @@
+"""A run's time along its schedule, for ``trainrun estimate``: the schedule read at the middle of
+each fiftieth of the run, each method's change to a step's work there
+(:meth:`~trainrun.core.engine.Algorithm.step_work`: a resolution, a sequence length, a share of
+the pixels or samples, passes added), contiguous equal steps grouped into phases; each phase's
+FLOPs counted on the model as the run builds it (:func:`trainrun.fake_rank.pass_flops`), timed
+on the GPU at the rate row that fits (:mod:`trainrun.rates`) and through the loader at its
+measured rate per core times the node's cores, the slower of the two being the phase's
+bottleneck; evaluations at their resolution, interval and windows added. Written here because
+the schedule, the methods and the rates are trainrun's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainrun import kinds
+from trainrun.algorithms import build_algorithms
+from trainrun.core.time import Time, TimeUnit
+from trainrun.core.work import StepWork
+from trainrun.data.interface import TextFacts
+from trainrun.rates import LoaderRate, rates
+from trainrun.schema import TrainConfig
+from trainrun.tasks.base import Task
+
+POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
+COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
+DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
+
+
+@dataclass
+class Phase:
+    """Consecutive steps of equal work: a share of the run, its step's FLOPs and time."""
+
+    start: float  # fractions of the run's schedule
+    end: float
+    resolution: int | None
+    sequence_length: int | None
+    step_flops: float  # all ranks
+    gpu_seconds: float | None  # a step on the GPUs at the rate row's utilisation
+    loader_seconds: float | None  # a step's samples through the node's loaders (None: unmeasured)
+
+    @property
+    def bottleneck(self) -> str | None:
+        if self.gpu_seconds is None:
+            return None
+        if self.loader_seconds is None:
+            return "GPU (loader not timed)"
+        return "loader" if self.loader_seconds > self.gpu_seconds else "GPU"
+
+    @property
+    def seconds(self) -> float | None:
+        """A step's time: the slower of the GPU and the loader."""
+        return None if self.gpu_seconds is None else max(self.gpu_seconds, self.loader_seconds or 0.0)
+
+
+@dataclass
+class Timing:
+    """The run's phases, evaluation and rates, and where they came from."""
+
+    phases: list[Phase]
+    rate: str  # the GPU row used, in words
+    rate_basis: str  # measured, calibrated, stated (--mfu) or unmeasured
+    mfu: float
+    peak_tflops: float | None  # a GPU's
+    loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
+    steps: int | None  # to max_duration (None: epochs without the data's size)
+    eval_flops: float  # one evaluation, all ranks
+    eval_seconds: float | None
+    eval_interval_steps: int | None
+    notes: list[str]
+
+    def train_seconds(self, until: float = 1.0) -> float | None:
+        """Training seconds from the start to ``until`` of the schedule."""
+        if self.steps is None or any(phase.seconds is None for phase in self.phases):
+            return None
+        return sum(max(0.0, min(phase.end, until) - phase.start) * self.steps * phase.seconds for phase in self.phases)
+
+    def seconds_to(self, steps: int | None = None) -> float | None:
+        """Training and evaluation seconds to ``steps`` (default: the whole schedule)."""
+        if self.steps is None:
+            return None
+        steps = self.steps if steps is None else steps
+        training = self.train_seconds(min(1.0, steps / self.steps))
+        if training is None:
+            return None
+        evaluations = math.ceil(steps / self.eval_interval_steps) if self.eval_interval_steps else 0
+        return training + evaluations * (self.eval_seconds or 0.0)
+
+
+def steps_in(config: TrainConfig, time: Time, notes: list[str]) -> int | None:
+    """``time`` of this run in optimizer steps: epochs need the data's size (``data.samples``)."""
+    batch = config.train_batch_size
+    if time.unit is TimeUnit.BATCH:
+        return int(time.value)
+    if time.unit is TimeUnit.SAMPLE:
+        return math.ceil(time.value / batch)
+    if time.unit is TimeUnit.EPOCH:
+        if not config.data.samples:
+            notes.append("max_duration in epochs needs the data set's size: set data.samples=[TRAIN,VAL]")
+            return None
+        return int(time.value) * (samples_an_epoch(config) // batch)
+    return None
+
+
+def schedule_steps(config: TrainConfig, notes: list[str]) -> int | None:
+    """Steps to ``max_duration`` scaled by ``scale_schedule_ratio`` (None: a budget, or epochs unknown)."""
+    duration = Time.parse(config.max_duration)
+    if duration.unit.is_budget:
+        notes.append(f"max_duration={config.max_duration} is a budget: its steps are what the rate below buys")
+        return None
+    return steps_in(config, duration.scaled(config.scale_schedule_ratio), notes)
+
+
+def base_work(config: TrainConfig, text: TextFacts | None) -> StepWork:
+    """A plain step's work at the run's shapes, before the methods change it."""
+    images = kinds.spec_of("data", config.data.name).batches == "images"
+    side = config.data.resolution if images else None
+    return StepWork(full_resolution=side, resolution=side, sequence_length=text.max_seq_len if text else None)
+
+
+def phases_of(config: TrainConfig, work: StepWork) -> list[tuple[float, float, StepWork]]:
+    """(start, end, work) of each run of equal steps along the schedule, the methods applied in order."""
+    methods = build_algorithms(config.algorithms)
+    read: list[tuple[float, float, StepWork]] = []
+    for point in range(POINTS):
+        changed = work
+        for method in methods:
+            changed = method.step_work(changed, (point + 0.5) / POINTS)
+        start, end = point / POINTS, (point + 1) / POINTS
+        if read and read[-1][2].key() == changed.key():
+            read[-1] = (read[-1][0], end, read[-1][2])
+        else:
+            read.append((start, end, changed))
+    return read
+
+
+class FlopCounts:
+    """FLOPs a sample of the run at each size a phase trains at, counted once a size (fitted where
+    there are many: a quadratic in the side or length is exact for convolutions and attention)."""
+
+    def __init__(self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int) -> None:
+        self.config, self.task, self.text, self.samples = config, task, text, samples
+        self.counted: dict[tuple, float] = {}
+
+    def counted_at(self, resolution: int | None, length: int | None, train: bool = True) -> float:
+        from trainrun.fake_rank import pass_flops
+
+        key = (resolution, length, train)
+        if key not in self.counted:
+            config, text = self.config, self.text
+            if resolution is not None:
+                config = dataclasses.replace(config, data=dataclasses.replace(config.data, resolution=resolution))
+            if length is not None:
+                text = dataclasses.replace(text, max_seq_len=length)
+            self.counted[key] = pass_flops(config, self.task, text, self.samples, train) / self.samples
+        return self.counted[key]
+
+    def training(self, works: list[StepWork]) -> list[float]:
+        """Forward-and-backward FLOPs a sample for each of ``works``."""
+        sizes = sorted(
+            {(work.resolution, work.sequence_length) for work in works}, key=lambda size: size[0] or size[1] or 0
+        )
+        if len(sizes) <= COUNTED_SIZES:
+            return [self.counted_at(work.resolution, work.sequence_length) for work in works]
+        ends = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
+        side = 0 if sizes[0][0] is not None else 1
+        fit = np.polyfit([size[side] for size in ends], [self.counted_at(*size) for size in ends], 2)
+        return [float(np.polyval(fit, (work.resolution, work.sequence_length)[side])) for work in works]
+
+
+def step_flops(work: StepWork, per_sample: float, batch: int) -> float:
+    """A step's FLOPs (all ranks) under ``work``: its trained samples forward and backward (again for a
+    second pass), its scoring forwards at a third of that, at the share of pixels kept."""
+    trained = work.trained_share * (1 + work.extra_passes)
+    return batch * work.pixel_share * per_sample * (trained + work.scored_share / 3)
+
+
+def loader_seconds(config: TrainConfig, work: StepWork, row: LoaderRate | None) -> float | None:
+    """A step's samples through the node's loaders at the row's rate a core (None: unmeasured or no cores said)."""
+    cores = config.hardware.cpu_cores
+    if row is None or not cores:
+        return None
+    per_sample = work.sequence_length if row.unit == "tokens/s" else 1
+    return config.train_batch_size * per_sample / (row.per_core * cores)
+
+
+def crop_of(config: TrainConfig) -> tuple[int, ...] | None:
+    """A volume loader's training crop (its rate scales with the voxels), None for other data."""
+    if kinds.spec_of("data", config.data.name).batches != "volumes":
+        return None
+    return tuple(config.data.segmentation.patch_size)
+
+
+def samples_an_epoch(config: TrainConfig) -> int:
+    """Training samples an epoch: the data's, or each volume's crops (``samples_per_volume``)."""
+    repeats = config.data.segmentation.samples_per_volume if crop_of(config) else 1
+    return config.data.samples[0] * repeats
+
+
+def decoded_side(config: TrainConfig, work: StepWork) -> int | None:
+    """The side the loader decodes at: the phase's where the loader decodes at the size asked (FFCV)."""
+    return work.resolution if config.data.loader == "ffcv" else work.full_resolution
+
+
+def evaluation_flops(
+    config: TrainConfig, task: Task, counts: FlopCounts, images: bool, case_shape: list[int] | None, notes: list[str]
+) -> float:
+    """One evaluation's FLOPs (all ranks): the validation samples forward at the evaluation's
+    resolution, or each case's windows (segmentation); 0 where the validation set's size is not said."""
+    if len(config.data.samples) < 2 and not config.data.text.val_tokens:
+        notes.append("evaluation not counted: its size is not said (data.samples=[TRAIN,VAL])")
+        return 0.0
+    if hasattr(task, "windows_a_case"):
+        if case_shape is None:
+            notes.append("evaluation not counted: whole cases' windows need their shape (--case-shape D H W)")
+            return 0.0
+        return config.data.samples[1] * task.windows_a_case(case_shape) * counts.counted_at(None, None, train=False)
+    if config.data.samples:
+        side = config.data.eval_resolution if images else None
+        return config.data.samples[1] * counts.counted_at(side, None, train=False)
+    text = counts.text
+    return config.data.text.val_tokens / text.max_seq_len * counts.counted_at(None, text.max_seq_len, train=False)
+
+
+def loader_in_words(config: TrainConfig, loader: LoaderRate) -> str:
+    """The loader row used: its task, loader, size, rate a core and source."""
+    at = f" at {loader.resolution} px" if loader.resolution else ""
+    crop = " at " + " x ".join(map(str, loader.crop)) if loader.crop else ""
+    rate = f"{loader.per_core:,.0f}" if loader.per_core >= 100 else f"{loader.per_core:.3g}"
+    return f"{config.task.name} data.loader={loader.loader}{at}{crop}: {rate} {loader.unit} a core ({loader.source})"
+
+
+def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str]:
+    """(the utilisation, the row in words, its basis): ``mfu`` where stated, else the measured or
+    calibrated row that fits, else :data:`DEFAULT_MFU` said as unmeasured."""
+    if mfu is not None:
+        return mfu, f"--mfu {mfu:.1%}", "stated"
+    family = kinds.spec_of("model", config.model.name).family
+    gpu = config.hardware.gpu
+    row = rates().gpu_rate(family, gpu, config.precision, config.compile)
+    if row is not None:
+        return row.mfu, row.describe(gpu), row.basis
+    compiled = "compiled" if config.compile else "eager"
+    missing = f"no rate measured for {family} {config.precision} {compiled} on {gpu or 'hardware.gpu unset'}"
+    return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured"
+
+
+def timing(
+    config: TrainConfig,
+    task: Task,
+    text: TextFacts | None,
+    ranks: int,
+    mfu: float | None,
+    peak_tflops: float | None,
+    case_shape: list[int] | None = None,
+) -> Timing:
+    """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
+    hardware group's) at the rate row that fits, and through the node's loaders."""
+    notes: list[str] = []
+    utilisation, described, basis = gpu_row(config, mfu)
+    peak = peak_tflops or config.hardware.peak_tflops
+    throughput = ranks * peak * 1e12 * utilisation if peak else None
+    base = base_work(config, text)
+    read = phases_of(config, base)
+    counts = FlopCounts(config, task, text, samples=2)
+    per_sample = counts.training([work for _, _, work in read])
+    crop = crop_of(config)
+    loader = rates().loader_rate(config.task.name, config.data.loader, base.resolution, crop)
+    phases = []
+    for (start, end, work), flops in zip(read, per_sample, strict=True):
+        total = step_flops(work, flops, config.train_batch_size)
+        decode = rates().loader_rate(config.task.name, config.data.loader, decoded_side(config, work), crop)
+        phases.append(
+            Phase(
+                start, end, work.resolution, work.sequence_length, total,
+                total / throughput if throughput else None, loader_seconds(config, work, decode),
+            )
+        )  # fmt: skip
+    if loader is None:
+        notes.append(f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}")
+    elif not config.hardware.cpu_cores:
+        notes.append(f"hardware={config.hardware.name} states no CPU cores: the loader is not timed")
+    steps = schedule_steps(config, notes)
+    interval = Time.parse(config.eval_interval)
+    interval_steps = None if interval.unit is TimeUnit.DURATION else steps_in(config, interval, [])
+    eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
+    return Timing(
+        phases=phases,
+        rate=described,
+        rate_basis=basis,
+        mfu=utilisation,
+        peak_tflops=peak,
+        loader=None if loader is None else loader_in_words(config, loader),
+        steps=steps,
+        eval_flops=eval_flops,
+        eval_seconds=eval_flops / throughput if throughput else None,
+        eval_interval_steps=interval_steps,
+        notes=notes,
+    )
+
+
+def target_steps(config: TrainConfig, steps: int | None, source: str) -> tuple[int | None, str | None]:
+    """The steps to ``stop_at`` where known, and how: ``steps`` (from ``source``: ``--steps``, finished
+    runs), else the recipe's ``target_samples``."""
+    if steps is not None:
+        return steps, source
+    if config.target_samples is not None and config.stop_at is not None:  # the samples to stop_at
+        return math.ceil(config.target_samples / config.train_batch_size), f"target_samples={config.target_samples:,}"
+    return None, None
+
+
+def as_dict(phase: Phase) -> dict[str, Any]:
+    return dataclasses.asdict(phase) | {"bottleneck": phase.bottleneck, "seconds": phase.seconds}
