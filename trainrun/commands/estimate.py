@@ -39,8 +39,8 @@ def estimate_command(argv: list[str]) -> int:
         "--steps", type=int, help="the steps to the target, where known (a reference run's); default: max_duration's"
     )
     parser.add_argument(
-        "--from-runs", nargs="+", type=Path, metavar="RUNS",
-        help="run or sweep folders: the median samples their runs of this recipe took to stop_at",
+        "--from-runs", action="append", type=Path, metavar="FOLDER",
+        help="a run or sweep folder (repeatable): the median samples its runs of this recipe took to stop_at",
     )  # fmt: skip
     parser.add_argument("--vocab", type=int, help="a language model's vocabulary (default: the data's)")
     parser.add_argument(
