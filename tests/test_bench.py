@@ -423,5 +423,15 @@ def test_every_recipe_is_estimated_on_8_a100s_with_its_bottleneck(recipe):
     assert estimate["fits"] is (result.returncode == 0)
     assert estimate["phases"] and all(phase["bottleneck"] for phase in estimate["phases"])
     assert estimate["hours"] or estimate.get("schedule_hours") or estimate["schedule_steps"] is None
-    if estimate["stop_at"] is not None and "target_samples" in (estimate["target_source"] or ""):
-        assert estimate["time_to"] == "target"
+    from trainrun.config import compose
+    from trainrun.validation import validate
+
+    config = validate(compose([f"recipe={recipe}", "launcher.devices=8", "hardware=8xa100_aws"]), files=False)
+    if config.stop_at is not None and config.target_samples is not None:  # the recipe's published samples
+        assert (estimate["time_to"], estimate["target_source"]) == (
+            "target",
+            f"target_samples={config.target_samples:,}",
+        )
+        assert estimate["steps"] == math.ceil(config.target_samples / config.train_batch_size) and estimate["hours"]
+    else:
+        assert estimate["time_to"] == "schedule" and estimate["target_source"] is None

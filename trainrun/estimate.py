@@ -11,7 +11,6 @@ allocator's fragmentation.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -246,16 +245,14 @@ def mesh_name(config: TrainConfig, shape: RunShape) -> str:
     return f"shards over {shape.ranks}"
 
 
-def run_hours(
-    timing: Timing, to_target: int | None, step_seconds: float | None
-) -> tuple[int | None, float | None, int | None]:
+def run_hours(timing: Timing, to_target: int | None) -> tuple[int | None, float | None, int | None]:
     """(steps, hours, evaluations) to the target where its steps are known, else to ``max_duration``;
     where the schedule's length is not known, the given steps at the plain step's time."""
     counted = to_target if to_target is not None else timing.steps
     seconds = timing.seconds_to(counted) if counted else None
-    if seconds is None and counted and step_seconds:
-        seconds = counted * step_seconds
-    evaluations = math.ceil(counted / timing.eval_interval_steps) if counted and timing.eval_interval_steps else None
+    if seconds is None and counted and timing.step_seconds:
+        seconds = counted * timing.step_seconds
+    evaluations = timing.evaluations_to(counted) if counted else None
     return counted, (seconds / 3600 if seconds else None), evaluations
 
 
@@ -271,10 +268,9 @@ def timed(
 ) -> Estimate:
     """The estimate with the run's time to the target where its steps are known, else to
     ``max_duration``, and its cost at the hardware's price for every node."""
-    hardware, peak_tflops = config.hardware, timing.peak_tflops
-    step_seconds = memory.step_flops / (shape.ranks * peak_tflops * 1e12 * timing.mfu) if peak_tflops else None
+    hardware = config.hardware
     to_target, target_source = target_steps(config, *steps)
-    counted, hours, evaluations = run_hours(timing, to_target, step_seconds)
+    counted, hours, evaluations = run_hours(timing, to_target)
     cost = hours * hardware.price_per_hour * config.launcher.nnodes if hours and hardware.price_per_hour else None
     text = shape.text
     return Estimate(
@@ -292,15 +288,15 @@ def timed(
         peak=memory.peak,
         peak_gb=memory.peak["total"],
         eval_peak_gb=round(memory.eval_peak, 3),
-        step_flops=memory.step_flops,
+        step_flops=timing.step_flops,
         tokens_per_step=config.train_batch_size * text.max_seq_len if text else None,
         device_memory_gb=hardware.device_memory_gb,
-        peak_tflops=peak_tflops,
+        peak_tflops=timing.peak_tflops,
         mfu=timing.mfu,
         rate=timing.rate,
         rate_basis=timing.rate_basis,
         loader=timing.loader,
-        step_seconds=step_seconds,
+        step_seconds=timing.step_seconds,
         phases=[phase_dict(phase) for phase in timing.phases],
         eval_flops=timing.eval_flops,
         eval_seconds=timing.eval_seconds,

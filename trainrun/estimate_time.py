@@ -20,7 +20,7 @@ import numpy as np
 
 from trainrun import kinds
 from trainrun.algorithms import build_algorithms
-from trainrun.core.time import Time, TimeUnit
+from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
 from trainrun.rates import LoaderRate, rates
@@ -69,6 +69,8 @@ class Timing:
     peak_tflops: float | None  # a GPU's
     loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
     steps: int | None  # to max_duration (None: epochs without the data's size)
+    step_flops: float  # a plain step at the run's full shapes, all ranks
+    step_seconds: float | None  # that step on the GPUs at ``mfu``
     eval_flops: float  # one evaluation, all ranks
     eval_seconds: float | None
     eval_interval_steps: int | None
@@ -88,32 +90,25 @@ class Timing:
         training = self.train_seconds(min(1.0, steps / self.steps))
         if training is None:
             return None
-        evaluations = math.ceil(steps / self.eval_interval_steps) if self.eval_interval_steps else 0
-        return training + evaluations * (self.eval_seconds or 0.0)
+        return training + (self.evaluations_to(steps) or 0) * (self.eval_seconds or 0.0)
+
+    def evaluations_to(self, steps: int) -> int | None:
+        """Evaluations in ``steps``: at every interval and at the end, as the trainer evaluates."""
+        return math.ceil(steps / self.eval_interval_steps) if self.eval_interval_steps else None
 
 
-def steps_in(config: TrainConfig, time: Time, notes: list[str]) -> int | None:
-    """``time`` of this run in optimizer steps: epochs need the data's size (``data.samples``)."""
-    batch = config.train_batch_size
-    if time.unit is TimeUnit.BATCH:
-        return int(time.value)
-    if time.unit is TimeUnit.SAMPLE:
-        return math.ceil(time.value / batch)
-    if time.unit is TimeUnit.EPOCH:
-        if not config.data.samples:
-            notes.append("max_duration in epochs needs the data set's size: set data.samples=[TRAIN,VAL]")
-            return None
-        return int(time.value) * (samples_an_epoch(config) // batch)
-    return None
-
-
-def schedule_steps(config: TrainConfig, notes: list[str]) -> int | None:
-    """Steps to ``max_duration`` scaled by ``scale_schedule_ratio`` (None: a budget, or epochs unknown)."""
+def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
+    """The run's timeline as the run plans it (:func:`trainrun.run.plan_timeline`'s, with an epoch of
+    ``data.samples``); None where ``max_duration`` is a budget, or in epochs of a size not said."""
     duration = Time.parse(config.max_duration)
     if duration.unit.is_budget:
         notes.append(f"max_duration={config.max_duration} is a budget: its steps are what the rate below buys")
         return None
-    return steps_in(config, duration.scaled(config.scale_schedule_ratio), notes)
+    batches_per_epoch = samples_an_epoch(config) // config.train_batch_size if config.data.samples else 0
+    if duration.unit is TimeUnit.EPOCH and not batches_per_epoch:
+        notes.append("max_duration in epochs needs the data set's size: set data.samples=[TRAIN,VAL]")
+        return None
+    return Timeline.for_run(duration, batches_per_epoch, config.train_batch_size, config.scale_schedule_ratio)
 
 
 def base_work(config: TrainConfig, text: TextFacts | None) -> StepWork:
@@ -285,9 +280,9 @@ def timing(
         notes.append(f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}")
     elif not config.hardware.cpu_cores:
         notes.append(f"hardware={config.hardware.name} states no CPU cores: the loader is not timed")
-    steps = schedule_steps(config, notes)
-    interval = Time.parse(config.eval_interval)
-    interval_steps = None if interval.unit is TimeUnit.DURATION else steps_in(config, interval, [])
+    timeline = timeline_of(config, notes)
+    interval_steps = timeline.to_batches(config.eval_interval) if timeline else None  # 0: ep of a size not said
+    plain = counts.counted_at(base.resolution, base.sequence_length) * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
     return Timing(
         phases=phases,
@@ -296,7 +291,9 @@ def timing(
         mfu=utilisation,
         peak_tflops=peak,
         loader=None if loader is None else loader_in_words(config, loader),
-        steps=steps,
+        steps=timeline.max_batches if timeline else None,
+        step_flops=plain,
+        step_seconds=plain / throughput if throughput else None,
         eval_flops=eval_flops,
         eval_seconds=eval_flops / throughput if throughput else None,
         eval_interval_steps=interval_steps,

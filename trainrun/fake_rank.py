@@ -3,8 +3,8 @@ device, with its methods' structure), sharded as the trainer shards it over a fa
 its optimizer and its state, one step's passes reduced as the trainer reduces them (of more than
 two micro-batches the first and the last: those between hold what the first does) and one
 evaluation micro-batch, measured by torch's memory trackers (``MemTracker``; ``FSDPMemTracker``
-under fsdp); one pass's FLOPs are counted apart by torch's FLOP counter (inside the tracker it
-changes what the tracker sees). :mod:`trainrun.estimate` sizes runs with it.
+under fsdp); a pass's model FLOPs are counted apart, on the whole model without checkpointing, by
+torch's FLOP counter (:func:`pass_flops`). :mod:`trainrun.estimate` sizes runs with it.
 
 Written here because the rank has to be trainrun's (its builders, its micro-batching, its optimizer);
 it follows torchtitan's ``scripts/estimate/estimation.py``. The tensors are on the CPU device
@@ -94,12 +94,11 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Memory:
-    """One rank's memory (GB) and one step's model FLOPs (all ranks) for a :class:`RunShape`."""
+    """One rank's memory (GB) for a :class:`RunShape`."""
 
     held: dict[str, float]  # between steps: weights, gradients, optimizer state
     peak: dict[str, float]  # at the step's peak, by part, with its total
     eval_peak: float
-    step_flops: float
 
     @property
     def highest(self) -> float:
@@ -273,22 +272,19 @@ def _parts(snapshot: dict) -> dict[str, float]:
 
 
 def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
-    """One rank's memory through a training step and an evaluation micro-batch, and the step's FLOPs."""
+    """One rank's memory through a training step and an evaluation micro-batch."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     model = meta_model(config, shape)
     # made outside fake mode: the host's counts a collation reads must have values
     examples = [task.example_batch(config, size, shape.text) for size in (shape.per_rank_batch, shape.eval_micro_batch)]
-    whole = dataclasses.replace(shape, checkpointing="none")  # model FLOPs: no recompute counted
-    counted_model = meta_model(config, whole) if shape.checkpointing != "none" else None
     sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
     mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
-        tracker, counter = rank.tracker(), FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+        tracker = rank.tracker()
         if rank.sharded:
             tracker.track_inputs((inputs,))
         with tracker:
@@ -296,24 +292,20 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         peak = _parts(tracker.get_tracker_snapshot("peak"))
         held = rank.held()
         rank.optimizer.zero_grad(set_to_none=True)
-        counted = rank if counted_model is None else _Rank(config, whole, task, counted_model, mesh)
-        with counter:  # one pass's FLOPs, apart: the counter inside the tracker changes what it sees
-            counted.step_passes(inputs, targets, passes=1)
-        counted.optimizer.zero_grad(set_to_none=True)
         eval_inputs, _ = rank.batch(examples[1])
         eval_tracker = rank.tracker()
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
-    step_flops = counter.get_total_flops() * shape.per_rank_batch / min(shape.micro_batch, shape.per_rank_batch)
-    return Memory(held, peak, eval_peak, float(step_flops) * shape.ranks)
+    return Memory(held, peak, eval_peak)
 
 
 def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool = True) -> float:
     """Model FLOPs of ``samples`` samples of ``config``'s shapes (``data.resolution``, ``text``'s
     window, the crops): a training forward and backward, or an evaluation forward (``train``
     false), on the whole model as the run builds it with its methods, without activation
-    checkpointing's recompute (what :func:`measure`'s count is, for one phase of a run)."""
+    checkpointing's recompute (a run's MFU is of model FLOPs); counted apart from :func:`measure`'s
+    trackers, which the counter inside them would change."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 

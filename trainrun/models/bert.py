@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend
 
 from trainrun.data.interface import TextFacts
-from trainrun.data.masked_text import predicted_slots
+from trainrun.data.masked_text import predicted_slots, slots_of
 from trainrun.errors import ConfigError
 from trainrun.models.alibi import alibi_slopes
 from trainrun.models.flex import flex_kernel
@@ -76,12 +76,12 @@ def make_layout(lengths: torch.Tensor, length: int, device: torch.device, packed
     on_device = lengths.to(device, non_blocking=True)
     if not packed:
         return Layout(batch, length, on_device)
-    rows = predicted_slots(lengths, length, device)  # each sequence's first ``length`` rows: its real tokens
     counts = np.asarray(lengths.tolist(), dtype=np.int64)
+    rows = torch.from_numpy(slots_of(counts, length))  # each sequence's first ``length`` rows: its real tokens
     cu_seqlens = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     documents = torch.from_numpy(np.repeat(np.arange(batch), counts))
-    moved = (tensor.to(device, non_blocking=True) for tensor in (cu_seqlens, documents))
-    return Layout(batch, length, on_device, rows, *moved, longest=int(counts.max()))
+    rows, cu_seqlens, documents = (tensor.to(device, non_blocking=True) for tensor in (rows, cu_seqlens, documents))
+    return Layout(batch, length, on_device, rows, cu_seqlens, documents, longest=int(counts.max()))
 
 
 @dataclass
