@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPE = [155, 240, 240]  # (D, H, W): the Decathlon's z, x, y
+SHAPE = [155, 240, 240]  # (D, H, W): the Decathlon's z, y, x
 A100_CROPS_PER_SECOND = 27.48  # nnU-Net 3D, one A100, batch 2, AMP (DeepLearningExamples README)
 
 
@@ -56,8 +56,8 @@ def write_cases(root: Path, cases: int, shape: tuple[int, int, int]) -> None:
             continue
         started = time.perf_counter()
         image, label = synthetic_case(index, shape)  # (C, D, H, W) -> NIfTI's (x, y, z, channel)
-        nibabel.save(nibabel.Nifti1Image(image.transpose(2, 3, 1, 0), np.eye(4)), image_file)
-        nibabel.save(nibabel.Nifti1Image(label.transpose(1, 2, 0), np.eye(4)), label_file)
+        nibabel.save(nibabel.Nifti1Image(image.transpose(3, 2, 1, 0), np.eye(4)), image_file)
+        nibabel.save(nibabel.Nifti1Image(label.transpose(2, 1, 0), np.eye(4)), label_file)
         print(f"wrote {name} ({time.perf_counter() - started:.1f} s)", flush=True)
     manifest = {
         "name": "Task01_like",
@@ -146,7 +146,7 @@ from trainrun.config import compose
 from trainrun.data.decathlon import image_cases, read_manifest
 from trainrun.models.unet import build
 from trainrun.tasks.segmentation import Segmentation
-from trainrun.tasks.whole_cases import Preparation, class_map, model_probabilities, prepared, write_label_map
+from trainrun.tasks.whole_cases import Preparation, class_map, model_logits, prepared, write_label_map
 from trainrun.validation import validate
 overrides = ["task=segmentation", "data=synthetic_brats", "model=unet2d", "data.segmentation.patch_size={patch}"]
 config = validate(compose(overrides), files=False)
@@ -158,9 +158,9 @@ for name, images, _ in image_cases(Path({str(source)!r}), 4)[:{cases}]:
     case = prepared(images, preparation)
     marks = [time.perf_counter()]
     with torch.inference_mode():
-        probabilities = model_probabilities(task, model, case, torch.device("cpu"))
+        logits = model_logits(task, model, case, torch.device("cpu"))
     marks.append(time.perf_counter())
-    classes = class_map(task, probabilities, case)
+    classes = class_map(task, logits, case)
     marks.append(time.perf_counter())
     write_label_map(Path({str(predicted)!r}) / f"{{name}}.nii.gz", classes, preparation.values, images[0])
     marks.append(time.perf_counter())

@@ -35,7 +35,7 @@ READ_AROUND_A_RUN = {
     "data.val": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",
     "data.shards": "data=token_shards (tests/test_token_shards.py trains on llm.c shards)",
     "data.mix": "data=token_mix (tests/test_token_mix.py trains on two stores mixed)",
-    "model.shape_from_weights": "read as the config is composed (kinds.fill_published_shape), before the run",
+    "model.shape_from_weights": "read as the config is composed (kinds.fill_from_files), before the run",
     "data.samples": "trainrun estimate turns epochs into steps with it (tests/test_estimate.py)",
     "target_samples": "trainrun estimate's time to stop_at (tests/test_estimate.py)",
 }

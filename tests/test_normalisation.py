@@ -1,6 +1,8 @@
 """Each channel of a Decathlon task normalised as nnU-Net normalises its modality: CT by the training
 set's foreground intensities (clipped to their 0.5 and 99.5 percentiles, scaled by their mean and
-standard deviation, every voxel kept, 0 HU included), MRI per case over its non-zero voxels."""
+standard deviation, every voxel kept, 0 HU included), MRI per case, over its body where cropping
+removed a quarter of the image or more, else over the whole box (the exact agreement with nnU-Net's
+own code: tests/test_nnunet_agreement.py)."""
 
 from __future__ import annotations
 
@@ -61,18 +63,21 @@ def test_ct_is_clipped_and_scaled_by_the_training_sets_foreground_and_keeps_0_hu
     index = json.loads((store.path / "index.json").read_text())
     assert index["normalisation"]["schemes"] == ["ct", "zscore"]
     stats = index["normalisation"]["ct"]["0"]
-    np.testing.assert_allclose([stats["lower"], stats["upper"], stats["mean"], stats["std"]], [lower, upper, mean, std])
+    drawn = [stats["lower"], stats["upper"], stats["mean"], stats["std"]]  # 10^8 draws with replacement
+    np.testing.assert_allclose(drawn[2:], [mean, std], rtol=2e-3)
+    assert foreground.min() <= drawn[0] <= np.percentile(foreground, 2)  # each case weighs alike
+    assert drawn[1] == upper == 3000  # the metal voxel
     for case, name in enumerate(store.cases):
         image, _ = arrays[name]
-        ct = image[..., 0].transpose(2, 0, 1)  # (z, x, y): the store's axial slices first
+        ct = image[..., 0].transpose(2, 1, 0)  # (z, y, x): the store's axial slices first
+        lower, upper, mean, std = drawn
         expected = (np.clip(ct, lower, upper) - mean) / std
         np.testing.assert_allclose(store.image(case)[0].astype(np.float32), expected, atol=4e-3, rtol=2e-3)
         zero = ct == 0
         at_zero = (np.clip(0.0, lower, upper) - mean) / std  # tissue like any other, not set to 0 as background
         assert zero.any() and at_zero != 0 and np.allclose(store.image(case)[0][zero], at_zero, atol=4e-3)
-        mri = image[..., 1].transpose(2, 0, 1)
-        body = (image != 0).any(axis=-1).transpose(2, 0, 1)  # non-zero in any channel: nnU-Net's mask
-        z_scored = np.where(body, (mri - mri[body].mean()) / mri[body].std(), 0.0)
+        mri = image[..., 1].transpose(2, 1, 0)  # the CT's air is not 0: no cropping, no mask, zeros z-scored too
+        z_scored = (mri - mri.mean()) / mri.std()
         np.testing.assert_allclose(store.image(case)[1].astype(np.float32), z_scored, atol=4e-3, rtol=2e-3)
 
 
@@ -138,3 +143,25 @@ def test_held_out_cases_are_prepared_at_the_training_stores_spacing_and_ct_stati
     assert float(case.volume[0].max()) <= (stats["upper"] - stats["mean"]) / stats["std"] + 1e-2
     synthetic = DataConfig(name="synthetic_brats", cache_dir=str(tmp_path / "c"))
     assert training_reference(synthetic) is None  # a built-in set has no folder to follow
+
+
+def test_a_task_folder_sets_the_models_channels_and_the_classes_as_its_dataset_json_names_them(tmp_path):
+    """``data=decathlon data.path=TASK`` takes ``model.unet.in_channels`` and ``data.num_classes``
+    from dataset.json, as nnU-Net does (the config printed and written has them); one set otherwise on
+    the command line is one line naming both, exit 2, before anything runs."""
+    import yaml
+    from conftest import run_here
+
+    write_ct_task(tmp_path / "Task03_Liver")  # CT and T2; background and organ
+    args = ["task=segmentation", "data=decathlon", "model=unet2d", f"data.path={tmp_path / 'Task03_Liver'}"]
+    shown = run_here("--cfg", "job", *args)
+    assert shown.returncode == 0, shown.stderr
+    job = yaml.safe_load(shown.stdout)
+    assert job["model"]["unet"]["in_channels"] == 2 and job["data"]["num_classes"] == 2
+    assert job["model"]["num_classes"] == "${data.num_classes}"
+    refused = run_here(*args, "model.unet.in_channels=4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "bad value for 'model.unet.in_channels': 4, but '" in refused.stderr
+    assert "dataset.json' names 2 channel(s) (CT, T2)" in refused.stderr and not (tmp_path / "run").exists()
+    again = run_here("--cfg", "job", *args, "data.num_classes=2", "model.unet.in_channels=2")  # the same: taken
+    assert again.returncode == 0, again.stderr

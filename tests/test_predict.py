@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import read_metrics, run_here, start_cli, wait_for, write_decathlon_task
 
-from trainrun.data.decathlon import image_cases, low_resolution_axis, resampled_volume
+from trainrun.data.decathlon import image_cases
+from trainrun.data.resampling import IMAGE_ORDER, resampled_channels, separate_axis
 
 UNET = ["task=segmentation", "data=decathlon", "model=unet2d", "model.unet.filters=[8,16,32]"]
 UNET += ["model.unet.strides=[1,2,2]", "data.segmentation.patch_size=[16,16]", "progress=false"]
@@ -66,31 +67,31 @@ def test_an_anisotropic_case_is_predicted_back_onto_its_own_grid_as_by_hand(trai
     assert written.header.get_zooms() == pytest.approx((0.8, 0.8, 1.5))
     predicted = np.asarray(written.dataobj)
     assert set(np.unique(predicted).tolist()) <= {0, 1, 4} and predicted.dtype == np.uint8
-    # by hand: crop, z-score, every other slice (16 -> 8 at 3 mm), the model, each slice twice back
+    # by hand: crop, z-score over the body (cropping left 61 %), every other slice (16 -> 8 at 3 mm),
+    # the model, each slice twice back
     from trainrun.commands.ensemble import run_config
     from trainrun.run import model_holding
     from trainrun.tasks.segmentation import Segmentation, volume_dice
 
     config = run_config(trained / "run")
     model = model_holding(config, None, torch.load(trained / "run" / "model.pt", weights_only=True)).eval()
-    volume = torch.from_numpy(image.transpose(2, 0, 1))[None]  # (C, D, H, W)
+    volume = torch.from_numpy(image.transpose(2, 1, 0))[None]  # (C, z, y, x)
     box = (slice(1, 15), slice(2, 22), slice(2, 22))
     cropped = volume[(slice(None), *box)]
     body = cropped != 0
     cropped = torch.where(body, (cropped - cropped[body].mean()) / cropped[body].std(unbiased=False), 0.0)
-    cropped = cropped.half().float()
     coarse = cropped[:, 1::2]  # nearest: slice floor((i + 0.5) * 14 / 7)
     task = Segmentation(config.data)
     with torch.inference_mode():
         (logits,) = task.predict(model, [coarse])
-    fine = logits.softmax(0)[:, torch.arange(14) // 2]  # back: slice floor((i + 0.5) * 7 / 14)
+    fine = logits[:, torch.arange(14) // 2]  # back: slice floor((i + 0.5) * 7 / 14)
     whole = torch.zeros(16, 24, 24, dtype=torch.long)
     whole[box] = fine.argmax(0)
-    truth = torch.from_numpy(np.select([label == 1, label == 4], [1, 2], 0).transpose(2, 0, 1))
+    truth = torch.from_numpy(np.select([label == 1, label == 4], [1, 2], 0).transpose(2, 1, 0))
     by_hand = volume_dice(torch.nn.functional.one_hot(whole, 3).movedim(-1, 0).float(), truth)
     scores = json.loads((out / "dice.json").read_text())
     assert scores["cases"]["new_001"] == pytest.approx(by_hand.tolist(), abs=1e-6)
-    assert np.array_equal(predicted, np.choose(whole.numpy(), [0, 1, 4]).transpose(1, 2, 0).astype(np.uint8))
+    assert np.array_equal(predicted, np.choose(whole.numpy(), [0, 1, 4]).transpose(2, 1, 0).astype(np.uint8))
 
 
 def test_a_folder_of_channel_files_without_labels_is_segmented_and_a_killed_predict_continues(trained, tmp_path):
@@ -212,17 +213,19 @@ def test_cases_group_nnunet_channel_files_only_where_every_case_has_them_all(tmp
     assert [name for name, _, _ in image_cases(tmp_path, 1)] == ["a_0000", "a_0001", "b_0000", "b_0001"]
 
 
-def test_the_low_resolution_axis_is_resampled_by_nearest_neighbour_the_others_linearly():
-    assert low_resolution_axis((3.0, 0.8, 0.8), (3.0, 0.8, 0.8)) == 0
-    assert low_resolution_axis((1.5, 0.8, 0.8), (3.0, 0.8, 0.8)) == 0  # the target's, where the case is not
-    assert low_resolution_axis((1.0, 1.0, 1.0), (2.0, 1.0, 1.0)) is None
-    volume = torch.arange(2 * 4 * 3 * 2, dtype=torch.float32).reshape(2, 4, 3, 2)
-    nearest = resampled_volume(volume, (8, 3, 2), axis=0)
-    assert torch.equal(nearest, volume[:, torch.arange(8) // 2])  # slices repeated, never blended
-    linear = resampled_volume(volume, (4, 6, 4), axis=0)
-    expected = torch.nn.functional.interpolate(volume.transpose(0, 1), size=(6, 4), mode="bilinear")
-    assert torch.allclose(linear, expected.transpose(0, 1))
-    assert resampled_volume(volume, (4, 3, 2), axis=0) is volume
+def test_a_low_resolution_axis_is_resampled_apart_by_nearest_neighbour_as_nnunet_chooses_it():
+    """nnU-Net's separate z: the case's coarse axis, else the target's; none where two axes share the
+    coarsest side; across it slices are repeated or dropped, never blended (the agreement with
+    nnU-Net's own code on whole cases: tests/test_nnunet_agreement.py)."""
+    assert separate_axis((3.0, 0.8, 0.8), (3.0, 0.8, 0.8)) == 0
+    assert separate_axis((1.5, 0.8, 0.8), (3.0, 0.8, 0.8)) == 0  # the target's, where the case is not
+    assert separate_axis((0.8, 3.0, 0.8), (3.0, 0.8, 0.8)) == 1  # the case's first
+    assert separate_axis((1.0, 1.0, 1.0), (2.0, 1.0, 1.0)) is None
+    assert separate_axis((0.24, 1.25, 1.25), (0.24, 1.25, 1.25)) is None  # two coarse axes: resampled in 3D
+    volume = np.arange(2 * 4 * 3 * 2, dtype=np.float32).reshape(2, 4, 3, 2)
+    nearest = resampled_channels(volume, (8, 3, 2), 0, IMAGE_ORDER)
+    assert np.allclose(nearest, volume[:, np.arange(8) // 2], atol=1e-5) and nearest.dtype == np.float32
+    assert resampled_channels(volume, (4, 3, 2), 0, IMAGE_ORDER) is volume
 
 
 def test_nested_regions_paint_their_own_class_outermost_first():

@@ -428,7 +428,7 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
             print(f"trainrun: note: {notice}", file=sys.stderr)
     options = {override_key(o): str(override_value(o)) for o in job if override_key(o) in kinds.KIND_ORDER}
     refuse_unread_keys([override_key(o) for o in job], composed, options)
-    kinds.fill_published_shape(composed)  # model=llama or model=gpt: the shape model.weights publishes
+    kinds.fill_from_files(composed, {override_key(o) for o in job})  # a published shape, dataset.json's channels
     try:
         return validate(composed, files)
     except KindMismatch as error:

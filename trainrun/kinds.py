@@ -78,6 +78,9 @@ class KindSpec:
     positions: Callable[[Any], tuple[int, str] | None] | None = None
     # a model's architecture family as trainrun's table of measured rates names it (trainrun/rates.yaml)
     family: str | None = None
+    # a data kind: the settings its files name (key: (value, what names it)), set as the config is
+    # composed (kinds.fill_from_data); {} where the files are not there to read
+    fills: Callable[[Any], dict[str, tuple[Any, str]]] | None = None
     # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
     # "text.max_seq_len"); a run that sets another under data is refused
     reads: tuple[str, ...] = ()
@@ -172,6 +175,29 @@ def option_names(kind: str, default: str) -> dict[str, str]:
             option = yaml.safe_load((folder / f"{parent}.yaml").read_text()) or {}
         found[path.stem] = option.get("name", default)
     return found
+
+
+def fill_from_files(composed: Any, given: set[str]) -> None:
+    """The settings a run's files name, read into the composed config before it is validated: a
+    model's published shape (:func:`fill_published_shape`) and what its data's files name
+    (:func:`fill_from_data`; ``given``: the keys the command line sets)."""
+    fill_published_shape(composed)
+    fill_from_data(composed, given)
+
+
+def fill_from_data(composed: Any, given: set[str]) -> None:
+    """What the data kind's files name (``KindSpec.fills``: ``data=decathlon``'s channels and
+    classes from dataset.json) set into the composed config, so that the run, its config.yaml and
+    whatever reads that later agree with the files; one line where the command line sets another."""
+    from omegaconf import OmegaConf
+
+    spec = specs("data").get((composed.get("data") or {}).get("name"))
+    if spec is None or spec.fills is None:
+        return
+    for key, (value, named) in spec.fills(composed).items():
+        if key in given and (set_to := OmegaConf.select(composed, key)) != value:
+            raise ConfigError(f"bad value for '{key}': {set_to}, but {named}")
+        OmegaConf.update(composed, key, value, merge=False)
 
 
 def fill_published_shape(composed: Any) -> None:

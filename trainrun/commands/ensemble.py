@@ -1,7 +1,7 @@
 """``trainrun ensemble RUN... --data FOLDER``: several runs of one segmentation task (the folds of a
 cross-validation, ``trainrun sweep folds=all``) predict the labelled cases of a held-out Decathlon
-folder together, as nnU-Net ensembles its five folds: each case's class probabilities (softmax;
-sigmoid per region) are averaged over the runs, then made classes in the case's own geometry
+folder together, as nnU-Net's predictor ensembles the folds it is given: each case's logits are
+averaged over the runs, then made classes in the case's own geometry
 (:mod:`trainrun.tasks.whole_cases`, what ``trainrun predict`` writes) and scored against its label
 file. Each run alone is scored on the same cases beside it. The mean Dice of each and of the
 ensemble is printed and written, per case and per class, to ``ensemble.json`` (beside the first
@@ -34,7 +34,7 @@ from trainrun.tasks.whole_cases import (
     PreparedCase,
     class_map,
     map_dice,
-    model_probabilities,
+    model_logits,
     prepared,
     true_classes,
     write_label_map,
@@ -184,20 +184,20 @@ class Segmenter:
 
     @torch.inference_mode()
     def each_run(self, case: PreparedCase) -> Iterator[torch.Tensor]:
-        """Each run's class (region) probabilities of ``case``, one at a time."""
+        """Each run's class (region) logits of ``case``, one at a time."""
         for model in self.models:
-            yield model_probabilities(self.task, model, case, self.device)
+            yield model_logits(self.task, model, case, self.device)
 
     def ensembled(self, case: PreparedCase, seen: Callable[[Path, torch.Tensor], None] | None = None) -> torch.Tensor:
-        """The ensemble's class (region) probabilities of ``case``: the mean of the runs'
-        probabilities (nnU-Net's rule for ensembles), each run's read, shown to ``seen`` with its run
-        folder, and added in turn, so that one case's probabilities of two runs are held at a time.
-        The one rule ``predict`` writes and ``ensemble`` scores."""
+        """The ensemble's class (region) logits of ``case``: the mean of the runs' logits (nnU-Net's
+        predictor's rule for several folds), each run's read, shown to ``seen`` with its run folder,
+        and added in turn, so that one case's logits of two runs are held at a time. The one rule
+        ``predict`` writes and ``ensemble`` scores."""
         total = None
-        for run, probabilities in zip(self.runs, self.each_run(case), strict=True):
+        for run, logits in zip(self.runs, self.each_run(case), strict=True):
             if seen is not None:
-                seen(run, probabilities)
-            total = probabilities.clone() if total is None else total.add_(probabilities)
+                seen(run, logits)
+            total = logits.clone() if total is None else total.add_(logits)
         return total / len(self.runs)
 
     def write(self, images: tuple[Path, ...], path: Path) -> None:
@@ -220,8 +220,8 @@ def predict(segmenter: Segmenter, cases: list) -> dict[str, list[list[float]]]:
     for _, images, label in cases:
         case, truth = segmenter.prepared(images), true_classes(label, values)
 
-        def score(run: Path, probabilities: torch.Tensor, case: PreparedCase = case, truth=truth) -> None:  # noqa: ANN001
-            scores[run.name].append(map_dice(task, class_map(task, probabilities, case), truth))
+        def score(run: Path, logits: torch.Tensor, case: PreparedCase = case, truth=truth) -> None:  # noqa: ANN001
+            scores[run.name].append(map_dice(task, class_map(task, logits, case), truth))
 
         scores["ensemble"].append(map_dice(task, class_map(task, segmenter.ensembled(case, score), case), truth))
     return scores

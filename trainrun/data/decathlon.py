@@ -1,28 +1,29 @@
 """The Medical Segmentation Decathlon layout (``dataset.json``, ``imagesTr/``, ``labelsTr/``) read into
 a volume store (:mod:`trainrun.data.volume_store`), and nnU-Net v2's raw layout as it is
 (``channel_names``, ``labels`` name: value, ``file_ending``, ``imagesTr/CASE_0000.nii.gz`` a file a
-channel), read as the same cases.
+channel), read as the same cases, prepared as nnU-Net v2 prepares them for its 3d_fullres plan.
 
-Cases are prepared in ``data.num_workers`` processes (in this one at 0), one case at a time in each,
-so memory is bounded by a case per worker whatever the task's size; a line reports progress every
-few cases. Each case's files are written whole or not at all, and a preparation started again (after
-a kill) prepares only the cases missing. Where the cases' voxel spacings differ, each is resampled
-after cropping and normalisation (nnU-Net's order) to their median spacing (nnU-Net's target
-spacing): images trilinearly (or, where the spacing is anisotropic, linearly within each slice and
-by nearest neighbour across slices, nnU-Net's separate z; nnU-Net interpolates cubically where
-trainrun does linearly), labels by nearest neighbour; BraTS and the Decathlon's brain tumours are
-1 mm isotropic and are not resampled. Each channel is normalised as its ``modality`` name says
-(:func:`~trainrun.data.volume_store.normalisation`): a CT channel by the whole training set's
-foreground intensities, sampled from every case in a first, resumable pass (each case's sample kept
-in the store) before any case is prepared; MRI and other channels per case.
-Written here rather than with nnU-Net's preprocessing, which needs its own folder layout and plans.
+A first pass takes the data set's fingerprint (:mod:`trainrun.data.fingerprint`: each case's
+spacing, size after cropping to the body, and foreground intensities where a channel is CT), from
+which come the target spacing, whether MRI-like channels are z-scored over the body alone, and the
+CT statistics. Then each case is cropped to its body, each channel normalised as its ``modality``
+name says (:func:`~trainrun.data.volume_store.normalisation`), and the case resampled to the target
+spacing as nnU-Net resamples (:mod:`trainrun.data.resampling`: images by cubic splines, labels by
+each class's resized indicator, nearest neighbour across a low-resolution axis). Arrays are in the
+axis order nnU-Net reads NIfTI, (z, y, x). ``tests/test_nnunet_agreement.py`` holds the store equal
+to nnU-Net's preprocessing of the same folder.
+
+Cases are read in ``data.num_workers`` processes (in this one at 0), one case at a time in each, so
+memory is bounded by a case per worker whatever the task's size; a line reports progress every few
+cases. Each case's files are written whole or not at all, and a preparation started again (after a
+kill) takes only the fingerprints and cases missing. Written here rather than with nnU-Net's
+preprocessing, which needs its own folder layout, environment and plans, and pins its own stack.
 """
 
 from __future__ import annotations
 
 import re
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -30,32 +31,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from trainrun.atomic_io import atomic_write, read_json
-from trainrun.data.volume_store import (
-    case_written,
-    ct_statistics,
-    foreground_sample,
-    normalisation,
-    preprocess,
-    write_arrays,
-    write_index,
-)
+from trainrun.data.fingerprint import case_fingerprint, ct_statistics, target_spacing, uses_mask
+from trainrun.data.resampling import IMAGE_ORDER, resampled_channels, resampled_labels, resampled_size, separate_axis
+from trainrun.data.volume_store import case_written, normalisation, preprocess, stored, write_arrays, write_index
 from trainrun.errors import DataError
 
-ANISOTROPY = 3.0  # nnU-Net's: a spacing whose coarsest side is over 3x its finest is resampled apart
 NIFTI_ENDINGS = (".nii.gz", ".nii")
 CHANNEL_SUFFIX = re.compile(r"(?P<case>.+)_(?P<channel>\d{4})")  # nnU-Net v2's CASE_0000: a file a channel
 UNNAMED = 255  # the class of a label value dataset.json does not name
 PROGRESS_SECONDS = 10  # at most one progress line this often (and one at the end)
-SAMPLING = ("sampling the CT intensities of", "sampled")  # CaseProgress's words for the statistics' pass
+FINGERPRINTING = ("taking the fingerprint of", "fingerprinted")  # CaseProgress's words for the first pass
 Case = tuple[str, tuple[Path, ...], Path]  # a training case: its name, its image file(s), its label file
 
 
 def read_decathlon_case(image_files: tuple[Path, ...], label_file: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) with the axial
-    axis z first, from one file of every channel (the Decathlon's) or one file a channel (nnU-Net v2's)."""
+    """One case as (C, D, H, W) float32 and (D, H, W): NIfTI's (x, y, z[, channel]) as (z, y, x),
+    nnU-Net's order, from one file of every channel (the Decathlon's) or one file a channel (nnU-Net v2's)."""
     image, label = read_image(image_files), read_label(label_file)
     if image.shape[1:] != label.shape:
         raise DataError(f"{image_files[0].name}: image {image.shape[1:]} and label {label.shape} differ in size")
@@ -70,12 +63,12 @@ def read_image(image_files: tuple[Path, ...]) -> np.ndarray:
     image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
     if image.ndim == 3:
         image = image[..., None]
-    return image.transpose(3, 2, 0, 1)
+    return image.transpose(3, 2, 1, 0)
 
 
 def read_label(label_file: Path) -> np.ndarray:
     """A case's label values as (D, H, W) uint8 (:func:`read_decathlon_case`)."""
-    return np.rint(_nifti(label_file)).astype(np.uint8).transpose(2, 0, 1)
+    return np.rint(_nifti(label_file)).astype(np.uint8).transpose(2, 1, 0)
 
 
 def image_cases(folder: Path, channels: int) -> list[tuple[str, tuple[Path, ...], Path | None]]:
@@ -239,50 +232,17 @@ def _check_manifest(manifest: Path, described: object) -> None:
 
 
 def voxel_spacing(image_file: Path) -> tuple[float, float, float]:
-    """A case's voxel size in mm along the store's (D, H, W) axes: NIfTI's z, x, y (its header alone)."""
+    """A case's voxel size in mm along the store's (D, H, W) axes: NIfTI's z, y, x (its header alone)."""
     x, y, z = (float(size) for size in _nifti(image_file, header_only=True).get_zooms()[:3])
-    return z, x, y
-
-
-def low_resolution_axis(spacing: Sequence[float], target: Sequence[float]) -> int | None:
-    """The axis nnU-Net resamples apart from the others: the coarsest of ``spacing`` where its
-    coarsest side is over :data:`ANISOTROPY` times its finest, else of ``target`` where that is so."""
-    for sides in (spacing, target):
-        if max(sides) > ANISOTROPY * min(sides):
-            return int(np.argmax(sides))
-    return None
-
-
-def resampled_size(shape: Sequence[int], spacing: Sequence[float], target: Sequence[float]) -> list[int]:
-    """The (D, H, W) size of a volume of ``shape`` voxels of ``spacing`` mm at ``target`` mm a voxel."""
-    return [max(1, round(side * have / want)) for side, have, want in zip(shape, spacing, target, strict=True)]
-
-
-def resampled_volume(volume: torch.Tensor, size: Sequence[int], axis: int | None) -> torch.Tensor:
-    """``volume`` (C, D, H, W, float) at ``size``: trilinear, or with a low-resolution ``axis``
-    (0-2) linear within each slice across it and nearest-neighbour along it (nnU-Net's separate z:
-    no blending of slices 3 mm or more apart)."""
-    if tuple(volume.shape[1:]) == tuple(size):
-        return volume
-    if axis is None:
-        return F.interpolate(volume[None], size=list(size), mode="trilinear", align_corners=False)[0]
-    moved = volume.movedim(axis + 1, 1)  # (C, A, P, Q): the low-resolution axis first
-    plane = [side for index, side in enumerate(size) if index != axis]
-    slices = F.interpolate(moved.transpose(0, 1), size=plane, mode="bilinear", align_corners=False).transpose(0, 1)
-    nearest = ((torch.arange(size[axis]) + 0.5) * moved.shape[1] / size[axis]).long().clamp(max=moved.shape[1] - 1)
-    return slices[:, nearest].movedim(1, axis + 1)
+    return z, y, x
 
 
 def resampled(image: np.ndarray, label: np.ndarray, spacing: tuple, target: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """``image`` (C, D, H, W) and ``label`` (D, H, W) from ``spacing`` to ``target`` mm a voxel: the
-    image by :func:`resampled_volume`, the label by nearest neighbour."""
-    if np.allclose(spacing, target):
-        return image, label
+    """``image`` (C, D, H, W) and ``label`` (D, H, W) from ``spacing`` to ``target`` mm a voxel, as
+    nnU-Net's preprocessing resamples them (:mod:`trainrun.data.resampling`)."""
     size = resampled_size(label.shape, spacing, target)
-    axis = low_resolution_axis(spacing, target)
-    image = resampled_volume(torch.from_numpy(image.astype(np.float32)), size, axis).to(torch.float16)
-    label = F.interpolate(torch.from_numpy(label)[None, None].float(), size=size, mode="nearest-exact")[0, 0]
-    return image.numpy(), label.to(torch.uint8).numpy()
+    axis = separate_axis(spacing, target)
+    return resampled_channels(image, size, axis, IMAGE_ORDER), resampled_labels(label, size, axis)
 
 
 def class_lookup(values: Sequence[int]) -> np.ndarray:
@@ -305,25 +265,25 @@ def checked_case(case: Case, channels: int, lookup: np.ndarray) -> tuple[np.ndar
     return image, label
 
 
-def sample_case(case: Case, channels: int, lookup: np.ndarray, ct: list[int], path: Path) -> str:
-    """A case's foreground sample of the CT channels ``ct``, kept in the store at ``path``; its name."""
+def fingerprint_case(case: Case, channels: int, lookup: np.ndarray, drawn: int, cases: int, path: Path) -> str:
+    """A case's fingerprint (:func:`~trainrun.data.fingerprint.case_fingerprint`, the first
+    ``drawn`` channels' foreground drawn), kept in the store at ``path``; its name."""
     name = case[0]
-    sample = foreground_sample(*checked_case(case, channels, lookup), ct, zlib.crc32(name.encode()))
-    atomic_write(path / f"{name}_foreground.npy", lambda handle: np.save(handle, sample))
+    image, label = checked_case(case, channels, lookup)
+    found = case_fingerprint(image, label, voxel_spacing(case[1][0]), drawn, cases)
+    atomic_write(path / f"{name}_fingerprint.npz", lambda handle: np.savez(handle, **found))
     return name
 
 
 def prepare_case(
     case: Case, channels: int, classes: int, lookup: np.ndarray, target: tuple, path: Path,
-    schemes: tuple[str, ...] = (), ct: dict[int, dict] | None = None,
+    schemes: tuple[str, ...] = (), ct: dict[int, dict] | None = None, use_mask: bool = True,
 ) -> str:  # fmt: skip
     """Read, check, normalise, resample and preprocess one case into the store at ``path``; its name."""
     name, image_files, _ = case
     image, label = checked_case(case, channels, lookup)
-    image, label = resampled(
-        *preprocess(image, label, schemes, ct), voxel_spacing(image_files[0]), target
-    )  # nnU-Net's order
-    write_arrays(path, name, image, label, classes)
+    prepared = resampled(*preprocess(image, label, schemes, ct, use_mask), voxel_spacing(image_files[0]), target)
+    write_arrays(path, name, *stored(*prepared), classes)
     return name
 
 
@@ -332,30 +292,39 @@ def _one_thread() -> None:
 
 
 def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
-    """The task folder ``source`` as a volume store in ``path``: the missing cases prepared (in
-    ``workers`` processes), then the index."""
+    """The task folder ``source`` as a volume store in ``path``: the missing fingerprints taken and
+    the missing cases prepared (in ``workers`` processes), then the index."""
     described, cases = decathlon_listing(source)
     channels = channel_names(described)
     values = sorted(int(key) for key in described["labels"])
     labels = [described["labels"][str(value)] for value in values]
     lookup = class_lookup(values)
-    target = tuple(float(side) for side in np.median([voxel_spacing(images[0]) for _, images, _ in cases], axis=0))
     path.mkdir(parents=True, exist_ok=True)
     schemes = tuple(normalisation(channel) for channel in channels)
     ct_channels = [index for index, scheme in enumerate(schemes) if scheme == "ct"]
-    ct = {}
-    if ct_channels:  # the training set's foreground statistics first: every case's sample
-        unsampled = [case for case in cases if not (path / f"{case[0]}_foreground.npy").is_file()]
-        sampling = CaseProgress(len(cases), len(cases) - len(unsampled), source, path, SAMPLING)
-        run_cases(sample_case, unsampled, (len(channels), lookup, ct_channels, path), workers, sampling)
-        samples = np.concatenate([np.load(path / f"{name}_foreground.npy") for name, _, _ in cases], axis=1)
-        ct = {channel: ct_statistics(samples[row]) for row, channel in enumerate(ct_channels)}
+    drawn = max(ct_channels) + 1 if ct_channels else 0  # nnU-Net draws every channel in turn, from one stream
+    unknown = [case for case in cases if not (path / f"{case[0]}_fingerprint.npz").is_file()]
+    progress = CaseProgress(len(cases), len(cases) - len(unknown), source, path, FINGERPRINTING)
+    run_cases(fingerprint_case, unknown, (len(channels), lookup, drawn, len(cases), path), workers, progress)
+    fingerprints = [dict(np.load(path / f"{name}_fingerprint.npz")) for name, _, _ in cases]
+    target = target_spacing([found["spacing"] for found in fingerprints], [found["shape"] for found in fingerprints])
+    use_mask = uses_mask([float(found["relative_size"]) for found in fingerprints])
+    ct = {channel: ct_statistics(*drawn_values(fingerprints, channel)) for channel in ct_channels}
     missing = [case for case in cases if not case_written(path, case[0])]
-    arguments = (len(channels), len(labels), lookup, target, path, schemes, ct)
+    arguments = (len(channels), len(labels), lookup, target, path, schemes, ct, use_mask)
     preparing = CaseProgress(len(cases), len(cases) - len(missing), source, path)
     run_cases(prepare_case, missing, arguments, workers, preparing)
     normalised = {"schemes": list(schemes), "ct": {str(channel): stats for channel, stats in ct.items()}}
+    normalised |= {"mask": use_mask}
     write_index(path, [name for name, _, _ in cases], channels, labels, target, normalised, values)
+    for name, _, _ in cases:  # what the index now says
+        (path / f"{name}_fingerprint.npz").unlink(missing_ok=True)
+
+
+def drawn_values(fingerprints: list[dict], channel: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every case's drawn foreground values of ``channel`` and the times each was drawn."""
+    values, counts = ([found[f"{kind}_{channel}"] for found in fingerprints] for kind in ("values", "counts"))
+    return np.concatenate(values), np.concatenate(counts)
 
 
 def run_cases(

@@ -3,7 +3,7 @@ nnU-Net's preprocessing, biased crops and augmentations.
 
 Both sources are written once into ``data.cache_dir`` as a *volume store*, a folder of NumPy arrays
 read memory-mapped (as the token store serves text): per case ``<name>_image.npy`` (float16,
-(C, D, H, W), cropped to the non-zero region and z-scored per channel over it),
+(C, D, H, W), cropped to the body and normalised as nnU-Net does: :mod:`trainrun.data.decathlon`),
 ``<name>_label.npy`` (uint8, (D, H, W)) and ``<name>_locations.npy`` (int32 rows of class, d, h,
 w: up to 10,000 voxels of each foreground class, nnU-Net's sample for its biased crops), with
 ``index.json`` naming the cases, channels and classes.

@@ -13,76 +13,83 @@ from pathlib import Path
 import numpy as np
 
 from trainrun.atomic_io import atomic_write, atomic_write_text
-from trainrun.errors import DataError
+from trainrun.data.fingerprint import body_box, body_mask
 
-STORE_VERSION = 3  # 2: each channel normalised by its modality; 3: anisotropic cases resampled as nnU-Net does
+STORE_VERSION = 4  # 2: each channel normalised by its modality; 3: anisotropic cases resampled as nnU-Net does;
+# 4: axes (z, y, x) as nnU-Net reads NIfTI, and nnU-Net's fingerprint, mask, interpolation and label resampling
 LOCATIONS_PER_CLASS = 10_000  # nnU-Net's sample of each class's voxels for foreground crops
-FOREGROUND_SAMPLE = 10_000  # nnU-Net's sample of each case's foreground intensities for CT statistics
+OUTSIDE = -1  # nnU-Net's label of the background outside the body, before the store keeps it as background
 # nnU-Net v2's normalisation names (channel_names), and the modality names that mean CT
-SCHEMES = {"ct": "ct", "nonorm": "none", "rescale_to_0_1": "rescale", "zscore": "zscore"}
+SCHEMES = {"ct": "ct", "nonorm": "none", "rescale_to_0_1": "rescale", "rgb_to_0_1": "rgb", "zscore": "zscore"}
 
 
 def normalisation(channel: str) -> str:
     """How a channel named ``channel`` in dataset.json is normalised, as nnU-Net chooses: ``ct``
     (CT: clipped and scaled by the training set's foreground statistics), ``none`` (noNorm),
-    ``rescale`` (rescale_to_0_1) or ``zscore`` (every other name: MRI's FLAIR, T1w, T2, ADC, ...)."""
-    return SCHEMES.get(channel.strip().lower(), "zscore")
+    ``rescale`` (rescale_to_0_1), ``rgb`` (rgb_to_0_1) or ``zscore`` (every other name: MRI's FLAIR,
+    T1w, T2, ADC, ...)."""
+    return SCHEMES.get(channel.casefold(), "zscore")
 
 
 # ------------------------------------------------------------------------------ preprocessing
 def preprocess(
-    image: np.ndarray, label: np.ndarray, schemes: Sequence[str] = (), ct: dict[int, dict] | None = None
+    image: np.ndarray,
+    label: np.ndarray,
+    schemes: Sequence[str] = (),
+    ct: dict[int, dict] | None = None,
+    use_mask: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """nnU-Net's preprocessing of one case: crop ``image`` (C, D, H, W) and ``label`` (D, H, W) to
-    the box of voxels non-zero in any channel, then normalise each channel by its scheme
-    (:func:`normalisation`; z-score where none is given): ``zscore`` over the non-zero voxels, the
-    rest set to 0; ``ct`` clipped to the training set's foreground 0.5 and 99.5 percentiles and
-    scaled by its foreground mean and standard deviation (``ct[channel]``), every voxel kept (0 HU
-    is tissue); ``rescale`` to [0, 1]; ``none`` as it is. float16 and uint8 for the store."""
-    box = body_box(image)
-    return normalised(image[(slice(None), *box)], schemes, ct), label[box].astype(np.uint8)
+    """nnU-Net's preprocessing of one case before resampling: crop ``image`` (C, D, H, W) and
+    ``label`` (D, H, W, class indices) to the body's box (:func:`~trainrun.data.fingerprint.body_mask`),
+    normalise each channel by its scheme (:func:`normalised`) and mark the background outside the
+    body :data:`OUTSIDE` (nnU-Net's -1, which resampling treats as a class of its own). float32, int16."""
+    body = body_mask(image)
+    box = body_box(body)
+    label = label[box].astype(np.int16)
+    label[(label == 0) & ~body[box]] = OUTSIDE
+    return normalised(image[(slice(None), *box)], label != OUTSIDE, schemes, ct, use_mask), label
 
 
-def body_box(image: np.ndarray) -> tuple[slice, ...]:
-    """The (D, H, W) box of the voxels non-zero in any channel of ``image`` (C, D, H, W)."""
-    body = (image != 0).any(axis=0)
-    if not body.any():
-        raise DataError("a case has no non-zero voxel in any channel")
-    return tuple(slice(int(where.min()), int(where.max()) + 1) for where in np.nonzero(body))
-
-
-def normalised(image: np.ndarray, schemes: Sequence[str] = (), ct: dict[int, dict] | None = None) -> np.ndarray:
-    """Each channel of a cropped ``image`` normalised by its scheme (:func:`preprocess`), as float16."""
+def normalised(
+    image: np.ndarray,
+    body: np.ndarray,
+    schemes: Sequence[str] = (),
+    ct: dict[int, dict] | None = None,
+    use_mask: bool = True,
+) -> np.ndarray:
+    """Each channel of a cropped ``image`` normalised by its scheme (:func:`normalisation`; z-score
+    where none is given), in float32 as nnU-Net computes it: ``zscore`` over the ``body`` (the
+    voxels not marked :data:`OUTSIDE`; elsewhere 0) where ``use_mask``, else over every voxel;
+    ``ct`` clipped to the training set's foreground 0.5 and 99.5 percentiles and scaled by their
+    mean and standard deviation (``ct[channel]``), every voxel kept (0 HU is tissue); ``rescale``
+    to [0, 1]; ``rgb`` divided by 255; ``none`` as it is."""
     image = image.astype(np.float32)
-    body = (image != 0).any(axis=0)
     for index, channel in enumerate(image):
         scheme = schemes[index] if schemes else "zscore"
         if scheme == "ct":
             stats = ct[index]
-            clipped = np.clip(channel, stats["lower"], stats["upper"])
-            channel[:] = (clipped - stats["mean"]) / max(stats["std"], 1e-8)
+            np.clip(channel, stats["lower"], stats["upper"], out=channel)
+            channel -= stats["mean"]
+            channel /= max(stats["std"], 1e-8)
         elif scheme == "rescale":
-            low, high = float(channel.min()), float(channel.max())
-            channel[:] = (channel - low) / max(high - low, 1e-8)
-        elif scheme == "zscore":
+            channel -= channel.min()
+            channel /= max(float(channel.max()), 1e-8)
+        elif scheme == "rgb":
+            channel /= 255.0
+        elif scheme == "zscore" and use_mask:
             values = channel[body]
             channel[:] = np.where(body, (channel - values.mean()) / max(float(values.std()), 1e-8), 0.0)
-    return image.astype(np.float16)
+        elif scheme == "zscore":
+            mean, std = channel.mean(), channel.std()
+            channel -= mean
+            channel /= max(float(std), 1e-8)
+    return image
 
 
-def foreground_sample(image: np.ndarray, label: np.ndarray, channels: Sequence[int], seed: int) -> np.ndarray:
-    """(len(channels), n): up to :data:`FOREGROUND_SAMPLE` of a case's foreground voxels (label > 0)
-    in each of ``channels``, drawn seeded, as nnU-Net samples them for a data set's CT statistics."""
-    voxels = np.flatnonzero(label > 0)
-    if len(voxels) > FOREGROUND_SAMPLE:
-        voxels = np.sort(np.random.default_rng(seed).choice(voxels, FOREGROUND_SAMPLE, replace=False))
-    return np.stack([image[channel].reshape(-1)[voxels] for channel in channels]).astype(np.float32)
-
-
-def ct_statistics(samples: np.ndarray) -> dict[str, float]:
-    """nnU-Net's intensity properties of one CT channel from every training case's foreground sample."""
-    lower, upper = np.percentile(samples, [0.5, 99.5])
-    return {"lower": float(lower), "upper": float(upper), "mean": float(samples.mean()), "std": float(samples.std())}
+def stored(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A preprocessed (and resampled) case as the store keeps it: the image float16, the label uint8
+    with the background outside the body (:data:`OUTSIDE`) background again (nnU-Net's trainer's)."""
+    return image.astype(np.float16), np.where(label == OUTSIDE, 0, label).astype(np.uint8)
 
 
 def foreground_locations(label: np.ndarray, classes: int, seed: int) -> np.ndarray:
@@ -126,7 +133,7 @@ class VolumeStore:
 def write_case(path: Path, name: str, image: np.ndarray, label: np.ndarray, classes: int) -> None:
     """Preprocess one case and add its arrays to the store being written in ``path``, each file
     whole or absent; the locations file comes last (:func:`case_written`)."""
-    write_arrays(path, name, *preprocess(image, label), classes)
+    write_arrays(path, name, *stored(*preprocess(image, label)), classes)
 
 
 def write_arrays(path: Path, name: str, image: np.ndarray, label: np.ndarray, classes: int) -> None:

@@ -256,12 +256,6 @@ class Segmentation(Task):
         """Each class's probability (softmax over axis 0), or each region's (sigmoid)."""
         return logits.sigmoid() if self.regions else logits.softmax(0)
 
-    def scores(self, probabilities: torch.Tensor) -> torch.Tensor:
-        """Logits with these :meth:`probabilities` (log-odds, or log-probabilities), for the Dice and
-        the post-processing that read logits."""
-        probabilities = probabilities.clamp(1e-7, 1 - 1e-7)
-        return probabilities.logit() if self.regions else probabilities.log()
-
     def volume_dice(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Each foreground class's (region's) Dice of one volume, after the post-processing."""
         logits = without_small_enhancing(logits, self.enhancing_min_voxels, bool(self.regions))

@@ -1,14 +1,16 @@
 """Segmenting whole cases in their own geometry, for ``trainrun predict`` and ``trainrun ensemble``.
 
 A case is read from its NIfTI files and prepared as the runs' training cases were
-(:class:`Preparation`: cropped to the box of its non-zero voxels, each channel normalised by its
-scheme and the training set's CT statistics, resampled to the training store's spacing), segmented
-by each run (the task's sliding windows and mirroring) with their class probabilities averaged
-(nnU-Net's ensemble), and brought back as nnU-Net exports a prediction: the probabilities
-resampled to the cropped box (linearly; by nearest neighbour across slices where the spacing is
-anisotropic), post-processed, made classes (the arg-max, or nested regions from the outermost in),
-put into the whole volume (background outside the box) and written in the task's label values with
-the input's affine and header. Dice is computed there, against the case's own label file.
+(:class:`Preparation`: cropped to its body's box, each channel normalised by its scheme, the store's
+mask rule and the training set's CT statistics, resampled to the training store's spacing as nnU-Net
+resamples an image), segmented by each run (the task's sliding windows and mirroring) with their
+logits averaged (nnU-Net's predictor's rule for the folds it is given), and brought back as
+nnU-Net exports a prediction: the logits resampled to the cropped box (linearly; by nearest
+neighbour across slices where the spacing is anisotropic), post-processed, made classes (the
+arg-max, or each region's sigmoid over 0.5 from the outermost in), put into the whole volume
+(background outside the box) and written in the task's label values with the input's affine and
+header. Dice is computed there, against the case's own label file. ``tests/test_nnunet_agreement.py``
+holds the preparation and the export equal to nnU-Net's.
 """
 
 from __future__ import annotations
@@ -23,17 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from trainrun.atomic_io import atomic_write
-from trainrun.data.decathlon import (
-    UNNAMED,
-    class_lookup,
-    low_resolution_axis,
-    read_image,
-    read_label,
-    resampled_size,
-    resampled_volume,
-    voxel_spacing,
-)
-from trainrun.data.volume_store import body_box, normalisation, normalised
+from trainrun.data.decathlon import UNNAMED, class_lookup, read_image, read_label, voxel_spacing
+from trainrun.data.fingerprint import body_box, body_mask
+from trainrun.data.resampling import IMAGE_ORDER, LOGIT_ORDER, resampled_channels, resampled_size, separate_axis
+from trainrun.data.volume_store import normalisation, normalised
 from trainrun.errors import DataError
 from trainrun.tasks.segmentation import Segmentation, region_masks, volume_dice, without_small_enhancing
 
@@ -41,13 +36,15 @@ from trainrun.tasks.segmentation import Segmentation, region_masks, volume_dice,
 @dataclass(frozen=True)
 class Preparation:
     """How the runs' training cases were prepared: each channel's scheme, the CT statistics, the
-    voxel spacing (None: each case is segmented at its own), and each class's label value."""
+    voxel spacing (None: each case is segmented at its own), each class's label value, and whether
+    z-scored channels were normalised over the body alone."""
 
     channels: tuple[str, ...]
     schemes: tuple[str, ...]
     ct: dict[int, dict]
     spacing: tuple[float, ...] | None
     values: tuple[int, ...]
+    use_mask: bool = True
 
     @classmethod
     def of(cls, reference: dict | None, described: dict | None, classes: int) -> Preparation:
@@ -60,7 +57,8 @@ class Preparation:
             schemes = tuple(normalised_as.get("schemes") or [normalisation(name) for name in channels])
             ct = {int(channel): stats for channel, stats in normalised_as.get("ct", {}).items()}
             values = tuple(reference.get("label_values") or range(classes))
-            return cls(channels, schemes, ct, tuple(reference.get("spacing") or ()) or None, values)
+            spacing = tuple(reference.get("spacing") or ()) or None
+            return cls(channels, schemes, ct, spacing, values, normalised_as.get("mask", True))
         if described is not None:
             channels = tuple(described["modality"][key] for key in sorted(described["modality"], key=int))
             values = tuple(sorted(int(value) for value in described["labels"]))
@@ -76,7 +74,8 @@ class PreparedCase:
     box: tuple[slice, ...]  # the crop's place in the case's (D, H, W)
     shape: tuple[int, ...]  # the case's (D, H, W)
     cropped: tuple[int, ...]  # the crop's (D, H, W) before resampling
-    axis: int | None  # the low-resolution axis resampled apart, if any
+    spacing: tuple[float, ...]  # the case's voxel spacing
+    target: tuple[float, ...]  # the spacing the models read it at
 
 
 def prepared(image_files: Sequence[Path], preparation: Preparation) -> PreparedCase:
@@ -85,30 +84,31 @@ def prepared(image_files: Sequence[Path], preparation: Preparation) -> PreparedC
     image = read_image(tuple(image_files))
     if preparation.schemes and "ct" in preparation.schemes and not preparation.ct:
         raise DataError("the runs' CT statistics are not here (their training store's index.json): CT is not scaled")
-    box = body_box(image)
-    cropped = normalised(image[(slice(None), *box)], preparation.schemes, preparation.ct)
+    body = body_mask(image)
+    box = body_box(body)
+    schemes, ct = preparation.schemes, preparation.ct
+    cropped = normalised(image[(slice(None), *box)], body[box], schemes, ct, preparation.use_mask)
     spacing = voxel_spacing(image_files[0])
     target = preparation.spacing or spacing
     size = resampled_size(cropped.shape[1:], spacing, target)
-    axis = low_resolution_axis(spacing, target)
-    volume = resampled_volume(torch.from_numpy(cropped.astype(np.float32)), size, axis)
-    return PreparedCase(volume, box, image.shape[1:], cropped.shape[1:], axis)
+    volume = resampled_channels(cropped, size, separate_axis(spacing, target), IMAGE_ORDER)
+    return PreparedCase(torch.from_numpy(volume), box, image.shape[1:], cropped.shape[1:], spacing, tuple(target))
 
 
-def model_probabilities(
-    task: Segmentation, model: torch.nn.Module, case: PreparedCase, device: torch.device
-) -> torch.Tensor:
-    """One model's class (region) probabilities of a prepared case, on its training grid."""
+def model_logits(task: Segmentation, model: torch.nn.Module, case: PreparedCase, device: torch.device) -> torch.Tensor:
+    """One model's class (region) logits of a prepared case, on its training grid, on the host."""
     (logits,) = task.predict(model, [case.volume.to(device)])
-    return task.probabilities(logits.float())
+    return logits.float().cpu()
 
 
-def class_map(task: Segmentation, probabilities: torch.Tensor, case: PreparedCase) -> torch.Tensor:
-    """The case's classes (D, H, W, uint8) from probabilities on its training grid: resampled to the
-    crop, post-processed, the arg-max (or nested regions), background outside the crop."""
-    back = resampled_volume(probabilities.float().cpu(), case.cropped, case.axis)
-    logits = without_small_enhancing(task.scores(back), task.enhancing_min_voxels, bool(task.regions))
-    classes = region_classes(logits > 0, task.regions) if task.regions else logits.argmax(0)
+def class_map(task: Segmentation, logits: torch.Tensor, case: PreparedCase) -> torch.Tensor:
+    """The case's classes (D, H, W, uint8) from logits on its training grid, as nnU-Net exports a
+    prediction: resampled to the crop, post-processed, the arg-max (or each region's sigmoid over
+    0.5, nested), background outside the crop."""
+    axis = separate_axis(case.target, case.spacing)  # from the training grid back: nnU-Net's order of the two
+    back = torch.from_numpy(resampled_channels(logits.float().numpy(), case.cropped, axis, LOGIT_ORDER))
+    back = without_small_enhancing(back, task.enhancing_min_voxels, bool(task.regions))
+    classes = region_classes(task.probabilities(back) > 0.5, task.regions) if task.regions else back.argmax(0)
     whole = torch.zeros(case.shape, dtype=torch.uint8)
     whole[case.box] = classes.to(torch.uint8)
     return whole
@@ -147,12 +147,12 @@ def true_classes(label_file: Path, values: Sequence[int]) -> torch.Tensor:
 
 def write_label_map(path: Path, classes: torch.Tensor, values: Sequence[int], image_file: Path) -> None:
     """``classes`` (D, H, W) as a NIfTI label map of the task's values in the image's geometry (its
-    affine and header; NIfTI's x, y, z axes), written whole or not at all."""
+    affine and header; NIfTI's x, y, z axes from the store's z, y, x), written whole or not at all."""
     import nibabel
 
     source = nibabel.load(image_file)
     mapped = np.asarray(values, dtype=np.int16 if max(values) > 255 else np.uint8)[classes.numpy()]
-    image = nibabel.Nifti1Image(mapped.transpose(1, 2, 0), source.affine, source.header.copy())
+    image = nibabel.Nifti1Image(mapped.transpose(2, 1, 0), source.affine, source.header.copy())
     image.set_data_dtype(mapped.dtype)
     image.header.set_slope_inter(1, 0)
     data = image.to_bytes()

@@ -53,6 +53,28 @@ def check_decathlon_files(config: Any) -> None:
         )
 
 
+def named_by_folder(composed: Any) -> dict[str, tuple[int, str]]:
+    """``model.unet.in_channels`` and ``data.num_classes`` as the task folder's dataset.json names
+    them (nnU-Net reads both from there); nothing where there is no folder to read yet."""
+    from trainrun.data.decathlon import channel_names, read_manifest
+
+    path = (composed.get("data") or {}).get("path")
+    if not path or not (Path(str(path)).expanduser() / "dataset.json").is_file():
+        return {}
+    manifest, described = read_manifest(Path(str(path)).expanduser())
+    channels, labels = (
+        channel_names(described),
+        [described["labels"][key] for key in sorted(described["labels"], key=int)],
+    )
+    return {
+        "model.unet.in_channels": (
+            len(channels),
+            f"'{manifest}' names {len(channels)} channel(s) ({', '.join(channels)})",
+        ),
+        "data.num_classes": (len(labels), f"'{manifest}' names {len(labels)} label(s) ({', '.join(labels)})"),
+    }
+
+
 SPECS = (
     KindSpec(
         name="synthetic_brats",
@@ -68,5 +90,6 @@ SPECS = (
         check=check,
         check_files=check_decathlon_files,
         reads=("path", "segmentation"),
+        fills=named_by_folder,
     ),
 )
