@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything trainrun needs into .venv: Debian build packages for FFCV, torch and
+# Install everything trainrun needs into .venv: Debian packages (FFCV's build, Slurm), torch and
 # torchvision from PyPI, then trainrun itself (editable) with its ffcv and dev extras.
 # Idempotent: each step is skipped when what it installs is already there.
 set -euo pipefail
@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 
-apt_packages=(pkg-config libopencv-dev libturbojpeg0-dev)
+# FFCV's build; a real Slurm (slurm-wlm, munge) for tests/test_slurm.py
+apt_packages=(pkg-config libopencv-dev libturbojpeg0-dev slurm-wlm munge)
 if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq

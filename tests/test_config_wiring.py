@@ -29,6 +29,7 @@ READ_AROUND_A_RUN = {
     "auto": "recipe=auto and -o1 decide the run's overrides before it starts (trainrun/choose/)",
     "hardware": "trainrun report prices a run from its config.yaml",
     "mlflow": "the MLflow logger, with loggers=[mlflow] (tests/test_mlflow.py)",
+    "wandb": "the W&B logger, with loggers=[wandb] (tests/test_wandb.py)",
     "name": "trainrun report labels a run from its config.yaml",
     "accuracy_targets": "validation reads it as quality_targets",
     "data.train": "data=beton and data=token_shards (tests/test_ffcv.py, tests/test_token_shards.py train on them)",

@@ -31,6 +31,12 @@ class TrainingDiverged(TrainrunError):
     exit_code = 3
 
 
+class RunPreempted(TrainrunError):
+    """A scheduler's notice stopped the run at a checkpoint; ``resume=auto`` continues it."""
+
+    exit_code = 75  # EX_TEMPFAIL (trainrun.core.preemption)
+
+
 class WriteError(TrainrunError):
     """A file of the run could not be written (disk full, no permission); what was written before stays."""
 

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from trainrun.core import checkpoint
+from trainrun.core import checkpoint, preemption
 from trainrun.core.distributed import check_gpus_for, cores_per_process
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
@@ -156,6 +156,7 @@ def run_workers(
     # yet: safe to fork); every rank is forked from it instead of importing them again (2-4 s of CPU a
     # rank on the 2-core test machines); a later launch in the same process reuses the server
     multiprocessing.set_forkserver_preload(["trainrun.launch", "trainrun.run"])
+    preemption.ignore_in_launcher()  # Slurm's notice is the ranks' to act on (they listen again)
     try:
         elastic_launch(launch_config(settings, processes), worker)(*args)
     except ChildFailedError as error:

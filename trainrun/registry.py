@@ -32,6 +32,7 @@ from trainrun import kinds
 LOGGERS = {
     "tensorboard": "trainrun.loggers.tensorboard:TensorBoardLogger",
     "mlflow": "trainrun.loggers.mlflow:MlflowLogger",
+    "wandb": "trainrun.loggers.wandb:WandbLogger",
 }
 KINDS = ("task", "model", "data", "logger")
 

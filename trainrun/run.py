@@ -18,19 +18,21 @@ from trainrun import kinds, run_files
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import atomic_write_text
-from trainrun.core import checkpoint, distributed, host_memory, parallel
+from trainrun.core import checkpoint, distributed, host_memory, parallel, preemption
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.distributed import Placement
 from trainrun.core.engine import Callback, Engine
 from trainrun.core.microbatches import Microbatching
 from trainrun.core.precision import Precision, resolve_precision
+from trainrun.core.preemption import PreemptionSignal
 from trainrun.core.seeding import seed_everything
 from trainrun.core.state import State
 from trainrun.core.time import Time, Timeline
 from trainrun.core.trainer import Trainer, TrainerSettings
 from trainrun.data.build import DataSpec, build_data
 from trainrun.data.interface import TextFacts
+from trainrun.errors import RunPreempted
 from trainrun.kinds import Capability
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
@@ -66,17 +68,32 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     if placement.rank == 0:
         atomic_write_text(run_dir / run_files.CONFIG, config_yaml)
     print_banner(config, run_dir, state, task, console, budget)
+    settings.preemption.listen()
     try:
         trainer.fit(offset)
-        if config.export and config.checkpoint.save_final and config.profile_prefix is None:
+        finished = state.stop_reason != preemption.STATUS
+        if finished and config.export and config.checkpoint.save_final and config.profile_prefix is None:
             export(config, state, engine, task, run_dir, console)
     except BaseException as error:
         logs.record_failure(state, error)
         raise
     finally:
+        settings.preemption.stop_listening()
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
+    if not finished:
+        stopped_for_the_scheduler(config, state, placement.rank)
     return state
+
+
+def stopped_for_the_scheduler(config: TrainConfig, state: State, rank: int) -> None:
+    """A run stopped by a scheduler's notice: rank 0 requeues its Slurm job (``launcher.requeue``);
+    one line saying so, and :data:`~trainrun.core.preemption.EXIT_CODE`."""
+    requeued = preemption.requeue_slurm_job() if rank == 0 and config.launcher.requeue else None
+    raise RunPreempted(
+        f"stopped at step {state.batch} by {preemption.SIGNAL.name} (a scheduler's notice), its checkpoint written"
+        f"{'; ' + requeued if requeued else '; resume=auto continues it'}"
+    )
 
 
 def export(config: TrainConfig, state: State, engine: Engine, task: Task, run_dir: Path, console: Console) -> None:
@@ -282,6 +299,7 @@ def trainer_settings(
         budget=budget,
         parallel=parallelism(config),
         async_checkpoints=config.checkpoint.async_save,
+        preemption=PreemptionSignal(),
     )
 
 

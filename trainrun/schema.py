@@ -23,6 +23,7 @@ from trainrun.fields import (
     positive_fraction_field,
     time_field,
 )
+from trainrun.loggers.settings import MlflowConfig, WandbConfig
 from trainrun.registry import names
 
 INITIALIZERS = ("kaiming_normal", "bn_uniform", "linear_log_constant_bias")
@@ -347,15 +348,7 @@ class LauncherConfig:
     rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master_addr/port
     # how long a collective may wait (rank 0 writing a checkpoint, a slow rank) before the run fails
     timeout_minutes: float = field(default=60.0, metadata={"min": 1})
-
-
-@dataclass
-class MlflowConfig:
-    """Where ``loggers=[mlflow]`` logs (trainrun.loggers.mlflow)."""
-
-    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite mlflow.db beside the run directory
-    experiment: str = "trainrun"
-    run_name: str | None = None  # null: the run directory's name
+    requeue: bool = True  # under Slurm, a run stopped by SIGUSR1 requeues its job after its checkpoint
 
 
 @dataclass
@@ -424,9 +417,10 @@ class TrainConfig:
     log_interval: int = positive_field(10)  # batches between loss checks and progress updates
     progress: bool = True  # live rich progress bar on a terminal
     profile_prefix: str | None = time_field(None)  # train only this much of the schedule; extrapolate the time
-    # loggers beside metrics.jsonl, steps.jsonl and the console, which every run has: tensorboard, mlflow
+    # loggers beside metrics.jsonl, steps.jsonl and the console, which every run has: tensorboard, mlflow, wandb
     loggers: list[str] = field(default_factory=list)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     stop_at: float | None = None  # end at the first evaluation whose quality metric reaches this (MLPerf's rule)
     # the training samples a published run of this recipe took to reach stop_at (the recipe's header
     # names the source): trainrun estimate prices the run to the target with it

@@ -158,6 +158,9 @@ def run_sweep(argv: list[str]) -> int:
     from trainrun.config import compose
     from trainrun.validation import validate
 
+    if argv[:1] in (["--help"], ["-h"]):
+        print(f"usage: trainrun sweep [{' | '.join(f'{key}=...' for key in SWEEP_KEYS)}] [OVERRIDE ...]\n\n{__doc__}")
+        return 0
     budgets, seeds, out, overrides, source, folds_text = parse_sweep_arguments(argv)
     base = validate(compose(overrides, source))
     out = out or Path("sweeps") / (base.name or "sweep")

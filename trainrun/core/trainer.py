@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainrun.core import checkpoint, distributed, parallel
+from trainrun.core import checkpoint, distributed, parallel, preemption
 from trainrun.core.accounts import train_seconds
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import CompileRecord, compile_model
@@ -23,6 +23,7 @@ from trainrun.core.engine import Engine
 from trainrun.core.evaluation import evaluated
 from trainrun.core.events import Event
 from trainrun.core.microbatches import Microbatching, StepPlan, average_gradients, take
+from trainrun.core.preemption import PreemptionSignal
 from trainrun.core.seeding import seed_step
 from trainrun.core.sharded_checkpoint import ShardedCheckpoints, load_sharded, load_whole
 from trainrun.core.state import State
@@ -49,6 +50,7 @@ class TrainerSettings:
     budget: WallClockBudget | None = None  # train until this much training time is spent
     parallel: parallel.Parallelism = field(default_factory=parallel.Parallelism)  # whole copies (DDP) or shards
     async_checkpoints: bool = False  # sharded checkpoints written in the background
+    preemption: PreemptionSignal | None = None  # a scheduler's notice: checkpoint and stop (core/preemption.py)
 
 
 @dataclass
@@ -132,11 +134,13 @@ class Trainer:
                 self.engine.run(Event.EPOCH_START, state)
             self._train_epoch(state.data.train_batches(state.epoch, skip=state.batch_in_epoch))
         self._flush_losses()
+        if (preempted := state.stop_reason == preemption.STATUS) and self.settings.checkpoint_dir:
+            self.save_checkpoint()  # first: the scheduler's grace time runs
         state.accounts.begin_step(state.batch + 1, "other")  # closes the last step's row
         state.accounts.resolve_device()
         state.unreadable_files = distributed.gathered(state.data.unreadable_files(), state.world_size)
         self.engine.run(Event.FIT_END, state)
-        if self.settings.checkpoint_dir and self.settings.checkpoint_final:
+        if self.settings.checkpoint_dir and self.settings.checkpoint_final and not preempted:
             self.save_checkpoint()
         if self.shards:
             self.shards.finish()
@@ -285,6 +289,14 @@ class Trainer:
             state.stop_reason = "target_reached"
             state.notice(f"{rule.label} {rule.format(value)} reached stop_at={target:g}: training stops here")
 
+    def _stop_if_preempted(self) -> None:
+        """Every rank stops at this step where any has had the scheduler's notice (core/preemption.py)."""
+        state, notice = self.state, self.settings.preemption
+        asked = notice is not None and state.stop_reason is None
+        if asked and distributed.first_on_any_rank(state.batch if notice.received else None, state.world_size):
+            state.stop_reason = preemption.STATUS
+            state.notice(f"{preemption.SIGNAL.name} (a scheduler's notice): checkpoint at step {state.batch}, stop")
+
     def _flush_losses(self) -> None:
         """Check the losses of the steps since the last flush; stop with the step of a NaN/inf.
 
@@ -314,6 +326,7 @@ class Trainer:
                 f"loss is not finite at step {diverged} (epoch {state.epoch}); "
                 "try a lower optimizer.lr, gradient clipping or precision=fp32"
             )
+        self._stop_if_preempted()
         if not finite.all():
             state.notice(f"fp16 loss scaling skipped {int((~finite).sum())} step(s) before step {state.batch + 1}")
         self._window.loss_sum += float(values[finite].sum())
@@ -353,7 +366,6 @@ class Trainer:
         seconds = self.state.accounts.train_seconds() - self._window.started
         return self._window.samples / seconds if seconds > 0 else 0.0
 
-    # ----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Rank 0 writes a checkpoint atomically and prunes old ones; all ranks wait for it."""
         state, directory = self.state, self.settings.checkpoint_dir
