@@ -13,7 +13,7 @@
 - ``bert``: Hugging Face ``Trainer`` with ``BertForMaskedLM`` from the initial weights trainrun's
   run draws (exported as a ``save_pretrained`` folder), the same packed 128-token samples, AdamW at
   2e-3, one epoch of warmup then cosine, 15 % of tokens masked 80/10/10
-  (``DataCollatorForLanguageModeling``), against the README's CPU companion with the full head and
+  (``DataCollatorForLanguageModeling``), against the documented CPU companion with the full head and
   with ``masked_head``; user and system CPU seconds of each side's process are printed beside its
   time. Round r runs every side with seed r (trainrun's ``seed``, which also draws the initial
   weights Trainer starts from; ``TrainingArguments.seed``), and each round's accuracy is printed:

@@ -1,4 +1,4 @@
-"""CPU speed regressions: the README's CPU companions at this checkout and at an earlier commit.
+"""CPU speed regressions: the documented CPU companions at this checkout and at an earlier commit.
 
 Each job runs as a user runs it (``python -m trainrun ...``, its own process), once per round at
 HEAD and once at BASE (a git worktree of that commit, made once under ``--work``), alternating
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the README's CPU companions (make run's default job, the mild recipe on MNIST, BERT-Tiny)
+# the documented CPU companions (make run's default job, the mild recipe on MNIST, BERT-Tiny)
 JOBS: dict[str, list[str]] = {
     "digits": ["progress=false"],
     "mnist_mild": [

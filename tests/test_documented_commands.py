@@ -77,11 +77,14 @@ def documented_lines(text: str) -> list[tuple[int, str]]:
     return lines
 
 
-def here_document(text: str, name: str) -> str:
-    """The body of the README's here-document that writes ``name``."""
-    match = re.search(rf"cat > {re.escape(name)} <<'(\w+)'\n(.*?)\n\1\n", text, re.DOTALL)
-    assert match, f"README writes no {name}"
-    return match.group(2) + "\n"
+def here_document(name: str) -> str:
+    """The body of the documents' here-document that writes ``name``."""
+    for document in DOCUMENTS:
+        if match := re.search(
+            rf"cat > {re.escape(name)} <<'(\w+)'\n(.*?)\n\1\n", document.read_text("utf-8"), re.DOTALL
+        ):
+            return match.group(2) + "\n"
+    raise AssertionError(f"no document writes {name}")
 
 
 COMMANDS = [
@@ -95,11 +98,10 @@ COMMANDS = [
 def user_folder(tmp_path, monkeypatch):
     """A user's checkout of trainrun (its ``scripts/``) after following the README: ``myconf/``
     holds the recipe it writes and a primary config as it describes one (``defaults: [config, _self_]``)."""
-    text = README.read_text(encoding="utf-8")
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     recipe = tmp_path / "myconf" / "recipe" / "quick.yaml"
     recipe.parent.mkdir(parents=True)
-    recipe.write_text(here_document(text, "myconf/recipe/quick.yaml"))
+    recipe.write_text(here_document("myconf/recipe/quick.yaml"))
     (tmp_path / "myconf" / "myrun.yaml").write_text("defaults: [config, _self_]\nmax_duration: 2ep\n")
     (tmp_path / "tmp").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -162,3 +164,22 @@ def check_subcommand(argv: list[str], capsys) -> None:
     known = capsys.readouterr().out
     for flag in (word.split("=")[0] for word in arguments if word.startswith("-")):
         assert re.search(rf"{re.escape(flag)}\b", known), f"'trainrun {name}' has no flag {flag}"
+
+
+LINK = re.compile(r"\]\(([\w./-]+\.md)(?:#[\w-]+)?\)")
+
+
+def test_the_readme_is_a_front_page_whose_manual_pages_exist():
+    """README stays a front page (under 300 lines); every page it or a page links to is there."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 300
+    for document in DOCUMENTS:
+        for target in LINK.findall(document.read_text(encoding="utf-8")):
+            assert (document.parent / target).is_file(), f"{document.relative_to(ROOT)} links to a missing {target}"
+
+
+def test_the_cli_reference_is_what_the_code_generates():
+    """docs/cli.md is scripts/cli_reference.py's output for this checkout (rewrite it with --write)."""
+    result = subprocess.run(
+        [sys.executable, "scripts/cli_reference.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

@@ -195,8 +195,8 @@ def test_a_built_in_corpus_holds_out_what_write_text_holds_out():
 
 # strings that look like keys and are not: file names, Hugging Face weight names, MLflow's names, attributes
 NOT_KEYS = {
-    "model.pt", "auto.json", "progress.json", "mlflow.json", "mlflow.db", "wandb.json", "mlflow.source.name", "model.layers",
-    "model.norm.weight", "model.embed_tokens.weight", "model.blocks", "task.fields", "task.description",
+    "model.pt", "auto.json", "progress.json", "mlflow.json", "mlflow.db", "wandb.json", "mlflow.source.name",
+    "model.layers", "model.norm.weight", "model.embed_tokens.weight", "model.blocks", "task.fields", "task.description",
     "model.safetensors", "model.safetensors.index.json",
     "mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue",
 }  # fmt: skip

@@ -13,6 +13,8 @@ from conftest import read_metrics, run_cli, run_here
 
 from trainrun.loggers import wandb as wandb_logger
 
+pytestmark = pytest.mark.slow  # runs that train, one in a process of its own
+
 RUN = ["data=digits", "model.resnet_small.width=8", "train_batch_size=64", "progress=false", "loggers=[wandb]"]
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # a W&B API key's shape: 40 characters
 BLOCK = 32768  # the block of the log W&B writes (LevelDB's log format, after W&B's own 7-byte header)
