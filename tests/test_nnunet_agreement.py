@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import nibabel
@@ -129,10 +130,14 @@ def both_sides(name: str, cases: dict, channels: dict, tmp_path_factory) -> dict
         **{f"class {value}": value for value in range(1, 1 + max(int(c[1].max()) for c in cases.values()))},
     }
     raw = write_raw(name, cases, channels, labels)
-    extractor = DatasetFingerprintExtractor(name, num_processes=1)
-    extractor.num_foreground_voxels_for_intensitystats = SAMPLES
-    extractor.run()
-    ExperimentPlanner(name).plan_experiment()
+    import nnunetv2.utilities.utils
+
+    with pytest.MonkeyPatch.context() as patch:  # nnU-Net lists files in a forked pool: threads, in a test's process
+        patch.setattr(nnunetv2.utilities.utils, "Pool", ThreadPool)
+        extractor = DatasetFingerprintExtractor(name, num_processes=1)
+        extractor.num_foreground_voxels_for_intensitystats = SAMPLES
+        extractor.run()
+        ExperimentPlanner(name).plan_experiment()
     plans = PlansManager(str(Path(os.environ["nnUNet_preprocessed"]) / name / "nnUNetPlans.json"))
     configuration = plans.get_configuration("3d_fullres")
     described = json.loads((raw / "dataset.json").read_text())

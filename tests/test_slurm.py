@@ -6,6 +6,7 @@ checkpoint, requeues itself and resumes to the weights of an uninterrupted job."
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -74,7 +75,9 @@ def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
     try:
         wait(lambda: "idle" in command(["sinfo", "-h", "-o", "%T"], environment), 60, "the node to be idle")
         yield environment
-    finally:
+    finally:  # the jobs' steps end first (a multirun returns as its tasks finish), then the daemons
+        with contextlib.suppress(AssertionError):
+            wait(lambda: not command(["squeue", "-h"], environment).strip(), 60, "every job to end")
         subprocess.run(["scontrol", "shutdown"], env=environment, capture_output=True)
         subprocess.run(["munged", "--stop", f"--socket={folder / 'munge.socket'}"], capture_output=True)
 
