@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -87,11 +88,32 @@ def command(arguments: list[str], environment: dict[str, str]) -> str:
     return subprocess.run(arguments, env=environment, capture_output=True, text=True).stdout
 
 
-def wait(condition, seconds: float, what: str) -> None:  # noqa: ANN001
+def wait(condition, seconds: float, what: str, every: float = 0.5) -> None:  # noqa: ANN001
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        time.sleep(0.5)
+        time.sleep(every)
+
+
+def has_usr1(pid: int, field: str) -> bool:
+    """Whether SIGUSR1 is in ``/proc/PID/status``'s signal mask ``field`` (SigCgt: caught; ShdPnd: pending)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return bool(int(re.search(rf"^{field}:\s*([0-9a-f]+)", status, re.MULTILINE)[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def listening_ranks(run_dir: Path) -> list[int]:
+    """The pids of the job's two ranks (this Python running trainrun into ``run_dir``) once both
+    catch SIGUSR1; empty before."""
+    ranks = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            arguments = (entry / "cmdline").read_bytes().decode().split("\0") if entry.name.isdigit() else []
+            if arguments[:1] == [sys.executable] and f"hydra.run.dir={run_dir}" in arguments:
+                ranks.append(int(entry.name))
+    return ranks if len(ranks) == 2 and all(has_usr1(pid, "SigCgt") for pid in ranks) else []
 
 
 def job_state(job: str, environment: dict[str, str]) -> dict[str, str]:
@@ -156,7 +178,8 @@ def test_an_sbatch_script_trains_as_two_ranks(straight):
 def test_a_job_signalled_before_its_end_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(
     slurm, straight, tmp_path
 ):
-    """``scancel --signal=USR1`` (what ``#SBATCH --signal=USR1@SECONDS`` sends before the time limit):
+    """``scancel --signal=USR1`` (what ``#SBATCH --signal=USR1@SECONDS`` sends before the time limit),
+    sent once both ranks listen (they are held meanwhile, so it comes before the run's end):
     every rank stops at the same step, the checkpoint is written, rank 0 requeues the job, which
     starts again (once its revoked credential expires: 10 s here, ``AuthInfo=cred_expire``; the scheduler then
     nudged rather than left to its next pass) and
@@ -165,8 +188,16 @@ def test_a_job_signalled_before_its_end_checkpoints_requeues_and_resumes_to_the_
         tmp_path / "run", tmp_path / "job.out", "--requeue", "--open-mode=append", overrides=OVERRIDES
     )
     job = submit(script, tmp_path, slurm)
-    wait(lambda: (tmp_path / "run" / "steps.jsonl").is_file(), 120, "the first steps")
-    subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
+    ranks: list[int] = []
+    wait(lambda: ranks.extend(listening_ranks(tmp_path / "run")) or ranks, 120, "both ranks to listen", every=0.02)
+    for pid in ranks:  # held while the notice travels, so that it lands before the run's end however slow Slurm is
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
+        wait(lambda: all(has_usr1(pid, "ShdPnd") for pid in ranks), 60, "the notice to reach both ranks")
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
     wait(lambda: eligible_again(job, slurm), 120, "the requeued job's credential to expire")
     # a pass of the scheduler now rather than at its next period (sched_interval, 60 s): the job starts
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, check=True)

@@ -47,7 +47,22 @@ from trainrun.tasks.base import Task, build_task
 
 
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
-    """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints."""
+    """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints.
+
+    A scheduler's notice (core/preemption.py) is listened for from the start: one that comes while
+    the run is set up (a long build or resume) stops it at its first loss check rather than ending
+    the rank, and one that comes while rank 0 waits on its requeue is not the default's end either.
+    """
+    notice = PreemptionSignal()
+    notice.listen()
+    try:
+        return train_listening(config, run_dir, config_yaml, notice)
+    finally:
+        notice.stop_listening()
+
+
+def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice: PreemptionSignal) -> State:
+    """:func:`train` once ``notice`` listens."""
     if config.host_memory == "reuse":
         host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
@@ -61,14 +76,13 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     logs = RunLogs.build(config, run_dir, task, placement, device, console, stop_after, budget)
     state = build_state(config, model, data, task, timeline, precision, placement, device)
     warn_about_the_schedule(config, state, budget)
-    settings = trainer_settings(config, run_dir, stop_after, budget)
+    settings = trainer_settings(config, run_dir, stop_after, budget, notice)
     engine = Engine(build_algorithms(config.algorithms), logs.callbacks)
     trainer = Trainer(state, optimization(config, timeline), engine, settings)
     offset = resume(config, trainer, logs, console)
     if placement.rank == 0:
         atomic_write_text(run_dir / run_files.CONFIG, config_yaml)
     print_banner(config, run_dir, state, task, console, budget)
-    settings.preemption.listen()
     try:
         trainer.fit(offset)
         finished = state.stop_reason != preemption.STATUS
@@ -78,7 +92,6 @@ def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
         logs.record_failure(state, error)
         raise
     finally:
-        settings.preemption.stop_listening()
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
     if not finished:
@@ -282,7 +295,11 @@ def warn_about_the_schedule(config: TrainConfig, state: State, budget: WallClock
 
 
 def trainer_settings(
-    config: TrainConfig, run_dir: Path, stop_after: int | None, budget: WallClockBudget | None
+    config: TrainConfig,
+    run_dir: Path,
+    stop_after: int | None,
+    budget: WallClockBudget | None,
+    notice: PreemptionSignal,
 ) -> TrainerSettings:
     return TrainerSettings(
         eval_interval=config.eval_interval,
@@ -299,7 +316,7 @@ def trainer_settings(
         budget=budget,
         parallel=parallelism(config),
         async_checkpoints=config.checkpoint.async_save,
-        preemption=PreemptionSignal(),
+        preemption=notice,
     )
 
 

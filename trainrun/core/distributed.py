@@ -144,15 +144,21 @@ def wait_for_all(world_size: int) -> None:
 
 
 def first_on_any_rank(value: int | None, world_size: int) -> int | None:
-    """The smallest of every rank's ``value`` (None: none on that rank), the same on every rank.
+    """The smallest of every rank's ``value`` (None: none on that rank), the same on every rank."""
+    return firsts_on_any_rank([value], world_size)[0]
+
+
+def firsts_on_any_rank(values: list[int | None], world_size: int) -> list[int | None]:
+    """Each of ``values`` as :func:`first_on_any_rank` gives it, in one collective.
 
     A CPU tensor through gloo, so deciding together reads nothing back from a device.
     """
     if world_size == 1:
-        return value
-    found = torch.tensor([value if value is not None else torch.iinfo(torch.int64).max], dtype=torch.int64)
+        return values
+    empty = torch.iinfo(torch.int64).max
+    found = torch.tensor([empty if value is None else value for value in values], dtype=torch.int64)
     dist.all_reduce(found, op=dist.ReduceOp.MIN)
-    return None if int(found) == torch.iinfo(torch.int64).max else int(found)
+    return [None if int(value) == empty else int(value) for value in found]
 
 
 def gathered(items: list[str], world_size: int) -> list[str]:

@@ -289,14 +289,6 @@ class Trainer:
             state.stop_reason = "target_reached"
             state.notice(f"{rule.label} {rule.format(value)} reached stop_at={target:g}: training stops here")
 
-    def _stop_if_preempted(self) -> None:
-        """Every rank stops at this step where any has had the scheduler's notice (core/preemption.py)."""
-        state, notice = self.state, self.settings.preemption
-        asked = notice is not None and state.stop_reason is None
-        if asked and distributed.first_on_any_rank(state.batch if notice.received else None, state.world_size):
-            state.stop_reason = preemption.STATUS
-            state.notice(f"{preemption.SIGNAL.name} (a scheduler's notice): checkpoint at step {state.batch}, stop")
-
     def _flush_losses(self) -> None:
         """Check the losses of the steps since the last flush; stop with the step of a NaN/inf.
 
@@ -320,13 +312,17 @@ class Trainer:
             tolerated = state.precision.scaler is not None and self._skipped_in_a_row < MAX_SKIPPED_STEPS
             if not ok and not tolerated and diverged is None:
                 diverged = first_step + offset
-        diverged = distributed.first_on_any_rank(diverged, state.world_size)
+        notice = self.settings.preemption  # the scheduler's notice, decided in the same collective
+        asked = state.batch if notice is not None and notice.received else None
+        diverged, asked = distributed.firsts_on_any_rank([diverged, asked], state.world_size)
         if diverged is not None:
             raise TrainingDiverged(
                 f"loss is not finite at step {diverged} (epoch {state.epoch}); "
                 "try a lower optimizer.lr, gradient clipping or precision=fp32"
             )
-        self._stop_if_preempted()
+        if asked is not None and state.stop_reason is None:  # every rank stops here (core/preemption.py)
+            state.stop_reason = preemption.STATUS
+            state.notice(f"{preemption.SIGNAL.name} (a scheduler's notice): checkpoint at step {state.batch}, stop")
         if not finite.all():
             state.notice(f"fp16 loss scaling skipped {int((~finite).sum())} step(s) before step {state.batch + 1}")
         self._window.loss_sum += float(values[finite].sum())
