@@ -54,7 +54,7 @@ def worker(rank: int, port: int, out: str) -> None:
     distributed.average_buffers(norm, WORLD)
     results["buffers"] = [norm.running_mean.tolist(), norm.running_var.tolist(), int(norm.num_batches_tracked)]
     pairs = ((None, 5), (None, None), (7, 3), (4, 4))  # (rank 0's, rank 1's)
-    results["first"] = [distributed.first_on_any_rank(pair[rank], WORLD) for pair in pairs]
+    results["first"] = distributed.firsts_on_any_rank([pair[rank] for pair in pairs], WORLD)
     distributed.wait_for_all(WORLD)
 
     # auto micro-batches: two steps averaged by hand after agreeing, then DDP synchronises

@@ -49,9 +49,10 @@ from trainrun.tasks.base import Task, build_task
 def train(config: TrainConfig, run_dir: Path, config_yaml: str) -> State:
     """Train ``config``; rank 0 writes config.yaml, metrics.jsonl, summary.json and checkpoints.
 
-    A scheduler's notice (core/preemption.py) is listened for from the start: one that comes while
-    the run is set up (a long build or resume) stops it at its first loss check rather than ending
-    the rank, and one that comes while rank 0 waits on its requeue is not the default's end either.
+    A scheduler's notice (core/preemption.py) is listened for from the start to the end: one that
+    comes while the run is set up (a long build or a resume) stops it at its first loss check, and
+    one that comes while rank 0 waits on its requeue is ignored; neither ends the rank as SIGUSR1's
+    default would.
     """
     notice = PreemptionSignal()
     notice.listen()

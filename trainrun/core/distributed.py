@@ -143,13 +143,9 @@ def wait_for_all(world_size: int) -> None:
         dist.all_reduce(torch.zeros(1))
 
 
-def first_on_any_rank(value: int | None, world_size: int) -> int | None:
-    """The smallest of every rank's ``value`` (None: none on that rank), the same on every rank."""
-    return firsts_on_any_rank([value], world_size)[0]
-
-
 def firsts_on_any_rank(values: list[int | None], world_size: int) -> list[int | None]:
-    """Each of ``values`` as :func:`first_on_any_rank` gives it, in one collective.
+    """For each of ``values``, the smallest of every rank's (None: none on that rank), the same on
+    every rank: several decisions in one collective.
 
     A CPU tensor through gloo, so deciding together reads nothing back from a device.
     """

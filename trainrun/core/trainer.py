@@ -296,7 +296,8 @@ class Trainer:
         not finite either), left out of the reported loss; only :data:`MAX_SKIPPED_STEPS` of them
         in a row mean divergence. Every rank flushes at the same steps and the ranks decide
         together (the first diverged step on any rank), so all of them stop there with the same
-        message rather than some waiting in a collective for the one that stopped.
+        message rather than some waiting in a collective for the one that stopped. A scheduler's
+        notice on any rank is decided in the same collective: every rank stops at this step.
         """
         state = self.state
         if not self._pending_losses:
@@ -312,7 +313,7 @@ class Trainer:
             tolerated = state.precision.scaler is not None and self._skipped_in_a_row < MAX_SKIPPED_STEPS
             if not ok and not tolerated and diverged is None:
                 diverged = first_step + offset
-        notice = self.settings.preemption  # the scheduler's notice, decided in the same collective
+        notice = self.settings.preemption
         asked = state.batch if notice is not None and notice.received else None
         diverged, asked = distributed.firsts_on_any_rank([diverged, asked], state.world_size)
         if diverged is not None:
@@ -320,7 +321,7 @@ class Trainer:
                 f"loss is not finite at step {diverged} (epoch {state.epoch}); "
                 "try a lower optimizer.lr, gradient clipping or precision=fp32"
             )
-        if asked is not None and state.stop_reason is None:  # every rank stops here (core/preemption.py)
+        if asked is not None and state.stop_reason is None:  # core/preemption.py
             state.stop_reason = preemption.STATUS
             state.notice(f"{preemption.SIGNAL.name} (a scheduler's notice): checkpoint at step {state.batch}, stop")
         if not finite.all():
