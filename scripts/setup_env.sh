@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything trainrun needs into .venv: Debian packages (FFCV's build, Slurm), torch and
+# Install everything trainrun needs into .venv: Debian packages (FFCV's build, Slurm, chromium), torch and
 # torchvision from PyPI, then trainrun itself (editable) with its ffcv and dev extras.
 # Idempotent: each step is skipped when what it installs is already there.
 set -euo pipefail
@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 
-# FFCV's build; a real Slurm (slurm-wlm, munge) for tests/test_slurm.py
-apt_packages=(pkg-config libopencv-dev libturbojpeg0-dev slurm-wlm munge)
+# FFCV's build; a real Slurm (slurm-wlm, munge) for tests/test_slurm.py; a real browser (chromium, headless,
+# driven by playwright) for tests/test_explore.py and bench/explorer.py
+apt_packages=(pkg-config libopencv-dev libturbojpeg0-dev slurm-wlm munge chromium)
 if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq

@@ -435,3 +435,14 @@ def test_every_recipe_is_estimated_on_8_a100s_with_its_bottleneck(recipe):
         assert estimate["steps"] == math.ceil(config.target_samples / config.train_batch_size) and estimate["hours"]
     else:
         assert estimate["time_to"] == "schedule" and estimate["target_source"] is None
+
+
+def test_explorer_bench_times_a_page_of_runs_in_chromium_and_draws_its_picture(tmp_path):
+    result = bench("explorer.py", str(tmp_path), "--runs", "60")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "60 runs: trainrun explore built the page" in result.stdout
+    for change in ("open the page", "hide a recipe", "require a method", "time to cost", "type a target"):
+        assert re.search(rf"{change}: +\d+ ms", result.stdout), change
+    picture = tmp_path / "page.png"
+    assert bench("explorer.py", "--shot", str(tmp_path / "explorer.html"), str(picture)).returncode == 0
+    assert picture.read_bytes()[:4] == b"\x89PNG"

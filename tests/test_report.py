@@ -105,6 +105,15 @@ def test_the_frontier_keeps_one_point_per_cost_and_drops_equal_accuracy_at_a_hig
     assert single.quality_spread == 0.0 and single.seconds_spread == 0.0  # one seed: no spread
 
 
+def test_a_speedup_at_a_target_says_which_side_is_only_a_bound():
+    exact, cheapest = curves.Reach(20.0, at_most=False), curves.Reach(10.0, at_most=True)
+    assert curves.speedup(exact, curves.Reach(10.0, at_most=False)) == curves.Speedup(2.0, "")
+    assert curves.speedup(exact, cheapest) == curves.Speedup(2.0, ">=")  # the recipe needs at most 10 s
+    assert curves.speedup(curves.Reach(20.0, at_most=True), curves.Reach(40.0, False)) == curves.Speedup(0.5, "<=")
+    assert curves.speedup(curves.Reach(20.0, at_most=True), cheapest) is None  # two upper bounds
+    assert curves.speedup(None, exact) is None and curves.speedup(exact, None) is None
+
+
 def test_seeds_average_into_one_point_with_their_spread():
     (point,) = curves.points([_run("a", 1.0, 0.90, 10, seed=0), _run("a", 1.0, 0.94, 14, seed=1)])
     assert point.seeds == 2 and point.quality == pytest.approx(0.92) and point.seconds == 12
@@ -158,6 +167,7 @@ def test_report_gives_speedups_at_the_baselines_accuracy_and_writes_every_file(t
     speedup = 200 / (60 + 0.05 / 0.07 * 60)
     assert f"| fast | 1 | 90.00% | 200.0 | {60 + 0.05 / 0.07 * 60:.1f} | {speedup:.2f}x |" in markdown
     assert "| fast | 0.5 | 80.00% | 100.0 | 60.0 | >=1.67x |" in markdown  # fast's cheapest point already beats it
+    assert f"| fast | {speedup:.2f}x / {speedup:.2f}x |" in markdown  # at the runs' target, 90%: time / cost
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert [(r["recipe"], r["budget"], r["pareto_time"]) for r in rows] == [
         ("baseline", "0.5", "0"),
@@ -241,7 +251,7 @@ BAD_SUBCOMMANDS = [
     (["sweep", "task=segmentation", "data=synthetic_brats", "model=unet2d", "folds=[0,5]"], "bad value for 'folds'"),
     (["sweep", "folds=all", "data.segmentation.fold=1"], "sets scale_schedule_ratio, seed, data.segmentation.fold"),
     (["sweep", "folds=all"], "bad value for 'folds': all (cross-validation folds are task=segmentation's)"),
-    (["ensemble", "{empty}", "--data", "{empty}"], "no runs (summary.json) under"),
+    (["ensemble", "{empty}", "--data", "{empty}"], "is not a run: no summary.json in it or under it"),
     (["sweep", "budgets=[0,1]"], "bad value for 'budgets'"),
     (["sweep", "budgets=[1]", "seeds=[a]"], "bad value for 'seeds': 'a'"),
     (["sweep", "budgets=[1]", "seed=3"], "sets scale_schedule_ratio, seed and the run directory itself"),
@@ -258,7 +268,7 @@ BAD_SUBCOMMANDS = [
     (["recipe=auto", "max_duration=1min", "scale_schedule_ratio=2"], "recipe=auto sets scale_schedule_ratio"),
     (["recipe=auto", "-m", "max_duration=1min"], "recipe=auto and -o1 decide one training run: they do not"),
     (["report", "/no/such/sweep"], "'/no/such/sweep' does not exist"),
-    (["report", "{empty}"], "no runs (summary.json) under"),
+    (["report", "{empty}"], "is not a run: no summary.json in it or under it"),
     (["report", "{run}", "--baseline", "nope"], "bad value for '--baseline': 'nope'"),
     (["report", "{run}", "--hardware", "abacus"], "unknown option 'abacus' for 'hardware'"),
     (["profile_prefix=0ba"], "bad value for 'profile_prefix'"),

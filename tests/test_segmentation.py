@@ -598,7 +598,7 @@ def test_a_fold_sweep_trains_each_fold_reports_them_as_one_entry_and_ensembles_t
     by_hand = volume_dice(total / 2, label)
     assert scores["cases"]["ensemble"][0] == pytest.approx(by_hand.tolist(), abs=1e-6)
     bad = run_here("ensemble", str(tmp_path / "heldout"), "--data", str(tmp_path / "heldout"))
-    assert bad.returncode == 2 and "no runs (summary.json) under" in bad.stderr
+    assert bad.returncode == 2 and "is not a run: no summary.json in it or under it" in bad.stderr
     manifest = json.loads((tmp_path / "heldout" / "dataset.json").read_text())
     manifest["modality"] = {"0": "CT", "1": "PET"}  # cases of another number of channels than the models take
     (tmp_path / "heldout" / "dataset.json").write_text(json.dumps(manifest))

@@ -1,5 +1,5 @@
 """``trainrun``'s entry layer: argv to training (:mod:`.train`) or to a subcommand, each its own
-module here (write and write-text, sweep, report, sample, consolidate, ensemble, predict, estimate). Each
+module here (write and write-text, sweep, report, explore, sample, consolidate, ensemble, predict, estimate). Each
 composes and validates what it runs once, before any heavy import or process start, and hands it on."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "write-text": ("trainrun.commands.write_text", "write_text_command"),  # a corpus to a token store
     "sweep": ("trainrun.commands.sweep", "run_sweep"),  # a recipe over budgets, seeds and folds
     "report": ("trainrun.commands.report", "report_command"),  # trade-off curves, time and cost to accuracy
+    "explore": ("trainrun.commands.explore", "explore_command"),  # the trade-off curves as a web page
     "sample": ("trainrun.commands.sample", "sample_command"),  # a continuation from a finished causal-LM run
     "consolidate": ("trainrun.commands.consolidate", "consolidate_command"),  # a sharded checkpoint as one file
     "ensemble": ("trainrun.commands.ensemble", "ensemble_command"),  # segmentation folds averaged on held-out cases

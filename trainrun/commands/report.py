@@ -31,7 +31,7 @@ def report_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("report"))
     check_output_dir("--out", str(out))  # before any run is read
-    pricing = _pricing(args.hardware, args.price_per_hour)
+    pricing = pricing_from_flags(args.hardware, args.price_per_hour)
     runs, notes = [], []
     for path in find_runs(args.dirs):
         run, note = load_run(path, args.first_epoch_as_second, pricing)
@@ -92,7 +92,9 @@ def _fractions(text: str) -> list[float]:
     return sorted(values)
 
 
-def _pricing(hardware: str | None, price: float | None) -> Pricing | None:
+def pricing_from_flags(hardware: str | None, price: float | None) -> Pricing | None:
+    """The price ``--hardware`` (a conf/hardware option) or ``--price-per-hour`` sets for every run,
+    or None to price each run as its own config did."""
     if price is not None:
         if price < 0:
             raise ConfigError(f"bad value for '--price-per-hour': {price} (must be >= 0)")

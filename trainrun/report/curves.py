@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from trainrun.quality import Quality
 from trainrun.report.runs import Run
 
+Axis = Callable[["Point"], float | None]  # what a curve is drawn against: time, cost or budget
+
 
 @dataclass(frozen=True)
 class Point:
@@ -93,7 +95,7 @@ def points(runs: Iterable[Run]) -> list[Point]:
     return [Point(label, budget, tuple(group)) for (label, budget), group in sorted(groups.items())]
 
 
-def pareto(candidates: Iterable[Point], axis: Callable[[Point], float | None]) -> list[Point]:
+def pareto(candidates: Iterable[Point], axis: Axis) -> list[Point]:
     """The points no other point beats (cheaper or equal on ``axis`` with better quality: higher
     accuracy, lower loss), cheapest first."""
     ordered = sorted((p for p in candidates if axis(p) is not None), key=lambda p: (axis(p), -p.rule.key(p.quality)))
@@ -104,7 +106,7 @@ def pareto(candidates: Iterable[Point], axis: Callable[[Point], float | None]) -
     return frontier
 
 
-def reach(curve: list[Point], target: float, axis: Callable[[Point], float | None]) -> Reach | None:
+def reach(curve: list[Point], target: float, axis: Axis) -> Reach | None:
     """The ``axis`` value at which ``curve`` (one recipe's points) first reaches ``target`` quality."""
     frontier = pareto(curve, axis)
     for index, point in enumerate(frontier):
@@ -115,6 +117,24 @@ def reach(curve: list[Point], target: float, axis: Callable[[Point], float | Non
             fraction = (target - before.quality) / (point.quality - before.quality)
             return Reach(axis(before) + fraction * (axis(point) - axis(before)), at_most=False)
     return None
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """How many times less time (or money) a recipe needs than the baseline for one quality."""
+
+    value: float
+    bound: str  # "" as read off both curves; ">=" at least (the recipe's cheapest point reaches the
+    # quality, so its time is an upper bound); "<=" at most (the baseline's cheapest point does)
+
+
+def speedup(theirs: Reach | None, mine: Reach | None) -> Speedup | None:
+    """The baseline's reach (``theirs``) over a recipe's (``mine``) for one target, or None where
+    the ratio is not known: either never reaches the target, or both reach it at their cheapest
+    point (two upper bounds)."""
+    if theirs is None or mine is None or (theirs.at_most and mine.at_most):
+        return None
+    return Speedup(theirs.value / mine.value, ">=" if mine.at_most else "<=" if theirs.at_most else "")
 
 
 def by_label(all_points: list[Point]) -> dict[str, list[Point]]:

@@ -50,6 +50,7 @@ class Run:
     budgeted: bool = False  # trained to a wall-clock or cost budget rather than a schedule ratio
     epochs: float | None = None
     auto: dict[str, Any] | None = field(default=None, repr=False)  # recipe=auto's decision (auto.json)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # its config.yaml
 
     @property
     def rule(self) -> Quality:
@@ -65,16 +66,18 @@ class Run:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Every run directory (one holding summary.json) at or under ``paths``, in order."""
+    """Every run directory (one holding summary.json) at or under ``paths``, in order; each path
+    must hold at least one (a mistyped folder is an error, not an empty curve)."""
     found: list[Path] = []
     for path in paths:
         if not path.exists():
             raise ConfigError(f"'{path}' does not exist")
         if not path.is_dir():
             raise ConfigError(f"'{path}' is not a directory (give run or sweep directories)")
-        found += sorted(summary.parent for summary in path.rglob(run_files.SUMMARY))
-    if not found:
-        raise ConfigError(f"no runs ({run_files.SUMMARY}) under {', '.join(str(p) for p in paths)}")
+        here = sorted(summary.parent for summary in path.rglob(run_files.SUMMARY))
+        if not here:
+            raise ConfigError(f"'{path}' is not a run: no {run_files.SUMMARY} in it or under it")
+        found += here
     return _one_folder_per_run(list(dict.fromkeys(found)))
 
 
@@ -128,6 +131,7 @@ def load_run(path: Path, first_epoch_as_second: bool = False, pricing: Pricing |
         budgeted=budgeted,
         epochs=summary.get("epochs"),
         auto=auto,
+        config=config,
     )
     return run, note
 

@@ -54,6 +54,8 @@ def build_sections(report: Report) -> list[Section]:
     sections = [_points_section(report), _reach_section(report)]
     if report.baseline is not None:
         sections.append(_speedup_section(report))
+        if report.targets:
+            sections.append(_target_speedup_section(report))
     if any(run.auto for run in report.runs):
         sections.append(_auto_section(report))
     sections += [_bottleneck_section(report), _runs_section(report)]
@@ -136,6 +138,34 @@ def _speedup_section(report: Report) -> Section:
         rows,
         "time each recipe needs for the accuracy the baseline reached at each of its budgets",
     )
+
+
+def _target_speedup_section(report: Report) -> Section:
+    grouped = curves.by_label(report.points)
+    reference = grouped[report.baseline]
+    rows = []
+    for label, curve in grouped.items():
+        if label != report.baseline:
+            cells = [
+                " / ".join(speedup_text(reference, curve, target, axis) for axis in (curves.seconds, curves.cost))
+                for target in report.targets
+            ]
+            rows.append([label, *cells])
+    return Section(
+        f"speed-up over '{report.baseline}' at each target (time / cost)",
+        ["recipe", *(f"{report.rule.label} {report.rule.format(t)}" for t in report.targets)],
+        rows,
+        "the baseline's time (cost) to the target over the recipe's, both read off their frontiers; '>=': the "
+        "recipe's cheapest point already reaches it, '<=': the baseline's does; '-': not reached, or both at "
+        "their cheapest point",
+    )
+
+
+def speedup_text(baseline: list[Point], curve: list[Point], target: float, axis: curves.Axis) -> str:
+    """The speed-up of ``curve`` over ``baseline`` at ``target`` on ``axis``, as the report and the
+    Explorer show it: ``2.10x``, ``>=1.50x``, ``<=0.80x`` or ``-``."""
+    found = curves.speedup(curves.reach(baseline, target, axis), curves.reach(curve, target, axis))
+    return "-" if found is None else f"{found.bound}{found.value:.2f}x"
 
 
 def best_within(points: list[Point], seconds: float) -> Point | None:
