@@ -20,14 +20,15 @@ The folder writer and the browser helpers here are also tests/test_explore.py's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,54 +114,70 @@ def chromium() -> str:
     return found
 
 
-@contextmanager
-def browser_page() -> Iterator[tuple[Any, list[str]]]:
-    """A headless chromium page and the errors it reports (console errors, uncaught exceptions)."""
-    from playwright.sync_api import sync_playwright
+@asynccontextmanager
+async def browser_page() -> AsyncIterator[tuple[Any, list[str]]]:
+    """A headless chromium page and the errors it reports (console errors, uncaught exceptions).
+    Playwright's asyncio API: its synchronous one runs on greenlets, whose later collection in the
+    calling thread can upset CPython 3.11's recursion count (a test's ``ast.parse`` then fails)."""
+    from playwright.async_api import async_playwright
 
     errors: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 950})
+            page = await browser.new_page(viewport={"width": 1300, "height": 950})
             page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
             page.on("pageerror", lambda error: errors.append(str(error)))
             yield page, errors
         finally:
-            browser.close()
+            await browser.close()
 
 
-def open_page(page: Any, path: Path) -> float:
+async def open_page(page: Any, path: Path) -> float:
     """Opens the page file; milliseconds from navigation start to its first drawn chart."""
-    page.goto(path.resolve().as_uri())
-    page.wait_for_selector("body[data-renders='1']", timeout=60_000)
-    return float(page.evaluate("document.body.dataset.openMs"))
+    await page.goto(path.resolve().as_uri())
+    await page.wait_for_selector("body[data-renders='1']", timeout=60_000)
+    return float(await page.evaluate("document.body.dataset.openMs"))
 
 
-def timed_change(page: Any, change: Callable[[], None]) -> float:
+async def timed_change(page: Any, change: Callable[[], Awaitable[Any]]) -> float:
     """Milliseconds from just before ``change`` (a user's action) to the chart drawn again."""
-    renders = int(page.evaluate("document.body.dataset.renders"))
-    started = page.evaluate("performance.now()")
-    change()
-    page.wait_for_function(f"Number(document.body.dataset.renders) > {renders}", timeout=60_000)
-    return page.evaluate("performance.now()") - started
+    renders = int(await page.evaluate("document.body.dataset.renders"))
+    started = await page.evaluate("performance.now()")
+    await change()
+    await page.wait_for_function(f"Number(document.body.dataset.renders) > {renders}", timeout=60_000)
+    return await page.evaluate("performance.now()") - started
 
 
-def drawn_runs(page: Any) -> int:
-    return int(page.evaluate(DRAWN_RUNS))
+async def drawn_runs(page: Any) -> int:
+    return int(await page.evaluate(DRAWN_RUNS))
 
 
-def screenshot(page_file: Path, picture: Path) -> None:
-    """The page with the published points hidden and the pointer on its sixth run, as PNG."""
-    with browser_page() as (page, errors):
-        open_page(page, page_file)
-        timed_change(page, lambda: page.uncheck("fieldset[data-filter=origin] input[value=published]"))
-        box = page.locator("g.trace.scatter path.point").nth(5).bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_selector("g.hovertext")
-        page.screenshot(path=str(picture))
-    if errors:
-        sys.exit(f"the page reported errors: {errors}")
+async def screenshot(page_file: Path, picture: Path) -> list[str]:
+    """The page with the published points hidden and the pointer on its sixth run, as PNG; the
+    errors the page reported."""
+    async with browser_page() as (page, errors):
+        await open_page(page, page_file)
+        await timed_change(page, lambda: page.uncheck("fieldset[data-filter=origin] input[value=published]"))
+        box = await page.locator("g.trace.scatter path.point").nth(5).bounding_box()
+        await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        await page.wait_for_selector("g.hovertext")
+        await page.screenshot(path=str(picture))
+    return errors
+
+
+async def time_changes(page_file: Path) -> tuple[dict[str, float], int, list[str]]:
+    """The page's opening and each change, in milliseconds; the runs drawn at opening; its errors."""
+    async with browser_page() as (page, errors):
+        timings = {"open the page": await open_page(page, page_file)}
+        shown = await drawn_runs(page)
+        recipe = "fieldset[data-filter=label] input[value=recipe1]"
+        timings["hide a recipe"] = await timed_change(page, lambda: page.uncheck(recipe))
+        method = "select[data-method=ema]"
+        timings["require a method"] = await timed_change(page, lambda: page.select_option(method, "with"))
+        timings["time to cost"] = await timed_change(page, lambda: page.select_option("#axis", "cost"))
+        timings["type a target"] = await timed_change(page, lambda: page.fill("#target", "93"))
+    return timings, shown, errors
 
 
 def main() -> int:
@@ -171,8 +188,10 @@ def main() -> int:
     parser.add_argument("--shot", type=Path, nargs=2, metavar=("PAGE", "PNG"), help="only draw PAGE into PNG")
     args = parser.parse_args()
     if args.shot:
-        screenshot(*args.shot)
-        return 0
+        errors = asyncio.run(screenshot(*args.shot))
+        if errors:
+            print(f"the page reported errors: {errors}")
+        return int(bool(errors))
     if args.out is None:
         parser.error("give OUT, or --shot PAGE PNG")
     shutil.rmtree(args.out / "runs", ignore_errors=True)
@@ -185,14 +204,7 @@ def main() -> int:
     built = time.perf_counter() - started
     size = (args.out / "explorer.html").stat().st_size / 2**20
     print(f"{count} runs: trainrun explore built the page in {built:.1f} s ({size:.1f} MiB, plotly.js included)")
-    with browser_page() as (page, errors):
-        timings = {"open the page": open_page(page, args.out / "explorer.html")}
-        shown = drawn_runs(page)
-        recipe = "fieldset[data-filter=label] input[value=recipe1]"
-        timings["hide a recipe"] = timed_change(page, lambda: page.uncheck(recipe))
-        timings["require a method"] = timed_change(page, lambda: page.select_option("select[data-method=ema]", "with"))
-        timings["time to cost"] = timed_change(page, lambda: page.select_option("#axis", "cost"))
-        timings["type a target"] = timed_change(page, lambda: page.fill("#target", "93"))
+    timings, shown, errors = asyncio.run(time_changes(args.out / "explorer.html"))
     print(f"browser: chromium, headless; runs drawn at opening: {shown} (published points too)")
     for what, milliseconds in timings.items():
         print(f"{what:>18}: {milliseconds:7.0f} ms")

@@ -4,6 +4,7 @@ readout against ``trainrun report``'s tables."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import re
 import signal
@@ -152,8 +153,9 @@ def _report_tables(markdown: str) -> dict[str, dict[str, list[str]]]:
     return tables
 
 
-def _readout(page) -> dict[str, list[str]]:
-    rows = page.eval_on_selector_all("#readout tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+async def _readout(page) -> dict[str, list[str]]:
+    cells = "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    rows = await page.eval_on_selector_all("#readout tbody tr", cells)
     return {row[0]: row[2:] for row in rows}
 
 
@@ -166,37 +168,43 @@ def test_the_page_in_chromium_draws_every_run_filters_and_reads_targets_as_the_r
     report = run_here("report", *dirs, "--targets", ",".join(map(str, targets)), "--out", str(out))
     assert report.returncode == 0, report.stderr
     tables = _report_tables((out / "report.md").read_text())
+    shot = tmp_path / "page.png"
+    errors = asyncio.run(_drive(page_file, targets, tables, shot))
+    pixels = matplotlib.image.imread(shot)
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # drawn, not blank
+    assert errors == []
+
+
+async def _drive(page_file: Path, targets: tuple[float, ...], tables: dict, shot: Path) -> list[str]:
+    """What a reader does on the page, each step checked; the errors the page reported."""
     reach, gains = tables["time / cost to accuracy"], tables["speed-up over 'baseline' at each target (time / cost)"]
-    published = len(published_runs()[0])
-    with browser_page() as (page, errors):
-        open_page(page, page_file)
-        assert drawn_runs(page) == 12 + published  # the image runs (the failed one left out) and the published
-        timed_change(page, lambda: page.uncheck("fieldset[data-filter=origin] input[value=published]"))
-        assert drawn_runs(page) == 12
+    async with browser_page() as (page, errors):
+        await open_page(page, page_file)
+        published = len(published_runs()[0])
+        assert await drawn_runs(page) == 12 + published  # the image runs (the failed one left out), the published
+        await timed_change(page, lambda: page.uncheck("fieldset[data-filter=origin] input[value=published]"))
+        assert await drawn_runs(page) == 12
         for column, target in enumerate(targets):
-            timed_change(page, lambda typed=f"{target * 100:g}": page.fill("#target", typed))
-            shown = _readout(page)
+            await timed_change(page, lambda typed=f"{target * 100:g}": page.fill("#target", typed))
+            shown = await _readout(page)
             for label in ("baseline", "fast"):
                 expected = reach[label][column].replace("not reached", "not reached / -").split(" / ")
                 assert shown[label][:2] == expected, (target, label)
             assert " / ".join(shown["fast"][2:]) == gains["fast"][column], target
-        timed_change(page, lambda: page.select_option("select[data-method=blurpool]", "without"))
-        assert drawn_runs(page) == 6 and list(_readout(page)) == ["baseline"]
-        timed_change(page, lambda: page.select_option("select[data-method=blurpool]", "any"))
-        timed_change(page, lambda: page.uncheck("fieldset[data-filter=label] input[value=baseline]"))
-        assert drawn_runs(page) == 6 and list(_readout(page)) == ["fast"]
-        point = page.locator("g.trace.scatter path.point").first.bounding_box()
-        page.mouse.click(point["x"] + point["width"] / 2, point["y"] + point["height"] / 2)
-        page.wait_for_function("document.getElementById('selected').textContent.includes('trainrun recipe=fast')")
-        timed_change(page, lambda: page.select_option("#task", "causal_lm"))
-        assert drawn_runs(page) == 2 and "lower is better" in page.inner_text("#chart")
-        assert _readout(page)["gpt125"][0] == "270.0 s"  # loss 3.5: 0.8 of the way from 3.9 (150 s) to 3.4 (300 s)
+        await timed_change(page, lambda: page.select_option("select[data-method=blurpool]", "without"))
+        assert await drawn_runs(page) == 6 and list(await _readout(page)) == ["baseline"]
+        await timed_change(page, lambda: page.select_option("select[data-method=blurpool]", "any"))
+        await timed_change(page, lambda: page.uncheck("fieldset[data-filter=label] input[value=baseline]"))
+        assert await drawn_runs(page) == 6 and list(await _readout(page)) == ["fast"]
+        point = await page.locator("g.trace.scatter path.point").first.bounding_box()
+        await page.mouse.click(point["x"] + point["width"] / 2, point["y"] + point["height"] / 2)
+        await page.wait_for_function("document.getElementById('selected').textContent.includes('recipe=fast')")
+        await timed_change(page, lambda: page.select_option("#task", "causal_lm"))
+        assert await drawn_runs(page) == 2 and "lower is better" in await page.inner_text("#chart")
+        assert (await _readout(page))["gpt125"][0] == "270.0 s"  # loss 3.5: 0.8 of the way from 3.9 to 3.4
         values = [19.25, 0.125, 2.5, 0.000455, 9.08e-05, 0.0004545, 9.995, 99.95, 1234567.895, 1 / 3, 2 / 3, 0.0, -0.04]
         values += [x / 7 for x in range(-20, 20)] + [10.0**e * 1.005 for e in range(-6, 7)]
-        shown = page.evaluate("vs => vs.map(v => [fixed(v, 1), fixed(v, 2), generalFormat(v, 3)])", values)
+        shown = await page.evaluate("vs => vs.map(v => [fixed(v, 1), fixed(v, 2), generalFormat(v, 3)])", values)
         assert shown == [[f"{v:.1f}", f"{v:.2f}", f"{v:.3g}"] for v in values]  # the page formats as Python
-        shot = tmp_path / "page.png"
-        page.screenshot(path=str(shot))
-    pixels = matplotlib.image.imread(shot)
-    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # drawn, not blank
-    assert errors == []
+        await page.screenshot(path=str(shot))
+    return errors
