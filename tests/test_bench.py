@@ -15,6 +15,8 @@ import pytest
 import torch
 from conftest import TINY, captured_output, read_metrics, run_cli
 
+from trainrun.report.explorer import published_runs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -437,10 +439,13 @@ def test_every_recipe_is_estimated_on_8_a100s_with_its_bottleneck(recipe):
         assert estimate["time_to"] == "schedule" and estimate["target_source"] is None
 
 
-def test_explorer_bench_times_a_page_of_runs_in_chromium_and_draws_its_picture(tmp_path):
-    result = bench("explorer.py", str(tmp_path), "--runs", "60")
+def test_explorer_bench_times_a_page_of_explorers_scale_in_chromium_and_draws_its_picture(tmp_path):
+    """At its full 5,000 runs (about 8 s here): every one drawn, each change timed; the 2 s the bench
+    holds them to is its own figure (docs/benchmarks.md), so a loaded machine is allowed 10 s."""
+    result = bench("explorer.py", str(tmp_path), "--runs", "5000", "--limit", "10")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "60 runs: trainrun explore built the page" in result.stdout
+    assert "5000 runs: trainrun explore built the page" in result.stdout
+    assert f"runs drawn at opening: {5000 + len(published_runs()[0])}" in result.stdout
     for change in ("open the page", "hide a recipe", "require a method", "time to cost", "type a target"):
         assert re.search(rf"{change}: +\d+ ms", result.stdout), change
     picture = tmp_path / "page.png"
