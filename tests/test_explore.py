@@ -59,7 +59,8 @@ def test_runs_become_series_with_the_reports_seed_means_and_frontiers(sweep):
     assert len(data["runs"]["series"]) == RUNS and set(map(len, data["runs"].values())) == {RUNS}
     assert data["targets"] == {"image_classification": [0.9, 0.95], "causal_lm": [3.5]}
     rules = [data["rules"][index] for index in series["rule"]]
-    assert [rule["higher"] for rule in rules] == [True, True, False] and rules[2]["direction"] == "lower is better"
+    assert [rule["higher_is_better"] for rule in rules] == [True, True, False]
+    assert rules[2]["direction"] == "lower is better"
     fast = curves.points(run for run, one in drawn if one.label == "fast")
     columns = data["points"]
     mine = [i for i, s in enumerate(columns["series"]) if s == 1]

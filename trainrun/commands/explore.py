@@ -13,10 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from trainrun.atomic_io import atomic_write_text
-from trainrun.commands.report import pricing_from_flags
 from trainrun.errors import ConfigError
 from trainrun.report.explorer import page, page_data, published_runs, series_of
-from trainrun.report.runs import find_runs, load_run
+from trainrun.report.runs import chosen_baseline, find_runs, load_run, pricing_from_flags
 from trainrun.run_files import check_output_file
 
 DEFAULT_PORT = 8050
@@ -42,10 +41,7 @@ def explore_command(argv: list[str]) -> int:
             notes.append(f"{path}: {run.status}, not drawn")
     if not drawn:
         raise ConfigError(f"no completed run under {', '.join(map(str, args.dirs))} ({'; '.join(notes)})")
-    labels = sorted({run.label for run, _ in drawn})
-    baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in labels else None)
-    if baseline is not None and baseline not in labels:
-        raise ConfigError(f"bad value for '--baseline': '{baseline}' (recipes: {', '.join(labels)})")
+    baseline = chosen_baseline(args.baseline, sorted({run.label for run, _ in drawn}))
     published, left_out = ([], []) if args.no_published else published_runs()
     html = page(page_data(drawn + published, baseline, notes + left_out))
     print(f"{len(drawn)} runs, {len(published)} published points; {len(notes)} runs not drawn")

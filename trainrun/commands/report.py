@@ -21,7 +21,7 @@ from trainrun.errors import ConfigError
 from trainrun.loggers.mlflow_store import log_report
 from trainrun.report import curves
 from trainrun.report.plots import plot_tradeoff
-from trainrun.report.runs import Pricing, find_runs, load_run
+from trainrun.report.runs import chosen_baseline, find_runs, load_run, pricing_from_flags
 from trainrun.report.sections import Report, Section, build_sections
 from trainrun.run_files import check_output_dir
 
@@ -43,9 +43,7 @@ def report_command(argv: list[str]) -> int:
         raise ConfigError(f"the runs measure different quality metrics ({', '.join(metrics)}): report each task apart")
     all_points = curves.points(r for r in runs if r.status == "completed")
     recipes = sorted({p.label for p in all_points})
-    baseline = args.baseline if args.baseline is not None else ("baseline" if "baseline" in recipes else None)
-    if baseline is not None and baseline not in recipes:
-        raise ConfigError(f"bad value for '--baseline': '{baseline}' (recipes: {', '.join(recipes) or 'none'})")
+    baseline = chosen_baseline(args.baseline, recipes)
     targets = args.targets or sorted({t for r in runs for t in r.quality_targets})
     report = Report(runs, all_points, baseline, targets, notes)
     sections = build_sections(report)
@@ -90,25 +88,6 @@ def _fractions(text: str) -> list[float]:
     if not values or not all(0 < value <= 1 for value in values):
         raise argparse.ArgumentTypeError(f"'{text}': accuracies are fractions in (0, 1]")
     return sorted(values)
-
-
-def pricing_from_flags(hardware: str | None, price: float | None) -> Pricing | None:
-    """The price ``--hardware`` (a conf/hardware option) or ``--price-per-hour`` sets for every run,
-    or None to price each run as its own config did."""
-    if price is not None:
-        if price < 0:
-            raise ConfigError(f"bad value for '--price-per-hour': {price} (must be >= 0)")
-        return Pricing(hardware or "custom", price)
-    if hardware is None:
-        return None
-    from trainrun.config import compose, group_options
-    from trainrun.validation import validate
-
-    options = group_options("hardware")
-    if hardware not in options:
-        raise ConfigError(f"unknown option '{hardware}' for 'hardware' (choose from: {', '.join(options)})")
-    chosen = validate(compose([f"hardware={hardware}"])).hardware
-    return Pricing(chosen.name, chosen.price_per_hour)
 
 
 def write_report(report: Report, sections: list[Section], out: Path) -> list[Path]:

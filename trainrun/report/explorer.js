@@ -62,23 +62,23 @@ function visibleSeries() {
 // --- trainrun report's rules and formats -------------------------------------------------------
 
 function reached(rule, value, target) {
-  return rule.higher ? value >= target : value <= target;
+  return rule.higher_is_better ? value >= target : value <= target;
 }
 
-function measureOf(axis) {
-  return axis === "time" ? (p) => POINTS.seconds[p] : (p) => POINTS.cost[p];
-}
+// what x is on each axis, for runs and for seed means
+const RUN_X = { time: RUNS.seconds, cost: RUNS.cost };
+const POINT_X = { time: POINTS.seconds, cost: POINTS.cost };
 
 // curves.reach: the axis value at which a frontier (cheapest first) first reaches the target.
 function reach(frontier, target, axis, rule) {
-  const measure = measureOf(axis);
+  const measure = POINT_X[axis];
   for (let k = 0; k < frontier.length; k++) {
     const point = frontier[k];
     if (reached(rule, POINTS.quality[point], target)) {
-      if (k === 0) return { value: measure(point), atMost: true };
+      if (k === 0) return { value: measure[point], atMost: true };
       const before = frontier[k - 1];
       const fraction = (target - POINTS.quality[before]) / (POINTS.quality[point] - POINTS.quality[before]);
-      return { value: measure(before) + fraction * (measure(point) - measure(before)), atMost: false };
+      return { value: measure[before] + fraction * (measure[point] - measure[before]), atMost: false };
     }
   }
   return null;
@@ -163,10 +163,16 @@ function escapeHtml(text) {
   return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
+function recipeOf(s) {
+  return SERIES.label[s] + (SERIES.published[s] ? " (published)" : "");
+}
+
+function whereOf(s) {
+  return [SERIES.model[s], SERIES.data[s], SERIES.hardware[s]].join(", ");
+}
+
 function seriesName(s) {
-  const published = SERIES.published[s] ? " (published)" : "";
-  const where = [SERIES.model[s], SERIES.data[s], SERIES.hardware[s]].join(", ");
-  return `${SERIES.label[s]}${published} · ${where}`;
+  return `${recipeOf(s)} · ${whereOf(s)}`;
 }
 
 function runHover(r) {
@@ -189,8 +195,8 @@ function runHover(r) {
 
 function tracesOf(s, colour, rule) {
   const axis = state.axis;
-  const runX = axis === "time" ? RUNS.seconds : RUNS.cost;
-  const pointX = axis === "time" ? POINTS.seconds : POINTS.cost;
+  const runX = RUN_X[axis];
+  const pointX = POINT_X[axis];
   const symbol = SERIES.published[s] ? "diamond" : "circle";
   const group = String(s);
   const drawn = runsOf[s].filter((r) => runX[r] !== null);
@@ -251,9 +257,7 @@ function renderReadout(shown, rule) {
       gains = ["time", "cost"].map((axis) => speedupText(speedup(
         reach(D.frontiers[axis][base], target, axis, rule), reach(D.frontiers[axis][s], target, axis, rule))));
     }
-    const published = SERIES.published[s] ? " (published)" : "";
-    const cells = [SERIES.label[s] + published, [SERIES.model[s], SERIES.data[s], SERIES.hardware[s]].join(", "),
-      reachTime(time), time === null ? "-" : reachMoney(money), ...gains];
+    const cells = [recipeOf(s), whereOf(s), reachTime(time), time === null ? "-" : reachMoney(money), ...gains];
     rows.push(`<tr data-series="${s}">${cells.map((c) => `<td>${escapeHtml(c)}</td>`).join("")}</tr>`);
   }
   body.innerHTML = rows.join("");

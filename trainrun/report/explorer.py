@@ -11,16 +11,16 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainrun.atomic_io import read_yaml
-from trainrun.config import ConfigSource
 from trainrun.quality import TOP1, Quality
 from trainrun.report import curves
 from trainrun.report.curves import Point
-from trainrun.report.runs import Pricing, Run
+from trainrun.report.runs import Pricing, Run, pricing_from_flags
 
 HERE = Path(__file__).parent
 PUBLISHED = HERE / "published"
@@ -44,7 +44,7 @@ class Series:
 def series_of(run: Run) -> Series:
     """The series ``run`` belongs to, from its config."""
     config = run.config
-    methods = tuple(sorted(name for name, settings in (config.get("algorithms") or {}).items() if settings is not None))
+    methods = methods_of(config.get("algorithms") or {})
     return Series(
         run.label,
         _name(config.get("task"), "image_classification"),
@@ -53,6 +53,11 @@ def series_of(run: Run) -> Series:
         run.pricing.hardware,
         methods,
     )
+
+
+def methods_of(algorithms: Mapping[str, Any]) -> tuple[str, ...]:
+    """The methods a config's ``algorithms`` turns on (a method set to null is off), sorted."""
+    return tuple(sorted(name for name, settings in algorithms.items() if settings is not None))
 
 
 def _name(group: Any, default: str) -> str:
@@ -74,8 +79,7 @@ def published_runs() -> tuple[list[tuple[Run, Series]], list[str]]:
 
 
 def _published_run(table: Path, row: dict[str, str]) -> tuple[Run, Series]:
-    hardware = read_yaml(ConfigSource().primary / "hardware" / f"{row['hardware']}.yaml")
-    pricing = Pricing(hardware["name"], hardware.get("price_per_hour"))
+    pricing = _pricing(row["hardware"])
     run = Run(
         path=table,
         label=row["recipe"],
@@ -96,17 +100,18 @@ def _published_run(table: Path, row: dict[str, str]) -> tuple[Run, Series]:
     return run, Series(row["recipe"], row["task"], row["model"], row["data"], pricing.hardware, methods, True)
 
 
+@cache
+def _pricing(hardware: str) -> Pricing:
+    """A conf/hardware option's price, as ``trainrun report --hardware`` takes it (composed once)."""
+    return pricing_from_flags(hardware, None)
+
+
+@cache
 def recipe_methods(recipe: str) -> tuple[str, ...]:
-    """The methods (algorithm options) a recipe in ``conf/recipe/`` turns on, read from its file."""
-    path = ConfigSource().primary / "recipe" / f"{recipe}.yaml"
-    if not path.is_file():
-        return ()
-    recipe_config = read_yaml(path) or {}
-    chosen: set[str] = set(recipe_config.get("algorithms") or {})
-    for entry in recipe_config.get("defaults") or []:
-        if isinstance(entry, dict):
-            chosen.update(entry.get("override /algorithms") or [])
-    return tuple(sorted(chosen))
+    """The methods a recipe of ``conf/recipe/`` turns on, as Hydra composes it."""
+    from trainrun.config import compose
+
+    return methods_of(compose([f"recipe={recipe}"]).algorithms)
 
 
 class Columns:
@@ -170,8 +175,9 @@ def page_data(runs: list[tuple[Run, Series]], baseline: str | None, notes: list[
         first = len(point_rows.columns["series"])
         for point in curve:
             point_rows.append(series=number, **_point_fields(point, strings))
+        index = {id(point): first + offset for offset, point in enumerate(curve)}
         for axis, measure in AXES.items():
-            frontiers[axis].append([first + curve.index(p) for p in curves.pareto(curve, measure)])
+            frontiers[axis].append([index[id(point)] for point in curves.pareto(curve, measure)])
     return {
         "strings": strings.values,
         "rules": [_rule_fields(rule) for rule in rules],
@@ -229,10 +235,4 @@ def _point_fields(point: Point, strings: Strings) -> dict[str, Any]:
 
 
 def _rule_fields(rule: Quality) -> dict[str, Any]:
-    return {
-        "metric": rule.metric,
-        "label": rule.label,
-        "higher": rule.higher_is_better,
-        "percent": rule.percent,
-        "direction": rule.direction,
-    }
+    return asdict(rule) | {"direction": rule.direction}

@@ -65,6 +65,34 @@ class Run:
         return self.train_seconds / 3600 * self.pricing.price_per_hour * self.nodes
 
 
+def pricing_from_flags(hardware: str | None, price: float | None) -> Pricing | None:
+    """The price ``--hardware`` (a conf/hardware option) or ``--price-per-hour`` sets for every run,
+    or None to price each run as its own config did."""
+    if price is not None:
+        if price < 0:
+            raise ConfigError(f"bad value for '--price-per-hour': {price} (must be >= 0)")
+        return Pricing(hardware or "custom", price)
+    if hardware is None:
+        return None
+    from trainrun.config import compose, group_options
+    from trainrun.validation import validate
+
+    options = group_options("hardware")
+    if hardware not in options:
+        raise ConfigError(f"unknown option '{hardware}' for 'hardware' (choose from: {', '.join(options)})")
+    chosen = validate(compose([f"hardware={hardware}"])).hardware
+    return Pricing(chosen.name, chosen.price_per_hour)
+
+
+def chosen_baseline(given: str | None, labels: list[str]) -> str | None:
+    """The recipe speed-ups are measured against: ``--baseline`` as given, else the one labelled
+    'baseline' where there is one; a label no run has is one line."""
+    baseline = given if given is not None else ("baseline" if "baseline" in labels else None)
+    if baseline is not None and baseline not in labels:
+        raise ConfigError(f"bad value for '--baseline': '{baseline}' (recipes: {', '.join(labels) or 'none'})")
+    return baseline
+
+
 def find_runs(paths: list[Path]) -> list[Path]:
     """Every run directory (one holding summary.json) at or under ``paths``, in order; each path
     must hold at least one (a mistyped folder is an error, not an empty curve)."""
