@@ -116,9 +116,8 @@ def chromium() -> str:
 
 @asynccontextmanager
 async def browser_page() -> AsyncIterator[tuple[Any, list[str]]]:
-    """A headless chromium page and the errors it reports (console errors, uncaught exceptions).
-    Playwright's asyncio API: its synchronous one runs on greenlets, whose later collection in the
-    calling thread can upset CPython 3.11's recursion count (a test's ``ast.parse`` then fails)."""
+    """A headless chromium page and the errors it reports (console errors, uncaught exceptions),
+    through playwright's asyncio API (its synchronous API switches greenlets under the caller)."""
     from playwright.async_api import async_playwright
 
     errors: list[str] = []

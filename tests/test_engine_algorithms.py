@@ -22,6 +22,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
+from trainrun.data.token_store import parse_python
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -93,10 +94,10 @@ def test_every_method_module_has_one_spec_and_every_spec_names_real_methods():
 
 def test_trainer_never_names_an_algorithm():
     source = (Path(__file__).resolve().parent.parent / "trainrun/core/trainer.py").read_text()
-    names = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    names = {node.id for node in ast.walk(parse_python(source)) if isinstance(node, ast.Name)}
     imported = {
         alias.name
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(parse_python(source))
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
         if node.module and "algorithms" in node.module

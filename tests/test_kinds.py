@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from trainrun import kinds
 from trainrun.algorithms.specs import SPECS
+from trainrun.data.token_store import parse_python
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec, TaskSpec
 from trainrun.validation import validate
@@ -136,16 +137,16 @@ def test_no_module_branches_on_another_kinds_name():
     spelled = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = str(path.relative_to(PACKAGE.parent))
-        for name in branches_on(ast.parse(path.read_text())) & set(homes):
+        for name in branches_on(parse_python(path.read_text())) & set(homes):
             if not any(relative in files for files in homes[name].values()):
                 spelled.append(f"{relative} branches on '{name}'")
     assert not spelled, "\n".join(spelled)
 
 
 def test_the_name_check_catches_a_branch_on_a_kind():
-    assert branches_on(ast.parse('if config.model.name == "gpt": pass')) == {"gpt"}
-    assert branches_on(ast.parse('if data.name in ("text", "token_stream"): pass')) == {"text", "token_stream"}
-    assert branches_on(ast.parse('record.get("text")')) == set()  # a JSON field of that spelling is no branch
+    assert branches_on(parse_python('if config.model.name == "gpt": pass')) == {"gpt"}
+    assert branches_on(parse_python('if data.name in ("text", "token_stream"): pass')) == {"text", "token_stream"}
+    assert branches_on(parse_python('record.get("text")')) == set()  # a JSON field of that spelling is no branch
 
 
 def test_each_model_implements_the_protocols_of_what_its_spec_offers():

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from trainrun.algorithms.specs import SPECS
+from trainrun.data.token_store import parse_python
 from trainrun.schema import TrainConfig
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"
@@ -24,7 +25,7 @@ def module_imports() -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trainrun"):
                 found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
             elif isinstance(node, ast.Import):
@@ -39,7 +40,7 @@ def bench_imports() -> dict[str, set[str]]:
     graph = {}
     for name, path in scripts.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 found.add(node.module)
             elif isinstance(node, ast.Import):
@@ -101,7 +102,7 @@ def test_functions_and_modules_stay_short():
         name = path.relative_to(PACKAGE.parent)
         if len(source.splitlines()) > MAX_MODULE_LINES:
             long.append(f"{name}: {len(source.splitlines())} lines")
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(parse_python(source)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
@@ -221,7 +222,7 @@ def test_every_key_a_message_names_exists():
     dotted = re.compile(rf"(?<![\w./-])((?:{'|'.join(sections)})(?:\.[a-z_][a-z0-9_]*)+)")
     named = set()
     for path in PACKAGE.rglob("*.py"):
-        tree = ast.parse(path.read_text())
+        tree = parse_python(path.read_text())
         documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
         docstrings = {
             id(node.body[0].value)
