@@ -4,19 +4,25 @@
 VENV := .venv
 STAMP := $(VENV)/.trainrun-installed
 
-.PHONY: run test test-bench test-floor lint bench mutation install clean
+.PHONY: run test test-bench test-nodes test-floor lint bench mutation install clean
 
 run: $(STAMP)
 	$(VENV)/bin/trainrun
 
 # two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
 BENCH_TESTS := tests/test_bench.py
+NODE_TESTS := tests/test_multinode.py
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 --ignore=$(BENCH_TESTS)
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 --ignore=$(BENCH_TESTS) --ignore=$(NODE_TESTS)
 
 # each bench script run tiny on this CPU (its harness, its peers' launches), apart from the suite's budget
 test-bench: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=10 $(BENCH_TESTS)
+
+# several hosts as network namespaces of this machine (root), one test at a time: 2 nodes x 2 ranks,
+# HSDP, a node killed and a node cut off (tests/test_multinode.py; skipped, saying why, without root)
+test-nodes: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -p no:xdist --durations=10 $(NODE_TESTS)
 
 # the tests of what older torch broke before (ranks, sharding, checkpoints, compile) under the oldest
 # torch setup.cfg allows, in .venv-floor (scripts/setup_floor_env.sh); .ci/run runs it after test

@@ -129,7 +129,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     header = (
         f"{datetime.date.today()}, {name}, torch {torch.__version__}: {args.model} at {args.resolution} px, "
-        f"batch {args.batch}, {args.precision}, {args.steps} steps, best of {args.rounds} rounds\n\n"
+        f"batch {args.batch}, {args.precision}, {args.steps} steps, best of {args.rounds} rounds:\n\n"
         f"```\n.venv/bin/python {' '.join(sys.argv)}\n```"
     )
     text = f"{header}\n\n{table(best)}"

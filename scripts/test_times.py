@@ -43,7 +43,7 @@ def main() -> None:
     by_file: dict[str, float] = defaultdict(float)
     for test, value in seconds.items():
         by_file[test.split("::")[0]] += value
-    print(f"{len(seconds)} tests, {total:.0f} s of test time\n\n| file | seconds | share |\n| --- | --- | --- |")
+    print(f"{len(seconds)} tests, {total:.0f} s of test time:\n\n| file | seconds | share |\n| --- | --- | --- |")
     for name, value in sorted(by_file.items(), key=lambda item: -item[1]):
         print(f"| {name} | {value:.0f} | {value / total:.0%} |")
     print("\n| marker | tests | seconds | share |\n| --- | --- | --- | --- |")

@@ -200,6 +200,7 @@ BAD_INPUTS = [
     (["eval_interval=often"], "bad value for 'eval_interval'"),
     (["algorithms=[ema]", "algorithms.ema.half_life=5"], "bad value for 'algorithms.ema.half_life'"),
     (["optimizer.lr=-0.1"], "bad value for 'optimizer.lr'"),
+    (["optimizer=sgd", "optimizer.momentum=0"], "bad value for 'optimizer.nesterov': true needs optimizer.momentum"),
     (["scale_schedule_ratio=0"], "bad value for 'scale_schedule_ratio'"),
     (["precision=fp4"], "bad value for 'precision'"),
     (["model=resnet9000"], "unknown option 'resnet9000' for 'model'"),

@@ -177,6 +177,52 @@ def test_the_readme_is_a_front_page_whose_manual_pages_exist():
             assert (document.parent / target).is_file(), f"{document.relative_to(ROOT)} links to a missing {target}"
 
 
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+\1", re.DOTALL)
+SENTENCE_END = re.compile(r"[.!?:][)*_`\"']*$")
+
+
+def rendering_faults(text: str) -> list[str]:
+    """What would not render as written, as a Markdown parser reads ``text``: a code fence left open
+    or empty (commands shown as plain text between two empty blocks), a paragraph that stops
+    mid-sentence, brackets left open in a paragraph, list item, heading or table cell."""
+    from markdown_it import MarkdownIt
+
+    lines, faults = text.splitlines(), []
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    for index, token in enumerate(tokens):
+        where = f"line {token.map[0] + 1}" if token.map else "?"
+        if token.type == "fence":
+            if not token.content.strip():
+                faults.append(f"{where}: an empty code block")
+            if not lines[token.map[1] - 1].strip().startswith(token.markup) or token.map[1] - token.map[0] < 2:
+                faults.append(f"{where}: a code block never closed")
+        if token.type != "inline":
+            continue
+        words = CODE_SPAN.sub("code", token.content)
+        for opening, closing in ("()", "[]"):
+            if words.count(opening) != words.count(closing):
+                faults.append(f"{where}: '{opening}' and '{closing}' do not pair: {token.content[-60:]!r}")
+        top_paragraph = tokens[index - 1].type == "paragraph_open" and tokens[index - 1].level == 0
+        picture_alone = token.content.startswith("![") and token.content.endswith(")")
+        if top_paragraph and not picture_alone and not SENTENCE_END.search(token.content.rstrip()):
+            faults.append(f"{where}: a paragraph stops mid-sentence: {token.content[-60:]!r}")
+    return faults
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[str(document.relative_to(ROOT)) for document in DOCUMENTS])
+def test_a_document_renders_as_written(document):
+    assert rendering_faults(document.read_text(encoding="utf-8")) == []
+
+
+def test_the_rendering_check_finds_an_empty_fence_a_cut_sentence_and_an_open_block():
+    broken = "## Running\n\n```\n```\ntrainrun --help\n```\n```\n\nFlags: a list (`--algorithms a b` is\n"
+    faults = rendering_faults(broken)
+    assert any("empty code block" in fault for fault in faults)
+    assert any("mid-sentence" in fault for fault in faults) and any("do not pair" in fault for fault in faults)
+    assert any("never closed" in fault for fault in rendering_faults("Text.\n\n```\ntrainrun\n"))
+    assert rendering_faults("Text (with `a (code` span).\n\n```\ntrainrun\n```\n") == []
+
+
 def test_the_cli_reference_is_what_the_code_generates():
     """docs/cli.md is scripts/cli_reference.py's output for this checkout (rewrite it with --write)."""
     result = subprocess.run(

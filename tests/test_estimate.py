@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -300,6 +301,9 @@ def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
         (["--case-shape", "0", "64", "64"], "--case-shape"),
         (["data.samples=[10]"], "data.samples"),
         (["hardware.cpu_cores=0"], "hardware.cpu_cores"),
+        (["hardware.gpu=h10"], "hardware.gpu"),  # a kind trainrun does not time: not 40 % assumed
+        (["--real-tokens", "0.5"], "--real-tokens"),  # a causal LM pads nothing
+        (["--case-shape", "64", "64", "64"], "--case-shape"),  # nor has it cases to window
     ],
 )
 def test_bad_estimate_input_is_one_line_naming_it(arguments, key):
@@ -350,3 +354,74 @@ def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_pat
     assert result["target_source"] == f"the median of 2 finished run(s): {median:,.0f} samples"
     never = run_estimate(*tiny, "stop_at=0.5", "--from-runs", str(tmp_path))
     assert never.returncode == 2 and "no run of tiny under" in never.stderr and "stop_at=0.5" in never.stderr
+    # skewed samples (the median is not the mean) and a run of the same recipe and stop_at that ended
+    # without reaching it (its samples are the schedule's, not the target's): the median of the three
+    reached_samples = [summary["samples"] for summary in reached]
+    far = 50 * max(reached_samples)
+    for name, samples, status in (("far", far, "target_reached"), ("unfinished", 1000 * far, "completed")):
+        shutil.copytree(tmp_path / "run0", tmp_path / name)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary | {"samples": samples, "status": status}))
+    skewed = run_estimate(*tiny, "stop_at=0.05", "--from-runs", str(tmp_path), "--json")
+    assert skewed.returncode == 0, skewed.stderr
+    middle = sorted([*reached_samples, far])[1]
+    result = json.loads(skewed.stdout)
+    assert result["steps"] == math.ceil(middle / 64)
+    assert result["target_source"] == f"the median of 3 finished run(s): {middle:,.0f} samples"
+
+
+def test_compare_puts_the_run_on_each_hardware_option_and_node_count_in_one_table():
+    """``--compare``: each option at its node's GPUs (``launcher.devices=auto``), ``--nodes`` on each;
+    every figure is the estimate of that option alone; the fastest and the cheapest marked."""
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=32", "max_duration=1000ba"]
+    result = run_estimate(*base, "--compare", "8xa100_aws,8xh100_aws", "--nodes", "1,2", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {(row["hardware"], row["nodes"]): row for row in json.loads(result.stdout)}
+    assert sorted(rows) == [("8xa100_aws", 1), ("8xa100_aws", 2), ("8xh100_aws", 1), ("8xh100_aws", 2)]
+    assert [rows[key]["ranks"] for key in sorted(rows)] == [8, 16, 8, 16]
+    alone = json.loads(run_estimate(*base, "hardware=8xh100_aws", "launcher.devices=8", "--json").stdout)
+    assert rows[("8xh100_aws", 1)]["hours"] == pytest.approx(alone["hours"])
+    assert rows[("8xh100_aws", 1)]["cost"] == pytest.approx(alone["hours"] * 98.32)
+    assert rows[("8xh100_aws", 2)]["cost"] == pytest.approx(rows[("8xh100_aws", 2)]["hours"] * 98.32 * 2)
+    assert rows[("8xh100_aws", 1)]["hours"] < rows[("8xa100_aws", 1)]["hours"]
+    table = run_estimate(*base, "--compare", "8xa100_aws,8xh100_aws").stdout.splitlines()
+    one_node = [row for row in rows.values() if row["nodes"] == 1]
+    fastest = min(one_node, key=lambda row: row["hours"])["hardware"]
+    cheapest = min(one_node, key=lambda row: row["cost"])["hardware"]
+    marks = {line.split(" | ")[0].strip("| "): line.rsplit("|", 2)[1] for line in table if line.startswith("| 8x")}
+    assert "fastest" in marks[fastest] and "cheapest" in marks[cheapest]
+    for arguments, key in ((["--compare", "8xnone"], "--compare"), (["--nodes", "2"], "--nodes")):
+        refused = run_estimate(*base, *arguments)
+        assert refused.returncode == 2 and f"'{key}'" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_gradients_and_shards_crossing_gpus_and_nodes_are_timed_at_the_hardwares_links():
+    """DDP all-reduces the gradients (2 (n-1)/n of them a GPU over NVLink, a node's share across
+    nodes over its network's share a GPU) behind the backward; FSDP2 gathers the weights twice and
+    reduce-scatters the gradients behind the whole step; by value from the held bytes."""
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=64", "max_duration=100ba"]
+    base += ["hardware=8xa100_aws", "launcher.devices=8"]
+    runs = {
+        "ddp": [],
+        "ddp_2_nodes": ["launcher.nnodes=2", "launcher.rdzv_endpoint=n0:1"],
+        "fsdp": ["parallel=fsdp"],
+    }
+    found = {}
+    for name, extra in runs.items():
+        result = run_estimate(*base, *extra, "--json")
+        assert result.returncode == 0, result.stderr
+        found[name] = json.loads(result.stdout)
+    gradients = found["ddp"]["held"]["gradients"] * 1e9  # every rank's whole copy
+    (ddp,) = {phase["link_seconds"] for phase in found["ddp"]["phases"]}
+    assert ddp == pytest.approx(2 * 7 / 8 * gradients / 300e9)
+    (two,) = {phase["link_seconds"] for phase in found["ddp_2_nodes"]["phases"]}
+    assert two == pytest.approx(ddp + 2 * 1 / 2 * gradients / 8 / (400 / 8 * 1e9 / 8))
+    shard = found["fsdp"]["held"]
+    (fsdp,) = {phase["link_seconds"] for phase in found["fsdp"]["phases"]}
+    assert fsdp == pytest.approx(7 / 8 * (2 * shard["weights"] + shard["gradients"]) * 8 * 1e9 / 300e9)
+    for phase in found["ddp"]["phases"]:  # hidden behind the backward, two thirds of the compute
+        assert phase["exposed_link_seconds"] == pytest.approx(max(0.0, ddp - 2 / 3 * phase["gpu_seconds"]))
+    assert found["ddp_2_nodes"]["hours"] > found["ddp"]["hours"] / 2  # two nodes: faster, never twice
+    unstated = run_estimate(*base, *runs["ddp_2_nodes"], "hardware.network_gbit_s=null")
+    assert unstated.returncode == 2 and unstated.stderr.count("\n") == 1, unstated.stderr
+    assert "'hardware': 8xa100_aws states no network_gbit_s" in unstated.stderr

@@ -9,8 +9,10 @@ import http.client
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -86,6 +88,35 @@ def test_published_points_keep_their_sources_and_their_recipes_methods():
     assert len(notes) == 3 and all("no time published" in note for note in notes)
 
 
+# The published facts the page draws, as the sources state them (recipe, epochs): top-1 in %, minutes.
+PUBLISHED_FACTS = {
+    ("baseline", 90): (76.6, 180),  # the deep dive: NVIDIA Hparams Baseline, 76.6 % in 180 min
+    ("mild", 32): (76.6, 27),  # Composer's AWS tutorial: about 27 min on 8 x A100
+    ("hot", 180): (79.86, 254),  # the deep dive, Table 7: SAM every 5 steps
+    ("hot", 450): (80.78, 573),  # Tables 6-7
+    ("hot", 810): (81.03, 980),  # Table 6
+}
+
+
+def test_the_pages_published_points_are_the_sources_minutes_and_top1_by_value():
+    """A published point on the page is its source's minutes (in seconds) and top-1 (a fraction the page
+    shows as %): a minute read as a second, or a top-1 scaled twice, is caught here."""
+    published, notes = published_runs()
+    data = page_data(published, None, notes)
+    runs, strings = data["runs"], data["strings"]
+    (rule,) = data["rules"]
+    assert rule["percent"] and rule["higher_is_better"]
+    drawn = {}
+    for index, series in enumerate(runs["series"]):
+        label = data["series"]["label"][series]
+        budget = float(strings[runs["budget"][index]])
+        (run,) = [run for run, _ in published if run.label == label and run.budget == budget]
+        drawn[(label, round(run.epochs))] = (100 * runs["quality"][index], runs["seconds"][index] / 60)
+    assert drawn.keys() == PUBLISHED_FACTS.keys()
+    for key, (top1, minutes) in PUBLISHED_FACTS.items():
+        assert drawn[key] == (pytest.approx(top1), pytest.approx(minutes)), key
+
+
 def _one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -139,9 +170,26 @@ def test_the_server_answers_the_page_at_slash_on_localhost_and_nothing_else(swee
             connection.close()
         assert answers["/"][0] == 200 and b"trainrun Explorer" in answers["/"][1] and answers["/?x=1"][0] == 200
         assert all(status == 404 for path, (status, _) in answers.items() if not path.startswith("/?") and path != "/")
+        for _ in range(3):  # a browser that cancels the load mid-page (a reload): its connection reset
+            _cancelled_load(host, int(port))
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("GET", "/")
+        assert connection.getresponse().status == 200  # still serving
+        connection.close()
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=30) == 0
+    errors = server.stderr.read()
+    assert "Traceback" not in errors and "BrokenPipe" not in errors and "ConnectionReset" not in errors, errors
+
+
+def _cancelled_load(host: str, port: int) -> None:
+    """Ask for the page, read a little of it, and reset the connection as a browser cancelling the load does."""
+    with socket.create_connection((host, port), timeout=30) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.recv(1024)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(0.2)
 
 
 def _report_tables(markdown: str) -> dict[str, dict[str, list[str]]]:

@@ -1,5 +1,7 @@
-"""Faults in real processes: a run killed outright and resumed, a rank killed, a checkpoint write that fails."""
+"""Faults in real processes: a run killed outright and resumed, a rank killed, a scheduler's
+signal to one rank, a checkpoint write that fails."""
 
+import json
 import os
 import re
 import resource
@@ -13,7 +15,8 @@ import pytest
 import torch
 from conftest import TINY, killed_and_resumed, read_metrics, run_here, start_cli, wait_for
 
-from trainrun.core.checkpoint import load_checkpoint
+from trainrun.core.checkpoint import list_checkpoints, load_checkpoint
+from trainrun.errors import RunPreempted
 
 MNIST = ["data=mnist5k", "model.resnet_small.width=8", "train_batch_size=64", "progress=false"]  # 62 steps an epoch
 
@@ -38,17 +41,11 @@ def test_a_killed_rank_stops_the_job_with_one_line_naming_it(tmp_path):
     process = start_cli(*MNIST, "max_duration=50ep", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
     wait_for(lambda: (tmp_path / "metrics.jsonl").is_file(), process)  # both ranks are training
 
-    def workers():  # the ranks: forked by the launcher's fork server, started in rank order
-        listing = subprocess.run(["ps", "-ww", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True)
-        rows = [line.split(None, 2) for line in listing.stdout.splitlines()]
-        servers = {pid for pid, parent, args in rows if int(parent) == process.pid and "forkserver" in args}
-        return sorted(int(pid) for pid, parent, _ in rows if parent in servers)
-
     def alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat")
         return stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
-    ranks = workers()
+    ranks = _ranks_of(process)
     assert len(ranks) == 2
     killed_at = time.monotonic()
     os.kill(ranks[1], signal.SIGKILL)  # started second: rank 1
@@ -62,6 +59,34 @@ def test_a_killed_rank_stops_the_job_with_one_line_naming_it(tmp_path):
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stderr  # torch elastic's own failure log stays out
     assert re.fullmatch(r"trainrun: error: rank 1 was killed by SIGKILL; every rank was stopped", lines[0])
+
+
+def _ranks_of(process: subprocess.Popen) -> list[int]:
+    """The ranks of a launch: forked by the launcher's fork server, started in rank order."""
+    listing = subprocess.run(["ps", "-ww", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in listing.stdout.splitlines()]
+    servers = {pid for pid, parent, args in rows if int(parent) == process.pid and "forkserver" in args}
+    return sorted(int(pid) for pid, parent, _ in rows if parent in servers)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_exit_75(tmp_path, signalled):
+    """``scancel --signal=USR1 --batch`` or a user's ``kill`` reaches one rank, not all: the ranks
+    decide together at the next loss check, so both stop at one step, one checkpoint is written, and
+    trainrun exits 75 (EX_TEMPFAIL), which a requeueing script reads."""
+    process = start_cli(*MNIST, "max_duration=50ep", "launcher.devices=2", f"hydra.run.dir={tmp_path}")
+    wait_for(lambda: (tmp_path / "metrics.jsonl").is_file(), process)  # both ranks are training
+    ranks = _ranks_of(process)
+    assert len(ranks) == 2
+    os.kill(ranks[signalled], signal.SIGUSR1)
+    _, stderr = process.communicate(timeout=120)  # a rank left behind would hang its peer's next collective
+    assert process.returncode == 75 == RunPreempted.exit_code, stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "preempted"
+    (checkpoint,) = [path for path in list_checkpoints(tmp_path / "checkpoints") if path.name.endswith(".pt")][-1:]
+    assert checkpoint.name.endswith(f"-ba{summary['batches']}.pt"), (checkpoint.name, summary["batches"])
 
 
 def _file_size_limit(limit):

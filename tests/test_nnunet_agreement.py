@@ -6,9 +6,11 @@ export), fed the same generated cases in nnU-Net v2's raw layout:
   stream) with metal and voxels at exactly 0 HU, in-plane 0.7-0.9 mm and 2.5-5 mm slices that differ
   between cases (anisotropic and thin: the target's slice spacing is the 10th percentile; cubic
   in-plane, nearest across slices), air around the body (no cropping: MRI z-scored over every voxel);
-- MRI of two channels with zero holes inside the body and zeros around it (cropping leaves under
-  75 %: z-scored over the body, holes filled and included), spacings near 1 mm that differ between
-  cases (resampled in 3D), and BraTS-like nested regions.
+- MRI of two channels with a zero hole inside the body, zeros that reach its edge, and zeros around
+  it (cropping leaves under 75 %: z-scored over the body, the hole filled and included, the zeros at
+  the edge not), spacings near 1 mm that differ between cases (resampled in 3D), and BraTS-like
+  nested regions; and MRI whose body reaches the volume's faces (cropping leaves all of it: every
+  voxel z-scored, zeros included).
 
 Crop boxes, target spacing and shapes, CT statistics, normalised intensities (within float16's
 rounding: the store keeps float16), labels after resampling, predictions brought back from the same
@@ -86,14 +88,16 @@ def ct_cases() -> dict:
     return cases
 
 
-def mri_cases() -> dict:
-    """Four MRI cases of two channels: a brain with zero holes inside, nested tumour labels 1-3."""
+def mri_cases(extent: tuple[float, float, float] = (0.6, 0.65, 0.6), cases: int = 4) -> dict:
+    """MRI cases of two channels: a brain (an ellipsoid of ``extent`` in a volume of side 2) with zeros
+    inside it, nested tumour labels 1-3. At the default extent cropping to the body leaves under 75 %
+    of the volume; a brain that reaches the volume's faces leaves all of it."""
     rng = np.random.default_rng(2)
-    cases = {}
-    for index, voxel in enumerate([(1.0, 1.0, 1.0), (1.2, 1.2, 1.5), (0.9, 0.9, 1.1), (1.1, 1.0, 1.3)]):
+    found = {}
+    for index, voxel in enumerate([(1.0, 1.0, 1.0), (1.2, 1.2, 1.5), (0.9, 0.9, 1.1), (1.1, 1.0, 1.3)][:cases]):
         shape = (30, 28, 24 + index)
         x, y, z = np.meshgrid(*(np.linspace(-1, 1, side) for side in shape), indexing="ij")
-        brain = (x / 0.6) ** 2 + (y / 0.65) ** 2 + (z / 0.6) ** 2 < 1
+        brain = (x / extent[0]) ** 2 + (y / extent[1]) ** 2 + (z / extent[2]) ** 2 < 1
         label = np.zeros(shape, np.uint8)
         label[brain & (((x - 0.1) / 0.3) ** 2 + (y / 0.3) ** 2 + (z / 0.3) ** 2 < 1)] = 1
         label[((x - 0.1) / 0.18) ** 2 + (y / 0.2) ** 2 + (z / 0.2) ** 2 < 1] = 2
@@ -102,9 +106,13 @@ def mri_cases() -> dict:
             np.where(brain, rng.gamma(4, 0.2 + 0.05 * c, shape) + 0.3 * label, 0).astype(np.float32) for c in (1, 2)
         ]
         for image in channels:
-            image[12:16, 6:10, 10:13] = 0.0  # a hole of 48 voxels inside the brain, zero in every channel
-        cases[f"mri_{index:03d}"] = (channels, label, voxel)
-    return cases
+            image[12:16, 6:10, 10:13] = 0.0  # zeros in every channel that reach the brain's edge: not a hole
+            image[8:11, 12:15, 10:13] = 0.0  # a hole of 27 voxels inside the brain: filled, in the body's mask
+        found[f"mri_{index:03d}"] = (channels, label, voxel)
+    return found
+
+
+ENCLOSED_HOLE = (slice(8, 11), slice(12, 15), slice(10, 13))  # NIfTI's (x, y, z), as mri_cases makes it
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +123,13 @@ def ct(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mri(tmp_path_factory):
     return both_sides("Dataset902_MRI", mri_cases(), {"0": "T2", "1": "ADC"}, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def mri_uncropped(tmp_path_factory):
+    """A brain reaching the volume's faces: cropping leaves all of it, so every voxel is z-scored."""
+    cases = mri_cases(extent=(1.05, 1.05, 1.1), cases=3)
+    return both_sides("Dataset903_MRI", cases, {"0": "T2", "1": "ADC"}, tmp_path_factory)
 
 
 def both_sides(name: str, cases: dict, channels: dict, tmp_path_factory) -> dict:
@@ -164,7 +179,7 @@ def float16_close(ours: np.ndarray, theirs: np.ndarray) -> None:
     assert np.all(np.abs(ours.astype(np.float32) - theirs) <= rounding * (1 + 1e-3)), np.abs(ours - theirs).max()
 
 
-@pytest.mark.parametrize("task", ["ct", "mri"])
+@pytest.mark.parametrize("task", ["ct", "mri", "mri_uncropped"])
 def test_the_store_is_nnunets_preprocessing_of_the_same_folder(task, request):
     side = request.getfixturevalue(task)
     configuration, store, index = side["configuration"], side["store"], side["index"]
@@ -183,7 +198,12 @@ def test_the_store_is_nnunets_preprocessing_of_the_same_folder(task, request):
         )
     for number, case in enumerate(store.cases):
         images, data, seg, properties = side["theirs"][case]
-        box = body_box(body_mask(read_image(tuple(Path(image) for image in images))))
+        image = read_image(tuple(Path(image) for image in images))
+        mask = body_mask(image)
+        if task.startswith("mri"):  # (z, y, x): the enclosed zeros are a hole the body's mask fills
+            hole = mask[tuple(reversed(ENCLOSED_HOLE))]
+            assert hole.size == 27 and hole.all() and not image[(slice(None), *reversed(ENCLOSED_HOLE))].any()
+        box = body_box(mask)
         assert [[side.start, side.stop] for side in box] == [
             list(map(int, bounds)) for bounds in properties["bbox_used_for_cropping"]
         ]

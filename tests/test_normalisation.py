@@ -121,6 +121,42 @@ def test_an_nnunet_v2_raw_folder_is_read_as_the_same_cases_as_the_decathlon_layo
         store_path(DataConfig(name="decathlon", path=str(regions), cache_dir=str(tmp_path / "c")))
 
 
+NNUNET_TRAINING = ["task=segmentation", "data=decathlon", "model=unet2d", "max_duration=1ba"]
+
+
+def test_an_nnunet_v2_folder_with_a_channel_file_its_channel_names_do_not_list_is_refused(tmp_path):
+    """Two channel files a case (``_0000``, ``_0001``) and one name: training on one channel of two would
+    be silent; trainrun refuses in one line naming the unlisted files, before anything is written."""
+    from conftest import run_here
+
+    arrays = write_ct_task(tmp_path / "Task03_Liver")
+    task = tmp_path / "Dataset003_Liver"
+    write_nnunet_v2_task(task, arrays, {"0": "CT"}, {"background": 0, "organ": 1})
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    result = run_here(*NNUNET_TRAINING, f"data.path={task}", f"data.cache_dir={cache}", f"hydra.run.dir={run}")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "channel_names lists 1 channel(s) (0000)" in line and "CT_000_0001.nii.gz" in line, line
+    assert not any(cache.rglob("*.npy")) and not (run / "metrics.jsonl").exists()
+
+
+def test_a_training_case_whose_channel_files_differ_in_size_is_refused_naming_the_file_and_both_sizes(tmp_path):
+    import nibabel
+    from conftest import run_here
+
+    arrays = write_ct_task(tmp_path / "Task03_Liver")
+    task = tmp_path / "Dataset003_Liver"
+    write_nnunet_v2_task(task, arrays, {"0": "CT", "1": "T2"}, {"background": 0, "organ": 1})
+    smaller = task / "imagesTr" / "CT_001_0001.nii.gz"
+    nibabel.save(nibabel.Nifti1Image(np.zeros((12, 10, 7), np.float32), np.eye(4)), smaller)
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    result = run_here(*NNUNET_TRAINING, f"data.path={task}", f"data.cache_dir={cache}", f"hydra.run.dir={run}")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert str(smaller) in line and "12 x 10 x 7" in line and "12 x 10 x 8" in line, line
+    assert not any(cache.rglob("*.npy"))
+
+
 def test_held_out_cases_are_prepared_at_the_training_stores_spacing_and_ct_statistics(tmp_path):
     """``trainrun ensemble`` and ``trainrun predict`` prepare a held-out case as the model saw its
     training cases: at the training store's voxel spacing, CT scaled by the training set's statistics."""

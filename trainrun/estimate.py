@@ -19,7 +19,7 @@ from trainrun import kinds
 from trainrun.core.microbatches import Microbatching
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
-from trainrun.estimate_time import Timing, target_steps
+from trainrun.estimate_time import Timing, Traffic, step_traffic, target_steps
 from trainrun.estimate_time import as_dict as phase_dict
 from trainrun.estimate_time import timing as run_timing
 from trainrun.fake_rank import Memory, RunShape, fake_world, measure
@@ -167,6 +167,56 @@ def sized_task(config: TrainConfig) -> Task:
     return task
 
 
+HARDWARE_TO_COPY = "conf/hardware/8xh100_aws.yaml"  # a group that states every fact a step needs
+
+
+def exchanged(config: TrainConfig, shape: RunShape, memory: Memory, notes: list[str]) -> Traffic | None:
+    """What the run's GPUs exchange a step, where the hardware says its links (a note where it does
+    not); None on one GPU."""
+    if shape.ranks < 2:
+        return None
+    missing = hardware_gaps(config, shape)
+    if missing:
+        notes.append(f"the exchange between GPUs is not timed: hardware={config.hardware.name} states no {missing[0]}")
+        return None
+    return step_traffic(config, memory.held, shape.ranks, shape.nodes)
+
+
+def hardware_gaps(config: TrainConfig, shape: RunShape) -> list[str]:
+    """The facts of ``hardware`` a step of this run needs that it does not state."""
+    hardware, per_node = config.hardware, shape.ranks // shape.nodes
+    needed = [("cpu_cores", True), ("link_gb_s", per_node > 1), ("network_gbit_s", shape.nodes > 1)]
+    return [name for name, needs in needed if needs and getattr(hardware, name) is None]
+
+
+def check_hardware(config: TrainConfig, shape: RunShape) -> None:
+    """A hardware group that names its GPU (one trainrun times) states what a step of this run needs
+    besides: its CPU cores (the loader), its links within a node and its network across nodes."""
+    missing = hardware_gaps(config, shape)
+    if config.hardware.gpu is not None and missing:
+        raise ConfigError(
+            f"bad value for 'hardware': {config.hardware.name} states no {', '.join(missing)}, which a step of this "
+            f"run needs (set hardware.{missing[0]}=..., or start from {HARDWARE_TO_COPY})"
+        )
+
+
+def check_task_flags(
+    config: TrainConfig, task: Task, case_shape: list[int] | None, real_token_share: float | None
+) -> None:
+    """``--case-shape`` is a segmentation run's, ``--real-tokens`` a masked language model's: given to
+    another task, one line rather than a flag silently ignored."""
+    if case_shape is not None and not hasattr(task, "windows_a_case"):
+        raise ConfigError(
+            f"bad value for '--case-shape': task={config.task.name} has no whole cases to window "
+            "(it sizes segmentation's validation cases)"
+        )
+    if real_token_share is not None and not hasattr(task, "real_token_share"):
+        raise ConfigError(
+            f"bad value for '--real-tokens': task={config.task.name} pads no positions "
+            "(it is the share of real tokens in a masked language model's windows)"
+        )
+
+
 def first_fitting(
     config: TrainConfig, shape: RunShape, task: Task, limit: float
 ) -> tuple[RunShape, Memory] | tuple[None, None]:
@@ -195,8 +245,10 @@ def estimate(
     ``max_duration``. Under ``device_train_microbatch_size=auto`` the micro-batch is the largest that
     fits, as ``auto`` settles; a run that does not fit is told the largest setting that does."""
     task = sized_task(config)
+    check_task_flags(config, task, case_shape, real_token_share)
     share = real_tokens(config, task, real_token_share)
     shape, limit = run_shape(config, vocab, share[0] if share else 1.0), config.hardware.device_memory_gb
+    check_hardware(config, shape)
     notes, fitting, auto = [], None, config.device_train_microbatch_size == "auto"
     if share is not None:
         notes.append(f"real tokens: {share[0]:.0%} of the positions ({share[1]})")
@@ -217,7 +269,8 @@ def estimate(
                 fitting = f"micro-batches of {smaller.micro_batch}, activation checkpointing {smaller.checkpointing}"
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
-    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape)
+    traffic = exchanged(config, shape, memory, notes)
+    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic)
     return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
 
 

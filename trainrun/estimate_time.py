@@ -30,6 +30,46 @@ from trainrun.tasks.base import Task
 POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
 COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
+BACKWARD_SHARE = 2 / 3  # of a step's compute: the backward, which DDP's bucketed all-reduce overlaps
+LINKS_NAMED = 0.1  # exchange the compute does not hide, as a share of it, that names the links the bottleneck
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one GPU sends in a step: to the other GPUs of its node and to other nodes (bytes), and the
+    share of the step's compute that hides it (DDP: the backward; FSDP: the whole step, prefetched)."""
+
+    within_node: float
+    across_nodes: float
+    hidden_by: float
+
+    def seconds(self, config: TrainConfig) -> float:
+        """At the node's link bandwidth and its network's share a GPU (0 where nothing crosses)."""
+        hardware, per_node = config.hardware, gpus_a_node(config)
+        seconds = self.within_node / (hardware.link_gb_s * GB) if self.within_node else 0.0
+        if self.across_nodes:
+            seconds += self.across_nodes / (hardware.network_gbit_s / 8 * GB / per_node)
+        return seconds
+
+
+def gpus_a_node(config: TrainConfig) -> int:
+    return 1 if config.launcher.devices == "auto" else int(config.launcher.devices)
+
+
+def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes: int) -> Traffic:
+    """A step's exchange as NCCL does it: DDP all-reduces the gradients (reduce-scatter and
+    all-gather within a node, all-reduce of a node's share across nodes); FSDP2 all-gathers the
+    weights for the forward and again for the backward and reduce-scatters the gradients within its
+    shard group, and HSDP all-reduces each shard's gradients across nodes. ``held``: one rank's GB."""
+    per_node = ranks // nodes
+    sharded = config.parallel.name == "fsdp" and ranks > 1
+    group = per_node if sharded and nodes > 1 else ranks if sharded else 1
+    weights, gradients = held.get("weights", 0.0) * group * GB, held.get("gradients", 0.0) * group * GB
+    across = 2 * (nodes - 1) / nodes * gradients / per_node if nodes > 1 else 0.0
+    if sharded:
+        return Traffic((per_node - 1) / per_node * (2 * weights + gradients), across, 1.0)
+    return Traffic(2 * (per_node - 1) / per_node * gradients, across, BACKWARD_SHARE)
 
 
 @dataclass
@@ -43,19 +83,25 @@ class Phase:
     step_flops: float  # all ranks
     gpu_seconds: float | None  # a step on the GPUs at the rate row's utilisation
     loader_seconds: float | None  # a step's samples through the node's loaders (None: unmeasured)
+    link_seconds: float = 0.0  # a step's gradients and shards between the GPUs and nodes
+    exposed_link_seconds: float = 0.0  # of those, what the compute does not hide
 
     @property
     def bottleneck(self) -> str | None:
         if self.gpu_seconds is None:
             return None
-        if self.loader_seconds is None:
-            return "GPU (loader not timed)"
-        return "loader" if self.loader_seconds > self.gpu_seconds else "GPU"
+        if self.loader_seconds is not None and self.loader_seconds > self.gpu_seconds + self.exposed_link_seconds:
+            return "loader"
+        if self.exposed_link_seconds > LINKS_NAMED * self.gpu_seconds:
+            return "links"
+        return "GPU" if self.loader_seconds is not None else "GPU (loader not timed)"
 
     @property
     def seconds(self) -> float | None:
-        """A step's time: the slower of the GPU and the loader."""
-        return None if self.gpu_seconds is None else max(self.gpu_seconds, self.loader_seconds or 0.0)
+        """A step's time: the GPUs' with the exchange they do not hide, or the loader's where slower."""
+        if self.gpu_seconds is None:
+            return None
+        return max(self.gpu_seconds + self.exposed_link_seconds, self.loader_seconds or 0.0)
 
 
 @dataclass
@@ -176,12 +222,13 @@ def step_flops(work: StepWork, per_sample: float, batch: int) -> float:
 
 
 def loader_seconds(config: TrainConfig, work: StepWork, row: LoaderRate | None) -> float | None:
-    """A step's samples through the node's loaders at the row's rate a core (None: unmeasured or no cores said)."""
+    """A step's samples through the loaders at the row's rate a core, each node loading its own share
+    of the batch on its cores (None: unmeasured or no cores said)."""
     cores = config.hardware.cpu_cores
     if row is None or not cores:
         return None
     per_sample = work.sequence_length if row.unit == "tokens/s" else 1
-    return config.train_batch_size * per_sample / (row.per_core * cores)
+    return config.train_batch_size / config.launcher.nnodes * per_sample / (row.per_core * cores)
 
 
 def crop_of(config: TrainConfig) -> tuple[int, ...] | None:
@@ -253,9 +300,11 @@ def timing(
     mfu: float | None,
     peak_tflops: float | None,
     case_shape: list[int] | None = None,
+    traffic: Traffic | None = None,
 ) -> Timing:
     """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
-    hardware group's) at the rate row that fits, and through the node's loaders."""
+    hardware group's) at the rate row that fits, through the node's loaders, and with ``traffic``
+    between the GPUs at the hardware's links (what the compute does not hide)."""
     notes: list[str] = []
     utilisation, described, basis = gpu_row(config, mfu)
     peak = peak_tflops or config.hardware.peak_tflops
@@ -267,13 +316,16 @@ def timing(
     crop = crop_of(config)
     loader = rates().loader_rate(config.task.name, config.data.loader, base.resolution, crop)
     phases = []
+    link = traffic.seconds(config) if traffic is not None else 0.0
     for (start, end, work), flops in zip(read, per_sample, strict=True):
         total = step_flops(work, flops, config.train_batch_size)
         decode = rates().loader_rate(config.task.name, config.data.loader, decoded_side(config, work), crop)
+        gpu = total / throughput if throughput else None
+        exposed = max(0.0, link - traffic.hidden_by * gpu) if gpu is not None and traffic is not None else 0.0
         phases.append(
             Phase(
                 start, end, work.resolution, work.sequence_length, total,
-                total / throughput if throughput else None, loader_seconds(config, work, decode),
+                gpu, loader_seconds(config, work, decode), link, exposed,
             )
         )  # fmt: skip
     if loader is None:

@@ -28,10 +28,11 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from trainrun.core import checkpoint, preemption
+from trainrun.core import checkpoint, heartbeat, preemption
 from trainrun.core.distributed import check_gpus_for, cores_per_process
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
+from trainrun.network import Route, is_this_host, route_to
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size
 
@@ -108,10 +109,14 @@ def check_port_free(port: int) -> None:
             ) from None
 
 
-def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
-    """torch's launch settings: static rendezvous at master_addr:port, or c10d at rdzv_endpoint."""
+def launch_config(settings: LauncherConfig, processes: int, route: Route | None = None) -> LaunchConfig:
+    """torch's launch settings: static rendezvous at master_addr:port, or c10d at rdzv_endpoint, which
+    this node hosts where the endpoint is one of its addresses (torch would decide it from the host
+    name, which on many machines resolves to a loopback address on every node); ``route``: this
+    node's address as the other nodes reach it."""
     if settings.rdzv_endpoint:
-        backend, endpoint, options = "c10d", settings.rdzv_endpoint, {}
+        backend, endpoint = "c10d", settings.rdzv_endpoint
+        options = {} if route is None else {"is_host": is_this_host(route.address)}
     else:
         port = settings.master_port or free_port()
         if settings.node_rank == 0:
@@ -125,6 +130,7 @@ def launch_config(settings: LauncherConfig, processes: int) -> LaunchConfig:
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=options,
+        local_addr=route.local_address if route is not None else None,
         max_restarts=0,
         monitor_interval=0.5,
         start_method="forkserver",  # ranks forked from one process that imported trainrun (see run_workers)
@@ -140,7 +146,12 @@ def _shutdown_setting() -> dict[str, int]:
 
 
 def run_workers(
-    settings: LauncherConfig, processes: int, worker, *args: object, show_failure_logs: bool = False
+    settings: LauncherConfig,
+    processes: int,
+    worker,
+    *args: object,
+    show_failure_logs: bool = False,
+    route: Route | None = None,
 ) -> None:
     """Run ``worker(*args)`` in ``processes`` ranks on this node; raise :class:`LaunchFailed` if one fails.
 
@@ -158,7 +169,7 @@ def run_workers(
     multiprocessing.set_forkserver_preload(["trainrun.launch", "trainrun.run"])
     preemption.ignore_in_launcher()  # Slurm's notice is the ranks' to act on (they listen again)
     try:
-        elastic_launch(launch_config(settings, processes), worker)(*args)
+        elastic_launch(launch_config(settings, processes, route), worker)(*args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         if failure.exitcode < 0:
@@ -177,11 +188,16 @@ def run_workers(
             logger.setLevel(level)
 
 
-def train_worker(config: TrainConfig, run_dir: str, config_yaml: str, debug: bool = False) -> None:
+def train_worker(
+    config: TrainConfig, run_dir: str, config_yaml: str, debug: bool = False, environment: dict | None = None
+) -> None:
     """One rank of a launched run, of the config the launching process validated: an error becomes
-    one line naming the rank, handed to the launching process (which prints it, once), and the exit code."""
+    one line naming the rank, handed to the launching process (which prints it, once), and the exit
+    code. ``environment``: variables the launch decided (the interface that reaches the other nodes),
+    set here since a fork server started by an earlier launch keeps the environment it started with."""
     from trainrun.run import train
 
+    os.environ.update(environment or {})
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(cores_per_process())
     rank = os.environ.get("RANK", "0")
@@ -198,6 +214,15 @@ def train_worker(config: TrainConfig, run_dir: str, config_yaml: str, debug: boo
             time.sleep(PEER_LOSS_GRACE_SECONDS)
         record_failure(f"rank {rank}: {text}")
         sys.exit(code)
+
+
+def end_for_a_lost_node(line: str) -> None:
+    """A lost node (:mod:`trainrun.core.heartbeat`): this rank ends at once, from the heartbeat's
+    thread (the training thread may wait in a collective that never finishes), its line handed to
+    the launcher, which stops the node's other ranks."""
+    record_failure(f"rank {os.environ.get('RANK', '0')}: {line}")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def lost_a_peer(error: BaseException) -> bool:
@@ -275,9 +300,43 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if config.parallel.name == "fsdp" and config.device_train_microbatch_size == "auto":
         config = microbatch_before_start(config)
+    route = None if started_elsewhere else route_between_nodes(settings)
+    environment = {} if route is None else route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}
+    if started_elsewhere and spans_nodes():
+        environment = started_route_environment()
+    os.environ.update(environment)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         train(config, run_dir, config_yaml)
     else:
         run_workers(
-            settings, processes, train_worker, config, str(run_dir), config_yaml, debug, show_failure_logs=debug
-        )
+            settings, processes, train_worker, config, str(run_dir), config_yaml, debug, environment,
+            show_failure_logs=debug, route=route,
+        )  # fmt: skip
+
+
+def route_between_nodes(settings: LauncherConfig) -> Route | None:
+    """For a launch across nodes, the interface that reaches the master (or the rendezvous endpoint),
+    said in one line; None on one node."""
+    if settings.nnodes < 2:
+        return None
+    key, host = "launcher.master_addr", settings.master_addr
+    if settings.rdzv_endpoint:
+        key, host = "launcher.rdzv_endpoint", settings.rdzv_endpoint.rsplit(":", 1)[0].strip("[]")
+    route = route_to(host, key)
+    where = f"node {settings.node_rank} of {settings.nnodes}" if not settings.rdzv_endpoint else "this node"
+    print(f"trainrun: {where}: {route.describe(route.environment())}", file=sys.stderr, flush=True)
+    return route
+
+
+def spans_nodes() -> bool:
+    """Whether ranks started by torchrun or Slurm span several nodes."""
+    env = os.environ
+    nodes = env.get("GROUP_WORLD_SIZE") or env.get("SLURM_STEP_NUM_NODES") or "1"
+    return int(nodes) > 1
+
+
+def started_route_environment() -> dict[str, str]:
+    """The interface variables for a rank that torchrun or Slurm started on one of several nodes:
+    the interface that reaches ``MASTER_ADDR``, where the user named none."""
+    route = route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR")
+    return route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}

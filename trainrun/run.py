@@ -18,7 +18,7 @@ from trainrun import kinds, run_files
 from trainrun.algorithms import build_algorithms
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import atomic_write_text
-from trainrun.core import checkpoint, distributed, host_memory, parallel, preemption
+from trainrun.core import checkpoint, distributed, heartbeat, host_memory, parallel, preemption
 from trainrun.core.accounts import CudaEventClock, TimeAccounts
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.distributed import Placement
@@ -34,6 +34,7 @@ from trainrun.data.build import DataSpec, build_data
 from trainrun.data.interface import TextFacts
 from trainrun.errors import RunPreempted
 from trainrun.kinds import Capability
+from trainrun.launch import end_for_a_lost_node
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
 from trainrun.loggers.time_to_quality import TimeToQualityLogger
@@ -67,6 +68,7 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     if config.host_memory == "reuse":
         host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
+    nodes = heartbeat.start(config.launcher.node_timeout, on_lost=end_for_a_lost_node)
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, config.compile, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
@@ -93,6 +95,8 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
         logs.record_failure(state, error)
         raise
     finally:
+        if nodes is not None:
+            nodes.stop()
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
     if not finished:

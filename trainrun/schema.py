@@ -348,6 +348,8 @@ class LauncherConfig:
     rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master_addr/port
     # how long a collective may wait (rank 0 writing a checkpoint, a slow rank) before the run fails
     timeout_minutes: float = field(default=60.0, metadata={"min": 1})
+    # across nodes: seconds a node may go unheard (its link down, its host hung) before every node ends
+    node_timeout: float = field(default=30.0, metadata={"min": 5})
     requeue: bool = True  # under Slurm, a run stopped by SIGUSR1 requeues its job after its checkpoint
 
 
@@ -375,6 +377,11 @@ class HardwareConfig:
     # loaders share: what trainrun estimate times the GPU and the loader with (null: not said)
     gpu: str | None = None
     cpu_cores: int | None = positive_field(None)
+    devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
+    # what gradients and shards cross (null: not said): GB/s one GPU sends to the node's others (NVLink's
+    # bandwidth one way), and Gbit/s a node sends to the other nodes (its network adapters together)
+    link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})
+    network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})
 
 
 @dataclass

@@ -28,6 +28,7 @@ from trainrun.schema import (
     FORMER_NAMES,
     INITIALIZERS,
     DataConfig,
+    HardwareConfig,
     LauncherConfig,
     ModelConfig,
     TaskConfig,
@@ -273,6 +274,26 @@ def _check_budget(config: TrainConfig) -> None:
         raise ConfigError("'profile_prefix' extrapolates a run of fixed length: it needs max_duration in ep, ba or sp")
 
 
+def _check_nesterov(config: TrainConfig) -> None:
+    """Nesterov momentum, as torch's SGD takes it, needs a momentum and no dampening (else the run
+    would fail at its first step, exit 1)."""
+    optimizer = config.optimizer
+    if optimizer.name in ("sgd", "sgdw") and optimizer.nesterov and (optimizer.momentum <= 0 or optimizer.dampening):
+        raise ConfigError(
+            f"bad value for 'optimizer.nesterov': true needs optimizer.momentum above 0 and optimizer.dampening 0 "
+            f"(momentum {optimizer.momentum:g}, dampening {optimizer.dampening:g}): set optimizer.nesterov=false"
+        )
+
+
+def _check_hardware(hardware: HardwareConfig) -> None:
+    """``hardware.gpu`` is a kind trainrun times (trainrun/rates.yaml's GPUs)."""
+    from trainrun.rates import rates
+
+    known = sorted(rates().architectures)
+    if hardware.gpu is not None and hardware.gpu not in known:
+        raise ConfigError(f"bad value for 'hardware.gpu': '{hardware.gpu}' (choose from: {', '.join(known)})")
+
+
 def _check_run(config: TrainConfig) -> None:
     """Checks that involve more than one field."""
     duration = Time.parse(config.max_duration)
@@ -299,6 +320,8 @@ def _check_run(config: TrainConfig) -> None:
         if name not in names("logger"):
             raise ConfigError(f"bad value for 'loggers': '{name}' (choose from: {', '.join(names('logger'))})")
     _check_quality_values(config)
+    _check_hardware(config.hardware)
+    _check_nesterov(config)
     _check_kinds(config)
     _check_parallel(config)
     if config.optimizer.name == "muon" and Capability.HIDDEN_MATRICES not in kinds.offers(config):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trainrun.schema import TrainConfig
 
 DOES_NOT_FIT = 3  # the exit code of an estimate whose peak is over the device's memory
+PLANNED_ENDPOINT = "node0:29400"  # --nodes: the rendezvous a compared multi-node run is validated with
 
 
 def estimate_command(argv: list[str]) -> int:
@@ -49,7 +50,19 @@ def estimate_command(argv: list[str]) -> int:
     parser.add_argument(
         "--real-tokens", type=float, help="masked LM: the share of positions that are tokens (default: the store's)"
     )
+    parser.add_argument(
+        "--compare", type=_names, metavar="HARDWARE,...",
+        help="conf/hardware options to compare (8xa100_aws,8xh100_aws,8xb200): fit, time, cost and bottleneck of each",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nodes",
+        type=_counts,
+        metavar="N,...",
+        help="with --compare: node counts to compare on each (default: the run's)",
+    )
     args = parser.parse_args(argv)
+    if args.nodes and not args.compare:
+        raise ConfigError("bad value for '--nodes': it counts the nodes of each --compare option; give --compare")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         raise ConfigError(f"bad value for '--mfu': {args.mfu} (a fraction in (0, 1])")
     if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
@@ -69,6 +82,8 @@ def estimate_command(argv: list[str]) -> int:
     source, _, overrides = locate([], overrides)
     (config,) = check(overrides, files=False, source=source)
     steps, steps_source = target_from(args, config)
+    if args.compare:
+        return compare(args, overrides, source, (steps, steps_source))
     from trainrun.estimate import estimate
 
     result = estimate(
@@ -79,6 +94,119 @@ def estimate_command(argv: list[str]) -> int:
     else:
         print(render(result, config))
     return DOES_NOT_FIT if result.fits is False else 0
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"'{text}' names no conf/hardware option")
+    return names
+
+
+def _counts(text: str) -> list[int]:
+    counts = [part.strip() for part in text.split(",")]
+    if not all(count.isdigit() and int(count) > 0 for count in counts):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of positive node counts (1,2,4)")
+    return [int(count) for count in counts]
+
+
+def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple[int | None, str]) -> int:
+    """``--compare``: the run on each hardware option (and node count), one table: whether it fits, its
+    time and cost to the target (or the schedule), what holds it back; the cheapest and the fastest
+    marked. Every option is composed and checked before any is estimated."""
+    from trainrun.estimate import estimate
+
+    nodes = args.nodes or [None]
+    configs = []
+    for hardware in args.compare:
+        for count in nodes:
+            extra = [f"hardware={hardware}"] + ([f"launcher.nnodes={count}"] if count else [])
+            if (
+                count
+                and count > 1
+                and not any(o.startswith(("launcher.master_port=", "launcher.rdzv")) for o in overrides)
+            ):
+                extra.append(f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}")  # sized, never launched: any endpoint
+            try:
+                (config,) = check([*overrides, *extra], files=False, source=source)
+                if config.launcher.devices == "auto" and config.hardware.devices:  # every GPU of the node
+                    extra.append(f"launcher.devices={config.hardware.devices}")
+                    (config,) = check([*overrides, *extra], files=False, source=source)
+            except ConfigError as error:
+                raise ConfigError(
+                    f"bad value for '--compare': {hardware}{f' on {count} nodes' if count else ''}: {error}"
+                ) from None
+            configs.append(config)
+    rows = []
+    for config in configs:
+        result = estimate(config, args.vocab, args.mfu, None, *steps[:1], args.case_shape, args.real_tokens, steps[1])
+        rows.append((config, result))
+    if args.json:
+        figures = [comparison_row(config, result) for config, result in rows]
+        with_scaling(figures)
+        print(json.dumps(figures))
+    else:
+        print(comparison_table(rows))
+    return 0
+
+
+def comparison_row(config: TrainConfig, result: Estimate) -> dict:
+    """One option's figures, as ``--compare --json`` gives them."""
+    values = result.as_dict()
+    return {
+        "hardware": config.hardware.name,
+        "nodes": config.launcher.nnodes,
+        "ranks": result.ranks,
+        "fits": result.fits,
+        "peak_gb": result.highest_gb,
+        "device_memory_gb": result.device_memory_gb,
+        "time_to": "schedule" if result.stops_before_the_schedule else result.time_to,
+        "hours": values["hours"] if values["hours"] is not None else values.get("schedule_hours"),
+        "cost": values["cost"] if values["cost"] is not None else values.get("schedule_cost"),
+        "bottlenecks": result.bottlenecks,
+    }
+
+
+def with_scaling(figures: list[dict]) -> None:
+    """Each row's scaling efficiency on its hardware: the fewest nodes' node-hours over its own."""
+    for row in figures:
+        same = [other for other in figures if other["hardware"] == row["hardware"] and other["hours"]]
+        fewest = min(same, key=lambda other: other["nodes"], default=None)
+        if fewest is not None and row["hours"] and len(same) > 1:
+            row["scaling"] = fewest["hours"] * fewest["nodes"] / (row["hours"] * row["nodes"])
+
+
+def comparison_table(rows: list[tuple[TrainConfig, Estimate]]) -> str:
+    """The options side by side; the fastest and the cheapest of those that fit marked."""
+    figures = [comparison_row(config, result) for config, result in rows]
+    with_scaling(figures)
+    fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
+    fastest = min(fitting, key=lambda row: row["hours"], default=None)
+    priced = [row for row in fitting if row["cost"]]
+    cheapest = min(priced, key=lambda row: row["cost"], default=None)
+    header = "| hardware | nodes | ranks | peak / device GB | fits | time | cost | bottleneck | scaling | |"
+    lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | --- |"]
+    for row in figures:
+        memory = (
+            f"{row['peak_gb']:.1f} / {row['device_memory_gb']:g}"
+            if row["device_memory_gb"]
+            else f"{row['peak_gb']:.1f} / ?"
+        )
+        fits = {True: "yes", False: "NO", None: "?"}[row["fits"]]
+        time = duration(row["hours"]) if row["hours"] else "-"
+        cost = f"${row['cost']:,.0f}" if row["cost"] else "-"
+        marks = ", ".join(name for name, best in (("fastest", fastest), ("cheapest", cheapest)) if best is row)
+        bottleneck = " then ".join(row["bottlenecks"]) or "-"
+        place = f"{row['hardware']} | {row['nodes']} | {row['ranks']}"
+        scaling = f"{row['scaling']:.0%}" if row.get("scaling") else "-"
+        lines.append(f"| {place} | {memory} | {fits} | {time} | {cost} | {bottleneck} | {scaling} | {marks} |")
+    ends = {row["time_to"] for row in figures}
+    lines.append(
+        "time and cost to the target"
+        if ends == {"target"}
+        else "time and cost to the end of the schedule (max_duration)"
+    )
+    return "\n".join(lines)
 
 
 def target_from(args: argparse.Namespace, config: TrainConfig) -> tuple[int | None, str]:
@@ -160,6 +288,9 @@ def group_line(group: list[dict]) -> str:
         line += ", GPU " + spread([phase["gpu_seconds"] for phase in group], "{:.3f}") + " s"
     if first["loader_seconds"]:
         line += ", loader " + spread([phase["loader_seconds"] for phase in group], "{:.3f}") + " s"
+    if first["link_seconds"]:
+        exposed = spread([phase["exposed_link_seconds"] for phase in group], "{:.3f}")
+        line += f", links {first['link_seconds']:.3f} s ({exposed} s not hidden)"
     return line + (f": {first['bottleneck']}-bound" if first["bottleneck"] else "")
 
 

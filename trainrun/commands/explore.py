@@ -84,9 +84,19 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _bind(host: str, port: int) -> ThreadingHTTPServer:
+class PageServer(ThreadingHTTPServer):
+    """The page's server: a browser that goes away mid-page (a reload, a closed tab) is no error."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError
+            super().handle_error(request, client_address)
+
+
+def _bind(host: str, port: int) -> PageServer:
     try:
-        return ThreadingHTTPServer((host, port), PageHandler)
+        return PageServer((host, port), PageHandler)
     except OSError as error:
         raise ConfigError(f"bad value for '--serve': cannot listen on {host}:{port} ({error.strerror})") from None
 
@@ -110,7 +120,7 @@ class PageHandler(BaseHTTPRequestHandler):
         """Requests are not logged: the console keeps the one line that says where the page is."""
 
 
-def _serve(server: ThreadingHTTPServer, html: bytes) -> None:
+def _serve(server: PageServer, html: bytes) -> None:
     PageHandler.page = html
     host, port = server.server_address[:2]
     print(f"serving http://{host}:{port}/ (Ctrl-C to stop)", flush=True)

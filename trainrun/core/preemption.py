@@ -6,10 +6,10 @@ Lightning's Slurm auto-requeue does.
 
 Each rank notes the signal when it comes; the ranks decide together at the next loss check (every
 ``log_interval`` steps, where they already agree on divergence), so every rank stops at the same
-step. The run's summary says ``preempted`` and trainrun exits with :data:`EXIT_CODE`; rank 0 of a
-requeued job waits for Slurm to end the job (at most :data:`REQUEUE_WAIT_SECONDS`), so that the job
-is still running when it is requeued rather than ending first, which Slurm would record as the
-job's end. A process that only launches ranks ignores the signal: Slurm signals every process of
+step. The run's summary says ``preempted`` and trainrun exits 75 (:class:`trainrun.errors.RunPreempted`);
+rank 0 of a requeued job waits for Slurm to end the job (at most :data:`REQUEUE_WAIT_SECONDS`), so
+that the job is still running when it is requeued rather than ending first, which Slurm would record
+as the job's end. A process that only launches ranks ignores the signal: Slurm signals every process of
 the job step, the ranks among them.
 """
 
@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 SIGNAL = signal.SIGUSR1
-EXIT_CODE = 75  # EX_TEMPFAIL: stopped before its end, to be continued (resume=auto)
 STATUS = "preempted"  # summary.json's status and State.stop_reason
 REQUEUE_WAIT_SECONDS = 120  # rank 0's wait, after requeueing, for Slurm to end the job (its KillWait is 30 s)
 

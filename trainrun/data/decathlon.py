@@ -60,6 +60,7 @@ def read_image(image_files: tuple[Path, ...]) -> np.ndarray:
     arrays = [_nifti(file).astype(np.float32, copy=False) for file in image_files]
     for file, array in zip(image_files, arrays, strict=True):
         _check_volume(file, array.shape, len(image_files) > 1)
+    _check_one_size(image_files, [array.shape for array in arrays])
     image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
     if image.ndim == 3:
         image = image[..., None]
@@ -107,14 +108,22 @@ def check_image_cases(cases: Sequence[tuple[str, tuple[Path, ...], Path | None]]
         shapes = [tuple(_nifti(file, header_only=True).get_data_shape()) for file in images]
         for file, shape in zip(images, shapes, strict=True):
             _check_volume(file, shape, len(images) > 1)
-        if len(set(shapes)) > 1:
-            first, other = _sides(shapes[0]), _sides(next(shape for shape in shapes if shape != shapes[0]))
-            raise DataError(f"'{images[0]}' is {first}, another channel's file of its case {other}: one size for all")
+        _check_one_size(images, shapes)
         found = len(images) if len(images) > 1 else (shapes[0][3] if len(shapes[0]) == 4 else 1)
         if found != channels:
             raise DataError(f"'{images[0]}' has {found} channel(s); the runs' models take {channels}")
         if label is not None and (labelled := tuple(_nifti(label, header_only=True).get_data_shape())) != shapes[0][:3]:
             raise DataError(f"'{label}' is {_sides(labelled)}, its image '{images[0]}' {_sides(shapes[0][:3])}")
+
+
+def _check_one_size(files: Sequence[Path], shapes: Sequence[tuple[int, ...]]) -> None:
+    """A case's channel files are of one size: one line naming the first that differs and both sizes."""
+    for file, shape in zip(files, shapes, strict=True):
+        if shape != shapes[0]:
+            raise DataError(
+                f"'{file}' is {_sides(shape)}, '{files[0]}' of the same case {_sides(shapes[0])}: "
+                "a case's channels are of one size"
+            )
 
 
 def _check_volume(file: Path, shape: tuple[int, ...], one_of_channels: bool) -> None:
@@ -176,6 +185,7 @@ def nnunet_v2_manifest(source: Path, manifest: Path, described: dict) -> dict:
         )
     if not isinstance(channels, dict):
         raise DataError(f"'{manifest}' has no 'channel_names' object (nnU-Net v2's layout)")
+    _check_channel_files(source, manifest, ending, {int(key) for key in channels if str(key).isdigit()})
     training = [
         {
             "image": [
@@ -187,6 +197,25 @@ def nnunet_v2_manifest(source: Path, manifest: Path, described: dict) -> dict:
         if not label.name.startswith(".")  # macOS's ._ files beside the cases
     ]
     return {"modality": channels, "labels": {str(value): name for name, value in labels.items()}, "training": training}
+
+
+def _check_channel_files(source: Path, manifest: Path, ending: str, listed: set[int]) -> None:
+    """Every channel file in ``imagesTr/`` (``CASE_XXXX``) is of a channel ``channel_names`` lists: a
+    file of another would be left out of training silently (one line naming the first few)."""
+    images = source / "imagesTr"
+    suffix = re.compile(rf"_(\d{{4}}){re.escape(ending)}$")
+    unlisted = sorted(
+        path.name
+        for path in (images.iterdir() if images.is_dir() else ())
+        if (match := suffix.search(path.name)) and int(match[1]) not in listed and not path.name.startswith(".")
+    )
+    if unlisted:
+        shown = ", ".join(unlisted[:3]) + (f" and {len(unlisted) - 3} more" if len(unlisted) > 3 else "")
+        numbers = ", ".join(f"{channel:04d}" for channel in sorted(listed))
+        raise DataError(
+            f"'{manifest}' channel_names lists {len(listed)} channel(s) ({numbers}) "
+            f"but imagesTr holds files of others: {shown}; name every channel in channel_names"
+        )
 
 
 def channel_names(described: dict) -> list[str]:
@@ -296,6 +325,7 @@ def write_decathlon(source: Path, path: Path, workers: int = 0) -> None:
     the missing cases prepared (in ``workers`` processes), then the index."""
     described, cases = decathlon_listing(source)
     channels = channel_names(described)
+    check_image_cases(cases, len(channels))  # from the headers, before anything is written
     values = sorted(int(key) for key in described["labels"])
     labels = [described["labels"][str(value)] for value in values]
     lookup = class_lookup(values)

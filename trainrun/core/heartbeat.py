@@ -1,0 +1,128 @@
+"""A lost node ends a multi-node run on every node within ``launcher.node_timeout`` seconds.
+
+A node whose processes die resets its peers' connections and the run ends in seconds; a node cut
+off (a link down, a partition, a hung kernel) resets nothing, and every collective would wait its
+whole timeout (an hour here, torch's 10-30 minutes by default) while the other nodes' GPUs idle.
+So the first rank of each node beats a counter in the run's rendezvous store every
+:data:`BEAT_SECONDS`, from a thread of its own, whatever the training thread does (a first
+compile, a checkpoint write, a long collective), and reads every node's counter. A node whose
+counter has not moved for ``node_timeout`` seconds is lost: the rank names its host and ranks and
+ends (the launcher then stops the node's other ranks and exits 1). A node that cannot reach the
+store for as long is itself the one cut off, and ends naming the store's host. Counters, not
+clocks: the nodes' clocks need not agree. Written here because torch's elastic agent checks its
+peers only between rendezvous rounds, not while the workers train.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+BEAT_SECONDS = 2.0
+STORE_TIMEOUT = timedelta(seconds=5)  # one store request, on a link that may be down
+PREFIX = "trainrun/heartbeat"
+NODE_ADDRESS = "TRAINRUN_NODE_ADDRESS"  # this node's address on the route to the master, as the launcher found it
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """This rank's node among the run's nodes, from the launcher's variables (trainrun's, torchrun's, Slurm's)."""
+
+    node: int
+    nodes: int
+    first_rank: int
+    ranks: int  # on this node
+
+    @classmethod
+    def from_environment(cls) -> NodePlace | None:
+        """This rank's place where it is its node's first of a run across nodes; None otherwise."""
+        env = os.environ
+        nodes = int(env.get("GROUP_WORLD_SIZE") or env.get("SLURM_STEP_NUM_NODES") or "1")
+        if nodes < 2 or env.get("LOCAL_RANK", "0") != "0":
+            return None
+        world = int(env.get("WORLD_SIZE", "1"))
+        ranks = int(env.get("LOCAL_WORLD_SIZE") or world // nodes)
+        return cls(int(env.get("GROUP_RANK") or env.get("SLURM_NODEID") or "0"), nodes, int(env["RANK"]), ranks)
+
+
+class NodeHeartbeat:
+    """One node's first rank's two threads (:func:`start`): one beats and reads the counters through
+    the store, the other watches that the store still answers (a request on a link that is down may
+    block far longer than the store's timeout, until TCP gives up)."""
+
+    def __init__(self, store: dist.Store, place: NodePlace, timeout: float, on_lost: Callable[[str], None]) -> None:
+        self.store, self.place, self.timeout, self.on_lost = store, place, timeout, on_lost
+        self.stopped = threading.Event()
+        self.answered = time.monotonic()  # when the store last answered
+        self.threads = [
+            threading.Thread(target=target, name=f"trainrun-heartbeat-{name}", daemon=True)
+            for name, target in (("beat", self._beat), ("watch", self._watch))
+        ]
+
+    def _key(self, node: int) -> str:
+        return f"{PREFIX}/beat/{node}"
+
+    def _beat(self) -> None:
+        nodes = range(self.place.nodes)
+        now = time.monotonic()
+        seen = {node: (-1, now) for node in nodes}  # each node's counter, and when it last moved
+        while not self.stopped.wait(BEAT_SECONDS):
+            try:
+                self.store.add(self._key(self.place.node), 1)
+                counts = {node: self.store.add(self._key(node), 0) for node in nodes}  # read without waiting
+            except Exception:  # noqa: BLE001 (any store failure: a timeout, a reset, a closed socket)
+                continue  # the watching thread ends the rank once it has lasted
+            now = self.answered = time.monotonic()
+            seen = {node: (count, now if count != seen[node][0] else seen[node][1]) for node, count in counts.items()}
+            stale = [node for node, (_, moved) in seen.items() if now - moved > self.timeout]
+            if stale:
+                named = "; ".join(self._described(node) for node in stale)
+                self._lost(f"lost {named}: no heartbeat for {now - min(seen[n][1] for n in stale):.0f} s")
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(BEAT_SECONDS):
+            silent = time.monotonic() - self.answered
+            if silent > self.timeout:
+                host = os.environ.get("MASTER_ADDR", "?")
+                self._lost(f"lost the run's store on node 0 ({host}): no answer for {silent:.0f} s")
+
+    def _described(self, node: int) -> str:
+        try:
+            return f"node {node} ({self.store.get(f'{PREFIX}/host/{node}').decode()})"
+        except Exception:  # noqa: BLE001
+            return f"node {node}"
+
+    def _lost(self, line: str) -> None:
+        if not self.stopped.is_set():
+            self.stopped.set()
+            self.on_lost(line)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def start(timeout: float, on_lost: Callable[[str], None]) -> NodeHeartbeat | None:
+    """The heartbeat of this node, where this rank is its node's first of a run across nodes; None
+    otherwise. ``on_lost`` is called, from the heartbeat's thread, with one line naming the lost node."""
+    place = NodePlace.from_environment()
+    if place is None:
+        return None
+    env = os.environ
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False
+    )
+    last = place.first_rank + place.ranks - 1
+    ranks = f"rank {last}" if place.ranks == 1 else f"ranks {place.first_rank}-{last}"
+    address = env.get(NODE_ADDRESS, "address not said")
+    store.set(f"{PREFIX}/host/{place.node}", f"{socket.gethostname()}, {address}, {ranks}")
+    heartbeat = NodeHeartbeat(store, place, timeout, on_lost)
+    for thread in heartbeat.threads:
+        thread.start()
+    return heartbeat

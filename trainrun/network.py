@@ -1,0 +1,90 @@
+"""Which of this host's interfaces reaches the other nodes of a multi-node run.
+
+gloo and NCCL advertise to their peers the address this host's name resolves to unless told an
+interface (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``); on the many machines whose
+``/etc/hosts`` maps the host name to a loopback address (127.0.1.1 on Debian and Ubuntu), the peers
+are told a loopback address and the run never starts. trainrun asks the kernel's routing table
+which local address and interface reach the master (a UDP socket's ``connect`` sends nothing), and
+names that interface for its ranks unless the user named one. Written here because torch's launcher
+does not choose an interface and psutil, which lists them, does not route.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+
+import psutil
+
+from trainrun.errors import ConfigError
+
+INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How this host reaches ``address``: through ``interface``, from ``local_address``."""
+
+    host: str  # as the user gave it
+    address: str  # what it resolves to
+    interface: str
+    local_address: str
+
+    def environment(self) -> dict[str, str]:
+        """The interface variables for the ranks, those the user set left as they are."""
+        return {name: self.interface for name in INTERFACE_VARIABLES if name not in os.environ}
+
+    def describe(self, chosen: dict[str, str]) -> str:
+        """One line: the route, and what trainrun set for the ranks."""
+        told = ", ".join(f"{name}={value}" for name, value in chosen.items()) or "the interface variables as set"
+        return f"{self.host} ({self.address}) is reached through {self.interface} ({self.local_address}): {told}"
+
+
+def resolved(host: str, key: str) -> str:
+    """``host``'s address (the first the resolver gives); one line naming ``key`` where it has none."""
+    try:
+        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except (socket.gaierror, UnicodeError):
+        raise ConfigError(f"bad value for '{key}': '{host}' does not resolve to an address on this host") from None
+
+
+def route_to(host: str, key: str) -> Route:
+    """The interface and local address this host reaches ``host`` through; one line naming ``key``
+    where ``host`` is a loopback address (every node would reach itself) or no interface reaches it."""
+    address = resolved(host, key)
+    if ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        raise ConfigError(
+            f"bad value for '{key}': '{host}' is a loopback address ({address}) here; a multi-node launch needs "
+            "the node_rank 0 machine's address that every node can reach"
+        )
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 9))  # routes, sends nothing
+        except OSError as error:
+            raise ConfigError(
+                f"bad value for '{key}': no interface of this host reaches '{host}' ({address}: {error.strerror})"
+            ) from None
+        local = probe.getsockname()[0]
+    return Route(host, address, interface_of(local, key), local)
+
+
+def interface_of(local_address: str, key: str) -> str:
+    """The interface that holds ``local_address``."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(entry.address.split("%")[0] == local_address for entry in addresses):
+            return name
+    raise ConfigError(f"bad value for '{key}': no interface of this host holds {local_address}, its route's address")
+
+
+def is_this_host(address: str) -> bool:
+    """Whether ``address`` is one of this host's own (it can be bound here)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
