@@ -68,13 +68,13 @@ class Hosts:
         """Host ``index``'s switch port down: its link is gone, no reset reaches anyone."""
         self._ip("-n", self.switch, "link", "set", self.ports[index], "down")
 
-    def start(self, index: int, *args: str) -> subprocess.Popen:
+    def start(self, index: int, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """``trainrun ARGS`` on host ``index``, in a process group of its own, its output piped."""
-        env = {key: value for key, value in os.environ.items() if not key.endswith("_SOCKET_IFNAME")}
-        env |= ONE_THREAD | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+        environment = {key: value for key, value in os.environ.items() if not key.endswith("_SOCKET_IFNAME")}
+        environment |= ONE_THREAD | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | (env or {})
         command = ["ip", "netns", "exec", self.names[index], sys.executable, "-m", "trainrun", *args]
         return subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
 
     @staticmethod
@@ -200,8 +200,14 @@ def test_a_lost_node_ends_every_node_naming_it_and_one_node_resumes_to_the_unint
     """Node 1 killed outright (its peers' connections reset) or cut off (its link down: nothing
     resets): every node ends within a minute, exit 1, the survivor naming node 1's host; the
     newest checkpoint is whole, and ``resume=auto`` on one node of two ranks continues it to the
-    weights of a run never interrupted."""
+    weights of a run never interrupted. Inside a Slurm job (its id, and an ``scontrol`` that notes
+    what it is asked) the survivor requeues the job; the node cut off, which reaches no one, does not."""
     run = tmp_path / "run"
+    scontrol, asked = tmp_path / "bin" / "scontrol", tmp_path / "scontrol.log"
+    scontrol.parent.mkdir()
+    scontrol.write_text(f'#!/bin/sh\necho "$(hostname -I) $*" >> {asked}\n')
+    scontrol.chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "PATH": f"{scontrol.parent}{os.pathsep}{os.environ['PATH']}"}
     processes = [
         hosts.start(
             node,
@@ -210,6 +216,7 @@ def test_a_lost_node_ends_every_node_naming_it_and_one_node_resumes_to_the_unint
             f"launcher.node_timeout={LOST_AFTER}",
             f"hydra.run.dir={run}",
             f"data.cache_dir={tmp_path}/host{node}",
+            env=slurm if loss == "cut_off" else None,
         )
         for node in range(2)
     ]
@@ -234,10 +241,12 @@ def test_a_lost_node_ends_every_node_naming_it_and_one_node_resumes_to_the_unint
     code, _, stderr = ended[0]
     lines = [line for line in stderr.splitlines() if line.startswith("trainrun: error:")]
     assert code == 1 and len(lines) == 1, stderr
-    assert hosts.address(1) in lines[0] or loss == "killed", lines[0]  # the cut-off host, by its address
+    assert hosts.address(1) in lines[0], lines[0]  # the lost host, by its address
     if loss == "cut_off":
         code, _, stderr = ended[1]
         assert code == 1 and f"lost the run's store on node 0 ({hosts.address(0)})" in stderr, stderr
+        assert "requeued Slurm job 4242" in lines[0]
+        assert asked.read_text().split() == [hosts.address(0), "requeue", "4242"]  # the survivor, once
     stopped_at = max(int(path.stem.split("-ba")[1]) for path in run.glob("checkpoints/*.pt"))
     assert stopped_at < 400  # lost before the end
     on_one_host([*LONG, "launcher.devices=2", "resume=auto"], run, tmp_path)  # the newest checkpoint is whole

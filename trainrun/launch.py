@@ -40,6 +40,7 @@ SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # A rank whose collective fails because a peer died waits this long before it exits, so that the
 # launcher, which polls every half second, reports the rank that failed first, not this one.
 PEER_LOSS_GRACE_SECONDS = 5
+REQUEUE_SECONDS = 10  # a lost node's survivor's scontrol requeue: the job still ends within a minute
 ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")  # their failure logs: --debug only
 PEER_LOSS_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator")
 
@@ -216,11 +217,13 @@ def train_worker(
         sys.exit(code)
 
 
-def end_for_a_lost_node(line: str) -> None:
+def end_for_a_lost_node(line: str, survivor: bool, requeue: bool) -> None:
     """A lost node (:mod:`trainrun.core.heartbeat`): this rank ends at once, from the heartbeat's
     thread (the training thread may wait in a collective that never finishes), its line handed to
-    the launcher, which stops the node's other ranks."""
-    record_failure(f"rank {os.environ.get('RANK', '0')}: {line}")
+    the launcher, which stops the node's other ranks. Under Slurm a ``survivor`` (one that still
+    reaches the others) requeues the job where ``requeue`` (``launcher.requeue``) allows."""
+    requeued = preemption.requeue_slurm_job(wait=False, timeout=REQUEUE_SECONDS) if survivor and requeue else None
+    record_failure(f"rank {os.environ.get('RANK', '0')}: {line}" + (f"; {requeued}" if requeued else ""))
     sys.stderr.flush()
     os._exit(1)
 

@@ -7,6 +7,7 @@ loggers, the state, the trainer; resume; say what will run; fit. Each step is a 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     if config.host_memory == "reuse":
         host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
-    nodes = heartbeat.start(config.launcher.node_timeout, on_lost=end_for_a_lost_node)
+    lost = functools.partial(end_for_a_lost_node, requeue=config.launcher.requeue)
+    nodes = heartbeat.start(config.launcher.node_timeout, on_lost=lost)
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, config.compile, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)

@@ -8,7 +8,9 @@ So the first rank of each node beats a counter in the run's rendezvous store eve
 compile, a checkpoint write, a long collective), and reads every node's counter. A node whose
 counter has not moved for ``node_timeout`` seconds is lost: the rank names its host and ranks and
 ends (the launcher then stops the node's other ranks and exits 1). A node that cannot reach the
-store for as long is itself the one cut off, and ends naming the store's host. Counters, not
+store for as long is itself the one cut off, and ends naming the store's host. Under Slurm a
+survivor requeues the job (``launcher.requeue``), as for preemption: ``resume=auto`` continues it on
+the nodes Slurm gives it next. Counters, not
 clocks: the nodes' clocks need not agree. Written here because torch's elastic agent checks its
 peers only between rendezvous rounds, not while the workers train.
 """
@@ -57,7 +59,9 @@ class NodeHeartbeat:
     the store, the other watches that the store still answers (a request on a link that is down may
     block far longer than the store's timeout, until TCP gives up)."""
 
-    def __init__(self, store: dist.Store, place: NodePlace, timeout: float, on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self, store: dist.Store, place: NodePlace, timeout: float, on_lost: Callable[[str, bool], None]
+    ) -> None:
         self.store, self.place, self.timeout, self.on_lost = store, place, timeout, on_lost
         self.stopped = threading.Event()
         self.answered = time.monotonic()  # when the store last answered
@@ -84,14 +88,14 @@ class NodeHeartbeat:
             stale = [node for node, (_, moved) in seen.items() if now - moved > self.timeout]
             if stale:
                 named = "; ".join(self._described(node) for node in stale)
-                self._lost(f"lost {named}: no heartbeat for {now - min(seen[n][1] for n in stale):.0f} s")
+                self._lost(f"lost {named}: no heartbeat for {now - min(seen[n][1] for n in stale):.0f} s", True)
 
     def _watch(self) -> None:
         while not self.stopped.wait(BEAT_SECONDS):
             silent = time.monotonic() - self.answered
             if silent > self.timeout:
                 host = os.environ.get("MASTER_ADDR", "?")
-                self._lost(f"lost the run's store on node 0 ({host}): no answer for {silent:.0f} s")
+                self._lost(f"lost the run's store on node 0 ({host}): no answer for {silent:.0f} s", False)
 
     def _described(self, node: int) -> str:
         try:
@@ -99,18 +103,20 @@ class NodeHeartbeat:
         except Exception:  # noqa: BLE001
             return f"node {node}"
 
-    def _lost(self, line: str) -> None:
+    def _lost(self, line: str, reached: bool) -> None:
+        """``reached``: this node still reaches the store (another node is lost), so it can requeue."""
         if not self.stopped.is_set():
             self.stopped.set()
-            self.on_lost(line)
+            self.on_lost(line, reached)
 
     def stop(self) -> None:
         self.stopped.set()
 
 
-def start(timeout: float, on_lost: Callable[[str], None]) -> NodeHeartbeat | None:
+def start(timeout: float, on_lost: Callable[[str, bool], None]) -> NodeHeartbeat | None:
     """The heartbeat of this node, where this rank is its node's first of a run across nodes; None
-    otherwise. ``on_lost`` is called, from the heartbeat's thread, with one line naming the lost node."""
+    otherwise. ``on_lost`` is called, from the heartbeat's thread, with one line naming the lost node
+    and whether this node still reaches the others (a survivor, not the node cut off)."""
     place = NodePlace.from_environment()
     if place is None:
         return None

@@ -54,18 +54,22 @@ def ignore_in_launcher() -> None:
         signal.signal(SIGNAL, signal.SIG_IGN)
 
 
-def requeue_slurm_job() -> str | None:
-    """``scontrol requeue`` of this Slurm job (``SLURM_JOB_ID``): what was done, in words; None off Slurm."""
+def requeue_slurm_job(wait: bool = True, timeout: float = 60) -> str | None:
+    """``scontrol requeue`` of this Slurm job (``SLURM_JOB_ID``): what was done, in words; None off
+    Slurm. ``wait``: then wait for Slurm to end the job (a preempted run, whose job must still be
+    running when it is requeued); a run that lost a node ends at once instead."""
     job = os.environ.get("SLURM_JOB_ID")
     if job is None:
         return None
     try:
-        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"could not requeue Slurm job {job} ({error}): requeue it by hand, then resume=auto continues"
     if result.returncode != 0:
         why = (result.stderr or result.stdout).strip().splitlines()
         return f"could not requeue Slurm job {job} ({why[0] if why else result.returncode}): requeue it by hand"
     print(f"trainrun: requeued Slurm job {job}: it starts again and resume=auto continues", file=sys.stderr, flush=True)
+    if not wait:
+        return f"requeued Slurm job {job}"
     time.sleep(REQUEUE_WAIT_SECONDS)  # Slurm ends the job meanwhile
     return f"requeued Slurm job {job}, which did not end within {REQUEUE_WAIT_SECONDS} s"
