@@ -381,17 +381,18 @@ def test_published_load_bench_prints_what_each_way_of_reading_a_folder_adds(tmp_
 @pytest.mark.slow
 def test_the_estimate_holds_every_published_row_and_the_documented_table(monkeypatch):
     """bench/published_times.yaml through trainrun estimate: a calibration reproduces its figure within
-    1 %, a prediction is within 25 % or says why not; docs/benchmarks.md's table is this run's."""
+    1 %, at most a quarter of the rows are calibrations, the predictions within 25 % (an assumed row
+    not counted) are no fewer than before; docs/benchmarks.md's table is this run's."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import estimate_validation
 
     checked = [estimate_validation.estimate_row(row) for row in estimate_validation.rows()]
-    for item in checked:
-        if item.row.get("calibrates"):
-            assert item.ratio == pytest.approx(1, abs=0.01), item.row["id"]
-        else:
-            assert item.within_goal or item.row.get("miss"), item.row["id"]
-    assert sum(item.within_goal for item in checked if not item.row.get("calibrates")) >= 9
+    calibrations = [item for item in checked if item.row.get("calibrates")]
+    for item in calibrations:
+        assert item.ratio == pytest.approx(1, abs=0.01), item.row["id"]
+    assert len(calibrations) <= len(checked) / 4
+    counted = [item for item in checked if not ({"calibrates", "assumes"} & item.row.keys())]
+    assert sum(item.within_goal for item in counted) >= 9
     assert estimate_validation.markdown(checked) == estimate_validation.documented()
 
 

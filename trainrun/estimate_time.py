@@ -116,7 +116,7 @@ class Timing:
     loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
     steps: int | None  # to max_duration (None: epochs without the data's size)
     step_flops: float  # a plain step at the run's full shapes, all ranks
-    step_seconds: float | None  # that step on the GPUs at ``mfu``
+    step_seconds: float | None  # that step on the GPUs at ``mfu``, with the exchange its compute does not hide
     eval_flops: float  # one evaluation, all ranks
     eval_seconds: float | None
     eval_interval_steps: int | None
@@ -317,11 +317,12 @@ def timing(
     loader = rates().loader_rate(config.task.name, config.data.loader, base.resolution, crop)
     phases = []
     link = traffic.seconds(config) if traffic is not None else 0.0
+    hidden = traffic.hidden_by if traffic is not None else 0.0
     for (start, end, work), flops in zip(read, per_sample, strict=True):
         total = step_flops(work, flops, config.train_batch_size)
         decode = rates().loader_rate(config.task.name, config.data.loader, decoded_side(config, work), crop)
         gpu = total / throughput if throughput else None
-        exposed = max(0.0, link - traffic.hidden_by * gpu) if gpu is not None and traffic is not None else 0.0
+        exposed = max(0.0, link - hidden * gpu) if gpu is not None else 0.0
         phases.append(
             Phase(
                 start, end, work.resolution, work.sequence_length, total,
@@ -345,7 +346,7 @@ def timing(
         loader=None if loader is None else loader_in_words(config, loader),
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
-        step_seconds=plain / throughput if throughput else None,
+        step_seconds=plain / throughput + max(0.0, link - hidden * plain / throughput) if throughput else None,
         eval_flops=eval_flops,
         eval_seconds=eval_flops / throughput if throughput else None,
         eval_interval_steps=interval_steps,

@@ -12,7 +12,6 @@ and the failing rank's exit code comes back.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -29,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint, heartbeat, preemption
-from trainrun.core.distributed import check_gpus_for, cores_per_process
+from trainrun.core.distributed import check_gpus_for, cores_per_process, record_failure
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.network import Route, is_this_host, route_to
@@ -40,7 +39,6 @@ SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # A rank whose collective fails because a peer died waits this long before it exits, so that the
 # launcher, which polls every half second, reports the rank that failed first, not this one.
 PEER_LOSS_GRACE_SECONDS = 5
-REQUEUE_SECONDS = 10  # a lost node's survivor's scontrol requeue: the job still ends within a minute
 ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")  # their failure logs: --debug only
 PEER_LOSS_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator")
 
@@ -217,30 +215,10 @@ def train_worker(
         sys.exit(code)
 
 
-def end_for_a_lost_node(line: str, survivor: bool, requeue: bool) -> None:
-    """A lost node (:mod:`trainrun.core.heartbeat`): this rank ends at once, from the heartbeat's
-    thread (the training thread may wait in a collective that never finishes), its line handed to
-    the launcher, which stops the node's other ranks. Under Slurm a ``survivor`` (one that still
-    reaches the others) requeues the job where ``requeue`` (``launcher.requeue``) allows."""
-    requeued = preemption.requeue_slurm_job(wait=False, timeout=REQUEUE_SECONDS) if survivor and requeue else None
-    record_failure(f"rank {os.environ.get('RANK', '0')}: {line}" + (f"; {requeued}" if requeued else ""))
-    sys.stderr.flush()
-    os._exit(1)
-
-
 def lost_a_peer(error: BaseException) -> bool:
     """Whether ``error`` is a collective failing because another rank went away."""
     text = str(error)
     return isinstance(error, dist.DistError) or any(sign in text for sign in PEER_LOSS_SIGNS)
-
-
-def record_failure(line: str) -> None:
-    """Hand a rank's one-line error to the launching process in torch elastic's error file."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path is None:
-        print(f"trainrun: error: {line}", file=sys.stderr)
-        return
-    Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 AUTO_MEMORY_SHARE = 0.95  # of a GPU's memory that auto under fsdp plans for (the CUDA context takes some)

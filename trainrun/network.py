@@ -1,4 +1,5 @@
-"""Which of this host's interfaces reaches the other nodes of a multi-node run.
+"""Which of this host's interfaces reaches the other nodes of a multi-node run, and the launcher's
+settings checked before anything starts.
 
 gloo and NCCL advertise to their peers the address this host's name resolves to unless told an
 interface (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``); on the many machines whose
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import psutil
 
 from trainrun.errors import ConfigError
+from trainrun.schema import LauncherConfig
 
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -88,3 +90,34 @@ def is_this_host(address: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether ``host`` names the local machine wherever it is read (loopback or unspecified)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def check_launcher(launcher: LauncherConfig) -> None:
+    """The launcher's settings, before anything starts: devices, node rank, and a multi-node launch's
+    rendezvous (a port, and a master address every node reaches, not this machine's loopback)."""
+    if launcher.devices != "auto" and not (launcher.devices.isdigit() and int(launcher.devices) > 0):
+        raise ConfigError(f"bad value for 'launcher.devices': '{launcher.devices}' (auto or a positive number)")
+    if launcher.node_rank >= launcher.nnodes:
+        raise ConfigError(
+            f"bad value for 'launcher.node_rank': {launcher.node_rank} (below launcher.nnodes {launcher.nnodes})"
+        )
+    if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
+        raise ConfigError(
+            "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
+        )
+    if launcher.nnodes > 1 and not launcher.rdzv_endpoint and is_this_machine(launcher.master_addr):
+        raise ConfigError(
+            f"bad value for 'launcher.master_addr': '{launcher.master_addr}' is this machine on every node; "
+            "a multi-node launch needs the address of the node_rank 0 machine that every node can reach"
+        )

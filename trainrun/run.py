@@ -35,7 +35,6 @@ from trainrun.data.build import DataSpec, build_data
 from trainrun.data.interface import TextFacts
 from trainrun.errors import RunPreempted
 from trainrun.kinds import Capability
-from trainrun.launch import end_for_a_lost_node
 from trainrun.loggers.console import ConsoleLogger
 from trainrun.loggers.step_times import StepTimeLogger
 from trainrun.loggers.time_to_quality import TimeToQualityLogger
@@ -69,7 +68,7 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     if config.host_memory == "reuse":
         host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
-    lost = functools.partial(end_for_a_lost_node, requeue=config.launcher.requeue)
+    lost = functools.partial(heartbeat.end_this_rank, requeue=config.launcher.requeue)
     nodes = heartbeat.start(config.launcher.node_timeout, on_lost=lost)
     console = Console(stderr=False, quiet=placement.rank != 0)
     precision = build_precision(config.precision, device, config.compile, console)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import operator
 import os
 import typing
@@ -23,13 +22,13 @@ from trainrun.core.time import Time, TimeUnit
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability
 from trainrun.loggers.mlflow_store import check_tracking_store
+from trainrun.network import check_launcher
 from trainrun.registry import names
 from trainrun.schema import (
     FORMER_NAMES,
     INITIALIZERS,
     DataConfig,
     HardwareConfig,
-    LauncherConfig,
     ModelConfig,
     TaskConfig,
     TrainConfig,
@@ -307,7 +306,7 @@ def _check_run(config: TrainConfig) -> None:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
     check_methods(config)
-    _check_launcher(config.launcher)
+    check_launcher(config.launcher)
     if config.launcher.devices != "auto":
         ranks = int(config.launcher.devices) * config.launcher.nnodes
         check_batch_split(config.train_batch_size, config.eval_batch_size, ranks)
@@ -419,17 +418,6 @@ def _check_quality_values(config: TrainConfig) -> None:
                 raise ConfigError(f"bad value for '{key}': {value:g} ({kind} of the quality metric, {rule.metric})")
 
 
-def _is_this_machine(host: str) -> bool:
-    """Whether ``host`` names the local machine wherever it is read (loopback or unspecified)."""
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_unspecified
-
-
 def check_batch_split(train_batch_size: int, eval_batch_size: int, ranks: int) -> None:
     """The global batch sizes divide evenly among ``ranks`` processes."""
     for key, size in (("train_batch_size", train_batch_size), ("eval_batch_size", eval_batch_size)):
@@ -451,22 +439,4 @@ def check_microbatch_size(setting: str | None, train_batch_size: int, ranks: int
         raise ConfigError(
             f"bad value for 'device_train_microbatch_size': {setting} is more than each process's batch of "
             f"{train_batch_size // ranks} (train_batch_size {train_batch_size} over {ranks} process(es))"
-        )
-
-
-def _check_launcher(launcher: LauncherConfig) -> None:
-    if launcher.devices != "auto" and not (launcher.devices.isdigit() and int(launcher.devices) > 0):
-        raise ConfigError(f"bad value for 'launcher.devices': '{launcher.devices}' (auto or a positive number)")
-    if launcher.node_rank >= launcher.nnodes:
-        raise ConfigError(
-            f"bad value for 'launcher.node_rank': {launcher.node_rank} (below launcher.nnodes {launcher.nnodes})"
-        )
-    if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
-        raise ConfigError(
-            "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
-        )
-    if launcher.nnodes > 1 and not launcher.rdzv_endpoint and _is_this_machine(launcher.master_addr):
-        raise ConfigError(
-            f"bad value for 'launcher.master_addr': '{launcher.master_addr}' is this machine on every node; "
-            "a multi-node launch needs the address of the node_rank 0 machine that every node can reach"
         )

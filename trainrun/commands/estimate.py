@@ -29,6 +29,29 @@ PLANNED_ENDPOINT = "node0:29400"  # --nodes: the rendezvous a compared multi-nod
 
 
 def estimate_command(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    check_flags(args)
+    hydra_args, overrides, _ = translate(args.overrides)
+    if hydra_args:
+        raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
+    source, _, overrides = locate([], overrides)
+    (config,) = check(overrides, files=False, source=source)
+    steps, steps_source = target_from(args, config)
+    if args.compare:
+        return compare(args, overrides, source, (steps, steps_source))
+    from trainrun.estimate import estimate
+
+    result = estimate(
+        config, args.vocab, args.mfu, args.peak_tflops, steps, args.case_shape, args.real_tokens, steps_source
+    )
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(render(result, config))
+    return DOES_NOT_FIT if result.fits is False else 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainrun estimate", description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="the run's overrides, as trainrun takes them")
     parser.add_argument("--json", action="store_true", help="one JSON object on standard output")
@@ -60,7 +83,11 @@ def estimate_command(argv: list[str]) -> int:
         metavar="N,...",
         help="with --compare: node counts to compare on each (default: the run's)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags' own bounds, before the run is composed."""
     if args.nodes and not args.compare:
         raise ConfigError("bad value for '--nodes': it counts the nodes of each --compare option; give --compare")
     if args.mfu is not None and not 0 < args.mfu <= 1:
@@ -76,24 +103,6 @@ def estimate_command(argv: list[str]) -> int:
     ):
         if value is not None and value < 1:
             raise ConfigError(f"bad value for '{flag}': {value} (a positive number)")
-    hydra_args, overrides, _ = translate(args.overrides)
-    if hydra_args:
-        raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
-    source, _, overrides = locate([], overrides)
-    (config,) = check(overrides, files=False, source=source)
-    steps, steps_source = target_from(args, config)
-    if args.compare:
-        return compare(args, overrides, source, (steps, steps_source))
-    from trainrun.estimate import estimate
-
-    result = estimate(
-        config, args.vocab, args.mfu, args.peak_tflops, steps, args.case_shape, args.real_tokens, steps_source
-    )
-    if args.json:
-        print(json.dumps(result.as_dict()))
-    else:
-        print(render(result, config))
-    return DOES_NOT_FIT if result.fits is False else 0
 
 
 def _names(text: str) -> list[str]:
@@ -124,7 +133,7 @@ def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple
             if (
                 count
                 and count > 1
-                and not any(o.startswith(("launcher.master_port=", "launcher.rdzv")) for o in overrides)
+                and not any(o.startswith(("launcher.master_port=", "launcher.rdzv_endpoint=")) for o in overrides)
             ):
                 extra.append(f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}")  # sized, never launched: any endpoint
             try:

@@ -10,9 +10,13 @@ guessing ``rank % GPUs``.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -176,3 +180,12 @@ def average_buffers(module: torch.nn.Module, world_size: int) -> None:
     dist.all_reduce(flat)
     flat /= world_size
     torch._foreach_copy_(buffers, torch._utils._unflatten_dense_tensors(flat, buffers))
+
+
+def record_failure(line: str) -> None:
+    """Hand a rank's one-line error to the launching process in torch elastic's error file."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path is None:
+        print(f"trainrun: error: {line}", file=sys.stderr)
+        return
+    Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,9 +28,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from trainrun.core import preemption
+from trainrun.core.distributed import record_failure
+
 BEAT_SECONDS = 2.0
 STORE_TIMEOUT = timedelta(seconds=5)  # one store request, on a link that may be down
 PREFIX = "trainrun/heartbeat"
+REQUEUE_SECONDS = 10  # a lost node's survivor's scontrol requeue: the job still ends within a minute
 NODE_ADDRESS = "TRAINRUN_NODE_ADDRESS"  # this node's address on the route to the master, as the launcher found it
 
 
@@ -132,3 +137,14 @@ def start(timeout: float, on_lost: Callable[[str, bool], None]) -> NodeHeartbeat
     for thread in heartbeat.threads:
         thread.start()
     return heartbeat
+
+
+def end_this_rank(line: str, survivor: bool, requeue: bool) -> None:
+    """A lost node: this rank ends at once, from the heartbeat's thread (the training thread may wait
+    in a collective that never finishes), its line handed to the launcher, which stops the node's
+    other ranks. Under Slurm a ``survivor`` (one that still reaches the others) requeues the job
+    where ``requeue`` (``launcher.requeue``) allows."""
+    requeued = preemption.requeue_slurm_job(wait=False, timeout=REQUEUE_SECONDS) if survivor and requeue else None
+    record_failure(f"rank {os.environ.get('RANK', '0')}: {line}" + (f"; {requeued}" if requeued else ""))
+    sys.stderr.flush()
+    os._exit(1)
