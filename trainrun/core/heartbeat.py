@@ -10,9 +10,10 @@ counter has not moved for ``node_timeout`` seconds is lost: the rank names its h
 ends (the launcher then stops the node's other ranks and exits 1). A node that cannot reach the
 store for as long is itself the one cut off, and ends naming the store's host. Under Slurm a
 survivor requeues the job (``launcher.requeue``), as for preemption: ``resume=auto`` continues it on
-the nodes Slurm gives it next. Counters, not
-clocks: the nodes' clocks need not agree. Written here because torch's elastic agent checks its
-peers only between rendezvous rounds, not while the workers train.
+the nodes Slurm gives it next. Counters, not clocks: the nodes' clocks need not agree. A node whose
+run ends says so before it stops beating, so that a node still at work (rank 0 exporting the
+model) does not take it for lost. Written here because torch's elastic agent checks its peers only
+between rendezvous rounds, not while the workers train.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class NodeHeartbeat:
             now = self.answered = time.monotonic()
             seen = {node: (count, now if count != seen[node][0] else seen[node][1]) for node, count in counts.items()}
             stale = [node for node, (_, moved) in seen.items() if now - moved > self.timeout]
+            stale = [node for node in stale if not self._finished(node)]
             if stale:
                 named = "; ".join(self._described(node) for node in stale)
                 self._lost(f"lost {named}: no heartbeat for {now - min(seen[n][1] for n in stale):.0f} s", True)
@@ -101,6 +103,13 @@ class NodeHeartbeat:
             if silent > self.timeout:
                 host = os.environ.get("MASTER_ADDR", "?")
                 self._lost(f"lost the run's store on node 0 ({host}): no answer for {silent:.0f} s", False)
+
+    def _finished(self, node: int) -> bool:
+        """Whether ``node`` stopped beating because its run ended (:meth:`stop`), not because it is lost."""
+        try:
+            return self.store.add(f"{PREFIX}/done/{node}", 0) > 0
+        except Exception:  # noqa: BLE001
+            return False
 
     def _described(self, node: int) -> str:
         try:
@@ -115,7 +124,21 @@ class NodeHeartbeat:
             self.on_lost(line, reached)
 
     def stop(self) -> None:
+        """This node's run ended: it stops beating and says so, so that a node still at work (rank 0
+        exporting the model, say) does not take it for lost; the saying is bounded by the store's
+        timeout (a node that has itself lost the store ends anyway)."""
+        if self.stopped.is_set():
+            return
         self.stopped.set()
+        done = threading.Thread(target=self._say_done, name="trainrun-heartbeat-done", daemon=True)
+        done.start()
+        done.join(STORE_TIMEOUT.total_seconds())
+
+    def _say_done(self) -> None:
+        try:
+            self.store.add(f"{PREFIX}/done/{self.place.node}", 1)
+        except Exception:  # noqa: BLE001 (the store is gone: nobody is left to mistake this node for lost)
+            return
 
 
 def start(timeout: float, on_lost: Callable[[str, bool], None]) -> NodeHeartbeat | None:

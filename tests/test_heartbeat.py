@@ -1,0 +1,94 @@
+"""The heartbeat between nodes, in this process: two nodes' beating and watching threads over a
+real TCPStore on 127.0.0.1, beats a tenth as long as a run's. A node that stops beating is named
+lost; a node whose run ended and said so is not; a node that loses the store ends naming it.
+(tests/test_multinode.py runs the same between two hosts, a link cut and a node killed.)"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from trainrun.core import heartbeat
+from trainrun.core.heartbeat import NodeHeartbeat, NodePlace
+
+TIMEOUT = 1.0  # seconds a node may go unheard
+
+
+class Verdicts:
+    """What each node's heartbeat decided: (line, whether this node still reached the store)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[int, tuple[str, bool]] = {}
+        self.said = threading.Event()
+
+    def of(self, node: int):  # noqa: ANN201
+        def lost(line: str, reached: bool) -> None:
+            self.lines[node] = (line, reached)
+            self.said.set()
+
+        return lost
+
+
+@pytest.fixture
+def store():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    yield server
+
+
+def two_nodes(store: dist.Store, monkeypatch, verdicts: Verdicts) -> list[NodeHeartbeat]:
+    monkeypatch.setattr(heartbeat, "BEAT_SECONDS", 0.1)
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=2)) for _ in range(2)]
+    store.set(f"{heartbeat.PREFIX}/host/1", "host-b, 10.0.0.2, ranks 2-3")
+    beats = [
+        NodeHeartbeat(client, NodePlace(node, 2, 2 * node, 2), TIMEOUT, verdicts.of(node))
+        for node, client in enumerate(clients)
+    ]
+    for beat in beats:
+        for thread in beat.threads:
+            thread.start()
+    return beats
+
+
+def test_a_node_that_stops_beating_is_named_lost_by_the_other(store, monkeypatch):
+    verdicts = Verdicts()
+    alive, silent = two_nodes(store, monkeypatch, verdicts)
+    time.sleep(0.5)
+    silent.stopped.set()  # its threads end without saying its run ended: a hung host
+    assert verdicts.said.wait(10)
+    line, reached = verdicts.lines[0]
+    assert line.startswith("lost node 1 (host-b, 10.0.0.2, ranks 2-3): no heartbeat for") and reached
+    assert 1 not in verdicts.lines
+    alive.stop()
+
+
+def test_a_node_whose_run_ended_is_not_taken_for_lost(store, monkeypatch):
+    verdicts = Verdicts()
+    working, finished = two_nodes(store, monkeypatch, verdicts)
+    time.sleep(0.5)
+    finished.stop()  # says so before it stops beating
+    assert not verdicts.said.wait(4 * TIMEOUT)  # node 0 goes on (rank 0 exporting, say)
+    working.stop()
+
+
+def test_a_node_that_loses_the_store_ends_naming_it(store, monkeypatch):
+    """Node 1 reaches the run's store through a server that then goes away: its requests fail, and
+    once they have failed for the timeout it ends, naming node 0's address."""
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setattr(heartbeat, "BEAT_SECONDS", 0.1)
+    verdicts = Verdicts()
+    gone = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", gone.port, is_master=False, timeout=timedelta(seconds=1))
+    cut_off = NodeHeartbeat(client, NodePlace(1, 2, 2, 2), TIMEOUT, verdicts.of(1))
+    for thread in cut_off.threads:
+        thread.start()
+    time.sleep(0.3)
+    del gone
+    gc.collect()
+    assert verdicts.said.wait(15)
+    line, reached = verdicts.lines[1]
+    assert line.startswith("lost the run's store on node 0 (10.0.0.1): no answer for") and not reached
