@@ -85,7 +85,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_exit_75(tmp_path,
     assert process.returncode == 75 == RunPreempted.exit_code, stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "preempted"
-    (checkpoint,) = [path for path in list_checkpoints(tmp_path / "checkpoints") if path.name.endswith(".pt")][-1:]
+    checkpoint = list_checkpoints(tmp_path / "checkpoints")[-1]
     assert checkpoint.name.endswith(f"-ba{summary['batches']}.pt"), (checkpoint.name, summary["batches"])
 
 

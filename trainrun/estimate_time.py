@@ -37,24 +37,27 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one GPU sends in a step: to the other GPUs of its node and to other nodes (bytes), and the
-    share of the step's compute that hides it (DDP: the backward; FSDP: the whole step, prefetched)."""
+    """What one GPU sends in a step: to the other GPUs of its node and to other nodes (bytes), the
+    GPUs a node (who share its network), and the share of the step's compute that hides it (DDP: the
+    backward; FSDP: the whole step, prefetched)."""
 
     within_node: float
     across_nodes: float
+    per_node: int
     hidden_by: float
 
     def seconds(self, config: TrainConfig) -> float:
         """At the node's link bandwidth and its network's share a GPU (0 where nothing crosses)."""
-        hardware, per_node = config.hardware, gpus_a_node(config)
+        hardware = config.hardware
         seconds = self.within_node / (hardware.link_gb_s * GB) if self.within_node else 0.0
         if self.across_nodes:
-            seconds += self.across_nodes / (hardware.network_gbit_s / 8 * GB / per_node)
+            seconds += self.across_nodes / (hardware.network_gbit_s / 8 * GB / self.per_node)
         return seconds
 
 
-def gpus_a_node(config: TrainConfig) -> int:
-    return 1 if config.launcher.devices == "auto" else int(config.launcher.devices)
+def exposed_seconds(link: float, hidden_by: float, compute: float) -> float:
+    """What of ``link`` seconds of exchange the step's ``compute`` seconds do not hide."""
+    return max(0.0, link - hidden_by * compute)
 
 
 def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes: int) -> Traffic:
@@ -68,8 +71,8 @@ def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes:
     weights, gradients = held.get("weights", 0.0) * group * GB, held.get("gradients", 0.0) * group * GB
     across = 2 * (nodes - 1) / nodes * gradients / per_node if nodes > 1 else 0.0
     if sharded:
-        return Traffic((per_node - 1) / per_node * (2 * weights + gradients), across, 1.0)
-    return Traffic(2 * (per_node - 1) / per_node * gradients, across, BACKWARD_SHARE)
+        return Traffic((per_node - 1) / per_node * (2 * weights + gradients), across, per_node, 1.0)
+    return Traffic(2 * (per_node - 1) / per_node * gradients, across, per_node, BACKWARD_SHARE)
 
 
 @dataclass
@@ -322,7 +325,7 @@ def timing(
         total = step_flops(work, flops, config.train_batch_size)
         decode = rates().loader_rate(config.task.name, config.data.loader, decoded_side(config, work), crop)
         gpu = total / throughput if throughput else None
-        exposed = max(0.0, link - hidden * gpu) if gpu is not None else 0.0
+        exposed = exposed_seconds(link, hidden, gpu) if gpu is not None else 0.0
         phases.append(
             Phase(
                 start, end, work.resolution, work.sequence_length, total,
@@ -346,7 +349,7 @@ def timing(
         loader=None if loader is None else loader_in_words(config, loader),
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
-        step_seconds=plain / throughput + max(0.0, link - hidden * plain / throughput) if throughput else None,
+        step_seconds=plain / throughput + exposed_seconds(link, hidden, plain / throughput) if throughput else None,
         eval_flops=eval_flops,
         eval_seconds=eval_flops / throughput if throughput else None,
         eval_interval_steps=interval_steps,

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint, heartbeat, preemption
-from trainrun.core.distributed import check_gpus_for, cores_per_process, record_failure
+from trainrun.core.distributed import check_gpus_for, cores_per_process, nodes_from_environment, record_failure
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.network import Route, is_this_host, route_to
@@ -281,12 +281,10 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if config.parallel.name == "fsdp" and config.device_train_microbatch_size == "auto":
         config = microbatch_before_start(config)
-    route = None if started_elsewhere else route_between_nodes(settings)
+    route = route_between_nodes(settings, started_elsewhere)
     environment = {} if route is None else route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}
-    if started_elsewhere and spans_nodes():
-        environment = started_route_environment()
-    os.environ.update(environment)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
+        os.environ.update(environment)
         train(config, run_dir, config_yaml)
     else:
         run_workers(
@@ -295,9 +293,12 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
         )  # fmt: skip
 
 
-def route_between_nodes(settings: LauncherConfig) -> Route | None:
-    """For a launch across nodes, the interface that reaches the master (or the rendezvous endpoint),
-    said in one line; None on one node."""
+def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Route | None:
+    """For ranks across nodes, the interface that reaches the master: ``master_addr`` or the
+    rendezvous endpoint's host for trainrun's launch (said in one line), ``MASTER_ADDR`` for ranks
+    torchrun or a Slurm step started; None on one node."""
+    if started_elsewhere:
+        return route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR") if nodes_from_environment() > 1 else None
     if settings.nnodes < 2:
         return None
     key, host = "launcher.master_addr", settings.master_addr
@@ -305,19 +306,5 @@ def route_between_nodes(settings: LauncherConfig) -> Route | None:
         key, host = "launcher.rdzv_endpoint", settings.rdzv_endpoint.rsplit(":", 1)[0].strip("[]")
     route = route_to(host, key)
     where = f"node {settings.node_rank} of {settings.nnodes}" if not settings.rdzv_endpoint else "this node"
-    print(f"trainrun: {where}: {route.describe(route.environment())}", file=sys.stderr, flush=True)
+    print(f"trainrun: {where}: {route.describe()}", file=sys.stderr, flush=True)
     return route
-
-
-def spans_nodes() -> bool:
-    """Whether ranks started by torchrun or Slurm span several nodes."""
-    env = os.environ
-    nodes = env.get("GROUP_WORLD_SIZE") or env.get("SLURM_STEP_NUM_NODES") or "1"
-    return int(nodes) > 1
-
-
-def started_route_environment() -> dict[str, str]:
-    """The interface variables for a rank that torchrun or Slurm started on one of several nodes:
-    the interface that reaches ``MASTER_ADDR``, where the user named none."""
-    route = route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR")
-    return route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}

@@ -38,9 +38,10 @@ class Route:
         """The interface variables for the ranks, those the user set left as they are."""
         return {name: self.interface for name in INTERFACE_VARIABLES if name not in os.environ}
 
-    def describe(self, chosen: dict[str, str]) -> str:
-        """One line: the route, and what trainrun set for the ranks."""
-        told = ", ".join(f"{name}={value}" for name, value in chosen.items()) or "the interface variables as set"
+    def describe(self) -> str:
+        """One line: the route, and what trainrun sets for the ranks."""
+        told = ", ".join(f"{name}={value}" for name, value in self.environment().items())
+        told = told or "the interface variables as set"
         return f"{self.host} ({self.address}) is reached through {self.interface} ({self.local_address}): {told}"
 
 

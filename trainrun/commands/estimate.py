@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -146,22 +147,23 @@ def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple
                     f"bad value for '--compare': {hardware}{f' on {count} nodes' if count else ''}: {error}"
                 ) from None
             configs.append(config)
-    rows = []
-    for config in configs:
-        result = estimate(config, args.vocab, args.mfu, None, *steps[:1], args.case_shape, args.real_tokens, steps[1])
-        rows.append((config, result))
-    if args.json:
-        figures = [comparison_row(config, result) for config, result in rows]
-        with_scaling(figures)
-        print(json.dumps(figures))
-    else:
-        print(comparison_table(rows))
+    to_target, told = steps
+    flags = (args.vocab, args.mfu, None, to_target, args.case_shape, args.real_tokens, told)
+    figures = comparison_rows((config, estimate(config, *flags)) for config in configs)
+    print(json.dumps(figures) if args.json else comparison_table(figures))
     return 0
 
 
+def comparison_rows(estimates: Iterable[tuple[TrainConfig, Estimate]]) -> list[dict]:
+    """Each option's figures, as ``--compare --json`` gives them, with its scaling on its hardware."""
+    figures = [comparison_row(config, result) for config, result in estimates]
+    with_scaling(figures)
+    return figures
+
+
 def comparison_row(config: TrainConfig, result: Estimate) -> dict:
-    """One option's figures, as ``--compare --json`` gives them."""
-    values = result.as_dict()
+    """One option's figures: the time and cost to the target, or to the whole schedule where the run
+    stops at a target whose steps are not known (``time_to``)."""
     return {
         "hardware": config.hardware.name,
         "nodes": config.launcher.nnodes,
@@ -170,8 +172,8 @@ def comparison_row(config: TrainConfig, result: Estimate) -> dict:
         "peak_gb": result.highest_gb,
         "device_memory_gb": result.device_memory_gb,
         "time_to": "schedule" if result.stops_before_the_schedule else result.time_to,
-        "hours": values["hours"] if values["hours"] is not None else values.get("schedule_hours"),
-        "cost": values["cost"] if values["cost"] is not None else values.get("schedule_cost"),
+        "hours": result.hours,
+        "cost": result.cost,
         "bottlenecks": result.bottlenecks,
     }
 
@@ -185,10 +187,8 @@ def with_scaling(figures: list[dict]) -> None:
             row["scaling"] = fewest["hours"] * fewest["nodes"] / (row["hours"] * row["nodes"])
 
 
-def comparison_table(rows: list[tuple[TrainConfig, Estimate]]) -> str:
-    """The options side by side; the fastest and the cheapest of those that fit marked."""
-    figures = [comparison_row(config, result) for config, result in rows]
-    with_scaling(figures)
+def comparison_table(figures: list[dict]) -> str:
+    """The options side by side (:func:`comparison_rows`); the fastest and the cheapest of those that fit marked."""
     fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
     fastest = min(fitting, key=lambda row: row["hours"], default=None)
     priced = [row for row in fitting if row["cost"]]

@@ -44,6 +44,12 @@ class Placement:
 SINGLE_PROCESS = Placement()
 
 
+def nodes_from_environment() -> int:
+    """How many nodes the ranks span, as the launcher says it: trainrun's and torchrun's
+    (``GROUP_WORLD_SIZE``) or a Slurm step's (``SLURM_STEP_NUM_NODES``); 1 where nothing says."""
+    return int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or "1")
+
+
 def cores_per_process(processes: int | None = None) -> int:
     """The cores this process may use, shared among ``processes`` (default: the training processes
     of its node, ``LOCAL_WORLD_SIZE``, which torchrun and trainrun's launcher set): a rank's torch

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from trainrun.core import preemption
-from trainrun.core.distributed import record_failure
+from trainrun.core.distributed import nodes_from_environment, record_failure
 
 BEAT_SECONDS = 2.0
 STORE_TIMEOUT = timedelta(seconds=5)  # one store request, on a link that may be down
@@ -52,7 +52,7 @@ class NodePlace:
     def from_environment(cls) -> NodePlace | None:
         """This rank's place where it is its node's first of a run across nodes; None otherwise."""
         env = os.environ
-        nodes = int(env.get("GROUP_WORLD_SIZE") or env.get("SLURM_STEP_NUM_NODES") or "1")
+        nodes = nodes_from_environment()
         if nodes < 2 or env.get("LOCAL_RANK", "0") != "0":
             return None
         world = int(env.get("WORLD_SIZE", "1"))

@@ -56,11 +56,11 @@ def read_decathlon_case(image_files: tuple[Path, ...], label_file: Path) -> tupl
 
 
 def read_image(image_files: tuple[Path, ...]) -> np.ndarray:
-    """A case's image as (C, D, H, W) float32 (:func:`read_decathlon_case`)."""
+    """A case's image as (C, D, H, W) float32 (:func:`read_decathlon_case`); its channel files' sizes
+    were checked from their headers first (:func:`check_image_cases`, by every command that reads cases)."""
     arrays = [_nifti(file).astype(np.float32, copy=False) for file in image_files]
     for file, array in zip(image_files, arrays, strict=True):
         _check_volume(file, array.shape, len(image_files) > 1)
-    _check_one_size(image_files, [array.shape for array in arrays])
     image = arrays[0] if len(arrays) == 1 else np.stack(arrays, axis=-1)
     if image.ndim == 3:
         image = image[..., None]
