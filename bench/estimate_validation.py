@@ -89,31 +89,41 @@ def estimate_row(row: dict[str, Any]) -> Checked:
     return Checked(row, value, estimated, unit, result.rate, result.rate_basis, held, result.mfu)
 
 
-def gpu_peak(gpu: str) -> float:
-    """A GPU's dense bf16 peak (TFLOP/s), as the hardware group of that GPU states it."""
+def gpu_group(gpu: str) -> dict[str, Any]:
+    """The hardware group that states ``gpu`` (its peak and memory bandwidth)."""
     for path in sorted((ROOT / "conf" / "hardware").glob("*.yaml")):
         group = yaml.safe_load(path.read_text())
         if group.get("gpu") == gpu:
-            return float(group["peak_tflops"])
+            return group
     raise ValueError(f"no hardware group states gpu: {gpu}")
 
 
 def measured_mfu(rate: Any) -> float:
-    """A measured rate row's utilisation: its reading times trainrun's FLOP count of its shape (a
-    training step's forward and backward a sample) over the GPU's peak."""
+    """A measured rate row's utilisation: trainrun's FLOP count of its shape (a training step's
+    forward and backward) over the GPU's peak and the step's time less its optimizer's operations
+    (timed one by one as the estimate times them, their products at the utilisation found)."""
     from trainrun.config import check, locate, translate
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.fake_rank import pass_flops
+    from trainrun.estimate_gpu import operations_seconds
+    from trainrun.fake_rank import fake_world, measure, pass_flops
 
     _, overrides, _ = translate(list(rate.shape))
     source, _, overrides = locate([], overrides)
     (config,) = check(overrides, files=False, source=source)
     task = sized_task(config)
-    text = run_shape(config, rate.vocab, rate.real_tokens or 1.0).text
-    per_sample = pass_flops(config, task, text, 2) / 2
+    shape = run_shape(config, rate.vocab, rate.real_tokens or 1.0)
+    per_sample = pass_flops(config, task, shape.text, 2) / 2
+    with fake_world(shape.ranks):
+        operations = measure(config, shape, task).optimizer
     value, unit = rate.reading
-    samples = value / text.max_seq_len if unit == "tokens/s" else value
-    return samples * per_sample / (gpu_peak(rate.gpu) * 1e12)
+    samples = value / shape.text.max_seq_len if unit == "tokens/s" else value
+    group, batch = gpu_group(rate.gpu), config.train_batch_size
+    peak = float(group["peak_tflops"]) * 1e12
+    mfu = samples * per_sample / peak
+    for _ in range(5):  # the optimizer's products at the utilisation found: a few rounds settle it
+        stepping = operations_seconds(operations, peak * mfu, group["memory_gb_s"])
+        mfu = batch * per_sample / (peak * (batch / samples - stepping))
+    return mfu
 
 
 def markdown(checked: list[Checked]) -> str:

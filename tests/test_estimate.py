@@ -264,10 +264,10 @@ def test_the_sliding_windows_of_a_case_are_monais_at_half_overlap_with_every_mir
 
 
 def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_bound_late():
-    """mild on 8 x A100 with 24 cores for FFCV's loaders: at 88 px the GPUs wait for the decode
+    """mild on a p4d.24xlarge (48 cores for FFCV's 64 threads): at 88 px the GPUs wait for the decode
     (whose cost hardly depends on the side), at 176 px the decode waits for the GPUs; the time
     scales the calibrated ResNet row and ImageNet's epochs."""
-    result = run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "hardware.cpu_cores=24", "--json")
+    result = run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "--json")
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)
     assert estimate["bottlenecks"] == ["loader", "GPU"]
@@ -278,7 +278,9 @@ def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_b
     assert first["seconds"] == first["loader_seconds"] and last["seconds"] == last["gpu_seconds"]
     train = sum((p["end"] - p["start"]) * estimate["schedule_steps"] * p["seconds"] for p in estimate["phases"])
     assert estimate["hours"] == pytest.approx((train + 90 * estimate["eval_seconds"]) / 3600)
-    plenty = json.loads(run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "--json").stdout)
+    more = ["hardware.cpu_cores=96", "hardware.cpu_threads=192", "hardware.cpu_speed=2"]
+    plenty = run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", *more, "--json")
+    plenty = json.loads(plenty.stdout)
     assert plenty["bottlenecks"] == ["GPU"] and plenty["hours"] < estimate["hours"]
 
 
@@ -425,3 +427,138 @@ def test_gradients_and_shards_crossing_gpus_and_nodes_are_timed_at_the_hardwares
     unstated = run_estimate(*base, *runs["ddp_2_nodes"], "hardware.network_gbit_s=null")
     assert unstated.returncode == 2 and unstated.stderr.count("\n") == 1, unstated.stderr
     assert "'hardware': 8xa100_aws states no network_gbit_s" in unstated.stderr
+
+
+def loader_config(*overrides: str):
+    return validate(compose(["recipe=hot", "launcher.devices=8", "hardware=8xa100_aws", *overrides]), files=False)
+
+
+def test_a_nodes_loaders_are_worth_the_threads_its_workers_find_free_at_its_cpus_speed():
+    """8 ranks of one thread each leave 40 of a p4d's 48 cores; 8 workers a rank fill them and 24 of
+    their second threads, each worth smt_yield of a core; -1 starts a rank's share of every thread."""
+    from trainrun.estimate_loader import loader_threads
+    from trainrun.rates import rates
+
+    smt = rates().cpu.smt_yield
+    assert rates().cpu.trainer_threads == 1
+    eight = loader_threads(loader_config("data.num_workers=8"), 8)
+    assert eight == pytest.approx((40 + smt * 24) * 0.77)
+    assert loader_threads(loader_config("data.num_workers=4"), 8) == pytest.approx(32 * 0.77)  # cores enough
+    every = loader_threads(loader_config("data.num_workers=-1"), 8)  # 12 a rank: 96, of which 88 are free
+    assert every == pytest.approx((40 + smt * 48) * 0.77)
+    faster = loader_config("data.num_workers=8", "hardware.cpu_speed=1.54")
+    assert loader_threads(faster, 8) == pytest.approx(2 * eight)
+    assert loader_threads(loader_config("hardware.cpu_speed=null"), 8) is None
+
+
+def test_an_images_loader_cost_is_its_operations_at_the_side_and_randaugments_depth():
+    """Each RandAugment operation adds its measured cost (Table 2 of the deep dive: depth 1 and 2
+    each slower); the crop's side changes the cost; FFCV's is its stored JPEG and raw shares."""
+    from trainrun.core.work import StepWork
+    from trainrun.data.write import WriteSettings
+    from trainrun.estimate_loader import image_seconds
+    from trainrun.rates import rates
+
+    ops, config = rates().image_ops, loader_config()
+    plain = image_seconds(config, StepWork(176, 176))
+    assert plain == pytest.approx(ops.decode_per_megapixel * ops.megapixels + ops.at("worker", 176))
+    one, two = (image_seconds(config, StepWork(176, 176, image_ops=depth)) for depth in (1, 2))
+    assert two - one == pytest.approx(one - plain) and one - plain == pytest.approx(ops.at("augment", 176))
+    ffcv = validate(compose(["recipe=mild", "launcher.devices=8", "hardware=8xa100_aws"]), files=False)
+    jpeg = WriteSettings().compress_probability
+    expected = jpeg * ops.at("ffcv_jpeg", 128) + (1 - jpeg) * ops.at("ffcv_raw", 128)
+    assert image_seconds(ffcv, StepWork(176, 128)) == pytest.approx(expected)  # FFCV decodes at the phase's side
+
+
+def test_the_loader_costs_the_estimate_reads_are_the_bench_fit_of_its_readings():
+    """rates.yaml's fitted costs are bench/loader_ops.py's fit of the readings beside them, and an
+    operation's cost grows with its output's pixels."""
+    import sys
+
+    import yaml
+
+    from trainrun.rates import TABLE, rates
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from loader_ops import fitted
+
+    block = yaml.safe_load(TABLE.read_text())["image_ops"]
+    assert fitted(block["readings"]) == block["fitted"]
+    ops = rates().image_ops
+    for operation, (fixed, per_megapixel) in block["fitted"].items():
+        assert per_megapixel >= 0 and ops.at(operation, 200) == pytest.approx((fixed + per_megapixel * 0.04) / 1e3)
+
+
+def test_the_same_gpus_with_other_cpus_differ_where_the_loader_bounds_the_run():
+    """The deep dive's Table 3: hot (RandAugment in Composer's 8 workers a GPU) is loader-bound and
+    faster on the node with more and free cores; the estimate names the loader and says its node."""
+    aws, oracle = (
+        json.loads(
+            run_estimate("recipe=hot", "data.num_workers=8", "launcher.devices=8", f"hardware={node}", "--json").stdout
+        )
+        for node in ("8xa100_aws", "8xa100_oracle")
+    )
+    assert aws["bottlenecks"][0] == "loader" and aws["hours"] > oracle["hours"]
+    assert "8xa100_aws (48 cores, 96 threads at 0.77x a thread here, 8 training processes)" in aws["loader"]
+    assert "1 augmentation op(s)" in aws["loader"]
+
+
+def test_a_hardware_group_without_its_cpus_speed_is_one_line_naming_it():
+    result = run_estimate("recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "hardware.cpu_speed=null")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "cpu_speed" in result.stderr and "conf/hardware/8xh100_aws.yaml" in result.stderr
+
+
+def test_the_operation_log_counts_a_products_flops_and_every_operations_bytes_read_and_written():
+    """mm: 2 m k n FLOPs, its inputs read and its output written; an in-place add reads its operands
+    and writes its target again; a view launches nothing."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainrun.fake_rank import OperationLog
+
+    with FakeTensorMode():
+        a, b = torch.empty(64, 32), torch.empty(32, 16)
+        with OperationLog() as log:
+            product = a @ b
+            product.t()
+            product.add_(product)
+    (mm_flops, mm_bytes), (add_flops, add_bytes) = log.operations
+    assert (mm_flops, mm_bytes) == (2 * 64 * 32 * 16, 4 * (64 * 32 + 32 * 16 + 64 * 16))
+    assert (add_flops, add_bytes) == (0, 4 * 3 * 64 * 16)
+
+
+def gpt_estimate(*overrides: str):
+    from trainrun.estimate import estimate
+
+    base = ["task=causal_lm", "model=gpt125", "data=stdlib_stream", "data.text.max_seq_len=1024"]
+    base += ["train_batch_size=16", "precision=bf16", "launcher.devices=1", "hardware=8xh100_aws"]
+    return estimate(validate(compose([*base, *overrides]), files=False), vocab=50304)
+
+
+def test_the_optimizers_step_is_its_operations_timed_one_by_one():
+    """Fused AdamW is a few operations over the weights and their state; Muon's Newton-Schulz
+    products (five quintic steps of 4 m^2 n + 2 m^3 FLOPs a matrix) and its per-matrix operations make
+    its step slower than AdamW's by what they cost, and the estimate says so."""
+    from trainrun.estimate import run_shape, sized_task
+    from trainrun.fake_rank import fake_world, measure
+
+    adamw, muon = gpt_estimate("optimizer=adamw"), gpt_estimate("optimizer=muon")
+    config = validate(compose(["task=causal_lm", "model=gpt125", "data=stdlib_stream", "optimizer=muon"]), files=False)
+    with fake_world(1):
+        operations = measure(config, run_shape(config, 50304), sized_task(config)).optimizer
+    m, n, blocks = 768, 3072, 12  # each block: attention's 3 m x m and out m x m, the MLP's two m x n (wide)
+    square, wide = 4 * m**3 + 2 * m**3, 4 * m * m * n + 2 * m**3
+    assert sum(flops for flops, _ in operations) == pytest.approx(5 * blocks * (4 * square + 2 * wide), rel=0.05)
+    assert len(operations) > 100 and muon.step_seconds > adamw.step_seconds
+    (adamw_note,) = [note for note in adamw.notes if note.startswith("optimizer: ")]
+    assert adamw_note.startswith("optimizer: 4 operations a step on each rank")  # fused, a group each
+
+
+def test_float8_computes_the_linear_layers_at_the_float8_peak_where_the_hardware_states_it():
+    bf16, fp8 = gpt_estimate(), gpt_estimate("precision=fp8")
+    assert fp8.step_seconds < bf16.step_seconds
+    assert any("at the float8 peak, 1978.9 TFLOP/s" in note for note in fp8.notes)
+    unstated = gpt_estimate("precision=fp8", "hardware.peak_fp8_tflops=null")
+    assert unstated.step_seconds == pytest.approx(bf16.step_seconds)
+    assert any("timed as bf16: hardware=8xh100_aws states no peak_fp8_tflops" in note for note in unstated.notes)

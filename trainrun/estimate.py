@@ -19,7 +19,8 @@ from trainrun import kinds
 from trainrun.core.microbatches import Microbatching
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
-from trainrun.estimate_time import Timing, Traffic, step_traffic, target_steps
+from trainrun.estimate_gpu import Traffic, step_traffic
+from trainrun.estimate_time import Timing, target_steps
 from trainrun.estimate_time import as_dict as phase_dict
 from trainrun.estimate_time import timing as run_timing
 from trainrun.fake_rank import Memory, RunShape, fake_world, measure
@@ -185,7 +186,8 @@ def exchanged(config: TrainConfig, shape: RunShape, memory: Memory, notes: list[
 def hardware_gaps(config: TrainConfig, shape: RunShape) -> list[str]:
     """The facts of ``hardware`` a step of this run needs that it does not state."""
     hardware, per_node = config.hardware, shape.ranks // shape.nodes
-    needed = [("cpu_cores", True), ("link_gb_s", per_node > 1), ("network_gbit_s", shape.nodes > 1)]
+    needed = [("cpu_cores", True), ("cpu_speed", True), ("link_gb_s", per_node > 1)]
+    needed.append(("network_gbit_s", shape.nodes > 1))
     return [name for name, needs in needed if needs and getattr(hardware, name) is None]
 
 
@@ -257,7 +259,7 @@ def estimate(
             f"target_samples={config.target_samples} not used: the run sets no stop_at, it trains to max_duration"
         )
     if config.precision == "fp8":
-        notes.append("precision=fp8 counted as bf16 (torchao's float8 layers keep bf16-sized activations or less)")
+        notes.append("precision=fp8's memory counted as bf16's (torchao's float8 layers keep bf16-sized activations)")
     with fake_world(shape.ranks):
         memory = measure(config, shape, task)
         if limit and memory.highest > limit:
@@ -270,7 +272,7 @@ def estimate(
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
     traffic = exchanged(config, shape, memory, notes)
-    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic)
+    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer)
     return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
 
 

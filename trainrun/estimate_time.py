@@ -3,16 +3,18 @@ each fiftieth of the run, each method's change to a step's work there
 (:meth:`~trainrun.core.engine.Algorithm.step_work`: a resolution, a sequence length, a share of
 the pixels or samples, passes added), contiguous equal steps grouped into phases; each phase's
 FLOPs counted on the model as the run builds it (:func:`trainrun.fake_rank.pass_flops`), timed
-on the GPU at the rate row that fits (:mod:`trainrun.rates`) and through the loader at its
-measured rate per core times the node's cores, the slower of the two being the phase's
-bottleneck; evaluations at their resolution, interval and windows added. Written here because
-the schedule, the methods and the rates are trainrun's own.
+on the GPUs at the rate row that fits with the optimizer's operations and the exchange the compute
+does not hide (:mod:`trainrun.estimate_gpu`), and through the node's loaders
+(:mod:`trainrun.estimate_loader`), the slower of the two being the phase's bottleneck;
+evaluations at their resolution, interval and windows added. Written here because the schedule,
+the methods and the rates are trainrun's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,56 +25,22 @@ from trainrun.algorithms import build_algorithms
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
-from trainrun.rates import LoaderRate, rates
+from trainrun.estimate_gpu import (
+    Traffic,
+    effective_throughput,
+    exposed_seconds,
+    float8_share,
+    gpu_row,
+    optimizer_seconds,
+)
+from trainrun.estimate_loader import crop_of, images_decoded, loader_in_words, loader_seconds, loader_threads
+from trainrun.rates import rates
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task
 
 POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
 COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
-DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
-BACKWARD_SHARE = 2 / 3  # of a step's compute: the backward, which DDP's bucketed all-reduce overlaps
 LINKS_NAMED = 0.1  # exchange the compute does not hide, as a share of it, that names the links the bottleneck
-GB = 1e9
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """What one GPU sends in a step: to the other GPUs of its node and to other nodes (bytes), the
-    GPUs a node (who share its network), and the share of the step's compute that hides it (DDP: the
-    backward; FSDP: the whole step, prefetched)."""
-
-    within_node: float
-    across_nodes: float
-    per_node: int
-    hidden_by: float
-
-    def seconds(self, config: TrainConfig) -> float:
-        """At the node's link bandwidth and its network's share a GPU (0 where nothing crosses)."""
-        hardware = config.hardware
-        seconds = self.within_node / (hardware.link_gb_s * GB) if self.within_node else 0.0
-        if self.across_nodes:
-            seconds += self.across_nodes / (hardware.network_gbit_s / 8 * GB / self.per_node)
-        return seconds
-
-
-def exposed_seconds(link: float, hidden_by: float, compute: float) -> float:
-    """What of ``link`` seconds of exchange the step's ``compute`` seconds do not hide."""
-    return max(0.0, link - hidden_by * compute)
-
-
-def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes: int) -> Traffic:
-    """A step's exchange as NCCL does it: DDP all-reduces the gradients (reduce-scatter and
-    all-gather within a node, all-reduce of a node's share across nodes); FSDP2 all-gathers the
-    weights for the forward and again for the backward and reduce-scatters the gradients within its
-    shard group, and HSDP all-reduces each shard's gradients across nodes. ``held``: one rank's GB."""
-    per_node = ranks // nodes
-    sharded = config.parallel.name == "fsdp" and ranks > 1
-    group = per_node if sharded and nodes > 1 else ranks if sharded else 1
-    weights, gradients = held.get("weights", 0.0) * group * GB, held.get("gradients", 0.0) * group * GB
-    across = 2 * (nodes - 1) / nodes * gradients / per_node if nodes > 1 else 0.0
-    if sharded:
-        return Traffic((per_node - 1) / per_node * (2 * weights + gradients), across, per_node, 1.0)
-    return Traffic(2 * (per_node - 1) / per_node * gradients, across, per_node, BACKWARD_SHARE)
 
 
 @dataclass
@@ -224,32 +192,10 @@ def step_flops(work: StepWork, per_sample: float, batch: int) -> float:
     return batch * work.pixel_share * per_sample * (trained + work.scored_share / 3)
 
 
-def loader_seconds(config: TrainConfig, work: StepWork, row: LoaderRate | None) -> float | None:
-    """A step's samples through the loaders at the row's rate a core, each node loading its own share
-    of the batch on its cores (None: unmeasured or no cores said)."""
-    cores = config.hardware.cpu_cores
-    if row is None or not cores:
-        return None
-    per_sample = work.sequence_length if row.unit == "tokens/s" else 1
-    return config.train_batch_size / config.launcher.nnodes * per_sample / (row.per_core * cores)
-
-
-def crop_of(config: TrainConfig) -> tuple[int, ...] | None:
-    """A volume loader's training crop (its rate scales with the voxels), None for other data."""
-    if kinds.spec_of("data", config.data.name).batches != "volumes":
-        return None
-    return tuple(config.data.segmentation.patch_size)
-
-
 def samples_an_epoch(config: TrainConfig) -> int:
     """Training samples an epoch: the data's, or each volume's crops (``samples_per_volume``)."""
     repeats = config.data.segmentation.samples_per_volume if crop_of(config) else 1
     return config.data.samples[0] * repeats
-
-
-def decoded_side(config: TrainConfig, work: StepWork) -> int | None:
-    """The side the loader decodes at: the phase's where the loader decodes at the size asked (FFCV)."""
-    return work.resolution if config.data.loader == "ffcv" else work.full_resolution
 
 
 def evaluation_flops(
@@ -272,27 +218,19 @@ def evaluation_flops(
     return config.data.text.val_tokens / text.max_seq_len * counts.counted_at(None, text.max_seq_len, train=False)
 
 
-def loader_in_words(config: TrainConfig, loader: LoaderRate) -> str:
-    """The loader row used: its task, loader, size, rate a core and source."""
-    at = f" at {loader.resolution} px" if loader.resolution else ""
-    crop = " at " + " x ".join(map(str, loader.crop)) if loader.crop else ""
-    rate = f"{loader.per_core:,.0f}" if loader.per_core >= 100 else f"{loader.per_core:.3g}"
-    return f"{config.task.name} data.loader={loader.loader}{at}{crop}: {rate} {loader.unit} a core ({loader.source})"
-
-
-def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str]:
-    """(the utilisation, the row in words, its basis): ``mfu`` where stated, else the measured or
-    calibrated row that fits, else :data:`DEFAULT_MFU` said as unmeasured."""
-    if mfu is not None:
-        return mfu, f"--mfu {mfu:.1%}", "stated"
-    family = kinds.spec_of("model", config.model.name).family
-    gpu = config.hardware.gpu
-    row = rates().gpu_rate(family, gpu, config.precision, config.compile)
-    if row is not None:
-        return row.mfu, row.describe(gpu), row.basis
-    compiled = "compiled" if config.compile else "eager"
-    missing = f"no rate measured for {family} {config.precision} {compiled} on {gpu or 'hardware.gpu unset'}"
-    return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured"
+def gpu_rate(
+    config: TrainConfig, ranks: int, mfu: float | None, peak_tflops: float | None, float8: Callable[[], float]
+) -> tuple[float | None, str, str, float, float | None, list[str]]:
+    """(the run's GPUs' FLOP/s, the row in words, its basis, its utilisation, the peak, notes): at the
+    row that fits (or ``mfu``) of ``peak_tflops`` (default: the hardware's), with precision=fp8's
+    ``float8()`` share of the FLOPs at the float8 peak."""
+    notes: list[str] = []
+    utilisation, described, basis = gpu_row(config, mfu)
+    peak = peak_tflops or config.hardware.peak_tflops
+    throughput = ranks * peak * 1e12 * utilisation if peak else None
+    if throughput and config.precision == "fp8":
+        throughput = effective_throughput(config, throughput, float8(), notes)
+    return throughput, described, basis, utilisation, peak, notes
 
 
 def timing(
@@ -304,57 +242,62 @@ def timing(
     peak_tflops: float | None,
     case_shape: list[int] | None = None,
     traffic: Traffic | None = None,
+    optimizer: tuple[tuple[float, float], ...] | None = None,
 ) -> Timing:
     """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
-    hardware group's) at the rate row that fits, through the node's loaders, and with ``traffic``
-    between the GPUs at the hardware's links (what the compute does not hide)."""
-    notes: list[str] = []
-    utilisation, described, basis = gpu_row(config, mfu)
-    peak = peak_tflops or config.hardware.peak_tflops
-    throughput = ranks * peak * 1e12 * utilisation if peak else None
+    hardware group's) at the rate row that fits with each rank's ``optimizer`` operations, through
+    the node's loaders, and with ``traffic`` between the GPUs at the hardware's links (what the
+    compute does not hide)."""
     base = base_work(config, text)
     read = phases_of(config, base)
     counts = FlopCounts(config, task, text, samples=2)
     per_sample = counts.training([work for _, _, work in read])
-    crop = crop_of(config)
-    loader = rates().loader_rate(config.task.name, config.data.loader, base.resolution, crop)
+    plain_sample = counts.counted_at(base.resolution, base.sequence_length)
+    throughput, described, basis, utilisation, peak, notes = gpu_rate(
+        config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample)
+    )
+    stepping = optimizer_seconds(config, optimizer, throughput / ranks, notes) if throughput else 0.0
+    per_node = max(1, ranks // config.launcher.nnodes)
+    threads = loader_threads(config, per_node)
+    timed = images_decoded(config) or rates().loader_rate(config.task.name, config.data.loader, crop_of(config))
+    link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
     phases = []
-    link = traffic.seconds(config) if traffic is not None else 0.0
-    hidden = traffic.hidden_by if traffic is not None else 0.0
     for (start, end, work), flops in zip(read, per_sample, strict=True):
         total = step_flops(work, flops, config.train_batch_size)
-        decode = rates().loader_rate(config.task.name, config.data.loader, decoded_side(config, work), crop)
-        gpu = total / throughput if throughput else None
-        exposed = exposed_seconds(link, hidden, gpu) if gpu is not None else 0.0
-        phases.append(
-            Phase(
-                start, end, work.resolution, work.sequence_length, total,
-                gpu, loader_seconds(config, work, decode), link, exposed,
-            )
-        )  # fmt: skip
-    if loader is None:
-        notes.append(f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}")
-    elif not config.hardware.cpu_cores:
-        notes.append(f"hardware={config.hardware.name} states no CPU cores: the loader is not timed")
+        compute = total / throughput if throughput else None
+        exposed = exposed_seconds(link, hidden, compute) if compute is not None else 0.0
+        gpu = compute + stepping if compute is not None else None
+        loader = loader_seconds(config, work, threads if timed else None)
+        phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
+    notes += loader_notes(config, timed, threads)
     timeline = timeline_of(config, notes)
-    interval_steps = timeline.to_batches(config.eval_interval) if timeline else None  # 0: ep of a size not said
-    plain = counts.counted_at(base.resolution, base.sequence_length) * config.train_batch_size
+    plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
+    step = plain / throughput + stepping + exposed_seconds(link, hidden, plain / throughput) if throughput else None
     return Timing(
         phases=phases,
         rate=described,
         rate_basis=basis,
         mfu=utilisation,
         peak_tflops=peak,
-        loader=None if loader is None else loader_in_words(config, loader),
+        loader=loader_in_words(config, read[0][2], threads, per_node) if timed and threads else None,
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
-        step_seconds=plain / throughput + exposed_seconds(link, hidden, plain / throughput) if throughput else None,
+        step_seconds=step,
         eval_flops=eval_flops,
         eval_seconds=eval_flops / throughput if throughput else None,
-        eval_interval_steps=interval_steps,
+        eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
         notes=notes,
     )
+
+
+def loader_notes(config: TrainConfig, timed: object, threads: float | None) -> list[str]:
+    """Why the loader is not timed, where it is not."""
+    if not timed:
+        return [f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}"]
+    if threads is None:
+        return [f"hardware={config.hardware.name} states no CPU cores and speed: the loader is not timed"]
+    return []
 
 
 def target_steps(config: TrainConfig, steps: int | None, source: str) -> tuple[int | None, str | None]:

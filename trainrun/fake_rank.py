@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
@@ -38,6 +40,8 @@ from trainrun.tasks.base import Task
 
 GB = 1e9
 COMPUTE_DTYPES = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+aten = torch.ops.aten
+NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.lift_fresh}
 
 
 def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
@@ -94,11 +98,12 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Memory:
-    """One rank's memory (GB) for a :class:`RunShape`."""
+    """One rank's memory (GB) for a :class:`RunShape`, and its optimizer step's operations."""
 
     held: dict[str, float]  # between steps: weights, gradients, optimizer state
     peak: dict[str, float]  # at the step's peak, by part, with its total
     eval_peak: float
+    optimizer: tuple[tuple[float, float], ...] = ()  # (FLOPs, bytes) of each operation (OperationLog)
 
     @property
     def highest(self) -> float:
@@ -230,6 +235,16 @@ class _Rank:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def optimizer_operations(self) -> tuple[tuple[float, float], ...]:
+        """A step of the optimizer after the first (which made its state) as its operations
+        (:class:`OperationLog`): on the rank's shards under fsdp, its share of Muon's products."""
+        for parameter in self.model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        with OperationLog() as log:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return tuple(log.operations)
+
     def evaluate(self, inputs: Any) -> None:
         self.model.eval()
         with torch.no_grad(), self.autocast():
@@ -284,6 +299,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
+        operations = rank.optimizer_operations()
         tracker = rank.tracker()
         if rank.sharded:
             tracker.track_inputs((inputs,))
@@ -297,7 +313,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
-    return Memory(held, peak, eval_peak)
+    return Memory(held, peak, eval_peak, operations)
 
 
 def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool = True) -> float:
@@ -320,3 +336,36 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
             else:
                 rank.evaluate(inputs)
     return float(counter.get_total_flops())
+
+
+class OperationLog(TorchDispatchMode):
+    """Each aten operation run under it, as (its FLOPs by torch's formulas for matrix products and
+    convolutions, the bytes it reads and writes): its tensor arguments read, those it changes in place
+    written again, its new outputs written. Views and allocations, which launch nothing, are left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations: list[tuple[float, float]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
+            return out
+        packet = func.overloadpacket
+        flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+        named = dict(zip((argument.name for argument in func._schema.arguments), args)) | kwargs
+        arguments = func._schema.arguments
+        written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
+        given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
+        fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
+        self.operations.append((float(flops), float(tensor_bytes((args, kwargs)) + tensor_bytes((written, fresh)))))
+        return out
+
+
+def tensor_bytes(values: Any) -> int:
+    """Bytes of the tensors in ``values`` (a sharded tensor's: its local shard's)."""
+    tensors = [getattr(value, "_local_tensor", value) for value in pytree.tree_leaves(values)]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors if isinstance(tensor, torch.Tensor))

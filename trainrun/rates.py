@@ -3,10 +3,12 @@
 A GPU row is the model FLOPs utilisation of one architecture family at one precision, compiled or
 not, on one GPU: measured by a command in ``docs/benchmarks.md`` (its rate at its shape, and the
 utilisation that is by trainrun's own FLOP count of that shape), or fitted on one named published
-result where trainrun has not run on that GPU (``calibrated``; at most one a family and GPU). A
-loader row is what one CPU core decodes and augments for a task's loader at a resolution,
-measured on trainrun's CPU machine; a node's loaders have its ``hardware.cpu_cores``. The
-estimate scales the row that fits by the run's FLOPs and samples, and says which row it used.
+result where trainrun has not run on that GPU (``calibrated``; at most one a family and GPU). An
+image loader is timed by its operations (``image_ops``: a decode, the rest of a DataLoader worker's
+way, an augmentation operation, FFCV's decode of a JPEG or of raw pixels), each what one thread
+of the measuring machine spends on an image (``bench/loader_ops.py``, on real photographs); a
+text or volume loader by one row of what a thread delivers. A node's loaders do the work of its
+free threads at its CPU's speed (:func:`trainrun.estimate_loader.loader_threads`).
 """
 
 from __future__ import annotations
@@ -47,15 +49,41 @@ class GpuRate:
 
 @dataclass(frozen=True)
 class LoaderRate:
-    """What one CPU core of a task's loader delivers at a training resolution."""
+    """What one thread of the measuring machine delivers for a task's text or volume loader."""
 
     task: str
     loader: str  # data.loader
-    resolution: int | None  # the side it decodes at (images), None where it does not apply
-    per_core: float
-    unit: str  # img/s, tokens/s, crops/s
+    per_thread: float
+    unit: str  # tokens/s, crops/s
     source: str
     crop: tuple[int, ...] | None = None  # the crop it was measured at (volumes): the rate scales with its voxels
+
+
+@dataclass(frozen=True)
+class ImageOps:
+    """Seconds one thread of the measuring machine spends on an image's operations
+    (``bench/loader_ops.py``): each operation a fixed cost and one a megapixel of its output,
+    fitted over the sides it was measured at."""
+
+    source: str
+    megapixels: float  # a stored image's pixels (ImageNet-like: a longer side of 500 px)
+    decode_per_megapixel: float  # PIL's whole decode
+    costs: dict[str, tuple[float, float]]  # worker, augment, draft, ffcv_jpeg, ffcv_raw: (s, s a megapixel)
+
+    def at(self, operation: str, side: int) -> float:
+        """``operation``'s seconds an image whose output is ``side`` pixels square."""
+        fixed, per_megapixel = self.costs[operation]
+        return fixed + per_megapixel * side * side / 1e6
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """The measuring machine and how a node's threads add up (``rates.yaml``'s ``cpu``)."""
+
+    measured_on: str  # the machine every loader cost was measured on, and its clock
+    smt_yield: float  # what a core's second thread adds, as a share of a core
+    trainer_threads: int  # threads a training process keeps busy itself (not its loader's)
+    source: str
 
 
 @dataclass(frozen=True)
@@ -63,6 +91,9 @@ class Rates:
     architectures: dict[str, str]
     gpu: tuple[GpuRate, ...]
     loader: tuple[LoaderRate, ...]
+    image_ops: ImageOps
+    cpu: Cpu
+    operation_floor_s: float  # what a GPU operation costs however small: its dispatch and launch
 
     def gpu_rate(self, family: str | None, gpu: str | None, precision: str, compile: bool) -> GpuRate | None:
         """The row for ``family`` at ``precision`` (fp8 read as bf16, amp as fp16 AMP), compiled or not,
@@ -74,23 +105,16 @@ class Rates:
         sibling = [row for row in fitting if architecture and self.architectures.get(row.gpu) == architecture]
         return (same or sibling or [None])[0]
 
-    def loader_rate(
-        self, task: str, loader: str, resolution: int | None, crop: tuple[int, ...] | None = None
-    ) -> LoaderRate | None:
-        """The measured row of ``task``'s ``loader`` nearest ``resolution`` (a decode costs much the
-        same at nearby sides: most of it is the JPEG's, whatever the crop), or for a ``crop`` of as
-        many axes, scaled to its voxels; None where none was measured."""
+    def loader_rate(self, task: str, loader: str, crop: tuple[int, ...] | None = None) -> LoaderRate | None:
+        """The measured row of ``task``'s ``loader``, for a ``crop`` of as many axes scaled to its
+        voxels; None where none was measured."""
         rows = [row for row in self.loader if (row.task, row.loader) == (task, loader)]
         if crop is not None:
             rows = [row for row in rows if row.crop is not None and len(row.crop) == len(crop)]
             if rows:
                 row = rows[0]
-                return replace(row, per_core=row.per_core * math.prod(row.crop) / math.prod(crop), crop=crop)
-        if not rows:
-            return None
-        if resolution is None or any(row.resolution is None for row in rows):
-            return rows[0]
-        return min(rows, key=lambda row: abs(row.resolution - resolution))
+                return replace(row, per_thread=row.per_thread * math.prod(row.crop) / math.prod(crop), crop=crop)
+        return rows[0] if rows else None
 
 
 @functools.cache
@@ -104,4 +128,7 @@ def rates() -> Rates:
     loader = tuple(
         LoaderRate(**{**row, "crop": tuple(row["crop"]) if row.get("crop") else None}) for row in table["loader"]
     )
-    return Rates(table["architectures"], gpu, loader)
+    ops = table["image_ops"]
+    costs = {name: (fixed / 1e3, per_megapixel / 1e3) for name, (fixed, per_megapixel) in ops["fitted"].items()}
+    image_ops = ImageOps(ops["source"], ops["megapixels"], ops["decode_ms_per_mp"] / 1e3, costs)
+    return Rates(table["architectures"], gpu, loader, image_ops, Cpu(**table["cpu"]), table["operation_floor_s"])

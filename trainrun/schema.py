@@ -364,24 +364,23 @@ class AutoConfig:
 
 @dataclass
 class HardwareConfig:
-    """What one node of the run costs, for cost-to-accuracy reports (conf/hardware/*.yaml)."""
+    """One node, for cost-to-accuracy reports and what ``trainrun estimate`` sizes and times a run
+    against (conf/hardware/*.yaml; null: not said)."""
 
     name: str = "unpriced"
     price_per_hour: float | None = field(default=None, metadata={"min": 0})  # one node, in dollars
     description: str = ""
-    # one device's memory in GB (10^9 bytes, as the vendor states it) and its dense bf16 peak in
-    # TFLOP/s: what trainrun estimate sizes and times a run against (null: not said)
-    device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})
-    peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})
-    # the device as trainrun/rates.yaml names it (h100, a100, ...) and the node's CPU cores (vCPUs) its
-    # loaders share: what trainrun estimate times the GPU and the loader with (null: not said)
-    gpu: str | None = None
-    cpu_cores: int | None = positive_field(None)
+    device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB a device (vendor's)
+    peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
+    peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
+    memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
+    gpu: str | None = None  # the device as trainrun/rates.yaml names it (h100, a100, ...)
+    cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
+    cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
+    cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against rates.yaml's cpu
     devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
-    # what gradients and shards cross (null: not said): GB/s one GPU sends to the node's others (NVLink's
-    # bandwidth one way), and Gbit/s a node sends to the other nodes (its network adapters together)
-    link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})
-    network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})
+    link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s a GPU sends the node's others
+    network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # Gbit/s a node sends the others
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -11,6 +12,7 @@ from torchvision.transforms import v2
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.core.work import StepWork
 from trainrun.errors import ConfigError
 
 
@@ -95,6 +97,14 @@ class ImageAugmentation(Algorithm, ABC):
     @abstractmethod
     def make_transform(config: Any) -> v2.Transform:
         """The per-image transform ``config`` describes."""
+
+    def operations_an_image(self) -> float:
+        """The image operations the transform runs on each image."""
+        return 1.0
+
+    def step_work(self, work: StepWork, progress: float) -> StepWork:
+        """Each training image costs the loader these operations more."""
+        return dataclasses.replace(work, image_ops=work.image_ops + self.operations_an_image())
 
     def apply(self, event: Event, state: State) -> None:
         if not state.data.add_train_transform(self.transform):

@@ -23,3 +23,6 @@ class RandAugment(ImageAugmentation):
     @staticmethod
     def make_transform(config: RandAugmentConfig) -> v2.Transform:
         return v2.RandAugment(num_ops=config.depth, magnitude=config.severity, num_magnitude_bins=SEVERITY_LEVELS)
+
+    def operations_an_image(self) -> float:
+        return float(self.config.depth)

@@ -330,7 +330,7 @@ def render(result: Estimate, config: TrainConfig) -> str:
     lines.append(f"step: {flops(result.step_flops)} (all ranks, model FLOPs, at the run's full shapes)")
     lines.append(f"rate: {result.rate}")
     if result.loader:
-        lines.append(f"loader: {result.loader} x {hardware.cpu_cores} cores")
+        lines.append(f"loader: {result.loader}")
     if result.step_seconds:
         rate = f", {result.tokens_per_step / result.step_seconds:,.0f} tokens/s" if result.tokens_per_step else ""
         at = f"at {result.mfu:.1%} MFU of {result.peak_tflops:g} TFLOP/s a device"

@@ -19,10 +19,11 @@ class StepWork:
     trained_share: float = 1.0  # of the batch's samples that go forward and backward (selective backprop)
     scored_share: float = 0.0  # forward passes without gradients, in batches at their pixel share
     extra_passes: float = 0.0  # forward and backward passes again over the trained samples (SAM's second)
+    image_ops: float = 0.0  # augmentation operations the loader runs on each image (RandAugment's depth)
 
     def key(self) -> tuple:
         """What decides the step's time: steps of equal keys form one phase of the run."""
         return (
             self.resolution, self.sequence_length, round(self.pixel_share, 6), round(self.trained_share, 6),
-            round(self.scored_share, 6), round(self.extra_passes, 6),
+            round(self.scored_share, 6), round(self.extra_passes, 6), round(self.image_ops, 6),
         )  # fmt: skip
