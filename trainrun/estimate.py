@@ -186,8 +186,9 @@ def exchanged(config: TrainConfig, shape: RunShape, memory: Memory, notes: list[
 def hardware_gaps(config: TrainConfig, shape: RunShape) -> list[str]:
     """The facts of ``hardware`` a step of this run needs that it does not state."""
     hardware, per_node = config.hardware, shape.ranks // shape.nodes
-    needed = [("cpu_cores", True), ("cpu_speed", True), ("link_gb_s", per_node > 1)]
-    needed.append(("network_gbit_s", shape.nodes > 1))
+    needed = [
+        ("cpu_cores", True), ("cpu_speed", True), ("link_gb_s", per_node > 1), ("network_gbit_s", shape.nodes > 1),
+    ]  # fmt: skip
     return [name for name, needs in needed if needs and getattr(hardware, name) is None]
 
 

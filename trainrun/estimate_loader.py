@@ -65,6 +65,23 @@ def loader_seconds(config: TrainConfig, work: StepWork, threads: float | None) -
     return samples * per_sample / (row.per_thread * threads)
 
 
+def loader_timed(config: TrainConfig) -> bool:
+    """Whether trainrun has measured the run's loader: an image loader's operations, or a row for the
+    task's text or volumes."""
+    return (
+        images_decoded(config) or rates().loader_rate(config.task.name, config.data.loader, crop_of(config)) is not None
+    )
+
+
+def loader_notes(config: TrainConfig, threads: float | None) -> list[str]:
+    """Why the loader is not timed, where it is not."""
+    if not loader_timed(config):
+        return [f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}"]
+    if threads is None:
+        return [f"hardware={config.hardware.name} states no CPU cores and speed: the loader is not timed"]
+    return []
+
+
 def images_decoded(config: TrainConfig) -> bool:
     """The run's loader hands out images, timed by the operations of decoding ImageNet's files."""
     return kinds.spec_of("data", config.data.name).batches == "images"

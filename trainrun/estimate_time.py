@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from trainrun import kinds
 from trainrun.algorithms import build_algorithms
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
@@ -33,8 +32,15 @@ from trainrun.estimate_gpu import (
     gpu_row,
     optimizer_seconds,
 )
-from trainrun.estimate_loader import crop_of, images_decoded, loader_in_words, loader_seconds, loader_threads
-from trainrun.rates import rates
+from trainrun.estimate_loader import (
+    crop_of,
+    images_decoded,
+    loader_in_words,
+    loader_notes,
+    loader_seconds,
+    loader_threads,
+    loader_timed,
+)
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task
 
@@ -130,8 +136,7 @@ def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
 
 def base_work(config: TrainConfig, text: TextFacts | None) -> StepWork:
     """A plain step's work at the run's shapes, before the methods change it."""
-    images = kinds.spec_of("data", config.data.name).batches == "images"
-    side = config.data.resolution if images else None
+    side = config.data.resolution if images_decoded(config) else None
     return StepWork(full_resolution=side, resolution=side, sequence_length=text.max_seq_len if text else None)
 
 
@@ -259,7 +264,6 @@ def timing(
     stepping = optimizer_seconds(config, optimizer, throughput / ranks, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
-    timed = images_decoded(config) or rates().loader_rate(config.task.name, config.data.loader, crop_of(config))
     link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
     phases = []
     for (start, end, work), flops in zip(read, per_sample, strict=True):
@@ -267,9 +271,9 @@ def timing(
         compute = total / throughput if throughput else None
         exposed = exposed_seconds(link, hidden, compute) if compute is not None else 0.0
         gpu = compute + stepping if compute is not None else None
-        loader = loader_seconds(config, work, threads if timed else None)
+        loader = loader_seconds(config, work, threads)
         phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
-    notes += loader_notes(config, timed, threads)
+    notes += loader_notes(config, threads)
     timeline = timeline_of(config, notes)
     plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
@@ -280,7 +284,7 @@ def timing(
         rate_basis=basis,
         mfu=utilisation,
         peak_tflops=peak,
-        loader=loader_in_words(config, read[0][2], threads, per_node) if timed and threads else None,
+        loader=loader_in_words(config, read[0][2], threads, per_node) if threads and loader_timed(config) else None,
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
         step_seconds=step,
@@ -289,15 +293,6 @@ def timing(
         eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
         notes=notes,
     )
-
-
-def loader_notes(config: TrainConfig, timed: object, threads: float | None) -> list[str]:
-    """Why the loader is not timed, where it is not."""
-    if not timed:
-        return [f"no loader rate measured for {config.task.name} with data.loader={config.data.loader}"]
-    if threads is None:
-        return [f"hardware={config.hardware.name} states no CPU cores and speed: the loader is not timed"]
-    return []
 
 
 def target_steps(config: TrainConfig, steps: int | None, source: str) -> tuple[int | None, str | None]:

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
@@ -229,21 +230,23 @@ class _Rank:
                 tracker.reset_mod_stats()  # the tracker follows one forward per module between resets
 
     def make_optimizer_state(self) -> None:
-        """The optimizer's state, as its first step makes it (from zero gradients)."""
-        for parameter in self.model.parameters():
-            parameter.grad = torch.zeros_like(parameter)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        """The optimizer's state, as its first step makes it."""
+        self._optimizer_step(contextlib.nullcontext())
 
     def optimizer_operations(self) -> tuple[tuple[float, float], ...]:
         """A step of the optimizer after the first (which made its state) as its operations
         (:class:`OperationLog`): on the rank's shards under fsdp, its share of Muon's products."""
+        log = OperationLog()
+        self._optimizer_step(log)
+        return tuple(log.operations)
+
+    def _optimizer_step(self, under: contextlib.AbstractContextManager) -> None:
+        """One optimizer step from zero gradients, the step alone under ``under``."""
         for parameter in self.model.parameters():
             parameter.grad = torch.zeros_like(parameter)
-        with OperationLog() as log:
+        with under:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return tuple(log.operations)
 
     def evaluate(self, inputs: Any) -> None:
         self.model.eval()
@@ -348,16 +351,13 @@ class OperationLog(TorchDispatchMode):
         self.operations: list[tuple[float, float]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch.utils.flop_counter import flop_registry
-
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
             return out
-        packet = func.overloadpacket
+        packet, arguments = func.overloadpacket, func._schema.arguments
         flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
-        named = dict(zip((argument.name for argument in func._schema.arguments), args)) | kwargs
-        arguments = func._schema.arguments
+        named = dict(zip((argument.name for argument in arguments), args)) | kwargs
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
         fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]

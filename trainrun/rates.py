@@ -78,12 +78,10 @@ class ImageOps:
 
 @dataclass(frozen=True)
 class Cpu:
-    """The measuring machine and how a node's threads add up (``rates.yaml``'s ``cpu``)."""
+    """How a node's threads add up against the measuring machine's (``rates.yaml``'s ``cpu``)."""
 
-    measured_on: str  # the machine every loader cost was measured on, and its clock
     smt_yield: float  # what a core's second thread adds, as a share of a core
     trainer_threads: int  # threads a training process keeps busy itself (not its loader's)
-    source: str
 
 
 @dataclass(frozen=True)
