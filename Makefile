@@ -11,9 +11,9 @@ run: $(STAMP)
 
 # two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
 BENCH_TESTS := tests/test_bench.py
-NODE_TESTS := tests/test_multinode.py
+NODE_TESTS := tests/test_multinode.py tests/test_slurm_nodes.py
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 --ignore=$(BENCH_TESTS) --ignore=$(NODE_TESTS)
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 --ignore=$(BENCH_TESTS) $(addprefix --ignore=,$(NODE_TESTS))
 
 # each bench script run tiny on this CPU (its harness, its peers' launches), apart from the suite's budget
 test-bench: $(STAMP)

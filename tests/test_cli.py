@@ -52,6 +52,19 @@ def test_flags_and_overrides_compose_the_same_config():
     assert set(by_flag.algorithms) == {"ema", "blurpool"} and by_flag.optimizer.lr == 0.4
 
 
+def test_a_recipes_methods_change_by_the_whole_list_or_by_removal():
+    """With a recipe, ``algorithms=[...]`` is the run's whole list (one that leaves out a method the
+    recipe's body sets is refused: BAD_INPUTS); ``~algorithms.NAME`` removes a method the recipe sets."""
+    mild = ["blurpool", "channels_last", "ema", "label_smoothing", "progressive_resizing"]
+    added = check(["recipe=mild", "data=digits", f"algorithms=[{','.join(mild)},mixup]"], files=False)[0]
+    assert sorted(added.algorithms) == sorted([*mild, "mixup"])
+    kept = "algorithms=[blurpool,ema,label_smoothing,progressive_resizing]"
+    dropped = check(["recipe=mild", "data=digits", kept], files=False)
+    assert "channels_last" not in dropped[0].algorithms  # a method the body does not set goes with the list
+    removed = check(["recipe=mild", "data=digits", "~algorithms.label_smoothing"], files=False)[0]
+    assert sorted(removed.algorithms) == sorted(set(mild) - {"label_smoothing"})
+
+
 def test_recipe_group_lives_in_top_level_recipes(tmp_path):
     config = check(["recipe=baseline", "data=folder", f"data.path={tmp_path}"])[0]
     assert config.model.name == "resnet50" and config.optimizer.lr == 2.048
@@ -192,6 +205,12 @@ BAD_INPUTS = [
     (["algorithms=[nosuch]"], "unknown option 'nosuch' for 'algorithms'"),
     (["--algorithms", "ema", "nosuch"], "unknown option 'nosuch' for 'algorithms'"),
     (["algorithms=[bce_loss]"], "unknown option 'bce_loss' for 'algorithms': it is now 'loss=bce' (the classifier"),
+    (  # a list given with a recipe replaces its methods, but those the recipe's body sets would stay
+        ["recipe=mild", "data=digits", "algorithms=[mixup]"],
+        "bad value for 'algorithms': [mixup] replaces the recipe's methods, yet blurpool, ema, label_smoothing, "
+        "progressive_resizing stay (the recipe sets them) while channels_last goes: name every method the run keeps "
+        "(algorithms=[blurpool,channels_last,ema,label_smoothing,progressive_resizing,mixup];",
+    ),
     (["optimizer.lrr=0.1"], "unknown config key 'optimizer.lrr'"),
     (["model.hidden_size=64"], "unknown config key 'model.hidden_size': it is now 'model.bert.hidden_size'"),
     (["optimizer.lr=fast"], "bad value for 'optimizer.lr'"),

@@ -320,7 +320,7 @@ def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_
     from trainrun.rates import rates
 
     table = rates()
-    keys = [(row.family, row.precision, row.compile, row.gpu) for row in table.gpu]
+    keys = [(row.key(), row.gpu) for row in table.gpu]
     assert len(keys) == len(set(keys))
     published = {
         row["id"]: row for row in yaml.safe_load((ROOT / "bench" / "published_times.yaml").read_text())["rows"]
@@ -329,8 +329,7 @@ def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_
     assert {row.basis for row in table.gpu} == {"measured", "calibrated"} and calibrated
     for row in calibrated:
         (named,) = [published[shape.split()[-1]] for shape in row.shape]
-        compiled = "compiled" if row.compile else "eager"
-        assert named["calibrates"] == f"{row.family} {row.precision} {compiled} on {row.gpu}"
+        assert named["calibrates"] == f"{row.key()} on {row.gpu}"
     calibrating = [row for row in published.values() if "calibrates" in row]
     assert len(calibrating) == len(calibrated)
     for row in table.gpu:

@@ -16,9 +16,9 @@ from hydra import compose, initialize_config_dir
 
 from trainrun import launch
 from trainrun.config import register_schema
-from trainrun.core.distributed import check_gpus_for
+from trainrun.core.distributed import check_gpus_for, nodes_from_environment
 from trainrun.errors import ConfigError
-from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers
+from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers, tasks_per_node
 from trainrun.schema import LauncherConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -122,7 +122,8 @@ def test_slurm_node_lists_and_environment(monkeypatch):
     assert first_host("gpu[07-09,12],cpu3") == "gpu07"
     assert first_host("node12") == "node12"
     assert first_host("a-b[3,5]") == "a-b3"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    torch_names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    for key in (*torch_names, "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"):
         monkeypatch.setenv(key, "")  # recorded, so whatever adopt_slurm_environment sets is undone after
         monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
@@ -130,12 +131,15 @@ def test_slurm_node_lists_and_environment(monkeypatch):
     assert not adopt_slurm_environment(LauncherConfig())  # one task: trainrun launches its own workers
     monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
     env = {"SLURM_STEP_NUM_TASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    env |= {"SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}
     for key, value in {**env, "SLURM_JOB_ID": "4242"}.items():
         monkeypatch.setenv(key, value)
     assert adopt_slurm_environment(LauncherConfig())
-    assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")] == [
-        "9", "16", "1", "gpu07", str(20000 + 4242),
-    ]  # fmt: skip
+    assert [os.environ[k] for k in torch_names] == ["9", "16", "1", "gpu07", str(20000 + 4242)]
+    # the node's place and size as torchrun names them: what the heartbeat, HSDP's mesh and the summary read
+    assert [os.environ[k] for k in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")] == ["8", "1", "2"]
+    assert nodes_from_environment() == 2
+    assert tasks_per_node("3,2(x2),1") == [3, 2, 2, 1]
 
 
 def test_slurm_launcher_config_composes():

@@ -1,9 +1,6 @@
-"""trainrun on several hosts: each host a Linux network namespace of this machine, joined through a
-bridge in a namespace of its own (a switch), addresses 10.213.0.1-3 that exist only inside them,
-all removed at the end whatever happens. The host name resolves to a loopback address in every
-namespace (as on many machines), so gloo would advertise it unless told the interface; the tests
-set no interface variable. Run folders are one folder every host sees (a shared filesystem); each
-host's ``data.cache_dir`` is its own.
+"""trainrun on several hosts: each host a Linux network namespace of this machine
+(``tests/network_hosts.py``); the tests set no interface variable. Run folders are one folder
+every host sees (a shared filesystem); each host's ``data.cache_dir`` is its own.
 
 Needs root (CI runs as root); skipped, saying why, where namespaces cannot be made. A suite of its
 own (``make test-nodes``, in ``.ci/run``): four ranks on a 2-core machine are minutes of work.
@@ -23,79 +20,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import EXACT, read_metrics
+from network_hosts import ONE_THREAD, Hosts, made_hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-SUBNET = "10.213.0"
 PORT = 29512
 LOST_AFTER = 8  # launcher.node_timeout in these tests: seconds a node may go unheard
 ENDS_WITHIN = 60  # the issue's bound: every node ends within a minute of a loss
-# every rank one thread, however many share its host: a rank's arithmetic is then the same on one
-# node and on two, and two ranks' runs agree to the bit however long (float noise grows with steps)
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-
-
-class Hosts:
-    """Network namespaces on a bridge: host ``i`` has ``eth0`` at 10.213.0.(i+1)."""
-
-    def __init__(self, count: int) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.switch = f"trsw{tag}"
-        self.names = [f"trh{index}-{tag}" for index in range(count)]
-        self.ports = [f"port{index}" for index in range(count)]
-
-    def create(self) -> None:
-        run = self._ip
-        run("netns", "add", self.switch)
-        run("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        run("-n", self.switch, "link", "set", "br0", "up")
-        for index, (name, port) in enumerate(zip(self.names, self.ports, strict=True)):
-            run("netns", "add", name)
-            run("link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", port, "netns", self.switch)
-            run("-n", self.switch, "link", "set", port, "master", "br0", "up")
-            run("-n", name, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
-            run("-n", name, "link", "set", "eth0", "up")
-            run("-n", name, "link", "set", "lo", "up")
-
-    def remove(self) -> None:
-        for name in [*self.names, self.switch]:
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-
-    def address(self, index: int) -> str:
-        return f"{SUBNET}.{index + 1}"
-
-    def cut(self, index: int) -> None:
-        """Host ``index``'s switch port down: its link is gone, no reset reaches anyone."""
-        self._ip("-n", self.switch, "link", "set", self.ports[index], "down")
-
-    def start(self, index: int, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """``trainrun ARGS`` on host ``index``, in a process group of its own, its output piped."""
-        environment = {key: value for key, value in os.environ.items() if not key.endswith("_SOCKET_IFNAME")}
-        environment |= ONE_THREAD | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"} | (env or {})
-        command = ["ip", "netns", "exec", self.names[index], sys.executable, "-m", "trainrun", *args]
-        return subprocess.Popen(
-            command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-
-    @staticmethod
-    def _ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    made = Hosts(2)
-    try:
-        made.create()
-    except (OSError, subprocess.CalledProcessError) as error:
-        made.remove()
-        pytest.skip(f"network namespaces cannot be made here: {getattr(error, 'stderr', error)}")
-    try:
+    with made_hosts(2) as made:
         yield made
-    finally:
-        made.remove()
 
 
 def master_form(hosts: Hosts) -> list[list[str]]:

@@ -102,9 +102,9 @@ def saved_in_the_background(model: torch.nn.Module, optimizer, path: Path) -> bo
 
 
 def hsdp_main(rank: int, port: int, results) -> None:
-    """One of 4 ranks as 2 nodes of 2 (LOCAL_WORLD_SIZE=2): 3 AdamW steps of a global batch of 8."""
+    """One of 4 ranks as 2 nodes of 2 (as torchrun names them): 3 AdamW steps of a global batch of 8."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="4")
-    os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2")
+    os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(rank // 2), GROUP_WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     model = sharded_llama()

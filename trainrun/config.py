@@ -23,6 +23,7 @@ from trainrun.atomic_io import read_yaml, yaml_error_message
 from trainrun.errors import ConfigError
 from trainrun.fields import list_keys
 from trainrun.kinds import config_dir
+from trainrun.method_list import refuse_dropped_methods, refuse_repeated_methods
 from trainrun.schema import TrainConfig
 from trainrun.validation import (
     KindMismatch,
@@ -395,11 +396,12 @@ def _checked_jobs(
     except Exception as error:
         raise ConfigError(" ".join(str(error).split())) from error
     for job in jobs:
-        _refuse_repeated_algorithms(job)
+        refuse_repeated_methods(job)
     configs, composed_jobs, output = [], [], None
     output_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     for index, job in enumerate(jobs):
         composed = compose(job, source, with_hydra=files and index == 0)
+        refuse_dropped_methods(job, composed, lambda without: compose(without, source))
         if "hydra" in composed:  # a sweep's jobs share the sweep's folder: the first job's says where
             output = str(OmegaConf.select(composed, output_key))
             with open_dict(composed):
@@ -415,8 +417,9 @@ def _checked_jobs(
 
 def job_yaml(overrides: list[str], source: ConfigSource | None = None) -> str:
     """What ``--cfg job`` prints (Hydra's job config), checked as :func:`check` does without files."""
-    _refuse_repeated_algorithms(overrides)
+    refuse_repeated_methods(overrides)
     composed = compose(overrides, source)
+    refuse_dropped_methods(overrides, composed, lambda without: compose(without, source))
     _validated(overrides, composed, files=False, notices=True)
     return OmegaConf.to_yaml(composed)
 
@@ -433,18 +436,3 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
         return validate(composed, files)
     except KindMismatch as error:
         raise ConfigError(error.naming(options)) from None
-
-
-def _refuse_repeated_algorithms(overrides: list[str]) -> None:
-    """``algorithms=[ema,ema]`` would compose to one EMA without a word: say so instead."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException:
-        return  # composing reports it, naming the override as typed
-    for override in parsed:
-        names = override.value() if override.key_or_group == "algorithms" else None
-        if isinstance(names, list) and (repeated := sorted({name for name in names if names.count(name) > 1})):
-            raise ConfigError(f"bad value for 'algorithms': '{repeated[0]}' is listed twice")

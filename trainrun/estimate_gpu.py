@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trainrun import kinds
 from trainrun.data.interface import TextFacts
-from trainrun.rates import rates
+from trainrun.rates import rates, run_key
 from trainrun.schema import TrainConfig
 
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
@@ -64,12 +64,12 @@ def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str]:
     if mfu is not None:
         return mfu, f"--mfu {mfu:.1%}", "stated"
     family = kinds.spec_of("model", config.model.name).family
-    gpu = config.hardware.gpu
-    row = rates().gpu_rate(family, gpu, config.precision, config.compile)
+    gpu, checkpointing = config.hardware.gpu, config.parallel.activation_checkpointing
+    row = rates().gpu_rate(family, gpu, config.precision, config.compile, checkpointing)
     if row is not None:
         return row.mfu, row.describe(gpu), row.basis
-    compiled = "compiled" if config.compile else "eager"
-    missing = f"no rate measured for {family} {config.precision} {compiled} on {gpu or 'hardware.gpu unset'}"
+    kind = run_key(family, config.precision, config.compile, checkpointing)
+    missing = f"no rate measured for {kind} on {gpu or 'hardware.gpu unset'}"
     return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured"
 
 

@@ -22,13 +22,18 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainrun.core import checkpoint, heartbeat, preemption
-from trainrun.core.distributed import check_gpus_for, cores_per_process, nodes_from_environment, record_failure
+from trainrun.core.distributed import (
+    check_gpus_for,
+    cores_per_process,
+    lost_a_peer,
+    nodes_from_environment,
+    record_failure,
+)
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
 from trainrun.network import Route, is_this_host, route_to
@@ -40,7 +45,6 @@ SHUTDOWN_SECONDS = 10  # after SIGTERM, workers still alive are killed
 # launcher, which polls every half second, reports the rank that failed first, not this one.
 PEER_LOSS_GRACE_SECONDS = 5
 ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")  # their failure logs: --debug only
-PEER_LOSS_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator")
 
 
 class LaunchFailed(TrainrunError):
@@ -68,7 +72,8 @@ def first_host(nodelist: str) -> str:
 
 
 def adopt_slurm_environment(settings: LauncherConfig) -> bool:
-    """Inside a multi-task ``srun`` step, set torch.distributed's variables from Slurm's; True if so.
+    """Inside a multi-task ``srun`` step, set torch.distributed's variables from Slurm's (torchrun's
+    names for the node's place and size among them); True if so.
 
     Only step-scoped variables count: an ``sbatch`` script's own (batch) step also has
     ``SLURM_PROCID`` and the job's ``SLURM_NTASKS``, but it is one process, and trainrun run there
@@ -79,14 +84,30 @@ def adopt_slurm_environment(settings: LauncherConfig) -> bool:
         return False
     port = settings.master_port or 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or settings.master_addr
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE") or str(tasks))
     os.environ.update(
         RANK=os.environ["SLURM_PROCID"],
         WORLD_SIZE=str(tasks),
         LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        LOCAL_WORLD_SIZE=str(per_node[node]),
+        GROUP_RANK=str(node),
+        GROUP_WORLD_SIZE=str(len(per_node)),
         MASTER_ADDR=first_host(nodes),
         MASTER_PORT=str(port),
     )
     return True
+
+
+def tasks_per_node(counts: str) -> list[int]:
+    """A Slurm step's tasks on each of its nodes, from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``)."""
+    expanded = []
+    for part in counts.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            raise ConfigError(f"cannot read Slurm's tasks a node '{counts}'")
+        expanded += [int(match[1])] * int(match[2] or 1)
+    return expanded
 
 
 def free_port() -> int:
@@ -215,12 +236,6 @@ def train_worker(
         sys.exit(code)
 
 
-def lost_a_peer(error: BaseException) -> bool:
-    """Whether ``error`` is a collective failing because another rank went away."""
-    text = str(error)
-    return isinstance(error, dist.DistError) or any(sign in text for sign in PEER_LOSS_SIGNS)
-
-
 AUTO_MEMORY_SHARE = 0.95  # of a GPU's memory that auto under fsdp plans for (the CUDA context takes some)
 
 
@@ -298,7 +313,13 @@ def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Ro
     rendezvous endpoint's host for trainrun's launch (said in one line), ``MASTER_ADDR`` for ranks
     torchrun or a Slurm step started; None on one node."""
     if started_elsewhere:
-        return route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR") if nodes_from_environment() > 1 else None
+        if nodes_from_environment() < 2:
+            return None
+        route = route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR")
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # one line a node
+            where = f"node {os.environ.get('GROUP_RANK', '?')} of {nodes_from_environment()}"
+            print(f"trainrun: {where}: {route.describe()}", file=sys.stderr, flush=True)
+        return route
     if settings.nnodes < 2:
         return None
     key, host = "launcher.master_addr", settings.master_addr

@@ -47,9 +47,11 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def provenance(device: torch.device, world_size: int, nodes: int) -> dict[str, Any]:
-    """Everything needed to trace a figure back to what made it."""
+def provenance(device: torch.device, world_size: int) -> dict[str, Any]:
+    """Everything needed to trace a figure back to what made it (the nodes as the launcher says them)."""
     import torch
+
+    from trainrun.core.distributed import nodes_from_environment
 
     commit = _git("rev-parse", "HEAD")
     return {
@@ -63,7 +65,7 @@ def provenance(device: torch.device, world_size: int, nodes: int) -> dict[str, A
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "devices": world_size,
-        "nodes": nodes,
+        "nodes": nodes_from_environment(),
         "command": os.environ.get(COMMAND_VARIABLE, shlex.join(sys.argv)),
         "packages": package_versions(),
     }

@@ -39,12 +39,25 @@ class GpuRate:
     reading: tuple[float, str] | None = None  # measured: the rate and its unit (img/s, tokens/s, seq/s, crops/s)
     real_tokens: float | None = None  # measured on masked text: the share of real tokens
     vocab: int | None = None  # measured on text: the vocabulary, where not the model's published one
+    # parallel.activation_checkpointing it was measured with: selective checkpointing's policy runs in
+    # Python for every operation of an eager step, and any recomputes the forward's operations, so a
+    # row applies only to runs with the same
+    checkpointing: str = "none"
 
     def describe(self, gpu: str) -> str:
         """One line: which row, and on which GPU where it was measured on another of the same architecture."""
         where = self.gpu if self.gpu == gpu else f"{self.gpu}, applied to {gpu} (same architecture)"
-        compiled = "compiled" if self.compile else "eager"
-        return f"{self.family} {self.precision} {compiled} on {where}: {self.mfu:.1%} MFU, {self.basis} ({self.rate})"
+        return f"{self.key()} on {where}: {self.mfu:.1%} MFU, {self.basis} ({self.rate})"
+
+    def key(self) -> str:
+        """The family, precision, compiled or eager, and checkpointing where any: what a row is for."""
+        return run_key(self.family, self.precision, self.compile, self.checkpointing)
+
+
+def run_key(family: str | None, precision: str, compile: bool, checkpointing: str) -> str:
+    """A run's kind as the rate rows name theirs (``llama bf16 eager, selective checkpointing``)."""
+    words = f"{family} {precision} {'compiled' if compile else 'eager'}"
+    return words if checkpointing == "none" else f"{words}, {checkpointing} checkpointing"
 
 
 @dataclass(frozen=True)
@@ -93,11 +106,15 @@ class Rates:
     cpu: Cpu
     operation_floor_s: float  # what a GPU operation costs however small: its dispatch and launch
 
-    def gpu_rate(self, family: str | None, gpu: str | None, precision: str, compile: bool) -> GpuRate | None:
+    def gpu_rate(
+        self, family: str | None, gpu: str | None, precision: str, compile: bool, checkpointing: str = "none"
+    ) -> GpuRate | None:
         """The row for ``family`` at ``precision`` (fp8 read as bf16, amp as fp16 AMP), compiled or not,
-        on ``gpu``, else on another GPU of its architecture; None where none was measured."""
+        with ``checkpointing``, on ``gpu``, else on another GPU of its architecture; None where none
+        was measured."""
         precision = "bf16" if precision == "fp8" else precision
-        fitting = [row for row in self.gpu if (row.family, row.precision, row.compile) == (family, precision, compile)]
+        wanted = (family, precision, compile, checkpointing)
+        fitting = [row for row in self.gpu if (row.family, row.precision, row.compile, row.checkpointing) == wanted]
         same = [row for row in fitting if row.gpu == gpu]
         architecture = self.architectures.get(gpu or "")
         sibling = [row for row in fitting if architecture and self.architectures.get(row.gpu) == architecture]

@@ -94,6 +94,8 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
             export(config, state, engine, task, run_dir, console)
     except BaseException as error:
         logs.record_failure(state, error)
+        if distributed.lost_a_peer(error):
+            heartbeat.await_verdict(config.launcher.node_timeout)
         raise
     finally:
         if nodes is not None:
@@ -234,7 +236,7 @@ class RunLogs:
             config.quality_targets,
             profile_prefix=stop_after,
             varying_cost=[name for name in config.algorithms if SPECS[name].varying_step_cost],
-            provenance=provenance(device, placement.world_size, config.launcher.nnodes) if rank == 0 else None,
+            provenance=provenance(device, placement.world_size) if rank == 0 else None,
             budget_seconds=budget.seconds if budget else None,
         )
         steps = StepTimeLogger(run_dir, config.log_interval)

@@ -45,9 +45,18 @@ SINGLE_PROCESS = Placement()
 
 
 def nodes_from_environment() -> int:
-    """How many nodes the ranks span, as the launcher says it: trainrun's and torchrun's
-    (``GROUP_WORLD_SIZE``) or a Slurm step's (``SLURM_STEP_NUM_NODES``); 1 where nothing says."""
-    return int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or "1")
+    """How many nodes the ranks span, as the launcher says it (``GROUP_WORLD_SIZE``: trainrun's and
+    torchrun's, and a Slurm step's once trainrun translates it); 1 where nothing says."""
+    return int(os.environ.get("GROUP_WORLD_SIZE") or "1")
+
+
+PEER_LOSS_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator")
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank went away."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(sign in text for sign in PEER_LOSS_SIGNS)
 
 
 def cores_per_process(processes: int | None = None) -> int:

@@ -1,7 +1,8 @@
 """A lost node ends a multi-node run on every node within ``launcher.node_timeout`` seconds.
 
-A node whose processes die resets its peers' connections and the run ends in seconds; a node cut
-off (a link down, a partition, a hung kernel) resets nothing, and every collective would wait its
+A node whose processes die resets its peers' connections: their collectives fail at once, and they
+wait for the heartbeat's verdict (:func:`await_verdict`) to name it; a node cut off (a link down, a
+partition, a hung kernel) resets nothing, and every collective would wait its
 whole timeout (an hour here, torch's 10-30 minutes by default) while the other nodes' GPUs idle.
 So the first rank of each node beats a counter in the run's rendezvous store every
 :data:`BEAT_SECONDS`, from a thread of its own, whatever the training thread does (a first
@@ -57,7 +58,7 @@ class NodePlace:
             return None
         world = int(env.get("WORLD_SIZE", "1"))
         ranks = int(env.get("LOCAL_WORLD_SIZE") or world // nodes)
-        return cls(int(env.get("GROUP_RANK") or env.get("SLURM_NODEID") or "0"), nodes, int(env["RANK"]), ranks)
+        return cls(int(env.get("GROUP_RANK") or "0"), nodes, int(env["RANK"]), ranks)
 
 
 class NodeHeartbeat:
@@ -160,6 +161,19 @@ def start(timeout: float, on_lost: Callable[[str, bool], None]) -> NodeHeartbeat
     for thread in heartbeat.threads:
         thread.start()
     return heartbeat
+
+
+def await_verdict(timeout: float) -> None:
+    """A collective failed because a peer went away: on a run across nodes, wait as long as the
+    heartbeat (``timeout``: ``launcher.node_timeout``) needs to say whether a node was lost, which
+    ends this process from its thread (and under Slurm requeues the job: a node killed outright
+    resets its peers' connections before it misses a beat). A node's other ranks outwait its first,
+    so that its line is the one the launcher reports. Where no node was lost (a rank that crashed),
+    the failure then goes up as it is."""
+    if nodes_from_environment() < 2:
+        return
+    first = os.environ.get("LOCAL_RANK", "0") == "0"
+    time.sleep(timeout + (3 if first else 4) * BEAT_SECONDS)
 
 
 def end_this_rank(line: str, survivor: bool, requeue: bool) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -26,6 +25,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from trainrun.core.distributed import nodes_from_environment
 
 
 @dataclass(frozen=True)
@@ -130,13 +131,6 @@ def sharding_mesh(device_type: str, world_size: int, nodes: int) -> DeviceMesh:
     return init_device_mesh(device_type, (nodes, world_size // nodes), mesh_dim_names=("replicate", "shard"))
 
 
-def nodes_of_this_run() -> int:
-    """How many nodes the ranks span: the world over the ranks of this node (torchrun's and trainrun's
-    launcher set ``LOCAL_WORLD_SIZE``; 1 where nothing says)."""
-    world = torch.distributed.get_world_size()
-    return world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
-
-
 def prepare(
     model: nn.Module,
     settings: Parallelism,
@@ -151,7 +145,7 @@ def prepare(
     checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
     if not shards(settings):
         return model.to(device)
-    mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_of_this_run())
+    mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_from_environment())
     # bf16: compute in bfloat16 from float32 master weights, gradients reduced in float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     for block in getattr(model, "blocks", ()):

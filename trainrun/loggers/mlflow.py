@@ -52,7 +52,7 @@ class MlflowLogger(Callback):
         if previous and previous.get("tracking_uri") == self.uri:
             self.store.resume(previous["run_id"])
         else:
-            facts = provenance(torch.device("cpu"), 0, config.launcher.nnodes)
+            facts = provenance(torch.device("cpu"), 0)
             tags = {f"trainrun.{k}": str(v) for k, v in facts.items() if k not in ("packages", "device", "devices")}
             tags |= {"trainrun.run_dir": str(run_dir.absolute()), "mlflow.source.name": "trainrun"}
             name = config.mlflow.run_name or run_dir.name
