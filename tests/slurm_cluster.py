@@ -10,9 +10,11 @@ import contextlib
 import getpass
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +45,7 @@ def slurm_conf(folder: Path, controller: str, nodes: list[str], ports: tuple[int
         "TaskPlugin": "task/none", "MpiDefault": "none", "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_Core", "ReturnToService": 1, "JobRequeue": 1, "KillWait": 5,
         "AccountingStorageType": "accounting_storage/none", "JobAcctGatherType": "jobacct_gather/none",
+        "FirstJobId": first_job_id(),
     }  # fmt: skip
     lines = [f"{key}={value}" for key, value in settings.items()]
     lines += [f"NodeName={node} CPUs={cpus} State=UNKNOWN" for node in nodes]
@@ -101,11 +104,28 @@ class Cluster:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def first_job_id(jobs: int = 10) -> int:
+    """A cluster's first job id, drawn so that its jobs' rendezvous ports (trainrun's 20000 + the job
+    id modulo 20000) are free here: two clusters of the suite's workers, each numbering its jobs from
+    1, would otherwise give their first jobs one port."""
+    while True:
+        first = random.randrange(1, 20000 - jobs)
+        if all(port_free(20000 + first + offset) for offset in range(jobs)):
+            return first
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager
