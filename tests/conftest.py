@@ -125,6 +125,15 @@ def killed_and_resumed(args: list[str], tmp_path: Path) -> tuple[Path, Path, int
     return whole, killed, newest
 
 
+def assert_equal_to_summation_order(got: dict, expected: dict) -> None:
+    """Two runs' weights equal to float summation order: gloo's reductions sum in an order that
+    differs with the ranks and nodes (and DDP's buckets, built anew by a resumed run); SGD, whose
+    steps do not divide by the gradients' own size as Adam's do, carries none of that further."""
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from conftest import EXACT, read_metrics
+from conftest import EXACT, assert_equal_to_summation_order, read_metrics
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 PYTHON = f"{sys.executable} -m trainrun"
@@ -220,11 +220,11 @@ OVERRIDES = "max_duration=30ba eval_interval=30ba log_interval=2"  # a loss chec
 LAST = "ep1-ba30.pt"  # the run's final checkpoint
 
 
-def assert_requeued_and_resumed(slurm: Cluster, job: str, folder: Path, straight: Path) -> None:
+def assert_requeued_and_resumed(slurm: Cluster, job: str, folder: Path, straight: Path, exact: bool = True) -> None:
     """``job``, stopped by its notice, requeued by rank 0, ends once started again; it resumed from the
     step every rank stopped at to the weights of the job run straight through (``straight``): to the
-    bit on two ranks, to float summation order on more (a sum of four depends on the order DDP's
-    buckets take, which a resumed job builds anew at its first step; a sum of two does not)."""
+    bit (``exact``: two ranks, whose sum has one order), else to float summation order (four ranks'
+    sum follows DDP's buckets, which a resumed job builds anew at its first step)."""
     wait(lambda: slurm.restarted(job, folder / "job.out"), 120, "the requeued job's credential to expire")
     state = slurm.finished(job)
     output = (folder / "job.out").read_text()
@@ -239,9 +239,10 @@ def assert_requeued_and_resumed(slurm: Cluster, job: str, folder: Path, straight
     got, expected = (
         torch.load(run / "run" / "checkpoints" / LAST, weights_only=True)["model"] for run in (folder, straight)
     )
-    tolerance = {"rtol": 0, "atol": 0} if "| 2 rank(s) |" in output else {"rtol": 1e-4, "atol": 1e-5}
-    for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, **tolerance, msg=name)
+    if exact:
+        assert all(torch.equal(got[name], value) for name, value in expected.items())
+    else:
+        assert_equal_to_summation_order(got, expected)
 
 
 def multirun(slurm: Cluster, sweep: Path, *launcher: str) -> None:

@@ -336,6 +336,25 @@ def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_
         assert row.gpu in table.architectures and (row.basis == "calibrated" or row.reading is not None)
 
 
+def test_a_rate_row_times_only_runs_checkpointed_as_it_was_measured():
+    """The Llama rows were measured on the 8B recipe's selective checkpointing, whose policy runs in
+    Python for every operation of an eager step: a run without checkpointing finds no row (and says
+    which it lacks), one with it finds the eager row."""
+    from trainrun.rates import rates
+
+    table = rates()
+    assert table.gpu_rate("llama", "h200", "bf16", False) is None
+    row = table.gpu_rate("llama", "h200", "bf16", False, "selective")
+    assert row is not None and row.key() == "llama bf16 eager, selective checkpointing"
+    args = ["task=causal_lm", "model=llama3_1b", "data=stdlib_stream", "train_batch_size=2", "precision=bf16"]
+    config = validate(compose([*args, "launcher.devices=1", "hardware=8xh200"]), files=False)
+    from trainrun.estimate_gpu import DEFAULT_MFU, gpu_row
+
+    assert gpu_row(config, None) == (
+        DEFAULT_MFU, "no rate measured for llama bf16 eager on h200: 40% MFU assumed (--mfu to state one)", "unmeasured"
+    )  # fmt: skip
+
+
 def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_path):
     """``--from-runs``: the median samples that runs of the same recipe and stop_at took, as their
     summaries say; runs of another recipe or that never reached the target are not read as such."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, read_metrics
+from conftest import EXACT, assert_equal_to_summation_order, read_metrics
 from network_hosts import ONE_THREAD, Hosts, made_hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -73,14 +73,6 @@ def newest_weights(run: Path) -> dict[str, torch.Tensor]:
     return whole_weights(newest) if newest.is_dir() else torch.load(newest, weights_only=True)["model"]
 
 
-def assert_same_weights(got: dict, expected: dict) -> None:
-    """Equal to float summation order: gloo's reductions differ with the topology (SGD, whose steps do
-    not divide by the gradients' own size as Adam's do, carries none of that further)."""
-    assert got.keys() == expected.keys()
-    for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
-
-
 SMALL = [arg for arg in EXACT if not arg.startswith("max_duration=")]  # group norm: equal to summation order
 DDP = [*SMALL, "max_duration=8ba", "eval_interval=8ba", "eval_batch_size=64"]
 
@@ -96,7 +88,7 @@ def test_two_nodes_of_two_ranks_train_the_weights_of_one_node_of_four(hosts, for
     for node, (code, _, stderr) in enumerate(ended):
         assert code == 0, f"node {node}: {stderr}"
         assert "reached through eth0" in stderr and "GLOO_SOCKET_IFNAME=eth0" in stderr, stderr  # said, one line
-    assert_same_weights(newest_weights(tmp_path / "two"), newest_weights(tmp_path / "one"))
+    assert_equal_to_summation_order(newest_weights(tmp_path / "two"), newest_weights(tmp_path / "one"))
     provenance = json.loads((tmp_path / "two" / "summary.json").read_text())["provenance"]
     assert (provenance["nodes"], provenance["devices"]) == (2, 4)
     if loader == "ffcv":
@@ -117,7 +109,7 @@ def test_hsdp_over_two_nodes_trains_the_weights_of_fsdp_on_four_ranks_and_resume
     for node, (code, _, stderr) in enumerate(ended):
         assert code == 0, f"node {node}: {stderr}"
     expected = newest_weights(tmp_path / "one")
-    assert_same_weights(newest_weights(tmp_path / "two"), expected)
+    assert_equal_to_summation_order(newest_weights(tmp_path / "two"), expected)
     for key in ("train_loss", "eval_loss"):
         assert [row[key] for row in read_metrics(tmp_path / "two")] == pytest.approx(
             [row[key] for row in read_metrics(tmp_path / "one")], rel=1e-4
@@ -126,7 +118,7 @@ def test_hsdp_over_two_nodes_trains_the_weights_of_fsdp_on_four_ranks_and_resume
     (resumed / "checkpoints").mkdir(parents=True)
     os.rename(tmp_path / "two" / "checkpoints" / "ep0-ba4", resumed / "checkpoints" / "ep0-ba4")
     on_one_host([*LLAMA, "launcher.devices=2", "resume=auto"], resumed, tmp_path)
-    assert_same_weights(newest_weights(resumed), expected)
+    assert_equal_to_summation_order(newest_weights(resumed), expected)
 
 
 LONG = [*SMALL, "max_duration=400ba", "checkpoint.interval=5ba", "checkpoint.keep=2", "eval_batch_size=64"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_equal_to_summation_order
 from network_hosts import Hosts, made_hosts
 from slurm_cluster import (
     LAST,
@@ -96,7 +97,7 @@ def test_a_notice_reaches_both_nodes_and_the_requeued_job_resumes_to_the_uninter
     wait(lambda: ranks.extend(listening_ranks(tmp_path / "run", 4)) or ranks, 120, "four ranks to listen", every=0.02)
     assert len({os.stat(f"/proc/{pid}/ns/net").st_ino for pid in ranks}) == 2  # on both hosts
     signal_while_held(ranks, slurm, job)
-    assert_requeued_and_resumed(slurm, job, tmp_path, straight)
+    assert_requeued_and_resumed(slurm, job, tmp_path, straight, exact=False)
 
 
 def test_a_multirun_through_the_slurm_launcher_runs_each_job_on_two_nodes(slurm, tmp_path):
@@ -140,5 +141,4 @@ def test_a_node_set_down_mid_job_ends_it_within_a_minute_and_the_requeue_continu
     got, expected = (
         torch.load(folder / "checkpoints" / LAST, weights_only=True)["model"] for folder in (run, straight / "run")
     )
-    for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert_equal_to_summation_order(got, expected)

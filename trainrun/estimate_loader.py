@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trainrun import kinds
 from trainrun.core.work import StepWork
-from trainrun.rates import rates
+from trainrun.rates import LoaderRate, rates
 from trainrun.schema import TrainConfig
 
 
@@ -58,7 +58,7 @@ def loader_seconds(config: TrainConfig, work: StepWork, threads: float | None) -
     samples = config.train_batch_size / config.launcher.nnodes
     if images_decoded(config):
         return samples * image_seconds(config, work) / threads
-    row = rates().loader_rate(config.task.name, config.data.loader, crop_of(config))
+    row = loader_row(config)
     if row is None:
         return None
     per_sample = work.sequence_length if row.unit == "tokens/s" else 1
@@ -68,9 +68,12 @@ def loader_seconds(config: TrainConfig, work: StepWork, threads: float | None) -
 def loader_timed(config: TrainConfig) -> bool:
     """Whether trainrun has measured the run's loader: an image loader's operations, or a row for the
     task's text or volumes."""
-    return (
-        images_decoded(config) or rates().loader_rate(config.task.name, config.data.loader, crop_of(config)) is not None
-    )
+    return images_decoded(config) or loader_row(config) is not None
+
+
+def loader_row(config: TrainConfig) -> LoaderRate | None:
+    """The measured row of the run's text or volume loader (at its crop), None where there is none."""
+    return rates().loader_rate(config.task.name, config.data.loader, crop_of(config))
 
 
 def loader_notes(config: TrainConfig, threads: float | None) -> list[str]:
@@ -113,7 +116,7 @@ def loader_in_words(config: TrainConfig, work: StepWork, threads: float, ranks_p
         augments = f", {work.image_ops:g} augmentation op(s)" if work.image_ops else ""
         what = f"data.loader={config.data.loader} at {side} px{augments}"
         return f"{what}: {seconds * 1e3:.2f} ms an image a thread ({rates().image_ops.source}) {node}"
-    row = rates().loader_rate(config.task.name, config.data.loader, crop_of(config))
+    row = loader_row(config)
     crop = " at " + " x ".join(map(str, row.crop)) if row.crop else ""
     rate = f"{row.per_thread:,.0f}" if row.per_thread >= 100 else f"{row.per_thread:.3g}"
     return f"{config.task.name} data.loader={row.loader}{crop}: {rate} {row.unit} a thread ({row.source}) {node}"

@@ -223,19 +223,33 @@ def evaluation_flops(
     return config.data.text.val_tokens / text.max_seq_len * counts.counted_at(None, text.max_seq_len, train=False)
 
 
-def gpu_rate(
-    config: TrainConfig, ranks: int, mfu: float | None, peak_tflops: float | None, float8: Callable[[], float]
-) -> tuple[float | None, str, str, float, float | None, list[str]]:
-    """(the run's GPUs' FLOP/s, the row in words, its basis, its utilisation, the peak, notes): at the
-    row that fits (or ``mfu``) of ``peak_tflops`` (default: the hardware's), with precision=fp8's
-    ``float8()`` share of the FLOPs at the float8 peak."""
-    notes: list[str] = []
+@dataclass(frozen=True)
+class Gpus:
+    """The run's GPUs as the estimate times them: the rate row that fits, in words, and what it gives."""
+
+    flop_rate: float | None  # all ranks' FLOP/s (None: no peak said)
+    row: str
+    basis: str  # measured, calibrated, stated (--mfu) or unmeasured
+    mfu: float
+    peak_tflops: float | None
+
+
+def gpus_of(
+    config: TrainConfig,
+    ranks: int,
+    mfu: float | None,
+    peak_tflops: float | None,
+    float8: Callable[[], float],
+    notes: list[str],
+) -> Gpus:
+    """``ranks`` GPUs at the row that fits (or ``mfu``) of ``peak_tflops`` (default: the hardware's),
+    with precision=fp8's ``float8()`` share of the FLOPs at the float8 peak."""
     utilisation, described, basis = gpu_row(config, mfu)
     peak = peak_tflops or config.hardware.peak_tflops
-    throughput = ranks * peak * 1e12 * utilisation if peak else None
-    if throughput and config.precision == "fp8":
-        throughput = effective_throughput(config, throughput, float8(), notes)
-    return throughput, described, basis, utilisation, peak, notes
+    flop_rate = ranks * peak * 1e12 * utilisation if peak else None
+    if flop_rate and config.precision == "fp8":
+        flop_rate = effective_throughput(config, flop_rate, float8(), notes)
+    return Gpus(flop_rate, described, basis, utilisation, peak)
 
 
 def timing(
@@ -258,9 +272,9 @@ def timing(
     counts = FlopCounts(config, task, text, samples=2)
     per_sample = counts.training([work for _, _, work in read])
     plain_sample = counts.counted_at(base.resolution, base.sequence_length)
-    throughput, described, basis, utilisation, peak, notes = gpu_rate(
-        config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample)
-    )
+    notes: list[str] = []
+    gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
+    throughput = gpus.flop_rate
     stepping = optimizer_seconds(config, optimizer, throughput / ranks, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
@@ -280,10 +294,10 @@ def timing(
     step = plain / throughput + stepping + exposed_seconds(link, hidden, plain / throughput) if throughput else None
     return Timing(
         phases=phases,
-        rate=described,
-        rate_basis=basis,
-        mfu=utilisation,
-        peak_tflops=peak,
+        rate=gpus.row,
+        rate_basis=gpus.basis,
+        mfu=gpus.mfu,
+        peak_tflops=gpus.peak_tflops,
         loader=loader_in_words(config, read[0][2], threads, per_node) if threads and loader_timed(config) else None,
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,

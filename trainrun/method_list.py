@@ -25,8 +25,11 @@ def given_methods(overrides: list[str]) -> tuple[str, list[str]] | None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException:
         return None
-    given = [(typed, override.value()) for typed, override in zip(overrides, parsed, strict=True)]
-    given = [(typed, names) for typed, names in given if typed.split("=", 1)[0].lstrip("+") == "algorithms"]
+    given = [
+        (typed, override.value())
+        for typed, override in zip(overrides, parsed, strict=True)
+        if override.key_or_group == "algorithms"
+    ]
     if not given or given[-1][1] is None:
         return None
     typed, names = given[-1]
