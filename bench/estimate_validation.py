@@ -62,12 +62,9 @@ def rows() -> list[dict[str, Any]]:
 
 def estimate_row(row: dict[str, Any]) -> Checked:
     """The estimate of ``row``'s settings, composed as ``trainrun estimate`` composes them."""
-    from trainrun.config import check, locate, translate
     from trainrun.estimate import estimate
 
-    _, overrides, _ = translate([*row["overrides"], *row.get("settings", [])])
-    source, _, overrides = locate([], overrides)
-    (config,) = check(overrides, files=False, source=source)
+    config = composed([*row["overrides"], *row.get("settings", [])])
     arguments, flags = {}, list(row.get("args", []))
     for flag, value in zip(flags[::2], flags[1::2], strict=True):
         name, kind = FLAGS[flag]
@@ -89,6 +86,38 @@ def estimate_row(row: dict[str, Any]) -> Checked:
     return Checked(row, value, estimated, unit, result.rate, result.rate_basis, held, result.mfu)
 
 
+def composed(overrides: list[str]) -> Any:
+    """The config of ``overrides``, composed as ``trainrun estimate`` composes it."""
+    from trainrun.config import check, locate, translate
+
+    _, overrides, _ = translate(overrides)
+    source, _, overrides = locate([], overrides)
+    (config,) = check(overrides, files=False, source=source)
+    return config
+
+
+def row_roofline(rate: Any) -> tuple[float, float]:
+    """A rate row's roofline (rates.yaml's ``roofline`` and ``memory_gb_s``): the share of its GPU's
+    peak its shape's training micro-batch reaches on that GPU's roofline, and the GPU's bandwidth;
+    for a calibrated row, at the published row's settings and node."""
+    from trainrun.estimate import run_shape, sized_task
+    from trainrun.estimate_gpu import Roofline
+    from trainrun.estimate_time import FlopCounts, base_work
+
+    if rate.basis == "calibrated":
+        (row,) = [row for row in rows() if row["id"] == rate.shape[0].split()[-1]]
+        config = composed([*row["overrides"], *row.get("settings", [])])
+        peak, bandwidth = config.hardware.peak_tflops, config.hardware.memory_gb_s
+    else:
+        config, group = composed(list(rate.shape)), gpu_group(rate.gpu)
+        peak, bandwidth = group["peak_tflops"], group["memory_gb_s"]
+    shape = run_shape(config, rate.vocab, rate.real_tokens or 1.0)
+    base = base_work(config, shape.text)
+    counts = FlopCounts(config, sized_task(config), shape.text, 2, shape.micro_batch)
+    share = counts.roofline_at(base.resolution, base.sequence_length, Roofline(float(peak) * 1e12, float(bandwidth)))
+    return share, float(bandwidth)
+
+
 def gpu_group(gpu: str) -> dict[str, Any]:
     """The hardware group that states ``gpu`` (its peak and memory bandwidth)."""
     for path in sorted((ROOT / "conf" / "hardware").glob("*.yaml")):
@@ -102,14 +131,11 @@ def measured_mfu(rate: Any) -> float:
     """A measured rate row's utilisation: trainrun's FLOP count of its shape (a training step's
     forward and backward) over the GPU's peak and the step's time less its optimizer's operations
     (timed one by one as the estimate times them, their products at the utilisation found)."""
-    from trainrun.config import check, locate, translate
     from trainrun.estimate import run_shape, sized_task
     from trainrun.estimate_gpu import operations_seconds
     from trainrun.fake_rank import fake_world, measure, pass_flops
 
-    _, overrides, _ = translate(list(rate.shape))
-    source, _, overrides = locate([], overrides)
-    (config,) = check(overrides, files=False, source=source)
+    config = composed(list(rate.shape))
     task = sized_task(config)
     shape = run_shape(config, rate.vocab, rate.real_tokens or 1.0)
     per_sample = pass_flops(config, task, shape.text, 2) / 2
@@ -127,6 +153,9 @@ def measured_mfu(rate: Any) -> float:
 
 
 def markdown(checked: list[Checked]) -> str:
+    from trainrun.rates import rates
+
+    floor = f"the floor an eager operation costs, {rates().operation_floor_s * 1e6:g} µs"
     lines = [
         "| row | published | estimated | ratio | rate row | bottleneck | within 25 % |",
         "| --- | ---: | ---: | ---: | --- | --- | --- |",
@@ -134,7 +163,9 @@ def markdown(checked: list[Checked]) -> str:
     for item in checked:
         form = "{:,.1f}" if item.unit == "min" else "{:,.0f}"
         assumed = f" (assumes {item.row['assumes']}: not counted as a pass)" if item.row.get("assumes") else ""
-        if item.row.get("calibrates"):
+        if item.row.get("calibrates") == "operation_floor_s":
+            verdict = f"calibration ({floor}, fitted)"
+        elif item.row.get("calibrates"):
             verdict = f"calibration ({item.fitted_mfu:.1%} MFU fitted)"
         elif item.within_goal:
             verdict = "yes" + assumed
@@ -171,9 +202,13 @@ def main() -> int:
         from trainrun.rates import rates
 
         for rate in rates().gpu:
+            row = f"{rate.key()} {rate.gpu}"
             if rate.basis == "measured":
-                row = f"{rate.family} {rate.precision} compile={rate.compile} {rate.gpu}"
                 print(f"{row}: table {rate.mfu:.4f}, recounted {measured_mfu(rate):.4f}")
+            if rate.roofline is not None:
+                share, bandwidth = row_roofline(rate)
+                table = f"{rate.roofline} at {rate.memory_gb_s} GB/s"
+                print(f"{row}: roofline table {table}, recounted {share:.4f} at {bandwidth:g}")
         return 0
     chosen = [row for row in rows() if not args.rows or row["id"] in args.rows]
     checked = []

@@ -413,6 +413,8 @@ def test_the_estimate_holds_every_published_row_and_the_documented_table(monkeyp
 
 @pytest.mark.slow
 def test_each_measured_rate_row_is_its_reading_at_trainruns_flop_count(monkeypatch):
+    """A measured row's utilisation is its reading at trainrun's FLOP count, and a row's roofline is
+    its shape's on its GPU (a calibrated row's: the published row's settings and node)."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import estimate_validation
 
@@ -421,6 +423,9 @@ def test_each_measured_rate_row_is_its_reading_at_trainruns_flop_count(monkeypat
     for row in rates().gpu:
         if row.basis == "measured":
             assert estimate_validation.measured_mfu(row) == pytest.approx(row.mfu, rel=0.005), row
+        if row.roofline is not None:
+            share, bandwidth = estimate_validation.row_roofline(row)
+            assert (share, bandwidth) == (pytest.approx(row.roofline, rel=0.005), row.memory_gb_s), row
 
 
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))

@@ -330,8 +330,9 @@ def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_
     for row in calibrated:
         (named,) = [published[shape.split()[-1]] for shape in row.shape]
         assert named["calibrates"] == f"{row.key()} on {row.gpu}"
-    calibrating = [row for row in published.values() if "calibrates" in row]
-    assert len(calibrating) == len(calibrated)
+    fits = {row["id"]: row["calibrates"] for row in published.values() if "calibrates" in row}
+    floor = [name for name, what in fits.items() if what == "operation_floor_s"]
+    assert floor == ["resnet_h100_224"] and len(fits) - len(floor) == len(calibrated)
     for row in table.gpu:
         assert row.gpu in table.architectures and (row.basis == "calibrated" or row.reading is not None)
 
@@ -351,8 +352,11 @@ def test_a_rate_row_times_only_runs_checkpointed_as_it_was_measured():
     from trainrun.estimate_gpu import DEFAULT_MFU, gpu_row
 
     assert gpu_row(config, None) == (
-        DEFAULT_MFU, "no rate measured for llama bf16 eager on h200: 40% MFU assumed (--mfu to state one)", "unmeasured"
-    )  # fmt: skip
+        DEFAULT_MFU,
+        "no rate measured for llama bf16 eager on h200: 40% MFU assumed (--mfu to state one)",
+        "unmeasured",
+        None,
+    )
 
 
 def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_path):
@@ -580,3 +584,50 @@ def test_float8_computes_the_linear_layers_at_the_float8_peak_where_the_hardware
     unstated = gpt_estimate("precision=fp8", "hardware.peak_fp8_tflops=null")
     assert unstated.step_seconds == pytest.approx(bf16.step_seconds)
     assert any("timed as bf16: hardware=8xh100_aws states no peak_fp8_tflops" in note for note in unstated.notes)
+
+
+def test_the_roofline_times_each_operation_at_the_slower_of_its_flops_and_its_bytes():
+    """An operation of 2 TFLOP and 1 GB on a GPU of 1,000 TFLOP/s and 1,000 GB/s takes 2 ms (compute);
+    one of 0 FLOPs and 3 GB takes 3 ms (memory): the two reach 2 of 5 ms' worth of the peak."""
+    from trainrun.estimate_gpu import Roofline
+
+    roofline = Roofline(1e15, 1000)
+    assert roofline.utilisation([(2e12, 1e9), (0.0, 3e9)]) == pytest.approx(0.4)
+    assert roofline.utilisation([(2e12, 1e9)]) == pytest.approx(1.0)
+
+
+def test_the_operation_log_counts_the_flops_the_flop_counter_counts_attention_included():
+    """A training pass as its operations (the roofline's) holds the FLOPs ``pass_flops`` counts,
+    the fused attention kernels' among them."""
+    from trainrun.estimate import run_shape, sized_task
+    from trainrun.fake_rank import pass_flops, pass_operations
+
+    overrides = ["task=causal_lm", "model=gpt_tiny", "data=stdlib_stream", "data.text.max_seq_len=64"]
+    config = validate(compose([*overrides, "train_batch_size=4", "precision=bf16"]), files=False)
+    task, text = sized_task(config), run_shape(config, 512).text
+    operations = pass_operations(config, task, text, 2)
+    assert sum(flops for flops, _ in operations) == pytest.approx(pass_flops(config, task, text, 2))
+
+
+def mild_on_one_gpu(*overrides: str):
+    from trainrun.estimate import estimate
+
+    base = ["recipe=mild", "data.resolution=176", "train_batch_size=256", "launcher.devices=1", "hardware=8xh100_aws"]
+    return estimate(validate(compose([*base, *overrides]), files=False))
+
+
+def test_a_rows_utilisation_moves_with_the_runs_roofline():
+    """At the H100 row's own shape (recipe=mild at 176 px, 256 a GPU) the step computes at the row's
+    utilisation; at 96 px its operations reach less of the peak on the roofline (more of them at the
+    floor an operation costs), so it computes at less; on an H200 the row's GPU's roofline is kept
+    (a sibling's other bandwidth is not read into it), so the step is the H100's. The estimate says
+    where it moved."""
+    from trainrun.rates import rates
+
+    row = rates().gpu_rate("resnet", "h100", "amp", False)
+    own, small, h200 = mild_on_one_gpu(), mild_on_one_gpu("data.resolution=96"), mild_on_one_gpu("hardware=8xh200")
+    at_row = own.step_flops / (989.4e12 * row.mfu)
+    assert at_row < own.step_seconds < 1.01 * at_row  # the optimizer's operations: under 1 %
+    assert small.step_flops / small.step_seconds < 0.97 * own.step_flops / own.step_seconds
+    assert h200.step_seconds == pytest.approx(own.step_seconds, rel=0.01)
+    assert any(f"where the row's shape reaches {row.roofline:.1%}" in note for note in own.notes)

@@ -273,7 +273,10 @@ def estimate(
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
     traffic = exchanged(config, shape, memory, notes)
-    timing = run_timing(config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer)
+    operations, micro_batch = memory.optimizer, shape.micro_batch
+    timing = run_timing(
+        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, operations, micro_batch
+    )
     return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
 
 

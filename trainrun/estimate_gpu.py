@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trainrun import kinds
 from trainrun.data.interface import TextFacts
-from trainrun.rates import rates, run_key
+from trainrun.rates import GpuRate, rates, run_key
 from trainrun.schema import TrainConfig
 
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
@@ -58,19 +58,34 @@ def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes:
     return Traffic(2 * (per_node - 1) / per_node * gradients, across, per_node, BACKWARD_SHARE)
 
 
-def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str]:
-    """(the utilisation, the row in words, its basis): ``mfu`` where stated, else the measured or
-    calibrated row that fits, else :data:`DEFAULT_MFU` said as unmeasured."""
+@dataclass(frozen=True)
+class Roofline:
+    """One GPU as an eager step's operations see it: each at the slower of its FLOPs at the dense
+    peak and its bytes at the memory's bandwidth, never under the floor of its dispatch and launch
+    (:func:`operations_seconds`)."""
+
+    peak_flops: float  # FLOP/s
+    bandwidth_gb_s: float
+
+    def utilisation(self, operations: list[tuple[float, float]]) -> float:
+        """The share of the peak ``operations`` reach on the roofline."""
+        flops = sum(flops for flops, _ in operations)
+        return flops / (operations_seconds(tuple(operations), self.peak_flops, self.bandwidth_gb_s) * self.peak_flops)
+
+
+def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str, GpuRate | None]:
+    """(the utilisation, the row in words, its basis, the row): ``mfu`` where stated, else the
+    measured or calibrated row that fits, else :data:`DEFAULT_MFU` said as unmeasured."""
     if mfu is not None:
-        return mfu, f"--mfu {mfu:.1%}", "stated"
+        return mfu, f"--mfu {mfu:.1%}", "stated", None
     family = kinds.spec_of("model", config.model.name).family
     gpu, checkpointing = config.hardware.gpu, config.parallel.activation_checkpointing
     row = rates().gpu_rate(family, gpu, config.precision, config.compile, checkpointing)
     if row is not None:
-        return row.mfu, row.describe(gpu), row.basis
+        return row.mfu, row.describe(gpu), row.basis, row
     kind = run_key(family, config.precision, config.compile, checkpointing)
     missing = f"no rate measured for {kind} on {gpu or 'hardware.gpu unset'}"
-    return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured"
+    return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured", None
 
 
 def float8_share(config: TrainConfig, text: TextFacts | None, per_sample: float) -> float:
@@ -105,7 +120,7 @@ def effective_throughput(config: TrainConfig, throughput: float, float8: float, 
 
 def operations_seconds(operations: tuple[tuple[float, float], ...], flop_rate: float, bandwidth_gb_s: float) -> float:
     """Seconds of ``operations`` (FLOPs, bytes) on one GPU: each at the slowest of its FLOPs at
-    ``flop_rate``, its bytes at the memory's bandwidth, and the floor an operation costs however
+    ``flop_rate``, its bytes at the memory's bandwidth, and the floor an eager operation costs however
     small (``rates.yaml``'s ``operation_floor_s``: its dispatch and launch)."""
     bandwidth, floor = bandwidth_gb_s * GB, rates().operation_floor_s
     return sum(max(flops / flop_rate, moved / bandwidth, floor) for flops, moved in operations)

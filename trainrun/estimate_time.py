@@ -25,6 +25,7 @@ from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
 from trainrun.estimate_gpu import (
+    Roofline,
     Traffic,
     effective_throughput,
     exposed_seconds,
@@ -41,6 +42,7 @@ from trainrun.estimate_loader import (
     loader_threads,
     loader_timed,
 )
+from trainrun.rates import GpuRate
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task
 
@@ -157,36 +159,65 @@ def phases_of(config: TrainConfig, work: StepWork) -> list[tuple[float, float, S
 
 
 class FlopCounts:
-    """FLOPs a sample of the run at each size a phase trains at, counted once a size (fitted where
-    there are many: a quadratic in the side or length is exact for convolutions and attention)."""
+    """FLOPs a sample of the run at each size a phase trains at, and the share of its GPU's peak a
+    micro-batch reaches on the roofline there, each found once a size (fitted where there are many:
+    a quadratic in the side or length is exact for FLOPs of convolutions and attention)."""
 
-    def __init__(self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int) -> None:
+    def __init__(
+        self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int, micro_batch: int | None = None
+    ) -> None:
         self.config, self.task, self.text, self.samples = config, task, text, samples
+        self.micro_batch = micro_batch or samples
         self.counted: dict[tuple, float] = {}
+        self.rooflines: dict[tuple, float] = {}
+
+    def sized(self, resolution: int | None, length: int | None) -> tuple[TrainConfig, TextFacts | None]:
+        """The run's config and text at ``resolution`` or ``length`` (None: as the run sets it)."""
+        config, text = self.config, self.text
+        if resolution is not None:
+            config = dataclasses.replace(config, data=dataclasses.replace(config.data, resolution=resolution))
+        if length is not None:
+            text = dataclasses.replace(text, max_seq_len=length)
+        return config, text
 
     def counted_at(self, resolution: int | None, length: int | None, train: bool = True) -> float:
         from trainrun.fake_rank import pass_flops
 
         key = (resolution, length, train)
         if key not in self.counted:
-            config, text = self.config, self.text
-            if resolution is not None:
-                config = dataclasses.replace(config, data=dataclasses.replace(config.data, resolution=resolution))
-            if length is not None:
-                text = dataclasses.replace(text, max_seq_len=length)
+            config, text = self.sized(resolution, length)
             self.counted[key] = pass_flops(config, self.task, text, self.samples, train) / self.samples
         return self.counted[key]
 
+    def roofline_at(self, resolution: int | None, length: int | None, roofline: Roofline) -> float:
+        """The share of the peak a training micro-batch at ``resolution`` or ``length`` reaches on ``roofline``."""
+        from trainrun.fake_rank import pass_operations
+
+        key = (resolution, length, roofline)
+        if key not in self.rooflines:
+            config, text = self.sized(resolution, length)
+            self.rooflines[key] = roofline.utilisation(pass_operations(config, self.task, text, self.micro_batch))
+        return self.rooflines[key]
+
     def training(self, works: list[StepWork]) -> list[float]:
         """Forward-and-backward FLOPs a sample for each of ``works``."""
+        return self.by_size(works, self.counted_at)
+
+    def roofline(self, works: list[StepWork], roofline: Roofline) -> list[float]:
+        """The roofline's share of the peak for each of ``works``."""
+        return self.by_size(works, lambda resolution, length: self.roofline_at(resolution, length, roofline))
+
+    @staticmethod
+    def by_size(works: list[StepWork], found: Callable[[int | None, int | None], float]) -> list[float]:
+        """``found`` at each of ``works``' sizes, or at three of many and fitted by a quadratic in the size."""
         sizes = sorted(
             {(work.resolution, work.sequence_length) for work in works}, key=lambda size: size[0] or size[1] or 0
         )
         if len(sizes) <= COUNTED_SIZES:
-            return [self.counted_at(work.resolution, work.sequence_length) for work in works]
+            return [found(work.resolution, work.sequence_length) for work in works]
         ends = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
         side = 0 if sizes[0][0] is not None else 1
-        fit = np.polyfit([size[side] for size in ends], [self.counted_at(*size) for size in ends], 2)
+        fit = np.polyfit([size[side] for size in ends], [found(*size) for size in ends], 2)
         return [float(np.polyval(fit, (work.resolution, work.sequence_length)[side])) for work in works]
 
 
@@ -232,6 +263,7 @@ class Gpus:
     basis: str  # measured, calibrated, stated (--mfu) or unmeasured
     mfu: float
     peak_tflops: float | None
+    reference: GpuRate | None = None  # the rate row, where one fits
 
 
 def gpus_of(
@@ -244,12 +276,31 @@ def gpus_of(
 ) -> Gpus:
     """``ranks`` GPUs at the row that fits (or ``mfu``) of ``peak_tflops`` (default: the hardware's),
     with precision=fp8's ``float8()`` share of the FLOPs at the float8 peak."""
-    utilisation, described, basis = gpu_row(config, mfu)
+    utilisation, described, basis, row = gpu_row(config, mfu)
     peak = peak_tflops or config.hardware.peak_tflops
     flop_rate = ranks * peak * 1e12 * utilisation if peak else None
     if flop_rate and config.precision == "fp8":
         flop_rate = effective_throughput(config, flop_rate, float8(), notes)
-    return Gpus(flop_rate, described, basis, utilisation, peak)
+    return Gpus(flop_rate, described, basis, utilisation, peak, row)
+
+
+def roofline_slowdowns(counts: FlopCounts, works: list[StepWork], gpus: Gpus, notes: list[str]) -> list[float]:
+    """For each of ``works`` (the plain step's last), how much slower than the row's utilisation the
+    GPUs compute it: the share of the peak the row's shape reaches on the roofline of the GPU it was
+    read on over the run's own there (smaller sides and micro-batches, memory-bound methods reach
+    less); 1 where the row has no roofline. The row's GPU, not the run's: a sibling's other memory
+    bandwidth moves a published run less than its roofline says (docs/estimate.md)."""
+    row = gpus.reference
+    if row is None or row.roofline is None or row.memory_gb_s is None or not gpus.peak_tflops:
+        return [1.0] * len(works)
+    roofline = Roofline(gpus.peak_tflops * 1e12, row.memory_gb_s)
+    shares = counts.roofline(works, roofline)
+    notes.append(
+        f"on the roofline of the row's GPU ({gpus.peak_tflops:g} TFLOP/s, {row.memory_gb_s:g} GB/s) this run's "
+        f"micro-batches of {counts.micro_batch} reach {min(shares):.1%}-{max(shares):.1%} of the peak where the "
+        f"row's shape reaches {row.roofline:.1%}: its utilisation moves with it"
+    )
+    return [row.roofline / share for share in shares]
 
 
 def timing(
@@ -262,27 +313,29 @@ def timing(
     case_shape: list[int] | None = None,
     traffic: Traffic | None = None,
     optimizer: tuple[tuple[float, float], ...] | None = None,
+    micro_batch: int | None = None,
 ) -> Timing:
     """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
     hardware group's) at the rate row that fits with each rank's ``optimizer`` operations, through
     the node's loaders, and with ``traffic`` between the GPUs at the hardware's links (what the
-    compute does not hide)."""
+    compute does not hide); ``micro_batch``: a rank's, as its operations run on the roofline."""
     base = base_work(config, text)
     read = phases_of(config, base)
-    counts = FlopCounts(config, task, text, samples=2)
+    counts = FlopCounts(config, task, text, samples=2, micro_batch=micro_batch)
     per_sample = counts.training([work for _, _, work in read])
     plain_sample = counts.counted_at(base.resolution, base.sequence_length)
     notes: list[str] = []
     gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
+    *slowdowns, plain_slowdown = roofline_slowdowns(counts, [work for _, _, work in read] + [base], gpus, notes)
     throughput = gpus.flop_rate
     stepping = optimizer_seconds(config, optimizer, throughput / ranks, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
     link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
     phases = []
-    for (start, end, work), flops in zip(read, per_sample, strict=True):
+    for (start, end, work), flops, slowdown in zip(read, per_sample, slowdowns, strict=True):
         total = step_flops(work, flops, config.train_batch_size)
-        compute = total / throughput if throughput else None
+        compute = total / throughput * slowdown if throughput else None
         exposed = exposed_seconds(link, hidden, compute) if compute is not None else 0.0
         gpu = compute + stepping if compute is not None else None
         loader = loader_seconds(config, work, threads)
@@ -291,7 +344,8 @@ def timing(
     timeline = timeline_of(config, notes)
     plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
-    step = plain / throughput + stepping + exposed_seconds(link, hidden, plain / throughput) if throughput else None
+    plain_compute = plain / throughput * plain_slowdown if throughput else None
+    step = plain_compute + stepping + exposed_seconds(link, hidden, plain_compute) if plain_compute else None
     return Timing(
         phases=phases,
         rate=gpus.row,

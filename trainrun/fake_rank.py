@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
@@ -325,30 +325,50 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
     false), on the whole model as the run builds it with its methods, without activation
     checkpointing's recompute (a run's MFU is of model FLOPs); counted apart from :func:`measure`'s
     trackers, which the counter inside them would change."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+    _fake_pass(config, task, text, samples, train, counter)
+    return float(counter.get_total_flops())
+
+
+def pass_operations(config: TrainConfig, task: Task, text: TextFacts | None, samples: int) -> list[tuple[float, float]]:
+    """A training forward and backward of ``samples`` samples of ``config``'s shapes as its
+    operations (:class:`OperationLog`), on the whole model as :func:`pass_flops` counts it."""
+    log = OperationLog()
+    _fake_pass(config, task, text, samples, True, log)
+    return log.operations
+
+
+def _fake_pass(
+    config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool, under: TorchDispatchMode
+) -> None:
+    """A training pass (or an evaluation forward) of ``samples`` samples on fake tensors, run under ``under``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     shape = RunShape(1, 1, samples, samples, samples, text, "", "none")
     model, example = meta_model(config, shape), task.example_batch(config, samples, text)
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, None)
         inputs, targets = rank.batch(example)
-        with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as counter:
+        with under:
             if train:
                 rank.step_passes(inputs, targets, passes=1)
             else:
                 rank.evaluate(inputs)
-    return float(counter.get_total_flops())
 
 
 class OperationLog(TorchDispatchMode):
-    """Each aten operation run under it, as (its FLOPs by torch's formulas for matrix products and
-    convolutions, the bytes it reads and writes): its tensor arguments read, those it changes in place
-    written again, its new outputs written. Views and allocations, which launch nothing, are left out."""
+    """Each aten operation run under it, as (its FLOPs by torch's formulas for matrix products,
+    convolutions and fused attention, as :func:`pass_flops` counts them; the bytes it reads and
+    writes): its tensor arguments read, those it changes in place written again, its new outputs
+    written. Views and allocations, which launch nothing, are left out."""
 
     def __init__(self) -> None:
         super().__init__()
         self.operations: list[tuple[float, float]] = []
+        custom = {packet: shape_wrapper(formula) for packet, formula in attention_flop_formulas().items()}
+        self.formulas = {**flop_registry, **custom}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -356,7 +376,7 @@ class OperationLog(TorchDispatchMode):
         if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
             return out
         packet, arguments = func.overloadpacket, func._schema.arguments
-        flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+        flops = self.formulas[packet](*args, **kwargs, out_val=out) if packet in self.formulas else 0
         named = dict(zip((argument.name for argument in arguments), args)) | kwargs
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}

@@ -43,6 +43,11 @@ class GpuRate:
     # Python for every operation of an eager step, and any recomputes the forward's operations, so a
     # row applies only to runs with the same
     checkpointing: str = "none"
+    # the share of the peak ``shape`` reaches on the roofline of the GPU it was read on, at that GPU's
+    # ``memory_gb_s`` (trainrun.estimate_gpu.Roofline): a run at other sides, methods or micro-batches
+    # moves from ``mfu`` as its own roofline there moves from this
+    roofline: float | None = None
+    memory_gb_s: float | None = None
 
     def describe(self, gpu: str) -> str:
         """One line: which row, and on which GPU where it was measured on another of the same architecture."""
