@@ -616,7 +616,7 @@ def mild_on_one_gpu(*overrides: str):
     return estimate(validate(compose([*base, *overrides]), files=False))
 
 
-def test_a_rows_utilisation_moves_with_the_runs_roofline():
+def test_a_rows_utilisation_moves_with_the_runs_operations_on_the_rows_roofline():
     """At the H100 row's own shape (recipe=mild at 176 px, 256 a GPU) the step computes at the row's
     utilisation; at 96 px its operations reach less of the peak on the roofline (more of them at the
     floor an operation costs), so it computes at less; on an H200 the row's GPU's roofline is kept
@@ -629,5 +629,6 @@ def test_a_rows_utilisation_moves_with_the_runs_roofline():
     at_row = own.step_flops / (989.4e12 * row.mfu)
     assert at_row < own.step_seconds < 1.01 * at_row  # the optimizer's operations: under 1 %
     assert small.step_flops / small.step_seconds < 0.97 * own.step_flops / own.step_seconds
+    assert own.mfu == pytest.approx(row.mfu, rel=0.001) and small.mfu < 0.97 * row.mfu  # the plain step's, said
     assert h200.step_seconds == pytest.approx(own.step_seconds, rel=0.01)
     assert any(f"where the row's shape reaches {row.roofline:.1%}" in note for note in own.notes)

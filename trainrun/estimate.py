@@ -273,10 +273,10 @@ def estimate(
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
     traffic = exchanged(config, shape, memory, notes)
-    operations, micro_batch = memory.optimizer, shape.micro_batch
     timing = run_timing(
-        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, operations, micro_batch
-    )
+        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer,
+        micro_batch=shape.micro_batch,
+    )  # fmt: skip
     return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
 
 

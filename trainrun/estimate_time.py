@@ -90,7 +90,7 @@ class Timing:
     phases: list[Phase]
     rate: str  # the GPU row used, in words
     rate_basis: str  # measured, calibrated, stated (--mfu) or unmeasured
-    mfu: float
+    mfu: float  # the plain step's: the row's, moved by the roofline where the row has one
     peak_tflops: float | None  # a GPU's
     loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
     steps: int | None  # to max_duration (None: epochs without the data's size)
@@ -163,11 +163,8 @@ class FlopCounts:
     micro-batch reaches on the roofline there, each found once a size (fitted where there are many:
     a quadratic in the side or length is exact for FLOPs of convolutions and attention)."""
 
-    def __init__(
-        self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int, micro_batch: int | None = None
-    ) -> None:
-        self.config, self.task, self.text, self.samples = config, task, text, samples
-        self.micro_batch = micro_batch or samples
+    def __init__(self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int, micro_batch: int) -> None:
+        self.config, self.task, self.text, self.samples, self.micro_batch = config, task, text, samples, micro_batch
         self.counted: dict[tuple, float] = {}
         self.rooflines: dict[tuple, float] = {}
 
@@ -313,7 +310,8 @@ def timing(
     case_shape: list[int] | None = None,
     traffic: Traffic | None = None,
     optimizer: tuple[tuple[float, float], ...] | None = None,
-    micro_batch: int | None = None,
+    *,
+    micro_batch: int,
 ) -> Timing:
     """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
     hardware group's) at the rate row that fits with each rank's ``optimizer`` operations, through
@@ -350,7 +348,7 @@ def timing(
         phases=phases,
         rate=gpus.row,
         rate_basis=gpus.basis,
-        mfu=gpus.mfu,
+        mfu=gpus.mfu / plain_slowdown,
         peak_tflops=gpus.peak_tflops,
         loader=loader_in_words(config, read[0][2], threads, per_node) if threads and loader_timed(config) else None,
         steps=timeline.max_batches if timeline else None,
