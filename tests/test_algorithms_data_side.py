@@ -1,5 +1,7 @@
 """Progressive resizing, FixRes, MixUp, CutMix, ColOut, stochastic depth and per-image augmentation."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_engine_algorithms import make_state
@@ -15,6 +17,7 @@ from trainrun.algorithms.specs.randaugment import RandAugmentConfig
 from trainrun.algorithms.specs.trivialaugment import TrivialAugmentConfig
 from trainrun.core.engine import Engine
 from trainrun.core.events import Event
+from trainrun.core.work import StepWork
 from trainrun.data.build import Datasets, TorchData
 from trainrun.data.builtin import builtin_datasets
 from trainrun.data.interface import DataSpec
@@ -108,6 +111,24 @@ def test_resizes_batches_or_asks_the_loader_to_decode_smaller():
     state.inputs = torch.zeros(1, 3, 16, 16)  # larger than the target: only a resize could change it
     engine.run(Event.AFTER_DATALOADER, state)
     assert state.data.sizes == [12] and state.inputs.shape[-1] == 16  # the loader decodes; batches left alone
+
+
+def test_resizing_as_composer_keeps_the_loader_at_full_size_and_shrinks_on_the_device():
+    """loader_decodes=false: a loader that could decode smaller is not asked (Composer's runs decoded
+    at full size), each batch is shrunk on the device, and the estimate's step work says so."""
+    config = dataclasses.replace(MILD, loader_decodes=False)
+    (resizing,) = build_algorithms({"progressive_resizing": config})
+    state = make_state(max_batches=100)
+    state.train_resolution, state.batch, state.data = 16, 60, Decoding()
+    engine = Engine([resizing])
+    engine.run(Event.EPOCH_START, state)
+    state.inputs = torch.zeros(1, 3, 16, 16)
+    engine.run(Event.AFTER_DATALOADER, state)
+    assert state.data.sizes == [] and state.inputs.shape[-1] == 12
+    work = resizing.step_work(StepWork(full_resolution=16, resolution=16), 0.6)
+    assert (work.resolution, work.loaded_resolution) == (12, 16)
+    decoding = build_algorithms({"progressive_resizing": MILD})[0].step_work(StepWork(16, 16), 0.6)
+    assert (decoding.resolution, decoding.loaded_resolution) == (12, None)
 
 
 @pytest.mark.parametrize(("name", "config"), [("mixup", MixUpConfig(alpha=0.4)), ("cutmix", CutMixConfig())])

@@ -490,6 +490,9 @@ def test_an_images_loader_cost_is_its_operations_at_the_side_and_randaugments_de
     jpeg = WriteSettings().compress_probability
     expected = jpeg * ops.at("ffcv_jpeg", 128) + (1 - jpeg) * ops.at("ffcv_raw", 128)
     assert image_seconds(ffcv, StepWork(176, 128)) == pytest.approx(expected)  # FFCV decodes at the phase's side
+    at_full = jpeg * ops.at("ffcv_jpeg", 176) + (1 - jpeg) * ops.at("ffcv_raw", 176)
+    shrunk_on_device = StepWork(176, 128, loaded_resolution=176)  # progressive resizing as Composer's
+    assert image_seconds(ffcv, shrunk_on_device) == pytest.approx(at_full)
 
 
 def test_the_loader_costs_the_estimate_reads_are_the_bench_fit_of_its_readings():

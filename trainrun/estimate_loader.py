@@ -98,8 +98,11 @@ def crop_of(config: TrainConfig) -> tuple[int, ...] | None:
 
 
 def decoded_side(config: TrainConfig, work: StepWork) -> int | None:
-    """The side the loader decodes at: the phase's where the loader decodes at the size asked (FFCV)."""
-    return work.resolution if config.data.loader == "ffcv" else work.full_resolution
+    """The side the loader decodes at: the phase's (or the one the run asks, where it shrinks batches
+    on the device) where the loader decodes at the size asked (FFCV), else the full side."""
+    if config.data.loader != "ffcv":
+        return work.full_resolution
+    return work.loaded_resolution or work.resolution
 
 
 def loader_in_words(config: TrainConfig, work: StepWork, threads: float, ranks_per_node: int) -> str:

@@ -44,10 +44,12 @@ class ModelSurgery(Algorithm):
 
 class TrainingResolution(Algorithm, ABC):
     """Trains at :meth:`target_size`: decoded at that size by the loader when it can (asked at each
-    EPOCH_START), otherwise each larger training batch is shrunk on the device at AFTER_DATALOADER."""
+    EPOCH_START) and :attr:`loader_decodes`, otherwise each larger training batch is shrunk on the
+    device at AFTER_DATALOADER."""
 
     events = frozenset({Event.EPOCH_START, Event.AFTER_DATALOADER})
     decoding = False  # the loader decodes at the target size this epoch
+    loader_decodes = True  # ask a loader that can decode at any size to decode at the target size
 
     @abstractmethod
     def target_size(self, state: State) -> int:
@@ -63,7 +65,7 @@ class TrainingResolution(Algorithm, ABC):
     def apply(self, event: Event, state: State) -> None:
         size = self.target_size(state)
         if event is Event.EPOCH_START:
-            self.decoding = state.data is not None and state.data.set_train_resolution(size)
+            self.decoding = self.loader_decodes and state.data is not None and state.data.set_train_resolution(size)
         elif size < state.inputs.shape[-1]:
             state.inputs = self.shrink(state.inputs, size)
 

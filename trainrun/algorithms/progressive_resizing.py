@@ -4,7 +4,8 @@ scale(t) = s0 + (1 − s0) · clip((t − delay) / (1 − finetune − delay), 0
 of training done; the side is ``scale · full`` rounded to the nearest multiple of ``size_increment``
 (Python's ``round``, as Composer's implementation rounds it).
 When the loader can decode at a given size (FFCV), the size is set at each EPOCH_START and
-images are decoded at it; otherwise each training batch is resized on the device at
+images are decoded at it (unless ``loader_decodes`` is false, as Composer's runs: the loader's
+work then stays at full size); otherwise each training batch is resized on the device at
 AFTER_DATALOADER (``resize``: nearest-neighbour, as Composer; ``crop``: one random crop per batch).
 Evaluation always runs at full resolution.
 """
@@ -41,12 +42,15 @@ class ProgressiveResizing(TrainingResolution):
 
     def __init__(self, config: ProgressiveResizingConfig) -> None:
         self.config = config
+        self.loader_decodes = config.loader_decodes
 
     def target_size(self, state: State) -> int:
         return size_at(state.progress, state.train_resolution, self.config)
 
     def step_work(self, work: StepWork, progress: float) -> StepWork:
-        return dataclasses.replace(work, resolution=size_at(progress, work.full_resolution, self.config))
+        side = size_at(progress, work.full_resolution, self.config)
+        loaded = None if self.config.loader_decodes else work.full_resolution
+        return dataclasses.replace(work, resolution=side, loaded_resolution=loaded)
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
         """Resize (nearest) or crop a batch to ``size`` x ``size``."""

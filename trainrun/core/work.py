@@ -14,6 +14,7 @@ class StepWork:
 
     full_resolution: int | None = None  # the image side the run trains up to (FixRes lowers it)
     resolution: int | None = None  # the side the model trains at now (progressive resizing)
+    loaded_resolution: int | None = None  # the side a loader decoding at any size hands out, if not that
     sequence_length: int | None = None  # tokens a training sequence now (sequence-length warmup)
     pixel_share: float = 1.0  # of the image's pixels the model sees (ColOut's dropped rows and columns)
     trained_share: float = 1.0  # of the batch's samples that go forward and backward (selective backprop)
@@ -24,6 +25,7 @@ class StepWork:
     def key(self) -> tuple:
         """What decides the step's time: steps of equal keys form one phase of the run."""
         return (
-            self.resolution, self.sequence_length, round(self.pixel_share, 6), round(self.trained_share, 6),
-            round(self.scored_share, 6), round(self.extra_passes, 6), round(self.image_ops, 6),
+            self.resolution, self.loaded_resolution, self.sequence_length, round(self.pixel_share, 6),
+            round(self.trained_share, 6), round(self.scored_share, 6), round(self.extra_passes, 6),
+            round(self.image_ops, 6),
         )  # fmt: skip

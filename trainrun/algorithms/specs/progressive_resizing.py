@@ -20,6 +20,9 @@ class ProgressiveResizingConfig:
     delay: float = fraction_field(0.4)  # fraction of the run at initial_scale
     finetune: float = fraction_field(0.2)  # final fraction at full size
     size_increment: int = positive_field(4)  # sizes are multiples of this
+    # A loader that decodes at any size (FFCV) decodes at the side; false: at full side, each batch
+    # shrunk on the device, as Composer's progressive resizing does (its published runs' loader work).
+    loader_decodes: bool = True
 
 
 def check(config: ProgressiveResizingConfig, run: Any) -> None:
