@@ -114,7 +114,8 @@ def row_roofline(rate: Any) -> tuple[float, float]:
     shape = run_shape(config, rate.vocab, rate.real_tokens or 1.0)
     base = base_work(config, shape.text)
     counts = FlopCounts(config, sized_task(config), shape.text, 2, shape.micro_batch)
-    share = counts.roofline_at(base.resolution, base.sequence_length, Roofline(float(peak) * 1e12, float(bandwidth)))
+    roofline = Roofline(float(peak) * 1e12, float(bandwidth), fused=rate.compile)
+    share = counts.roofline_at(base.resolution, base.sequence_length, roofline)
     return share, float(bandwidth)
 
 

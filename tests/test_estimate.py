@@ -599,6 +599,26 @@ def test_the_roofline_times_each_operation_at_the_slower_of_its_flops_and_its_by
     assert roofline.utilisation([(2e12, 1e9)]) == pytest.approx(1.0)
 
 
+def test_a_compiled_step_is_timed_as_inductors_kernels_each_element_wise_chain_one():
+    """Compiled, the element-wise operations between two matrix products are one kernel moving what
+    the most moving of them moves (1 and 3 GB: 3 ms where eager takes 4); each product stays its own
+    kernel, and a chain pays the floor an operation costs once, not once an operation."""
+    from trainrun.estimate_gpu import Roofline, fused_kernels
+    from trainrun.rates import rates
+
+    operations = [(2e12, 1e9), (0.0, 1e9), (0.0, 3e9), (2e12, 1e9), (0.0, 2e9)]
+    assert fused_kernels(operations) == [(2e12, 1e9), (0.0, 3e9), (2e12, 1e9), (0.0, 2e9)]
+    eager, compiled = Roofline(1e15, 1000), Roofline(1e15, 1000, fused=True)
+    assert eager.utilisation(operations) == pytest.approx(4 / 10)  # 2 + 1 + 3 + 2 + 2 ms
+    assert compiled.utilisation(operations) == pytest.approx(4 / 9)  # 2 + 3 + 2 + 2 ms
+    tiny = [(0.0, 1.0)] * 10
+    floor = rates().operation_floor_s
+    assert fused_kernels(tiny) == [(0.0, 1.0)] and eager.utilisation([(1e6, 1.0), *tiny]) == pytest.approx(
+        1e6 / 1e15 / (11 * floor)
+    )
+    assert compiled.utilisation([(1e6, 1.0), *tiny]) == pytest.approx(1e6 / 1e15 / (2 * floor))
+
+
 def test_the_operation_log_counts_the_flops_the_flop_counter_counts_attention_included():
     """A training pass as its operations (the roofline's) holds the FLOPs ``pass_flops`` counts,
     the fused attention kernels' among them."""

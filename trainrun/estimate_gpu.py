@@ -60,17 +60,39 @@ def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes:
 
 @dataclass(frozen=True)
 class Roofline:
-    """One GPU as an eager step's operations see it: each at the slower of its FLOPs at the dense
-    peak and its bytes at the memory's bandwidth, never under the floor of its dispatch and launch
-    (:func:`operations_seconds`)."""
+    """One GPU as a step's operations see it: each at the slower of its FLOPs at the dense peak and
+    its bytes at the memory's bandwidth, never under the floor of its dispatch and launch
+    (:func:`operations_seconds`); ``fused`` (a compiled step): as the kernels :func:`fused_kernels` makes."""
 
     peak_flops: float  # FLOP/s
     bandwidth_gb_s: float
+    fused: bool = False
 
     def utilisation(self, operations: list[tuple[float, float]]) -> float:
         """The share of the peak ``operations`` reach on the roofline."""
         flops = sum(flops for flops, _ in operations)
-        return flops / (operations_seconds(tuple(operations), self.peak_flops, self.bandwidth_gb_s) * self.peak_flops)
+        kernels = fused_kernels(operations) if self.fused else operations
+        return flops / (operations_seconds(tuple(kernels), self.peak_flops, self.bandwidth_gb_s) * self.peak_flops)
+
+
+def fused_kernels(operations: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A compiled step's kernels from its eager ``operations`` (FLOPs, bytes), as inductor fuses them:
+    each matrix product, convolution or attention (an operation with FLOPs) its own kernel, and each
+    run of element-wise and reduction operations between them one kernel, whose intermediates stay
+    on chip: it moves what the most moving of them moves (a chain reads its input and writes its
+    output once, where eager each operation reads and writes its own). Written here because inductor
+    says its kernels only for a real GPU's code, not a fake pass's."""
+    kernels: list[tuple[float, float]] = []
+    chain = 0.0
+    for flops, moved in operations:
+        if flops:
+            if chain:
+                kernels.append((0.0, chain))
+            kernels.append((flops, moved))
+            chain = 0.0
+        else:
+            chain = max(chain, moved)
+    return [*kernels, (0.0, chain)] if chain else kernels
 
 
 def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str, GpuRate | None]:

@@ -290,7 +290,7 @@ def roofline_slowdowns(counts: FlopCounts, works: list[StepWork], gpus: Gpus, no
     row = gpus.reference
     if row is None or row.roofline is None or row.memory_gb_s is None or not gpus.peak_tflops:
         return [1.0] * len(works)
-    roofline = Roofline(gpus.peak_tflops * 1e12, row.memory_gb_s)
+    roofline = Roofline(gpus.peak_tflops * 1e12, row.memory_gb_s, fused=row.compile)
     shares = counts.roofline(works, roofline)
     notes.append(
         f"on the roofline of the row's GPU ({gpus.peak_tflops:g} TFLOP/s, {row.memory_gb_s:g} GB/s) this run's "
