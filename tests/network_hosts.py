@@ -1,6 +1,7 @@
 """Hosts for the multi-node tests: Linux network namespaces of this machine on a bridge in a
 namespace of its own (a switch), addresses 10.213.0.x that exist only inside them, all removed at
-the end whatever happens. The host name resolves to a loopback address in every namespace (as on
+the end whatever happens (and those a killed run left, named by its process, when the next hosts
+are made: :func:`remove_orphans`). The host name resolves to a loopback address in every namespace (as on
 many machines), so gloo would advertise it unless told the interface; the tests set no interface
 variable. Each host may have names for the others (``node0`` ...), as a cluster's DNS gives them.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 SUBNET = "10.213.0"
+OURS = re.compile(r"(?:trsw|trh\d+-)(\d+)[a-z]")  # a namespace these tests made, and the process that made it
 # every rank one thread, however many share its host: a rank's arithmetic is then the same on one
 # node and on two, and two ranks' runs agree to the bit however long (float noise grows with steps)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -29,7 +32,7 @@ class Hosts:
 
     def __init__(self, count: int, names_file: Path | None = None) -> None:
         Hosts.made += 1
-        tag = f"{os.getpid() % 100000}{chr(ord('a') + Hosts.made % 26)}"
+        tag = f"{os.getpid()}{chr(ord('a') + Hosts.made % 26)}"
         self.switch = f"trsw{tag}"
         self.names = [f"trh{index}-{tag}" for index in range(count)]
         self.ports = [f"port{index}" for index in range(count)]
@@ -93,6 +96,7 @@ def made_hosts(count: int, names_file: Path | None = None) -> Iterator[Hosts]:
     """``count`` hosts while the block runs; the test skipped, saying why, where they cannot be made."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
+    remove_orphans()
     made = Hosts(count, names_file)
     try:
         made.create()
@@ -103,3 +107,13 @@ def made_hosts(count: int, names_file: Path | None = None) -> Iterator[Hosts]:
         yield made
     finally:
         made.remove()
+
+
+def remove_orphans() -> None:
+    """Remove the namespaces these tests made in a process that is gone (a run killed mid-test
+    cannot remove its own); those of a running process, another suite worker's, stay."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        mine = OURS.fullmatch(name)
+        if mine and not Path(f"/proc/{mine.group(1)}").exists():
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
