@@ -42,14 +42,17 @@ class ProgressiveResizing(TrainingResolution):
 
     def __init__(self, config: ProgressiveResizingConfig) -> None:
         self.config = config
-        self.loader_decodes = config.loader_decodes
+
+    @property
+    def loader_decodes(self) -> bool:
+        return self.config.loader_decodes
 
     def target_size(self, state: State) -> int:
         return size_at(state.progress, state.train_resolution, self.config)
 
     def step_work(self, work: StepWork, progress: float) -> StepWork:
         side = size_at(progress, work.full_resolution, self.config)
-        loaded = None if self.config.loader_decodes else work.full_resolution
+        loaded = None if self.loader_decodes else work.full_resolution
         return dataclasses.replace(work, resolution=side, loaded_resolution=loaded)
 
     def shrink(self, images: torch.Tensor, size: int) -> torch.Tensor:
