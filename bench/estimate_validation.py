@@ -157,6 +157,7 @@ def markdown(checked: list[Checked]) -> str:
     from trainrun.rates import rates
 
     floor = f"the floor an eager operation costs, {rates().operation_floor_s * 1e6:g} µs"
+    efficiency = rates().cpu.image_loader_efficiency
     lines = [
         "| row | published | estimated | ratio | rate row | bottleneck | within 25 % |",
         "| --- | ---: | ---: | ---: | --- | --- | --- |",
@@ -166,6 +167,8 @@ def markdown(checked: list[Checked]) -> str:
         assumed = f" (assumes {item.row['assumes']}: not counted as a pass)" if item.row.get("assumes") else ""
         if item.row.get("calibrates") == "operation_floor_s":
             verdict = f"calibration ({floor}, fitted)"
+        elif item.row.get("calibrates") == "image_loader_efficiency":
+            verdict = f"calibration (a node's image workers at {efficiency:.1%} of their single-thread rate, fitted)"
         elif item.row.get("calibrates"):
             verdict = f"calibration ({item.fitted_mfu:.1%} MFU fitted)"
         elif item.within_goal:

@@ -284,6 +284,32 @@ def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_b
     assert plenty["bottlenecks"] == ["GPU"] and plenty["hours"] < estimate["hours"]
 
 
+def test_an_evaluation_is_the_slower_of_its_forward_passes_and_its_images_through_the_loaders():
+    """hot on a p4d evaluates ImageNet's 50,000 validation images every epoch: decoding them at 224 px
+    on the loaders' threads (at the efficiency a node's image workers reach) takes longer than their
+    forward passes, so each evaluation is the loaders' time, and the output says so; with CPUs to
+    spare it is the GPUs' again. A run that evaluates once at the end (eval_interval=1dur) pays one."""
+    from trainrun.core.work import StepWork
+    from trainrun.estimate_loader import evaluation_loader_seconds, image_seconds, loader_threads
+    from trainrun.rates import rates
+
+    config = loader_config("data.num_workers=8")
+    threads = loader_threads(config, 8) * rates().cpu.image_loader_efficiency
+    expected = 50_000 * image_seconds(config, StepWork(224, 224)) / threads
+    assert 0 < rates().cpu.image_loader_efficiency <= 1
+    assert evaluation_loader_seconds(config, loader_threads(config, 8)) == pytest.approx(expected)
+    base = ["recipe=hot", "data.num_workers=8", "launcher.devices=8", "hardware=8xa100_aws"]
+    estimate = json.loads(run_estimate(*base, "--json").stdout)
+    assert estimate["eval_loader_seconds"] == pytest.approx(expected, rel=1e-3)
+    assert estimate["eval_gpu_seconds"] < estimate["eval_loader_seconds"] == estimate["eval_seconds"]
+    text = run_estimate(*base).stdout
+    assert f"(GPUs {estimate['eval_gpu_seconds']:.1f} s, loaders {expected:.1f} s): loader-bound" in text
+    plenty = json.loads(run_estimate(*base, "hardware.cpu_speed=20", "--json").stdout)
+    assert plenty["eval_seconds"] == plenty["eval_gpu_seconds"] > plenty["eval_loader_seconds"]
+    once = run_estimate(*base, "eval_interval=1dur")
+    assert "steps and 1 evaluation)" in once.stdout, once.stdout
+
+
 def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
     result = run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", "--json")
     assert result.returncode == 0, result.stderr
@@ -332,7 +358,9 @@ def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_
         assert named["calibrates"] == f"{row.key()} on {row.gpu}"
     fits = {row["id"]: row["calibrates"] for row in published.values() if "calibrates" in row}
     floor = [name for name, what in fits.items() if what == "operation_floor_s"]
-    assert floor == ["resnet_h100_224"] and len(fits) - len(floor) == len(calibrated)
+    loaders = [name for name, what in fits.items() if what == "image_loader_efficiency"]
+    assert floor == ["resnet_h100_224"] and loaders == ["hot_p4d_table3"]
+    assert len(fits) - len(floor) - len(loaders) == len(calibrated)
     for row in table.gpu:
         assert row.gpu in table.architectures and (row.basis == "calibrated" or row.reading is not None)
 

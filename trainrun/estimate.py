@@ -61,6 +61,8 @@ class Estimate:
     phases: list[dict[str, Any]]  # the schedule's phases: share, size, FLOPs, GPU and loader seconds, bottleneck
     eval_flops: float  # one evaluation, all ranks
     eval_seconds: float | None
+    eval_gpu_seconds: float | None  # its forward passes on the GPUs
+    eval_loader_seconds: float | None  # its samples through the node's loaders (None: not timed)
     evaluations: int | None  # to what ``time_to`` names
     schedule_steps: int | None  # to max_duration (None: a budget, or epochs without data.samples)
     steps: int | None  # to what ``time_to`` names
@@ -359,6 +361,8 @@ def timed(
         phases=[phase_dict(phase) for phase in timing.phases],
         eval_flops=timing.eval_flops,
         eval_seconds=timing.eval_seconds,
+        eval_gpu_seconds=timing.eval_gpu_seconds,
+        eval_loader_seconds=timing.eval_loader_seconds,
         evaluations=evaluations,
         schedule_steps=timing.steps,
         steps=counted,

@@ -50,6 +50,13 @@ def image_seconds(config: TrainConfig, work: StepWork) -> float:
     return loaded + work.image_ops * ops.at("augment", side)
 
 
+def node_image_seconds(config: TrainConfig, work: StepWork, threads: float) -> float:
+    """An image's share of a node's loaders: its cost on one thread of the measuring machine over the
+    ``threads`` they are worth, at the efficiency a node's image workers reach (``rates.yaml``'s
+    ``cpu.image_loader_efficiency``, fitted on one published run)."""
+    return image_seconds(config, work) / (threads * rates().cpu.image_loader_efficiency)
+
+
 def loader_seconds(config: TrainConfig, work: StepWork, threads: float | None) -> float | None:
     """A step's samples through the loaders, each node loading its own share of the batch on the
     ``threads`` its loaders are worth (None: not timed)."""
@@ -57,12 +64,31 @@ def loader_seconds(config: TrainConfig, work: StepWork, threads: float | None) -
         return None
     samples = config.train_batch_size / config.launcher.nnodes
     if images_decoded(config):
-        return samples * image_seconds(config, work) / threads
+        return samples * node_image_seconds(config, work, threads)
     row = loader_row(config)
     if row is None:
         return None
     per_sample = work.sequence_length if row.unit == "tokens/s" else 1
     return samples * per_sample / (row.per_thread * threads)
+
+
+def evaluation_loader_seconds(config: TrainConfig, threads: float | None) -> float | None:
+    """One evaluation's samples through the loaders, each node loading its share of the validation
+    set: an image decoded and brought to the evaluation's side without augmentation, or the text
+    loader's validation tokens (None: not timed, as volumes' whole cases or an unsaid size)."""
+    if threads is None:
+        return None
+    nodes = config.launcher.nnodes
+    if images_decoded(config):
+        if len(config.data.samples) < 2:
+            return None
+        side = config.data.eval_resolution
+        work = StepWork(full_resolution=side, resolution=side)
+        return config.data.samples[1] / nodes * node_image_seconds(config, work, threads)
+    row = loader_row(config)
+    if row is None or row.unit != "tokens/s" or not config.data.text.val_tokens:
+        return None
+    return config.data.text.val_tokens / nodes / (row.per_thread * threads)
 
 
 def loader_timed(config: TrainConfig) -> bool:
@@ -118,7 +144,8 @@ def loader_in_words(config: TrainConfig, work: StepWork, threads: float, ranks_p
         side, seconds = decoded_side(config, work), image_seconds(config, work)
         augments = f", {work.image_ops:g} augmentation op(s)" if work.image_ops else ""
         what = f"data.loader={config.data.loader} at {side} px{augments}"
-        return f"{what}: {seconds * 1e3:.2f} ms an image a thread ({rates().image_ops.source}) {node}"
+        efficiency = f", its image workers at {rates().cpu.image_loader_efficiency:.0%} of their single-thread rate"
+        return f"{what}: {seconds * 1e3:.2f} ms an image a thread ({rates().image_ops.source}) {node}{efficiency}"
     row = loader_row(config)
     crop = " at " + " x ".join(map(str, row.crop)) if row.crop else ""
     rate = f"{row.per_thread:,.0f}" if row.per_thread >= 100 else f"{row.per_thread:.3g}"

@@ -35,6 +35,7 @@ from trainrun.estimate_gpu import (
 )
 from trainrun.estimate_loader import (
     crop_of,
+    evaluation_loader_seconds,
     images_decoded,
     loader_in_words,
     loader_notes,
@@ -97,9 +98,18 @@ class Timing:
     step_flops: float  # a plain step at the run's full shapes, all ranks
     step_seconds: float | None  # that step on the GPUs at ``mfu``, with the exchange its compute does not hide
     eval_flops: float  # one evaluation, all ranks
-    eval_seconds: float | None
+    eval_gpu_seconds: float | None  # its forward passes on the GPUs
+    eval_loader_seconds: float | None  # its samples through the node's loaders (None: not timed)
     eval_interval_steps: int | None
     notes: list[str]
+
+    @property
+    def eval_seconds(self) -> float | None:
+        """An evaluation's time: its forward passes or its samples through the loaders, whichever is
+        slower (the loaders feed it as they feed a step)."""
+        if self.eval_gpu_seconds is None or self.eval_loader_seconds is None:
+            return self.eval_gpu_seconds
+        return max(self.eval_gpu_seconds, self.eval_loader_seconds)
 
     def train_seconds(self, until: float = 1.0) -> float | None:
         """Training seconds from the start to ``until`` of the schedule."""
@@ -355,7 +365,8 @@ def timing(
         step_flops=plain,
         step_seconds=step,
         eval_flops=eval_flops,
-        eval_seconds=eval_flops / throughput if throughput else None,
+        eval_gpu_seconds=eval_flops / throughput if throughput else None,
+        eval_loader_seconds=evaluation_loader_seconds(config, threads),
         eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
         notes=notes,
     )

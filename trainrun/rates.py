@@ -100,6 +100,7 @@ class Cpu:
 
     smt_yield: float  # what a core's second thread adds, as a share of a core
     trainer_threads: int  # threads a training process keeps busy itself (not its loader's)
+    image_loader_efficiency: float  # a node's image workers' share of their single-thread costs (fitted)
 
 
 @dataclass(frozen=True)

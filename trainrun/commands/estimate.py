@@ -251,7 +251,8 @@ def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
         end = f"the end of the whole schedule, max_duration={config.max_duration}, not the target"
     else:
         end = f"max_duration={config.max_duration}"
-    evaluations = f" and {result.evaluations:,} evaluations" if result.evaluations and result.eval_flops else ""
+    plural = "s" if result.evaluations != 1 else ""
+    evaluations = f" and {result.evaluations:,} evaluation{plural}" if result.evaluations and result.eval_flops else ""
     return [f"to {end} ({result.steps:,} steps{evaluations}): {duration(result.hours)}{cost}"]
 
 
@@ -263,6 +264,14 @@ def flops(count: float) -> str:
 def duration(hours: float) -> str:
     """Hours, or minutes under two hours."""
     return f"{hours:,.1f} h" if hours >= 2 else f"{hours * 60:,.1f} min"
+
+
+def evaluation_parts(result: Estimate) -> str:
+    """Where an evaluation's loader is timed: what the GPUs and the loaders take, and which bounds it."""
+    gpu, loader = result.eval_gpu_seconds, result.eval_loader_seconds
+    if gpu is None or loader is None:
+        return ""
+    return f" (GPUs {gpu:.1f} s, loaders {loader:.1f} s): {'loader' if loader > gpu else 'GPU'}-bound"
 
 
 def phase_lines(result: Estimate) -> list[str]:
@@ -340,7 +349,8 @@ def render(result: Estimate, config: TrainConfig) -> str:
         )
         lines += phase_lines(result)
         if result.eval_seconds:
-            lines.append(f"an evaluation: {flops(result.eval_flops)}, {result.eval_seconds:.1f} s")
+            evaluation = f"an evaluation: {flops(result.eval_flops)}, {result.eval_seconds:.1f} s"
+            lines.append(evaluation + evaluation_parts(result))
         lines += time_lines(result, config)
         lines.append(f"per 1,000 plain steps: {1000 * result.step_seconds / 3600:.2f} h")
     lines += [f"note: {note}" for note in result.notes]
