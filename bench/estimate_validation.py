@@ -131,9 +131,11 @@ def gpu_group(gpu: str) -> dict[str, Any]:
 def measured_mfu(rate: Any) -> float:
     """A measured rate row's utilisation: trainrun's FLOP count of its shape (a training step's
     forward and backward) over the GPU's peak and the step's time less its optimizer's operations
-    (timed one by one as the estimate times them, their products at the utilisation found)."""
+    and its methods' work beside the passes (timed one by one as the estimate times them, their
+    products at the utilisation found)."""
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.estimate_gpu import operations_seconds
+    from trainrun.estimate_gpu import methods_seconds, operations_seconds
+    from trainrun.estimate_time import timeline_of
     from trainrun.fake_rank import fake_world, measure, pass_flops
 
     config = composed(list(rate.shape))
@@ -141,14 +143,17 @@ def measured_mfu(rate: Any) -> float:
     shape = run_shape(config, rate.vocab, rate.real_tokens or 1.0)
     per_sample = pass_flops(config, task, shape.text, 2) / 2
     with fake_world(shape.ranks):
-        operations = measure(config, shape, task).optimizer
+        memory = measure(config, shape, task)
+    timeline = timeline_of(config, [])
+    every = timeline.to_batches if timeline else lambda interval: None
     value, unit = rate.reading
     samples = value / shape.text.max_seq_len if unit == "tokens/s" else value
     group, batch = gpu_group(rate.gpu), config.train_batch_size
     peak = float(group["peak_tflops"]) * 1e12
     mfu = samples * per_sample / peak
     for _ in range(5):  # the optimizer's products at the utilisation found: a few rounds settle it
-        stepping = operations_seconds(operations, peak * mfu, group["memory_gb_s"])
+        stepping = operations_seconds(memory.optimizer, peak * mfu, group["memory_gb_s"])
+        stepping += methods_seconds(memory.methods, peak * mfu, group["memory_gb_s"], every, [])
         mfu = batch * per_sample / (peak * (batch / samples - stepping))
     return mfu
 

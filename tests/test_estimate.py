@@ -310,6 +310,34 @@ def test_an_evaluation_is_the_slower_of_its_forward_passes_and_its_images_throug
     assert "steps and 1 evaluation)" in once.stdout, once.stdout
 
 
+def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_interval():
+    """EMA's update of its average (every 20 steps in mild and hot), MixUp's blend and ColOut's slice
+    (every step) run on the device besides the model's passes: each is its operations, run once on the
+    rank's fake weights and a batch of the run's shape, timed one by one and spread over its interval;
+    an update reads the average and the weights and writes the average."""
+    base = ["recipe=mild", "launcher.devices=8", "hardware=8xa100_aws"]
+    with_ema = json.loads(run_estimate(*base, "--json").stdout)
+    without = json.loads(run_estimate(*base, "~algorithms.ema", "--json").stdout)
+    (note,) = [note for note in with_ema["notes"] if note.startswith("ema: ")]
+    assert "every 20 steps on each rank" in note
+    per_step = float(re.search(r"\(([\d.]+) ms a step\)", note).group(1)) / 1e3
+    moved, weights = float(re.search(r"([\d.]+) GB moved", note).group(1)), with_ema["held"]["weights"]
+    assert 3 * weights <= moved <= 3.5 * weights
+    for phase, plain in zip(with_ema["phases"], without["phases"], strict=True):
+        assert phase["gpu_seconds"] - plain["gpu_seconds"] == pytest.approx(per_step, abs=2e-6)
+    hot = json.loads(run_estimate("recipe=hot", "launcher.devices=8", "hardware=8xa100_aws", "--json").stdout)
+    found = {note.split(":")[0]: note for note in hot["notes"] if note.startswith(("ema: ", "mixup: ", "colout: "))}
+    assert set(found) == {"ema", "mixup", "colout"}
+    assert "every step" in found["mixup"] and "every step" in found["colout"]
+
+
+def test_overrides_may_come_after_the_flags():
+    result = run_estimate("recipe=mild", "--json", "launcher.devices=8", "~algorithms.ema")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    assert estimate["ranks"] == 8 and not any(note.startswith("ema: ") for note in estimate["notes"])
+
+
 def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
     result = run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", "--json")
     assert result.returncode == 0, result.stderr

@@ -302,6 +302,8 @@ def test_write_command_and_training_on_betons(tmp_path):
         assert result.stderr == ""
     again = run_here("write", str(tmp_path / "train"), str(tmp_path / "train.beton"))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
+    synthetic = run_here("write", "synthetic", str(tmp_path / "s.beton"), "--workers", "1", "data.num_samples=8")
+    assert synthetic.returncode == 0 and "wrote 8 images" in synthetic.stdout, synthetic.stderr  # overrides after flags
     run_dir = tmp_path / "run"
     betons = ["data=imagenet_ffcv", f"data.train={tmp_path / 'train.beton'}", f"data.val={tmp_path / 'val.beton'}"]
     betons += ["data.num_classes=2", "data.num_workers=1", "model=resnet_small"]

@@ -276,7 +276,7 @@ def estimate(
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
     traffic = exchanged(config, shape, memory, notes)
     timing = run_timing(
-        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer,
+        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer, memory.methods,
         micro_batch=shape.micro_batch,
     )  # fmt: skip
     return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)

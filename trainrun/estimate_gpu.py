@@ -6,12 +6,17 @@ compute does not hide. Written here because the rows and the exchange are trainr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainrun import kinds
 from trainrun.data.interface import TextFacts
 from trainrun.rates import GpuRate, rates, run_key
 from trainrun.schema import TrainConfig
+
+if TYPE_CHECKING:
+    from trainrun.fake_rank import MethodWork
 
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
 BACKWARD_SHARE = 2 / 3  # of a step's compute: the backward, which DDP's bucketed all-reduce overlaps
@@ -164,3 +169,34 @@ def optimizer_seconds(
         f"{flops / 1e12:.3g} TFLOP: {seconds * 1e3:.2f} ms"
     )
     return seconds
+
+
+def methods_seconds(
+    methods: tuple[MethodWork, ...],
+    flop_rate: float,
+    bandwidth_gb_s: float | None,
+    every: Callable[[str], int | None],
+    notes: list[str],
+) -> float:
+    """A step's share of each method's work on the device besides the passes (``Algorithm.device_work``:
+    EMA's update of its average, MixUp's and CutMix's blend), its operations timed one by one and
+    spread over the steps ``every`` makes its interval; said."""
+    if not methods or not bandwidth_gb_s:
+        return 0.0
+    total = 0.0
+    for method in methods:
+        steps = every(method.interval)
+        if not steps:
+            notes.append(
+                f"{method.name}'s work on the device is not timed: its interval {method.interval} has no steps"
+            )
+            continue
+        seconds = operations_seconds(method.operations, flop_rate, bandwidth_gb_s)
+        moved = sum(moved for _, moved in method.operations)
+        interval = "every step" if steps == 1 else f"every {steps:,} steps"
+        notes.append(
+            f"{method.name}: {len(method.operations)} operations {interval} on each rank, {moved / GB:.2f} GB moved: "
+            f"{seconds * 1e3:.2f} ms ({seconds / steps * 1e3:.3f} ms a step)"
+        )
+        total += seconds / steps
+    return total

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from trainrun.estimate_gpu import (
     exposed_seconds,
     float8_share,
     gpu_row,
+    methods_seconds,
     optimizer_seconds,
 )
 from trainrun.estimate_loader import (
@@ -46,6 +47,9 @@ from trainrun.estimate_loader import (
 from trainrun.rates import GpuRate
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task
+
+if TYPE_CHECKING:
+    from trainrun.fake_rank import MethodWork
 
 POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
 COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
@@ -310,6 +314,21 @@ def roofline_slowdowns(counts: FlopCounts, works: list[StepWork], gpus: Gpus, no
     return [row.roofline / share for share in shares]
 
 
+def beside_passes(
+    config: TrainConfig,
+    optimizer: tuple[tuple[float, float], ...] | None,
+    methods: tuple[MethodWork, ...],
+    flop_rate: float,
+    timeline: Timeline | None,
+    notes: list[str],
+) -> float:
+    """A rank's step besides its passes: its optimizer's operations and its methods' work, each
+    method's spread over the steps of its interval."""
+    every = timeline.to_batches if timeline else lambda interval: None
+    seconds = optimizer_seconds(config, optimizer, flop_rate, notes)
+    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, every, notes)
+
+
 def timing(
     config: TrainConfig,
     task: Task,
@@ -320,23 +339,24 @@ def timing(
     case_shape: list[int] | None = None,
     traffic: Traffic | None = None,
     optimizer: tuple[tuple[float, float], ...] | None = None,
+    methods: tuple[MethodWork, ...] = (),
     *,
     micro_batch: int,
 ) -> Timing:
-    """The run's phases and evaluations timed on ``ranks`` GPUs of ``peak_tflops`` (default: the
-    hardware group's) at the rate row that fits with each rank's ``optimizer`` operations, through
-    the node's loaders, and with ``traffic`` between the GPUs at the hardware's links (what the
-    compute does not hide); ``micro_batch``: a rank's, as its operations run on the roofline."""
+    """The run's phases and evaluations on ``ranks`` GPUs of ``peak_tflops`` (default: the group's) at
+    the row that fits, with each rank's work beside its passes, its loaders, and ``traffic`` at the
+    links (what the compute does not hide); ``micro_batch``: a rank's, on the roofline."""
     base = base_work(config, text)
     read = phases_of(config, base)
     counts = FlopCounts(config, task, text, samples=2, micro_batch=micro_batch)
     per_sample = counts.training([work for _, _, work in read])
     plain_sample = counts.counted_at(base.resolution, base.sequence_length)
     notes: list[str] = []
+    timeline = timeline_of(config, notes)
     gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
     *slowdowns, plain_slowdown = roofline_slowdowns(counts, [work for _, _, work in read] + [base], gpus, notes)
     throughput = gpus.flop_rate
-    stepping = optimizer_seconds(config, optimizer, throughput / ranks, notes) if throughput else 0.0
+    stepping = beside_passes(config, optimizer, methods, throughput / ranks, timeline, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
     link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
@@ -349,7 +369,6 @@ def timing(
         loader = loader_seconds(config, work, threads)
         phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
     notes += loader_notes(config, threads)
-    timeline = timeline_of(config, notes)
     plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
     plain_compute = plain / throughput * plain_slowdown if throughput else None

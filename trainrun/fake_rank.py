@@ -33,6 +33,9 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
 from trainrun.core.microbatches import microbatch_slices, take
+from trainrun.core.precision import resolve_precision
+from trainrun.core.state import State
+from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
@@ -98,13 +101,24 @@ class RunShape:
 
 
 @dataclass(frozen=True)
+class MethodWork:
+    """A method's work on the device besides the passes (``Algorithm.device_work``), as operations."""
+
+    name: str
+    interval: str  # how often it runs: a duration
+    operations: tuple[tuple[float, float], ...]  # (FLOPs, bytes) of each (OperationLog)
+
+
+@dataclass(frozen=True)
 class Memory:
-    """One rank's memory (GB) for a :class:`RunShape`, and its optimizer step's operations."""
+    """One rank's memory (GB) for a :class:`RunShape`, and the operations of its optimizer's step and
+    of its methods' work on the device besides the passes."""
 
     held: dict[str, float]  # between steps: weights, gradients, optimizer state
     peak: dict[str, float]  # at the step's peak, by part, with its total
     eval_peak: float
     optimizer: tuple[tuple[float, float], ...] = ()  # (FLOPs, bytes) of each operation (OperationLog)
+    methods: tuple[MethodWork, ...] = ()
 
     @property
     def highest(self) -> float:
@@ -240,6 +254,25 @@ class _Rank:
         self._optimizer_step(log)
         return tuple(log.operations)
 
+    def method_operations(self, inputs: Any, targets: Any) -> tuple[MethodWork, ...]:
+        """Each of the run's methods' work on the device besides the passes, once, as its operations:
+        each method reads a state of this rank's model and a batch, a step into a one-step run."""
+        precision, _ = resolve_precision(self.config.precision, torch.device("cpu"))
+        state = State(
+            self.model, self.optimizer, Timeline(1, self.shape.per_rank_batch, 1), torch.device("cpu"), precision
+        )
+        state.inputs, state.targets, state.num_classes = inputs, targets, self.config.model.num_classes
+        found = []
+        for method in build_algorithms(self.config.algorithms):
+            work = method.device_work(state)
+            if work is not None:
+                run, interval = work
+                log = OperationLog()
+                with log:
+                    run()
+                found.append(MethodWork(method.name, interval, tuple(log.operations)))
+        return tuple(found)
+
     def _optimizer_step(self, under: contextlib.AbstractContextManager) -> None:
         """One optimizer step from zero gradients, the step alone under ``under``."""
         for parameter in self.model.parameters():
@@ -303,6 +336,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
         operations = rank.optimizer_operations()
+        methods = rank.method_operations(inputs, targets)
         tracker = rank.tracker()
         if rank.sharded:
             tracker.track_inputs((inputs,))
@@ -316,7 +350,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
-    return Memory(held, peak, eval_peak, operations)
+    return Memory(held, peak, eval_peak, operations, methods)
 
 
 def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool = True) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -84,6 +85,22 @@ class BatchMixing(Algorithm):
         if self.transform is None:
             self.transform = self.transform_class(alpha=self.config.alpha, num_classes=state.num_classes)
         state.inputs, state.targets = self.transform(state.inputs, state.targets)
+
+    def device_work(self, state: State) -> tuple[Callable[[], object], str]:
+        """The transform on a batch of the state's inputs' and targets' shapes, every step. Made and run on
+        real tensors: it draws its mixing weight as a number, which fake tensors cannot give."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            transform = self.transform_class(alpha=self.config.alpha, num_classes=state.num_classes)
+            images = torch.zeros(state.inputs.shape, dtype=state.inputs.dtype)
+            labels = torch.zeros(state.targets.shape, dtype=state.targets.dtype)
+
+        def mix() -> object:
+            with unset_fake_temporarily():
+                return transform(images, labels)
+
+        return mix, "1ba"
 
 
 class ImageAugmentation(Algorithm, ABC):

@@ -9,6 +9,7 @@ sample draws its own, gathered on the device (Composer does this per sample in t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -50,6 +51,11 @@ class ColOut(Algorithm):
         side = work.resolution
         kept_rows, kept_cols = (int((1 - drop) * side) for drop in (self.config.p_row, self.config.p_col))
         return dataclasses.replace(work, pixel_share=work.pixel_share * kept_rows * kept_cols / side**2)
+
+    def device_work(self, state: State) -> tuple[Callable[[], object], str]:
+        """Its rows and columns dropped from a batch at the run's full side, every step."""
+        inputs = state.inputs
+        return (lambda: colout(inputs, self.config.p_row, self.config.p_col, self.config.batch)), "1ba"
 
     def apply(self, event: Event, state: State) -> None:
         state.inputs = colout(state.inputs, self.config.p_row, self.config.p_col, self.config.batch)

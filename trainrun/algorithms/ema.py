@@ -10,6 +10,8 @@ saved in checkpoints. What was evaluated is what a user takes away: a finished r
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,6 +65,23 @@ class EMA(Algorithm):
         decay = smoothing(self.interval, max(timeline.to_batches(self.config.half_life), 1))
         self.average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.average.update_parameters(state.raw_model)  # start from the current weights
+
+    def device_work(self, state: State) -> tuple[Callable[[], object], str]:
+        """An update of the average after its first (which copies), every ``update_interval``. Its count
+        of updates is a real tensor: the update branches on its value, which a fake one cannot give."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with warnings.catch_warnings():  # its copy of fake weights reads their (absent) data pointers
+            warnings.simplefilter("ignore", UserWarning)
+            average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=True)
+        with unset_fake_temporarily():
+            average.n_averaged = torch.tensor(1, dtype=torch.long)
+
+        def update() -> None:
+            with unset_fake_temporarily():  # the weights stay fake tensors, the count real
+                average.update_parameters(state.raw_model)
+
+        return update, self.config.update_interval
 
     def state_dict(self) -> dict[str, Any]:
         return {"average": self.average.state_dict()} if self.average is not None else {}

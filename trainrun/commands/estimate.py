@@ -30,7 +30,7 @@ PLANNED_ENDPOINT = "node0:29400"  # --nodes: the rendezvous a compared multi-nod
 
 
 def estimate_command(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # overrides before and after the flags
     check_flags(args)
     hydra_args, overrides, _ = translate(args.overrides)
     if hydra_args:

@@ -34,7 +34,7 @@ def write_command(argv: list[str]) -> int:
     parser.add_argument("--split", choices=["train", "val"], default="train", help="built-in sets: which split")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("overrides", nargs="*", help="data.* overrides for built-in sets, e.g. data.num_samples=4096")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the flags
     check_output_file("OUT", args.out)
     if args.out.exists() and not args.overwrite:
         raise ConfigError(f"'{args.out}' exists; pass --overwrite to replace it")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -46,6 +46,13 @@ class Algorithm:
         """A training step's work after ``progress`` of the run, as this method changes it (the
         expectation over its batches); methods that leave the step's work as it is return ``work``."""
         return work
+
+    def device_work(self, state: State) -> tuple[Callable[[], object], str] | None:
+        """What this method runs on the device besides the model's passes and the optimizer, for
+        ``trainrun estimate`` to time as its operations: a call doing it once on ``state``'s model and
+        batch (fake tensors) as a step after the first does, and how often it runs (a duration:
+        ``"1ba"`` every step); None where it runs nothing there."""
+        return None
 
     def rebuild(self, model: nn.Module) -> None:
         """Change ``model``, built afresh, as this method changed the run's at INIT (its structure, or
