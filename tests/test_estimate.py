@@ -706,7 +706,7 @@ def test_a_rows_utilisation_moves_with_the_runs_operations_on_the_rows_roofline(
     row = rates().gpu_rate("resnet", "h100", "amp", False)
     own, small, h200 = mild_on_one_gpu(), mild_on_one_gpu("data.resolution=96"), mild_on_one_gpu("hardware=8xh200")
     at_row = own.step_flops / (989.4e12 * row.mfu)
-    assert at_row < own.step_seconds < 1.01 * at_row  # the optimizer's operations: under 1 %
+    assert at_row < own.step_seconds < 1.02 * at_row  # the optimizer's operations and EMA's update: under 2 %
     assert small.step_flops / small.step_seconds < 0.97 * own.step_flops / own.step_seconds
     assert own.mfu == pytest.approx(row.mfu, rel=0.001) and small.mfu < 0.97 * row.mfu  # the plain step's, said
     assert h200.step_seconds == pytest.approx(own.step_seconds, rel=0.01)

@@ -33,7 +33,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
 from trainrun.core.microbatches import microbatch_slices, take
-from trainrun.core.precision import resolve_precision
+from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
@@ -257,7 +257,7 @@ class _Rank:
     def method_operations(self, inputs: Any, targets: Any) -> tuple[MethodWork, ...]:
         """Each of the run's methods' work on the device besides the passes, once, as its operations:
         each method reads a state of this rank's model and a batch, a step into a one-step run."""
-        precision, _ = resolve_precision(self.config.precision, torch.device("cpu"))
+        precision = Precision(self.config.precision, "cpu", self.dtype)  # a record: fp8 is not checked on the CPU
         state = State(
             self.model, self.optimizer, Timeline(1, self.shape.per_rank_batch, 1), torch.device("cpu"), precision
         )
