@@ -145,7 +145,6 @@ def measured_mfu(rate: Any) -> float:
     with fake_world(shape.ranks):
         memory = measure(config, shape, task)
     timeline = timeline_of(config, [])
-    every = timeline.to_batches if timeline else lambda interval: None
     value, unit = rate.reading
     samples = value / shape.text.max_seq_len if unit == "tokens/s" else value
     group, batch = gpu_group(rate.gpu), config.train_batch_size
@@ -153,7 +152,7 @@ def measured_mfu(rate: Any) -> float:
     mfu = samples * per_sample / peak
     for _ in range(5):  # the optimizer's products at the utilisation found: a few rounds settle it
         stepping = operations_seconds(memory.optimizer, peak * mfu, group["memory_gb_s"])
-        stepping += methods_seconds(memory.methods, peak * mfu, group["memory_gb_s"], every, [])
+        stepping += methods_seconds(memory.methods, peak * mfu, group["memory_gb_s"], timeline, [])
         mfu = batch * per_sample / (peak * (batch / samples - stepping))
     return mfu
 

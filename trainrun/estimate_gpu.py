@@ -6,7 +6,6 @@ compute does not hide. Written here because the rows and the exchange are trainr
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ from trainrun.rates import GpuRate, rates, run_key
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
+    from trainrun.core.time import Timeline
     from trainrun.fake_rank import MethodWork
 
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
@@ -175,17 +175,17 @@ def methods_seconds(
     methods: tuple[MethodWork, ...],
     flop_rate: float,
     bandwidth_gb_s: float | None,
-    every: Callable[[str], int | None],
+    timeline: Timeline | None,
     notes: list[str],
 ) -> float:
     """A step's share of each method's work on the device besides the passes (``Algorithm.device_work``:
     EMA's update of its average, MixUp's and CutMix's blend), its operations timed one by one and
-    spread over the steps ``every`` makes its interval; said."""
+    spread over the steps of its interval on the run's ``timeline``; said."""
     if not methods or not bandwidth_gb_s:
         return 0.0
     total = 0.0
     for method in methods:
-        steps = every(method.interval)
+        steps = timeline.to_batches(method.interval) if timeline else None
         if not steps:
             notes.append(
                 f"{method.name}'s work on the device is not timed: its interval {method.interval} has no steps"

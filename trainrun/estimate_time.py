@@ -324,9 +324,8 @@ def beside_passes(
 ) -> float:
     """A rank's step besides its passes: its optimizer's operations and its methods' work, each
     method's spread over the steps of its interval."""
-    every = timeline.to_batches if timeline else lambda interval: None
     seconds = optimizer_seconds(config, optimizer, flop_rate, notes)
-    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, every, notes)
+    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, timeline, notes)
 
 
 def timing(

@@ -73,6 +73,7 @@ class EMA(Algorithm):
 
         with warnings.catch_warnings():  # its copy of fake weights reads their (absent) data pointers
             warnings.simplefilter("ignore", UserWarning)
+            # any decay: an update's operations are the same
             average = AveragedModel(state.raw_model, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=True)
         with unset_fake_temporarily():
             average.n_averaged = torch.tensor(1, dtype=torch.long)
