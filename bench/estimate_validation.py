@@ -135,7 +135,7 @@ def measured_mfu(rate: Any) -> float:
     products at the utilisation found)."""
     from trainrun.estimate import run_shape, sized_task
     from trainrun.estimate_gpu import methods_seconds, operations_seconds
-    from trainrun.estimate_time import timeline_of
+    from trainrun.estimate_time import interval_timeline, timeline_of
     from trainrun.fake_rank import fake_world, measure, pass_flops
 
     config = composed(list(rate.shape))
@@ -144,7 +144,7 @@ def measured_mfu(rate: Any) -> float:
     per_sample = pass_flops(config, task, shape.text, 2) / 2
     with fake_world(shape.ranks):
         memory = measure(config, shape, task)
-    timeline = timeline_of(config, [])
+    timeline = interval_timeline(config, timeline_of(config, []))
     value, unit = rate.reading
     samples = value / shape.text.max_seq_len if unit == "tokens/s" else value
     group, batch = gpu_group(rate.gpu), config.train_batch_size

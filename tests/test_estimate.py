@@ -314,7 +314,8 @@ def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_inte
     """EMA's update of its average (every 20 steps in mild and hot), MixUp's blend and ColOut's slice
     (every step) run on the device besides the model's passes: each is its operations, run once on the
     rank's fake weights and a batch of the run's shape, timed one by one and spread over its interval;
-    an update reads the average and the weights and writes the average."""
+    an update reads the average and the weights and writes the average. A budget's steps are not
+    known before its rate, but an interval in batches is."""
     base = ["recipe=mild", "launcher.devices=8", "hardware=8xa100_aws"]
     with_ema = json.loads(run_estimate(*base, "--json").stdout)
     without = json.loads(run_estimate(*base, "~algorithms.ema", "--json").stdout)
@@ -329,6 +330,8 @@ def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_inte
     found = {note.split(":")[0]: note for note in hot["notes"] if note.startswith(("ema: ", "mixup: ", "colout: "))}
     assert set(found) == {"ema", "mixup", "colout"}
     assert "every step" in found["mixup"] and "every step" in found["colout"]
+    budget = json.loads(run_estimate(*base, "max_duration=2h", "--json").stdout)  # its length: what the rate buys
+    assert [note for note in budget["notes"] if note.startswith("ema: ")] == [note]  # 20 batches need no length
 
 
 def test_overrides_may_come_after_the_flags():

@@ -175,7 +175,7 @@ def methods_seconds(
     methods: tuple[MethodWork, ...],
     flop_rate: float,
     bandwidth_gb_s: float | None,
-    timeline: Timeline | None,
+    timeline: Timeline,
     notes: list[str],
 ) -> float:
     """A step's share of each method's work on the device besides the passes (``Algorithm.device_work``:
@@ -185,7 +185,7 @@ def methods_seconds(
         return 0.0
     total = 0.0
     for method in methods:
-        steps = timeline.to_batches(method.interval) if timeline else None
+        steps = timeline.to_batches(method.interval)
         if not steps:
             notes.append(
                 f"{method.name}'s work on the device is not timed: its interval {method.interval} has no steps"

@@ -143,11 +143,22 @@ def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
     if duration.unit.is_budget:
         notes.append(f"max_duration={config.max_duration} is a budget: its steps are what the rate below buys")
         return None
-    batches_per_epoch = samples_an_epoch(config) // config.train_batch_size if config.data.samples else 0
+    batches_per_epoch = batches_an_epoch(config)
     if duration.unit is TimeUnit.EPOCH and not batches_per_epoch:
         notes.append("max_duration in epochs needs the data set's size: set data.samples=[TRAIN,VAL]")
         return None
     return Timeline.for_run(duration, batches_per_epoch, config.train_batch_size, config.scale_schedule_ratio)
+
+
+def batches_an_epoch(config: TrainConfig) -> int:
+    """Steps an epoch of ``data.samples``; 0 where its size is not said."""
+    return samples_an_epoch(config) // config.train_batch_size if config.data.samples else 0
+
+
+def interval_timeline(config: TrainConfig, timeline: Timeline | None) -> Timeline:
+    """Where a method's interval becomes steps: the run's ``timeline``, else (a budget, whose length
+    the rate decides) one of no planned length, on which ep, ba and sp convert and ``dur`` spans none."""
+    return timeline or Timeline(batches_an_epoch(config), config.train_batch_size, max_batches=0)
 
 
 def base_work(config: TrainConfig, text: TextFacts | None) -> StepWork:
@@ -319,7 +330,7 @@ def beside_passes(
     optimizer: tuple[tuple[float, float], ...] | None,
     methods: tuple[MethodWork, ...],
     flop_rate: float,
-    timeline: Timeline | None,
+    timeline: Timeline,
     notes: list[str],
 ) -> float:
     """A rank's step besides its passes: its optimizer's operations and its methods' work, each
@@ -355,7 +366,8 @@ def timing(
     gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
     *slowdowns, plain_slowdown = roofline_slowdowns(counts, [work for _, _, work in read] + [base], gpus, notes)
     throughput = gpus.flop_rate
-    stepping = beside_passes(config, optimizer, methods, throughput / ranks, timeline, notes) if throughput else 0.0
+    every = interval_timeline(config, timeline)
+    stepping = beside_passes(config, optimizer, methods, throughput / ranks, every, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
     link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
