@@ -314,8 +314,7 @@ def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_inte
     """EMA's update of its average (every 20 steps in mild and hot), MixUp's blend and ColOut's slice
     (every step) run on the device besides the model's passes: each is its operations, run once on the
     rank's fake weights and a batch of the run's shape, timed one by one and spread over its interval;
-    an update reads the average and the weights and writes the average. A budget's steps are not
-    known before its rate, but an interval in batches is."""
+    an update reads the average and the weights and writes the average."""
     base = ["recipe=mild", "launcher.devices=8", "hardware=8xa100_aws"]
     with_ema = json.loads(run_estimate(*base, "--json").stdout)
     without = json.loads(run_estimate(*base, "~algorithms.ema", "--json").stdout)
@@ -330,8 +329,23 @@ def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_inte
     found = {note.split(":")[0]: note for note in hot["notes"] if note.startswith(("ema: ", "mixup: ", "colout: "))}
     assert set(found) == {"ema", "mixup", "colout"}
     assert "every step" in found["mixup"] and "every step" in found["colout"]
-    budget = json.loads(run_estimate(*base, "max_duration=2h", "--json").stdout)  # its length: what the rate buys
-    assert [note for note in budget["notes"] if note.startswith("ema: ")] == [note]  # 20 batches need no length
+
+
+def test_a_budget_is_timed_as_the_steps_its_training_seconds_buy():
+    """A wall-clock or money budget trains for the steps its seconds buy at the schedule's mean step
+    (the run re-plans to them), its evaluations on top; its methods' intervals in batches are timed."""
+    base = ["recipe=mild", "launcher.devices=8", "hardware=8xa100_aws", "--json"]
+    fixed = json.loads(run_estimate(*base).stdout)
+    mean = sum((phase["end"] - phase["start"]) * phase["seconds"] for phase in fixed["phases"])
+    per_epoch = 1_281_167 // 2048  # ImageNet's training images at mild's batch
+    for budget, seconds in (("2h", 7200), ("50usd", 50 / 32.77 * 3600)):  # the group's price a node-hour
+        estimate = json.loads(run_estimate(*base, f"max_duration={budget}").stdout)
+        assert estimate["steps"] == estimate["schedule_steps"] == int(seconds / mean)
+        assert estimate["evaluations"] == math.ceil(estimate["steps"] / per_epoch)  # every epoch and at the end
+        evaluating = estimate["evaluations"] * estimate["eval_seconds"]
+        assert estimate["hours"] * 3600 == pytest.approx(seconds + evaluating, rel=1e-3)
+    (ema,) = [note for note in estimate["notes"] if note.startswith("ema: ")]
+    assert "every 20 steps" in ema  # 20 batches need no length
 
 
 def test_overrides_may_come_after_the_flags():

@@ -64,7 +64,7 @@ class Estimate:
     eval_gpu_seconds: float | None  # its forward passes on the GPUs
     eval_loader_seconds: float | None  # its samples through the node's loaders (None: not timed)
     evaluations: int | None  # to what ``time_to`` names
-    schedule_steps: int | None  # to max_duration (None: a budget, or epochs without data.samples)
+    schedule_steps: int | None  # to max_duration, or a budget's (None: epochs without data.samples, untimed)
     steps: int | None  # to what ``time_to`` names
     hours: float | None  # training and evaluation, to what ``time_to`` names
     cost: float | None

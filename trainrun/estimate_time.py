@@ -45,7 +45,7 @@ from trainrun.estimate_loader import (
     loader_timed,
 )
 from trainrun.rates import GpuRate
-from trainrun.schema import TrainConfig
+from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class Timing:
     mfu: float  # the plain step's: the row's, moved by the roofline where the row has one
     peak_tflops: float | None  # a GPU's
     loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
-    steps: int | None  # to max_duration (None: epochs without the data's size)
+    steps: int | None  # to max_duration, or what a budget buys (None: epochs without the data's size)
     step_flops: float  # a plain step at the run's full shapes, all ranks
     step_seconds: float | None  # that step on the GPUs at ``mfu``, with the exchange its compute does not hide
     eval_flops: float  # one evaluation, all ranks
@@ -141,7 +141,6 @@ def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
     ``data.samples``); None where ``max_duration`` is a budget, or in epochs of a size not said."""
     duration = Time.parse(config.max_duration)
     if duration.unit.is_budget:
-        notes.append(f"max_duration={config.max_duration} is a budget: its steps are what the rate below buys")
         return None
     batches_per_epoch = batches_an_epoch(config)
     if duration.unit is TimeUnit.EPOCH and not batches_per_epoch:
@@ -153,6 +152,27 @@ def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
 def batches_an_epoch(config: TrainConfig) -> int:
     """Steps an epoch of ``data.samples``; 0 where its size is not said."""
     return samples_an_epoch(config) // config.train_batch_size if config.data.samples else 0
+
+
+def bought_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) -> Timeline | None:
+    """A budget's timeline as the run re-plans it (:mod:`trainrun.core.budget`): the steps its
+    training seconds buy at the phases' mean step, which the run's length does not change (phases
+    are shares of it); evaluations do not spend a budget. None where ``max_duration`` is not a budget,
+    or (said) where a phase is not timed."""
+    if not Time.parse(config.max_duration).unit.is_budget:
+        return None
+    if any(phase.seconds is None for phase in phases):
+        notes.append(f"max_duration={config.max_duration} is a budget: its steps are not known without a step's time")
+        return None
+    mean = sum((phase.end - phase.start) * phase.seconds for phase in phases)
+    seconds = budget_seconds(config)
+    steps = max(1, int(seconds / mean))
+    epochs = f" ({steps / batches_an_epoch(config):,.1f} epochs)" if batches_an_epoch(config) else ""
+    notes.append(
+        f"max_duration={config.max_duration}: {seconds / 3600:,.3g} h of training buys {steps:,} steps{epochs} at "
+        f"{mean:.3g} s a step over the schedule, as the run re-plans; evaluations are outside a budget"
+    )
+    return Timeline(batches_an_epoch(config), config.train_batch_size, steps, config.scale_schedule_ratio)
 
 
 def interval_timeline(config: TrainConfig, timeline: Timeline | None) -> Timeline:
@@ -330,13 +350,14 @@ def beside_passes(
     optimizer: tuple[tuple[float, float], ...] | None,
     methods: tuple[MethodWork, ...],
     flop_rate: float,
-    timeline: Timeline,
+    timeline: Timeline | None,
     notes: list[str],
 ) -> float:
     """A rank's step besides its passes: its optimizer's operations and its methods' work, each
-    method's spread over the steps of its interval."""
+    method's spread over the steps of its interval (on a budget, :func:`interval_timeline`'s)."""
     seconds = optimizer_seconds(config, optimizer, flop_rate, notes)
-    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, timeline, notes)
+    every = interval_timeline(config, timeline)
+    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, every, notes)
 
 
 def timing(
@@ -366,8 +387,7 @@ def timing(
     gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
     *slowdowns, plain_slowdown = roofline_slowdowns(counts, [work for _, _, work in read] + [base], gpus, notes)
     throughput = gpus.flop_rate
-    every = interval_timeline(config, timeline)
-    stepping = beside_passes(config, optimizer, methods, throughput / ranks, every, notes) if throughput else 0.0
+    stepping = beside_passes(config, optimizer, methods, throughput / ranks, timeline, notes) if throughput else 0.0
     per_node = max(1, ranks // config.launcher.nnodes)
     threads = loader_threads(config, per_node)
     link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
@@ -379,7 +399,7 @@ def timing(
         gpu = compute + stepping if compute is not None else None
         loader = loader_seconds(config, work, threads)
         phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
-    notes += loader_notes(config, threads)
+    timeline = timeline or bought_timeline(config, phases, notes)
     plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
     plain_compute = plain / throughput * plain_slowdown if throughput else None
@@ -398,7 +418,7 @@ def timing(
         eval_gpu_seconds=eval_flops / throughput if throughput else None,
         eval_loader_seconds=evaluation_loader_seconds(config, threads),
         eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
-        notes=notes,
+        notes=notes + loader_notes(config, threads),
     )
 
 
