@@ -500,7 +500,7 @@ def test_gradients_and_shards_crossing_gpus_and_nodes_are_timed_at_the_hardwares
     base += ["hardware=8xa100_aws", "launcher.devices=8"]
     runs = {
         "ddp": [],
-        "ddp_2_nodes": ["launcher.nnodes=2", "launcher.rdzv_endpoint=n0:1"],
+        "ddp_2_nodes": ["launcher.nnodes=2"],  # sized, never launched: no rendezvous asked
         "fsdp": ["parallel=fsdp"],
     }
     found = {}

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from trainrun.schema import TrainConfig
 
 DOES_NOT_FIT = 3  # the exit code of an estimate whose peak is over the device's memory
-PLANNED_ENDPOINT = "node0:29400"  # --nodes: the rendezvous a compared multi-node run is validated with
+PLANNED_ENDPOINT = "node0:29400"  # the rendezvous an estimated multi-node run is validated with
 
 
 def estimate_command(argv: list[str]) -> int:
@@ -36,6 +36,7 @@ def estimate_command(argv: list[str]) -> int:
     if hydra_args:
         raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
     source, _, overrides = locate([], overrides)
+    overrides = never_launched(overrides)
     (config,) = check(overrides, files=False, source=source)
     steps, steps_source = target_from(args, config)
     if args.compare:
@@ -87,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def never_launched(overrides: list[str]) -> list[str]:
+    """``overrides`` with a rendezvous endpoint where they name none: an estimated run is sized, never
+    launched, so a multi-node one needs no port, endpoint or reachable master of the user's."""
+    if any(override.startswith("launcher.rdzv_endpoint=") for override in overrides):
+        return overrides
+    return [*overrides, f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}"]
+
+
 def check_flags(args: argparse.Namespace) -> None:
     """The flags' own bounds, before the run is composed."""
     if args.nodes and not args.compare:
@@ -131,12 +140,6 @@ def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple
     for hardware in args.compare:
         for count in nodes:
             extra = [f"hardware={hardware}"] + ([f"launcher.nnodes={count}"] if count else [])
-            if (
-                count
-                and count > 1
-                and not any(o.startswith(("launcher.master_port=", "launcher.rdzv_endpoint=")) for o in overrides)
-            ):
-                extra.append(f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}")  # sized, never launched: any endpoint
             try:
                 (config,) = check([*overrides, *extra], files=False, source=source)
                 if config.launcher.devices == "auto" and config.hardware.devices:  # every GPU of the node
