@@ -364,6 +364,17 @@ def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
     assert estimate["real_token_share"] == 1.0  # no store named: every position assumed a token, and said
     half = json.loads(run_estimate("recipe=bert_large", "launcher.devices=8", "--real-tokens", "0.5", "--json").stdout)
     assert half["phases"][0]["step_flops"] < 0.6 * estimate["phases"][0]["step_flops"]  # unpadding's saving
+    for short in ("max_duration=1000ba", "max_duration=10min"):  # ended before the target's 1,436 steps
+        ended = json.loads(
+            run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", short, "--json").stdout
+        )
+        assert ended["time_to"] == "schedule" and ended["short_of_target"] == estimate["steps"]
+        assert ended["steps"] == ended["schedule_steps"] < estimate["steps"] and ended["hours"] < estimate["hours"]
+        assert any(
+            note.startswith("the target's 1,436 steps (target_samples=643,000) are past") for note in ended["notes"]
+        )
+    given = json.loads(run_estimate("recipe=mild", "launcher.devices=8", "--steps", "60000", "--json").stdout)
+    assert given["steps"] == 56_250 and given["short_of_target"] == 60_000  # mild sets no stop_at
 
 
 @pytest.mark.parametrize(

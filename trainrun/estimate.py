@@ -73,12 +73,13 @@ class Estimate:
     time_to: str = "schedule"  # target: the steps to it are known; schedule: max_duration's
     target_source: str | None = None  # how the steps to the target are known: --steps, target_samples
     stop_at: float | None = None  # the quality the run stops at, where it stops early
+    short_of_target: int | None = None  # the target's steps, where max_duration ends the run before them
 
     @property
     def stops_before_the_schedule(self) -> bool:
         """The run stops at a target whose steps are not known here: ``hours`` and ``cost`` are the
         whole schedule's, an upper bound, never the run's."""
-        return self.time_to == "schedule" and self.stop_at is not None
+        return self.time_to == "schedule" and self.stop_at is not None and self.short_of_target is None
 
     @property
     def highest_gb(self) -> float:
@@ -317,6 +318,21 @@ def run_hours(timing: Timing, to_target: int | None) -> tuple[int | None, float 
     return counted, (seconds / 3600 if seconds else None), evaluations
 
 
+def reachable_target(
+    config: TrainConfig, timing: Timing, steps: tuple[int | None, str], notes: list[str]
+) -> tuple[int | None, str | None, int | None]:
+    """(steps, source) to the target where known and within the schedule, and the target's steps where
+    ``max_duration`` (or what a budget buys) ends the run before them (said)."""
+    to_target, source = target_steps(config, *steps)
+    if not (to_target and timing.steps and to_target > timing.steps):
+        return to_target, source, None
+    aimed = config.stop_at is not None
+    what = f"the target's {to_target:,} steps ({source})" if aimed else f"the {to_target:,} steps of {source}"
+    end = f", before stop_at={config.stop_at:g} at the target's pace" if aimed else ""
+    notes.append(f"{what} are past max_duration={config.max_duration}'s {timing.steps:,}: the run ends there{end}")
+    return None, None, to_target
+
+
 def timed(
     config: TrainConfig,
     shape: RunShape,
@@ -330,7 +346,7 @@ def timed(
     """The estimate with the run's time to the target where its steps are known, else to
     ``max_duration``, and its cost at the hardware's price for every node."""
     hardware = config.hardware
-    to_target, target_source = target_steps(config, *steps)
+    to_target, target_source, short_of_target = reachable_target(config, timing, steps, notes)
     counted, hours, evaluations = run_hours(timing, to_target)
     cost = hours * hardware.price_per_hour * config.launcher.nnodes if hours and hardware.price_per_hour else None
     text = shape.text
@@ -373,4 +389,5 @@ def timed(
         time_to="target" if to_target is not None else "schedule",
         target_source=target_source,
         stop_at=config.stop_at,
+        short_of_target=short_of_target,
     )
