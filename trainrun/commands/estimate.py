@@ -206,7 +206,7 @@ def comparison_table(figures: list[dict]) -> str:
         )
         fits = {True: "yes", False: "NO", None: "?"}[row["fits"]]
         time = duration(row["hours"]) if row["hours"] else "-"
-        cost = f"${row['cost']:,.0f}" if row["cost"] else "-"
+        cost = dollars(row["cost"]) if row["cost"] else "-"
         marks = ", ".join(name for name, best in (("fastest", fastest), ("cheapest", cheapest)) if best is row)
         bottleneck = " then ".join(row["bottlenecks"]) or "-"
         place = f"{row['hardware']} | {row['nodes']} | {row['ranks']}"
@@ -243,7 +243,7 @@ def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
     as the whole schedule where the run stops before it; none where the steps are not known."""
     if not result.hours:
         return []
-    cost = f", ${result.cost:,.0f} at ${config.hardware.price_per_hour:g}/h a node" if result.cost else ""
+    cost = f", {dollars(result.cost)} at ${config.hardware.price_per_hour:g}/h a node" if result.cost else ""
     if result.time_to == "target":
         end = (
             f"the target (stop_at={config.stop_at:g}, {result.target_source})"
@@ -262,6 +262,11 @@ def time_lines(result: Estimate, config: TrainConfig) -> list[str]:
 def flops(count: float) -> str:
     """FLOPs in PFLOP, or TFLOP under a tenth of one."""
     return f"{count / 1e15:.2f} PFLOP" if count >= 1e14 else f"{count / 1e12:.2f} TFLOP"
+
+
+def dollars(amount: float) -> str:
+    """Whole dollars, or cents under ten dollars (a short run's cost is not $0)."""
+    return f"${amount:,.0f}" if amount >= 10 else f"${amount:.2f}"
 
 
 def duration(hours: float) -> str:
@@ -355,7 +360,7 @@ def render(result: Estimate, config: TrainConfig) -> str:
             evaluation = f"an evaluation: {flops(result.eval_flops)}, {result.eval_seconds:.1f} s"
             lines.append(evaluation + evaluation_parts(result))
         lines += time_lines(result, config)
-        lines.append(f"per 1,000 plain steps: {1000 * result.step_seconds / 3600:.2f} h")
+        lines.append(f"per 1,000 plain steps: {duration(1000 * result.step_seconds / 3600)}")
     lines += [f"note: {note}" for note in result.notes]
     if result.stops_before_the_schedule:
         lines.append(
