@@ -480,7 +480,8 @@ def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_pat
 
 def test_compare_puts_the_run_on_each_hardware_option_and_node_count_in_one_table():
     """``--compare``: each option at its node's GPUs (``launcher.devices=auto``), ``--nodes`` on each;
-    every figure is the estimate of that option alone; the fastest and the cheapest marked."""
+    every figure is the estimate of that option alone; the fastest and the cheapest marked, or under a
+    budget the option it buys the most steps on."""
     base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=32", "max_duration=1000ba"]
     result = run_estimate(*base, "--compare", "8xa100_aws,8xh100_aws", "--nodes", "1,2", "--json")
     assert result.returncode == 0, result.stderr
@@ -498,6 +499,16 @@ def test_compare_puts_the_run_on_each_hardware_option_and_node_count_in_one_tabl
     cheapest = min(one_node, key=lambda row: row["cost"])["hardware"]
     marks = {line.split(" | ")[0].strip("| "): line.rsplit("|", 2)[1] for line in table if line.startswith("| 8x")}
     assert "fastest" in marks[fastest] and "cheapest" in marks[cheapest]
+    assert all(row["steps"] == 1000 for row in rows.values())
+    budget = [*base[:-1], "max_duration=30min", "--compare", "8xa100_aws,8xh100_aws", "--nodes", "1,2"]
+    bought = {(row["hardware"], row["nodes"]): row for row in json.loads(run_estimate(*budget, "--json").stdout)}
+    for hardware in ("8xa100_aws", "8xh100_aws"):  # the same half hour: scaling is steps a node-hour
+        one, two = bought[(hardware, 1)], bought[(hardware, 2)]
+        assert two["scaling"] == pytest.approx(two["steps"] / (2 * two["hours"]) / (one["steps"] / one["hours"]))
+    most = max(bought.values(), key=lambda row: row["steps"])
+    table = run_estimate(*budget).stdout.splitlines()
+    (marked,) = [line for line in table if "most steps" in line]
+    assert marked.startswith(f"| {most['hardware']} | {most['nodes']} |") and "fastest" not in "".join(table)
     for arguments, key in ((["--compare", "8xnone"], "--compare"), (["--nodes", "2"], "--nodes")):
         refused = run_estimate(*base, *arguments)
         assert refused.returncode == 2 and f"'{key}'" in refused.stderr and refused.stderr.count("\n") == 1

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainrun.config import check, locate, translate
+from trainrun.core.time import Time
 from trainrun.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ def comparison_row(config: TrainConfig, result: Estimate) -> dict:
         "peak_gb": result.highest_gb,
         "device_memory_gb": result.device_memory_gb,
         "time_to": "schedule" if result.stops_before_the_schedule else result.time_to,
+        "budget": Time.parse(config.max_duration).unit.is_budget,
+        "steps": result.steps,
         "hours": result.hours,
         "cost": result.cost,
         "bottlenecks": result.bottlenecks,
@@ -182,22 +185,37 @@ def comparison_row(config: TrainConfig, result: Estimate) -> dict:
 
 
 def with_scaling(figures: list[dict]) -> None:
-    """Each row's scaling efficiency on its hardware: the fewest nodes' node-hours over its own."""
+    """Each row's scaling efficiency on its hardware: its steps a node-hour over the fewest nodes'
+    (the same steps: their node-hours over its own; under a budget, the same hours)."""
+
+    def per_node_hour(row: dict) -> float:
+        return row["steps"] / (row["hours"] * row["nodes"])
+
     for row in figures:
         same = [other for other in figures if other["hardware"] == row["hardware"] and other["hours"]]
         fewest = min(same, key=lambda other: other["nodes"], default=None)
         if fewest is not None and row["hours"] and len(same) > 1:
-            row["scaling"] = fewest["hours"] * fewest["nodes"] / (row["hours"] * row["nodes"])
+            row["scaling"] = per_node_hour(row) / per_node_hour(fewest)
+
+
+def best_options(figures: list[dict]) -> tuple[tuple[str, dict | None], ...]:
+    """The marks of those that fit: the fastest and the cheapest, or under a budget (the same time or
+    money on each) the option whose budget buys the most steps."""
+    fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
+    if any(row["budget"] for row in figures):
+        return (("most steps", max(fitting, key=lambda row: row["steps"] or 0, default=None)),)
+    priced = [row for row in fitting if row["cost"]]
+    return (
+        ("fastest", min(fitting, key=lambda row: row["hours"], default=None)),
+        ("cheapest", min(priced, key=lambda row: row["cost"], default=None)),
+    )
 
 
 def comparison_table(figures: list[dict]) -> str:
-    """The options side by side (:func:`comparison_rows`); the fastest and the cheapest of those that fit marked."""
-    fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
-    fastest = min(fitting, key=lambda row: row["hours"], default=None)
-    priced = [row for row in fitting if row["cost"]]
-    cheapest = min(priced, key=lambda row: row["cost"], default=None)
-    header = "| hardware | nodes | ranks | peak / device GB | fits | time | cost | bottleneck | scaling | |"
-    lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | --- |"]
+    """The options side by side (:func:`comparison_rows`), the best of those that fit marked."""
+    best = best_options(figures)
+    header = "| hardware | nodes | ranks | peak / device GB | fits | steps | time | cost | bottleneck | scaling | |"
+    lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     for row in figures:
         memory = (
             f"{row['peak_gb']:.1f} / {row['device_memory_gb']:g}"
@@ -207,17 +225,23 @@ def comparison_table(figures: list[dict]) -> str:
         fits = {True: "yes", False: "NO", None: "?"}[row["fits"]]
         time = duration(row["hours"]) if row["hours"] else "-"
         cost = dollars(row["cost"]) if row["cost"] else "-"
-        marks = ", ".join(name for name, best in (("fastest", fastest), ("cheapest", cheapest)) if best is row)
+        marks = ", ".join(name for name, chosen in best if chosen is row)
+        steps = f"{row['steps']:,}" if row["steps"] else "-"
         bottleneck = " then ".join(row["bottlenecks"]) or "-"
         place = f"{row['hardware']} | {row['nodes']} | {row['ranks']}"
         scaling = f"{row['scaling']:.0%}" if row.get("scaling") else "-"
-        lines.append(f"| {place} | {memory} | {fits} | {time} | {cost} | {bottleneck} | {scaling} | {marks} |")
+        lines.append(
+            f"| {place} | {memory} | {fits} | {steps} | {time} | {cost} | {bottleneck} | {scaling} | {marks} |"
+        )
     ends = {row["time_to"] for row in figures}
-    lines.append(
-        "time and cost to the target"
-        if ends == {"target"}
-        else "time and cost to the end of the schedule (max_duration)"
-    )
+    if any(row["budget"] for row in figures):
+        lines.append("steps: what the budget (max_duration) buys on each; time and cost with its evaluations on top")
+    else:
+        lines.append(
+            "time and cost to the target"
+            if ends == {"target"}
+            else "time and cost to the end of the schedule (max_duration)"
+        )
     return "\n".join(lines)
 
 
