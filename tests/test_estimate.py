@@ -348,6 +348,24 @@ def test_a_budget_is_timed_as_the_steps_its_training_seconds_buy():
     assert "every 20 steps" in ema  # 20 batches need no length
 
 
+def test_a_target_past_the_schedule_is_timed_to_the_schedules_end():
+    """Steps to the target past ``max_duration`` (or past what a budget buys) are never trained: the
+    run is timed to its end, said short of the target; ``--steps`` without ``stop_at`` too."""
+    base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=32", "max_duration=1000ba"]
+    base += ["hardware=8xh100_aws", "launcher.devices=8", "--json"]
+    aimed = [*base, "stop_at=3.0", "target_samples=64000"]  # 2,000 steps of 32
+    reached = json.loads(run_estimate(*aimed, "max_duration=4000ba").stdout)
+    assert reached["time_to"] == "target" and reached["steps"] == 2000 and reached["short_of_target"] is None
+    for short in ("max_duration=1000ba", "max_duration=1s"):
+        ended = json.loads(run_estimate(*aimed, short).stdout)
+        assert ended["time_to"] == "schedule" and ended["short_of_target"] == 2000
+        assert ended["steps"] == ended["schedule_steps"] < 2000 and ended["hours"] < reached["hours"]
+        (note,) = [note for note in ended["notes"] if "are past" in note]
+        assert note.startswith("the target's 2,000 steps (target_samples=64,000) are past max_duration=")
+    given = json.loads(run_estimate(*base, "--steps", "5000").stdout)
+    assert given["steps"] == 1000 and given["short_of_target"] == 5000 and given["hours"] is not None
+
+
 def test_overrides_may_come_after_the_flags():
     result = run_estimate("recipe=mild", "--json", "launcher.devices=8", "~algorithms.ema")
     assert result.returncode == 0, result.stderr
@@ -364,17 +382,6 @@ def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
     assert estimate["real_token_share"] == 1.0  # no store named: every position assumed a token, and said
     half = json.loads(run_estimate("recipe=bert_large", "launcher.devices=8", "--real-tokens", "0.5", "--json").stdout)
     assert half["phases"][0]["step_flops"] < 0.6 * estimate["phases"][0]["step_flops"]  # unpadding's saving
-    for short in ("max_duration=1000ba", "max_duration=10min"):  # ended before the target's 1,436 steps
-        ended = json.loads(
-            run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", short, "--json").stdout
-        )
-        assert ended["time_to"] == "schedule" and ended["short_of_target"] == estimate["steps"]
-        assert ended["steps"] == ended["schedule_steps"] < estimate["steps"] and ended["hours"] < estimate["hours"]
-        assert any(
-            note.startswith("the target's 1,436 steps (target_samples=643,000) are past") for note in ended["notes"]
-        )
-    given = json.loads(run_estimate("recipe=mild", "launcher.devices=8", "--steps", "60000", "--json").stdout)
-    assert given["steps"] == 56_250 and given["short_of_target"] == 60_000  # mild sets no stop_at
 
 
 @pytest.mark.parametrize(

@@ -168,9 +168,11 @@ def bought_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) 
     seconds = budget_seconds(config)
     steps = max(1, int(seconds / mean))
     epochs = f" ({steps / batches_an_epoch(config):,.1f} epochs)" if batches_an_epoch(config) else ""
+    money = Time.parse(config.max_duration).unit is TimeUnit.DOLLAR
+    hours = f" ({seconds / 3600:,.3g} h of training at the hardware's price)" if money else ""
     notes.append(
-        f"max_duration={config.max_duration}: {seconds / 3600:,.3g} h of training buys {steps:,} steps{epochs} at "
-        f"{mean:.3g} s a step over the schedule, as the run re-plans; evaluations are outside a budget"
+        f"max_duration={config.max_duration}{hours} buys {steps:,} steps{epochs} at {mean:.3g} s a step over the "
+        "schedule, as the run re-plans; evaluations are outside a budget"
     )
     return Timeline(batches_an_epoch(config), config.train_batch_size, steps, config.scale_schedule_ratio)
 

@@ -294,8 +294,10 @@ def dollars(amount: float) -> str:
 
 
 def duration(hours: float) -> str:
-    """Hours, or minutes under two hours."""
-    return f"{hours:,.1f} h" if hours >= 2 else f"{hours * 60:,.1f} min"
+    """Hours, minutes under two hours, seconds under two minutes."""
+    if hours >= 2:
+        return f"{hours:,.1f} h"
+    return f"{hours * 60:,.1f} min" if hours * 60 >= 2 else f"{hours * 3600:,.1f} s"
 
 
 def evaluation_parts(result: Estimate) -> str:
