@@ -117,9 +117,8 @@ class Timing:
 
     def train_seconds(self, until: float = 1.0) -> float | None:
         """Training seconds from the start to ``until`` of the schedule."""
-        if self.steps is None or any(phase.seconds is None for phase in self.phases):
-            return None
-        return sum(max(0.0, min(phase.end, until) - phase.start) * self.steps * phase.seconds for phase in self.phases)
+        per_step = mean_step_seconds(self.phases, until)
+        return None if self.steps is None or per_step is None else self.steps * per_step
 
     def seconds_to(self, steps: int | None = None) -> float | None:
         """Training and evaluation seconds to ``steps`` (default: the whole schedule)."""
@@ -134,6 +133,15 @@ class Timing:
     def evaluations_to(self, steps: int) -> int | None:
         """Evaluations in ``steps``: at every interval and at the end, as the trainer evaluates."""
         return math.ceil(steps / self.eval_interval_steps) if self.eval_interval_steps else None
+
+
+def mean_step_seconds(phases: list[Phase], until: float = 1.0) -> float | None:
+    """A step's seconds over the schedule from its start to ``until``, each phase weighted by its share of
+    the run (which the run's length does not change): ``until`` of a run's steps take that many times
+    this. None where a phase is not timed."""
+    if any(phase.seconds is None for phase in phases):
+        return None
+    return sum(max(0.0, min(phase.end, until) - phase.start) * phase.seconds for phase in phases)
 
 
 def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
@@ -159,22 +167,22 @@ def bought_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) 
     training seconds buy at the phases' mean step, which the run's length does not change (phases
     are shares of it); evaluations do not spend a budget. None where ``max_duration`` is not a budget,
     or (said) where a phase is not timed."""
-    if not Time.parse(config.max_duration).unit.is_budget:
+    budget = Time.parse(config.max_duration)
+    if not budget.unit.is_budget:
         return None
-    if any(phase.seconds is None for phase in phases):
+    mean = mean_step_seconds(phases)
+    if mean is None:
         notes.append(f"max_duration={config.max_duration} is a budget: its steps are not known without a step's time")
         return None
-    mean = sum((phase.end - phase.start) * phase.seconds for phase in phases)
     seconds = budget_seconds(config)
-    steps = max(1, int(seconds / mean))
-    epochs = f" ({steps / batches_an_epoch(config):,.1f} epochs)" if batches_an_epoch(config) else ""
-    money = Time.parse(config.max_duration).unit is TimeUnit.DOLLAR
-    hours = f" ({seconds / 3600:,.3g} h of training at the hardware's price)" if money else ""
+    steps, per_epoch = max(1, int(seconds / mean)), batches_an_epoch(config)
+    epochs = f" ({steps / per_epoch:,.1f} epochs)" if per_epoch else ""
+    hours = f" ({seconds / 3600:,.3g} h of training at the hardware's price)" if budget.unit is TimeUnit.DOLLAR else ""
     notes.append(
         f"max_duration={config.max_duration}{hours} buys {steps:,} steps{epochs} at {mean:.3g} s a step over the "
         "schedule, as the run re-plans; evaluations are outside a budget"
     )
-    return Timeline(batches_an_epoch(config), config.train_batch_size, steps, config.scale_schedule_ratio)
+    return Timeline(per_epoch, config.train_batch_size, steps, config.scale_schedule_ratio)
 
 
 def interval_timeline(config: TrainConfig, timeline: Timeline | None) -> Timeline:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainrun.config import check, locate, translate
-from trainrun.core.time import Time
+from trainrun.core.time import is_budget
 from trainrun.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def comparison_row(config: TrainConfig, result: Estimate) -> dict:
         "peak_gb": result.highest_gb,
         "device_memory_gb": result.device_memory_gb,
         "time_to": "schedule" if result.stops_before_the_schedule else result.time_to,
-        "budget": Time.parse(config.max_duration).unit.is_budget,
+        "budget": is_budget(config.max_duration),
         "steps": result.steps,
         "hours": result.hours,
         "cost": result.cost,
@@ -198,11 +198,11 @@ def with_scaling(figures: list[dict]) -> None:
             row["scaling"] = per_node_hour(row) / per_node_hour(fewest)
 
 
-def best_options(figures: list[dict]) -> tuple[tuple[str, dict | None], ...]:
-    """The marks of those that fit: the fastest and the cheapest, or under a budget (the same time or
-    money on each) the option whose budget buys the most steps."""
+def best_options(figures: list[dict], budgeted: bool) -> tuple[tuple[str, dict | None], ...]:
+    """The marks of those that fit: the fastest and the cheapest, or where ``budgeted`` (the same time
+    or money on each) the option whose budget buys the most steps."""
     fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
-    if any(row["budget"] for row in figures):
+    if budgeted:
         return (("most steps", max(fitting, key=lambda row: row["steps"] or 0, default=None)),)
     priced = [row for row in fitting if row["cost"]]
     return (
@@ -213,7 +213,8 @@ def best_options(figures: list[dict]) -> tuple[tuple[str, dict | None], ...]:
 
 def comparison_table(figures: list[dict]) -> str:
     """The options side by side (:func:`comparison_rows`), the best of those that fit marked."""
-    best = best_options(figures)
+    budgeted = any(row["budget"] for row in figures)
+    best = best_options(figures, budgeted)
     header = "| hardware | nodes | ranks | peak / device GB | fits | steps | time | cost | bottleneck | scaling | |"
     lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
     for row in figures:
@@ -234,7 +235,7 @@ def comparison_table(figures: list[dict]) -> str:
             f"| {place} | {memory} | {fits} | {steps} | {time} | {cost} | {bottleneck} | {scaling} | {marks} |"
         )
     ends = {row["time_to"] for row in figures}
-    if any(row["budget"] for row in figures):
+    if budgeted:
         lines.append("steps: what the budget (max_duration) buys on each; time and cost with its evaluations on top")
     else:
         lines.append(
