@@ -216,3 +216,18 @@ def write_decathlon_task(
     training, test = (listed, []) if images == "imagesTr" else ([], [entry["image"] for entry in listed])
     manifest = {"name": task, "modality": modality, "labels": labels, "training": training, "test": test}
     (root / "dataset.json").write_text(json.dumps(manifest))
+
+
+def machine_kind() -> str:
+    """This machine's processor, its widest vector instructions and its cores: the kind every suite
+    time is said with (docs/testing.md)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    vectors = "AVX-512" + (" with bf16" if "avx512_bf16" in flags else "") if "avx512f" in flags else "AVX2 only"
+    return f"{model}, {vectors if 'avx2' in flags else 'no AVX2'}, {os.cpu_count()} cores"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's reporter)
+    """The machine's kind beside the suite's time, at the end of every run."""
+    terminalreporter.write_line(f"machine: {machine_kind()}")

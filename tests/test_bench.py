@@ -472,3 +472,31 @@ def test_explorer_bench_times_a_page_of_explorers_scale_in_chromium_and_draws_it
     picture = tmp_path / "page.png"
     assert bench("explorer.py", "--shot", str(tmp_path / "explorer.html"), str(picture)).returncode == 0
     assert picture.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_brought_bench_puts_trainrun_beside_trainer_on_a_transformers_model(tmp_path):
+    """bench/brought.py's transformers section, tiny: both sides from one folder, one evaluator, a ratio."""
+    result = bench("brought.py", "--only", "transformers", "--steps", "4", "--rounds", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert {"trainrun", "Trainer"} <= set(rows)
+    assert re.search(r"Trainer's step / trainrun's: \*\*[\d.]+x\*\*", result.stdout)
+    assert "AVX" in result.stdout  # the kind of machine beside every timing
+
+
+def test_brought_bench_refuses_a_timm_folder_without_its_train_py(tmp_path):
+    result = bench("brought.py", "--only", "timm", "--timm", str(tmp_path), "--out", str(tmp_path))
+    assert result.returncode != 0 and f"--timm {tmp_path}: no train.py there" in result.stderr
+
+
+def test_brought_bench_reads_timms_logged_update_times():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import brought
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    logged = (
+        "Train: 0 [   0/43 (  2%)]  Loss: 2.41 (2.41)  Time: 2.657s,   12.04/s  (2.657s,   12.04/s)  LR: 1.000e-01\n"
+        "Train: 0 [  42/43 (100%)]  Loss: 1.10 (1.80)  Time: 0.351s,   91.17/s  (0.500s,   64.00/s)  LR: 1.000e-01\n"
+    )
+    assert brought.TIMM_UPDATE.findall(logged) == [("0", "2.657"), ("42", "0.351")]

@@ -89,7 +89,7 @@ def test_help_lists_groups_and_options(tmp_path):
         "gated_linear_units, ghost_batchnorm, gradient_clipping, label_smoothing, layer_freezing, "
         "low_precision_layernorm, masked_head",
         "model: bert_base, bert_large, bert_mini, bert_tiny, gpt, gpt125, gpt_tiny, llama, llama3_1b, llama3_8b, "
-        "llama_tiny, resnet101, resnet18, resnet34, resnet50",
+        "llama_tiny, module, resnet101, resnet18, resnet34, resnet50, resnet_small, timm, transformers",
         "recipe: baseline, bert_base, bert_large, bert_large_lamb, gpt125, gpt125_mosaic, gpt2_finetune, gpt_speedrun, "
         "hot, llama31_8b, llama32_1b_continue, medium, mild, unet3d_brats, unet_brats",
         "parallel: ddp, fsdp",

@@ -40,6 +40,11 @@ READ_AROUND_A_RUN = {
     "data.samples": "trainrun estimate turns epochs into steps with it (tests/test_estimate.py)",
     "target_samples": "trainrun estimate's time to stop_at (tests/test_estimate.py)",
 }
+READ_AROUND_A_RUN |= {  # a brought model's settings: model=timm, transformers and module build from them
+    key: "a model a user brings (tests/test_brought_models.py trains each kind)"
+    for key in ("model.arch", "model.kwargs", "model.config", "model.path", "model.target", "model.head")
+}
+READ_AROUND_A_RUN["model.image_size"] = "model=timm: a ViT's side (tests/test_brought_models.py)"
 SECTIONS = ("model.resnet_small", "model.bert", "model.gpt", "model.llama", "model.unet", "data.ffcv", "data.text")
 SECTIONS += ("data.segmentation", "optimizer.muon")
 READ_UNDER = {  # key: the run here that makes the setting it is read under

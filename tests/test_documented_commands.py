@@ -97,12 +97,14 @@ COMMANDS = [
 @pytest.fixture
 def user_folder(tmp_path, monkeypatch):
     """A user's checkout of trainrun (its ``scripts/``) after following the README: ``myconf/``
-    holds the recipe it writes and a primary config as it describes one (``defaults: [config, _self_]``)."""
+    holds the recipe it writes and a primary config as it describes one (``defaults: [config, _self_]``),
+    ``nets.py`` the module of their own that docs/models.md writes."""
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     recipe = tmp_path / "myconf" / "recipe" / "quick.yaml"
     recipe.parent.mkdir(parents=True)
     recipe.write_text(here_document("myconf/recipe/quick.yaml"))
     (tmp_path / "myconf" / "myrun.yaml").write_text("defaults: [config, _self_]\nmax_duration: 2ep\n")
+    (tmp_path / "nets.py").write_text(here_document("nets.py"))  # docs/models.md's module of the user's own
     (tmp_path / "tmp").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path

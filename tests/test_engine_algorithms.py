@@ -186,7 +186,7 @@ def test_a_blurred_maxpool_keeps_its_window_padding_and_dilation_and_blurs_at_it
         ("blurpool", "strided convolutions or max pools to blur"),
         ("squeeze_excite", "convolutions large enough to gate (squeeze_excite.min_channels)"),
         ("ghost_batchnorm", "BatchNorm2d layers"),
-        ("stochastic_depth", "torchvision residual blocks"),
+        ("stochastic_depth", "residual blocks (torchvision's, or blocks with drop-path layers, timm's)"),
     ],
 )
 def test_a_surgery_that_finds_nothing_to_change_says_so(name, finds):

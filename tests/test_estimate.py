@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_here
 
+from trainrun.commands import main
 from trainrun.config import compose
 from trainrun.validation import validate
 
@@ -757,3 +758,46 @@ def test_a_rows_utilisation_moves_with_the_runs_operations_on_the_rows_roofline(
     assert own.mfu == pytest.approx(row.mfu, rel=0.001) and small.mfu < 0.97 * row.mfu  # the plain step's, said
     assert h200.step_seconds == pytest.approx(own.step_seconds, rel=0.01)
     assert any(f"where the row's shape reaches {row.roofline:.1%}" in note for note in own.notes)
+
+
+@pytest.mark.parametrize("options", ["8xa100_aws,,8xh100_aws", "8xa100_aws,", ","])
+def test_compare_refuses_an_empty_option_in_one_line(options, capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse's refusal of the flag's value: its usage and one line
+        main(["estimate", "recipe=mild", "--compare", options])
+    refusal = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and refusal.startswith("trainrun estimate: error: argument --compare:")
+    assert "empty option" in refusal or "names no conf/hardware option" in refusal
+
+
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_estimate_takes_hydras_config_location_flags_in_either_order(order, tmp_path):
+    """``trainrun estimate -cd myconf hardware=mygpu`` and ``trainrun -cd myconf estimate ...``: a hardware
+    group of the user's own, estimated as the shipped group it copies."""
+    group = tmp_path / "myconf" / "hardware" / "mygpu.yaml"
+    group.parent.mkdir(parents=True)
+    shipped = (Path(__file__).resolve().parents[1] / "conf" / "hardware" / "8xh100_aws.yaml").read_text()
+    group.write_text(shipped.replace("name: 8xh100_aws", "name: mygpu"))
+    run = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=8", "max_duration=10ba"]
+    flags = ["-cd", "myconf"]
+    argv = (
+        ["estimate", *flags, *run, "hardware=mygpu"]
+        if order == "after"
+        else [*flags, "estimate", *run, "hardware=mygpu"]
+    )
+    own = run_here(*argv, "--json", cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    shipped_estimate = run_estimate(*run, "hardware=8xh100_aws", "--json")
+    assert json.loads(own.stdout)["hours"] == pytest.approx(json.loads(shipped_estimate.stdout)["hours"])
+
+
+def test_a_multi_node_ddp_step_is_the_gpus_time_and_its_unhidden_exchange_once():
+    """Two nodes of 8 H100s, a model small enough for its gradients' all-reduce across nodes to outlast
+    the backward: the step pays the part of the exchange the backward does not hide, once."""
+    run = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=64", "max_duration=100ba"]
+    result = run_estimate(*run, "launcher.devices=8", "launcher.nnodes=2", "hardware=8xh100_aws", "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)
+    (phase,) = estimate["phases"]
+    assert 0 < phase["exposed_link_seconds"] <= phase["link_seconds"]
+    assert phase["seconds"] == pytest.approx(phase["gpu_seconds"] + phase["exposed_link_seconds"], rel=1e-9)
+    assert estimate["step_seconds"] == pytest.approx(phase["seconds"], rel=1e-9)

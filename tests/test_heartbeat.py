@@ -92,3 +92,62 @@ def test_a_node_that_loses_the_store_ends_naming_it(store, monkeypatch):
     assert verdicts.said.wait(15)
     line, reached = verdicts.lines[1]
     assert line.startswith("lost the run's store on node 0 (10.0.0.1): no answer for") and not reached
+
+
+def test_a_node_whose_run_crashed_is_named_lost(store, monkeypatch):
+    """A node whose run ended in an error stops beating without saying it is done: its peer names it."""
+    verdicts = Verdicts()
+    alive, crashed = two_nodes(store, monkeypatch, verdicts)
+    time.sleep(0.5)
+    crashed.stop(ended=False)
+    assert verdicts.said.wait(10)
+    assert verdicts.lines[0][0].startswith("lost node 1 (host-b, 10.0.0.2, ranks 2-3)")
+    alive.stop()
+
+
+class CountingStore:
+    """A store's counters in memory, each request counted by its kind."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self.requests: list[str] = []
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests.append("add")
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.requests.append("multi_get")
+        return [str(self.values[key]).encode() for key in keys]
+
+
+def test_a_beat_reads_every_nodes_counter_in_one_request(monkeypatch):
+    """64 nodes: a beat is two requests to the store (its own counter, every counter), not 65."""
+    monkeypatch.setattr(heartbeat, "BEAT_SECONDS", 0.05)
+    counting = CountingStore()
+    beat = NodeHeartbeat(counting, NodePlace(3, 64, 24, 8), 60.0, lambda line, reached: None)
+    beat.threads[0].start()
+    time.sleep(0.5)
+    beat.stopped.set()
+    beat.threads[0].join()
+    beats = counting.requests[64:]  # after the one-time creation of the 64 counters
+    assert counting.requests[:64] == ["add"] * 64 and len(beats) >= 4
+    assert beats[: len(beats) // 2 * 2] == ["add", "multi_get"] * (len(beats) // 2)
+
+
+def test_the_verdict_is_given_once_when_both_threads_reach_it():
+    said: list[str] = []
+    beat = NodeHeartbeat(CountingStore(), NodePlace(0, 2, 0, 1), 1.0, lambda line, reached: said.append(line))
+    barrier = threading.Barrier(8)
+
+    def judge(index: int) -> None:
+        barrier.wait()
+        beat._lost(f"verdict {index}", True)
+
+    threads = [threading.Thread(target=judge, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(said) == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, on_cpu_beyond_gpus, read_metrics, run_cli
+from conftest import EXACT, on_cpu_beyond_gpus, read_metrics, run_cli, run_here
 from hydra import compose, initialize_config_dir
 
 from trainrun import launch
@@ -56,6 +56,7 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
         "checkpoints",
         "config.yaml",
         "metrics.jsonl",
+        "model.safetensors",  # the final weights, exported once, by rank 0
         "steps.jsonl",
         "summary.json",
     ]
@@ -163,6 +164,24 @@ def test_slurm_launcher_config_composes():
 def test_bad_launcher_settings(args, message, tmp_path):
     result = run_cli(*EXACT, *args, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("node0", "'node0' is not host:port (node0:29400)"),
+        (":29400", "':29400' is not host:port"),
+        ("node0:abc", "'node0:abc': port 'abc' is not from 1 to 65535"),
+        ("node0:65536", "'node0:65536': port '65536' is not from 1 to 65535"),
+        ("node0:0", "port '0' is not from 1 to 65535"),
+    ],
+)
+def test_a_rendezvous_endpoint_without_a_port_is_refused_before_anything_starts(endpoint, message, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_here(*EXACT, "launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("trainrun: error: bad value for 'launcher.rdzv_endpoint': ")
+    assert message in result.stderr and len(result.stderr.splitlines()) == 1 and not run_dir.exists()
 
 
 def test_more_ranks_than_gpus_is_refused_before_any_process_starts(monkeypatch):

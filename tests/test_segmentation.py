@@ -327,7 +327,7 @@ def test_label_values_become_class_indices_in_dataset_jsons_order(tmp_path):
     [
         (["data.segmentation.patch_size=[24,24]"], "bad value for 'data.segmentation.patch_size': [24, 24]"),
         (["data.segmentation.patch_size=[32,32,32]"], "model.unet.dimensions 2 sides"),
-        (["model=resnet_small"], "bad value for 'model.name': 'resnet_small' (with task=segmentation it must be unet)"),
+        (["model=resnet_small"], "'resnet_small' (with task=segmentation it must be unet or module)"),
         (["data=digits"], "bad value for 'data.name': 'digits'"),
         (["algorithms=[blurpool]"], "algorithm 'blurpool' does not apply to task segmentation"),
         (["data.segmentation.fold=5"], "bad value for 'data.segmentation.fold': 5"),

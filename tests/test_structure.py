@@ -210,6 +210,8 @@ def _is_key(path: list[str]) -> bool:
         if not dataclasses.is_dataclass(section) or name not in {field.name for field in dataclasses.fields(section)}:
             return False
         section = typing.get_type_hints(section)[name]
+        if typing.get_origin(section) is dict:  # an open section (model.config): its keys are the user's
+            return True
         if not dataclasses.is_dataclass(section):
             return depth == len(path) - 1
     return True

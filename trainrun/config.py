@@ -20,10 +20,11 @@ from omegaconf.errors import OmegaConfBaseException
 from trainrun import kinds, run_files
 from trainrun.algorithms.specs import SPECS
 from trainrun.atomic_io import read_yaml, yaml_error_message
+from trainrun.command_line import LOCATION_FLAGS, opened
 from trainrun.errors import ConfigError
 from trainrun.fields import list_keys
 from trainrun.kinds import config_dir
-from trainrun.method_list import refuse_dropped_methods, refuse_repeated_methods
+from trainrun.method_list import leave_out_inapplicable, refuse_dropped_methods, refuse_repeated_methods
 from trainrun.schema import TrainConfig
 from trainrun.validation import (
     KindMismatch,
@@ -36,7 +37,6 @@ from trainrun.validation import (
 
 HYDRA_FLAGS = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
-LOCATION_FLAGS = {"--config-dir": "-cd", "--config-path": "-cp", "--config-name": "-cn"}  # long: short
 HYDRA_FLAGS_WITH_VALUE |= set(LOCATION_FLAGS) | set(LOCATION_FLAGS.values())
 OPTIMIZE_FLAG = "-o1"  # trainrun's own: time the systems settings, train with the fastest (trainrun.choose)
 AUTO_RECIPE = "recipe=auto"  # trainrun's own: choose the recipe for a budget (trainrun.choose)
@@ -354,7 +354,7 @@ def compose(overrides: list[str], source: ConfigSource | None = None, with_hydra
     try:
         with initialize_config_dir(config_dir=str(source.primary), version_base="1.3"):
             return hydra_compose(
-                config_name=source.name, overrides=source.overrides(overrides), return_hydra_config=with_hydra
+                config_name=source.name, overrides=source.overrides(opened(overrides)), return_hydra_config=with_hydra
             )
     except Exception as error:  # hydra raises several types; all mean a bad override
         raise ConfigError(_composition_message(error, source)) from error
@@ -432,6 +432,8 @@ def _validated(job: list[str], composed: DictConfig, files: bool, notices: bool)
     options = {override_key(o): str(override_value(o)) for o in job if override_key(o) in kinds.KIND_ORDER}
     refuse_unread_keys([override_key(o) for o in job], composed, options)
     kinds.fill_from_files(composed, {override_key(o) for o in job})  # a published shape, dataset.json's channels
+    if getattr(kinds.specs("model").get(composed.model.name), "finds", None):  # a model a user brings
+        leave_out_inapplicable(job, composed, lambda bare: validate(bare, files=False), notices)
     try:
         return validate(composed, files)
     except KindMismatch as error:

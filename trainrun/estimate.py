@@ -117,6 +117,9 @@ def vocabulary(config: TrainConfig, vocab: int | None) -> tuple[int | None, str]
     if vocab is not None:
         return vocab, "--vocab"
     published = kinds.spec_of("model", config.model.name).published_vocab
+    published = published(config) if callable(published) else published
+    if published is None and kinds.task_spec(config.task.name).batches in ("token_windows", "masked_text"):
+        return config.data.text.vocab_size, "data.text.vocab_size (a module of your own); --vocab to change"
     if published is None:  # not a language model
         return None, ""
     if config.data.path:

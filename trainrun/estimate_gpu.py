@@ -110,7 +110,8 @@ def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str, Gp
     row = rates().gpu_rate(family, gpu, config.precision, config.compile, checkpointing)
     if row is not None:
         return row.mfu, row.describe(gpu), row.basis, row
-    kind = run_key(family, config.precision, config.compile, checkpointing)
+    named = family or f"{config.model.name} {config.model.arch or config.model.target or ''}".rstrip()
+    kind = run_key(named, config.precision, config.compile, checkpointing)
     missing = f"no rate measured for {kind} on {gpu or 'hardware.gpu unset'}"
     return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured", None
 

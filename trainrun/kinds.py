@@ -43,7 +43,8 @@ class Capability(str, Enum):
     ATTENTION_WINDOW = "a sliding attention window set per step"
     UNPADDING = "attention over the real tokens only (unpadded)"
     MASKED_HEAD = "an output head that scores the masked positions only"
-    ENCODER_LAYERS = "Hugging Face encoder layers (gated feed-forward, LayerNorm, fused blocks)"
+    ENCODER_LAYERS = "Hugging Face encoder layers (gated feed-forward, fused blocks)"
+    LAYER_NORMS = "LayerNorm layers (normalised in the autocast dtype)"
     HIDDEN_MATRICES = "hidden weights that are 2-D matrices (Muon)"
     TRANSFORMER_BLOCKS = "a list of repeated blocks (model.blocks): FSDP2's units, activation checkpointing's"
     META_INIT = "weights set one at a time after a build on the meta device (no rank holds the whole model)"
@@ -68,7 +69,8 @@ class KindSpec:
     check_files: Check | None = None  # the files it reads exist and are what it reads (runs only)
     # a language model's vocabulary as published (its tokenizer's), which trainrun estimate sizes
     # the model with where the run names no data to read it from
-    published_vocab: int | None = None
+    # (a model a user brings: read from its config, ``published_vocab(config)``)
+    published_vocab: int | Callable[[Any], int] | None = None
     # a language model's settings (model.<name>.*) from a published folder's config.json, for
     # model.shape_from_weights
     published_shape: Callable[[dict], dict] | None = None
@@ -84,6 +86,19 @@ class KindSpec:
     # a data kind: which of DATA_SOURCE_KEYS it reads (a key, a section, or a section's key:
     # "text.max_seq_len"); a run that sets another under data is refused
     reads: tuple[str, ...] = ()
+    # a model a user brings (timm's, transformers', their own): what it offers is found in its build on
+    # the meta device (trainrun/models/found.py) for a run's config, not declared; ``offers`` is unused
+    finds: Callable[[Any], frozenset[Capability]] | None = None
+    # a model a user brings that takes other batch formats besides ``batches`` (a module of their own)
+    also_speaks: tuple[str, ...] = ()
+
+    def speaks(self, batches: str) -> bool:
+        """Whether this kind gives, reads or takes ``batches``."""
+        return batches == self.batches or batches in self.also_speaks
+
+    def offered(self, config: Any) -> frozenset[Capability]:
+        """What this kind offers in ``config``'s run: declared, or found in the built model."""
+        return self.finds(config) if self.finds is not None else self.offers
 
     def reads_key(self, key: str) -> bool:
         """Whether this data kind reads ``key`` (under data: ``shards.tokenizer``)."""
@@ -135,7 +150,7 @@ def chosen(config: Any) -> dict[str, KindSpec]:
 
 def offers(config: Any) -> frozenset[Capability]:
     """What the run's task, data source and model offer together."""
-    return frozenset().union(*(spec.offers for spec in chosen(config).values()))
+    return frozenset().union(*(spec.offered(config) for spec in chosen(config).values()))
 
 
 def tasks_offering(needs: Iterable[Capability]) -> list[str]:
@@ -153,7 +168,7 @@ def tasks_offering(needs: Iterable[Capability]) -> list[str]:
 
 def serving(kind: str, batches: str) -> list[str]:
     """The names of ``kind`` that speak ``batches``."""
-    return [name for name, spec in specs(kind).items() if spec.batches == batches]
+    return [name for name, spec in specs(kind).items() if spec.speaks(batches)]
 
 
 def config_dir() -> Path:

@@ -315,7 +315,7 @@ def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Ro
     if started_elsewhere:
         if nodes_from_environment() < 2:
             return None
-        route = route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR")
+        route = route_to(os.environ["MASTER_ADDR"], "MASTER_ADDR", hosts_master=os.environ.get("GROUP_RANK") == "0")
         if os.environ.get("LOCAL_RANK", "0") == "0":  # one line a node
             where = f"node {os.environ.get('GROUP_RANK', '?')} of {nodes_from_environment()}"
             print(f"trainrun: {where}: {route.describe()}", file=sys.stderr, flush=True)
@@ -325,7 +325,7 @@ def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Ro
     key, host = "launcher.master_addr", settings.master_addr
     if settings.rdzv_endpoint:
         key, host = "launcher.rdzv_endpoint", settings.rdzv_endpoint.rsplit(":", 1)[0].strip("[]")
-    route = route_to(host, key)
+    route = route_to(host, key, hosts_master=bool(settings.rdzv_endpoint) or settings.node_rank == 0)
     where = f"node {settings.node_rank} of {settings.nnodes}" if not settings.rdzv_endpoint else "this node"
     print(f"trainrun: {where}: {route.describe()}", file=sys.stderr, flush=True)
     return route

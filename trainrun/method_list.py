@@ -8,10 +8,13 @@ is refused in one line naming what the run would get.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
+from trainrun import kinds
 from trainrun.errors import ConfigError
 
 
@@ -66,3 +69,75 @@ def refuse_dropped_methods(
         f"{', '.join(stayed)} stay (the recipe sets them){going}: name every method the run keeps "
         f"(algorithms=[{keeping}]; ~algorithms.NAME removes one the recipe sets)"
     )
+
+
+def named_methods(overrides: list[str]) -> set[str]:
+    """The methods the command line names: in ``algorithms=[...]`` or by one of their settings."""
+    given = given_methods(overrides)
+    named = set(given[1]) if given else set()
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith(("algorithms.", "algorithms/")):
+            named.add(key.split(".", 1)[-1].split("/", 1)[-1].split(".")[0])
+    return named
+
+
+def leave_out_inapplicable(
+    overrides: list[str], composed: DictConfig, validate: Callable[[DictConfig], object], notices: bool
+) -> None:
+    """For a model a user brings: a recipe's method that does not apply to it (the model lacks what it
+    needs, or its surgery finds nothing to change) is left out of ``composed``, with a note; one the
+    command line names is refused in one line naming it and the model, and so is a recipe none of
+    whose methods applies. ``validate``: the schema's check of a composed config."""
+    from omegaconf import OmegaConf, open_dict
+
+    from trainrun.algorithms.specs import SPECS
+    from trainrun.models.found import described
+
+    methods = dict(composed.get("algorithms") or {})
+    if not methods:
+        return
+    bare = composed.copy()
+    with open_dict(bare):
+        bare.algorithms = {}
+    probe = validate(bare)
+    offered, named, inapplicable = kinds.offers(probe), named_methods(overrides), {}
+    for name in [name for name in methods if name in SPECS]:
+        if missing := SPECS[name].needs - offered:
+            inapplicable[name] = f"needs {'; '.join(need.value for need in missing)}"
+            continue
+        probe.algorithms = {
+            name: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[name].config), methods[name] or {}))
+        }
+        for found_name, finds in changes_nothing(probe).items():
+            inapplicable[found_name] = f"finds no {finds}"
+    for name, why in inapplicable.items():
+        if name in named:
+            raise ConfigError(f"algorithm '{name}' changes nothing in {described(probe)}: it {why}")
+    if inapplicable and len(inapplicable) == len(methods):
+        raise ConfigError(
+            f"bad value for 'algorithms': none of the recipe's methods applies to {described(probe)} "
+            f"({'; '.join(f'{name} {why}' for name, why in inapplicable.items())})"
+        )
+    with open_dict(composed):
+        for name, why in inapplicable.items():
+            del composed.algorithms[name]
+            if notices:
+                print(
+                    f"trainrun: note: the recipe's {name} is left out: it {why} in {described(probe)}", file=sys.stderr
+                )
+
+
+def changes_nothing(config: Any) -> dict[str, str]:
+    """The chosen methods that change the model by surgery and find nothing to change in it, each with
+    what it looks for (BlurPool on a ViT: its one strided convolution reads 3 channels)."""
+    from trainrun.algorithms import method_class
+    from trainrun.algorithms.base import ModelSurgery
+    from trainrun.models.found import meta_model
+
+    unchanged = {}
+    for name, params in config.algorithms.items():
+        method = method_class(name)
+        if issubclass(method, ModelSurgery) and not method.surgery(meta_model(config), params):
+            unchanged[name] = method.finds
+    return unchanged

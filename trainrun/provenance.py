@@ -47,10 +47,12 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def provenance(device: torch.device, world_size: int) -> dict[str, Any]:
-    """Everything needed to trace a figure back to what made it (the nodes as the launcher says them)."""
+def provenance(device: torch.device, world_size: int, model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """Everything needed to trace a figure back to what made it (the nodes as the launcher says them;
+    the file that defines ``model``'s class, a module of the user's own among them, and its hash)."""
     import torch
 
+    from trainrun.core.checkpoint import model_source
     from trainrun.core.distributed import nodes_from_environment
 
     commit = _git("rev-parse", "HEAD")
@@ -67,6 +69,7 @@ def provenance(device: torch.device, world_size: int) -> dict[str, Any]:
         "devices": world_size,
         "nodes": nodes_from_environment(),
         "command": os.environ.get(COMMAND_VARIABLE, shlex.join(sys.argv)),
+        "model_source": model_source(model) if model is not None else None,
         "packages": package_versions(),
     }
 

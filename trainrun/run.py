@@ -77,7 +77,7 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     timeline, budget = plan_timeline(config, data)
     task = build_task(config.task.name, config.data)
     stop_after = timeline.to_batches(config.profile_prefix) if config.profile_prefix else None
-    logs = RunLogs.build(config, run_dir, task, placement, device, console, stop_after, budget)
+    logs = RunLogs.build(config, run_dir, task, model, placement, device, console, stop_after, budget)
     state = build_state(config, model, data, task, timeline, precision, placement, device)
     warn_about_the_schedule(config, state, budget)
     settings = trainer_settings(config, run_dir, stop_after, budget, notice)
@@ -87,11 +87,13 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     if placement.rank == 0:
         atomic_write_text(run_dir / run_files.CONFIG, config_yaml)
     print_banner(config, run_dir, state, task, console, budget)
+    ended = False  # without an error: the heartbeat then says this node is done, not lost
     try:
         trainer.fit(offset)
         finished = state.stop_reason != preemption.STATUS
         if finished and config.export and config.checkpoint.save_final and config.profile_prefix is None:
             export(config, state, engine, task, run_dir, console)
+        ended = True
     except BaseException as error:
         logs.record_failure(state, error)
         if distributed.lost_a_peer(error):
@@ -99,7 +101,7 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
         raise
     finally:
         if nodes is not None:
-            nodes.stop()
+            nodes.stop(ended)
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
     if not finished:
@@ -223,6 +225,7 @@ class RunLogs:
         config: TrainConfig,
         run_dir: Path,
         task: Task,
+        model: torch.nn.Module,
         placement: Placement,
         device: torch.device,
         console: Console,
@@ -236,7 +239,7 @@ class RunLogs:
             config.quality_targets,
             profile_prefix=stop_after,
             varying_cost=[name for name in config.algorithms if SPECS[name].varying_step_cost],
-            provenance=provenance(device, placement.world_size) if rank == 0 else None,
+            provenance=provenance(device, placement.world_size, model) if rank == 0 else None,
             budget_seconds=budget.seconds if budget else None,
         )
         steps = StepTimeLogger(run_dir, config.log_interval)

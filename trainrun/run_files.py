@@ -13,6 +13,7 @@ SUMMARY = "summary.json"  # written during the run, final at its end
 STEPS = "steps.jsonl"  # one row per optimizer step: where its time went (rank 0)
 CHECKPOINTS = "checkpoints"  # a folder of *.pt
 MODEL = "model.pt"  # segmentation: the weights the final evaluation scored (a state dict), for ensembles
+WEIGHTS = "model.safetensors"  # image classification: the final weights in the model's own layout (timm's)
 AUTO_DECISION = "auto.json"  # what recipe=auto timed, predicted and chose
 
 

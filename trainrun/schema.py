@@ -23,6 +23,7 @@ from trainrun.fields import (
     positive_fraction_field,
     time_field,
 )
+from trainrun.hardware import HardwareConfig
 from trainrun.loggers.settings import MlflowConfig, WandbConfig
 from trainrun.registry import names
 
@@ -133,6 +134,14 @@ class ModelConfig:
     weights: str | None = None
     # gpt, llama (model=gpt, model=llama): the shape read from model.weights' config.json, not a preset's
     shape_from_weights: bool = False
+    # a model a user brings (docs/models.md): model=timm's name in timm.list_models(), model=transformers' type
+    arch: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)  # model=timm: to timm.create_model; model=module: to it
+    config: dict[str, Any] = field(default_factory=dict)  # model=transformers: settings of its config
+    path: str | None = None  # model=transformers: a folder with config.json (and weights to start from)
+    target: str | None = None  # model=module: package.module.Name, a torch.nn.Module of the user's own
+    head: str | None = None  # model=transformers: the run's task (causal_lm, masked_lm): its Auto class
+    image_size: int | None = positive_field(None)  # model=timm: the side a ViT, Swin or Mixer is built for
     resnet_small: SmallResNetConfig = field(default_factory=SmallResNetConfig)
     bert: BertConfig = field(default_factory=BertConfig)
     gpt: GPTConfig = field(default_factory=GPTConfig)
@@ -360,27 +369,6 @@ class AutoConfig:
     table: str | None = None  # recipe=auto: a 'trainrun report' CSV; default: the published table for model and data
     candidates: list[str] = field(default_factory=list)  # recipe=auto: recipes to consider (default: the table's)
     profile_steps: int = field(default=20, metadata={"min": 4})  # each candidate's schedule, compressed, timed
-
-
-@dataclass
-class HardwareConfig:
-    """One node, for cost-to-accuracy reports and what ``trainrun estimate`` sizes and times a run
-    against (conf/hardware/*.yaml; null: not said)."""
-
-    name: str = "unpriced"
-    price_per_hour: float | None = field(default=None, metadata={"min": 0})  # one node, in dollars
-    description: str = ""
-    device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB a device (vendor's)
-    peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
-    peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
-    memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
-    gpu: str | None = None  # the device as trainrun/rates.yaml names it (h100, a100, ...)
-    cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
-    cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
-    cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against rates.yaml's cpu
-    devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
-    link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s a GPU sends the node's others
-    network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # Gbit/s a node sends the others
 
 
 @dataclass

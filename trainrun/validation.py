@@ -305,6 +305,7 @@ def _check_run(config: TrainConfig) -> None:
     for name in config.model.initializers:
         if name not in INITIALIZERS:
             raise ConfigError(f"bad value for 'model.initializers': '{name}' (choose from: {', '.join(INITIALIZERS)})")
+    _check_kinds(config)  # before the methods: a brought model's checks say why it does not build
     check_methods(config)
     check_launcher(config.launcher)
     if config.launcher.devices != "auto":
@@ -321,7 +322,6 @@ def _check_run(config: TrainConfig) -> None:
     _check_quality_values(config)
     _check_hardware(config.hardware)
     _check_nesterov(config)
-    _check_kinds(config)
     _check_parallel(config)
     if config.optimizer.name == "muon" and Capability.HIDDEN_MATRICES not in kinds.offers(config):
         models = kinds.specs("model").values()
@@ -390,7 +390,7 @@ def _check_kinds(config: TrainConfig) -> None:
     anchor = next((kind for kind, spec in parts.items() if spec.name != defaults[kind]), "task")
     batches = parts[anchor].batches
     for kind, spec in parts.items():
-        if spec.batches != batches:
+        if not spec.speaks(batches):
             names = kinds.serving(kind, batches)
             chooses = kinds.option_names(kind, defaults[kind])  # conf/<kind>/ option: the name it chooses
             options = [f"{kind}={option}" for name in names for option, chosen in chooses.items() if chosen == name]

@@ -2,7 +2,7 @@
 
 Under autocast torch runs ``layer_norm`` in fp32 (it is on autocast's fp32 list), so every
 LayerNorm of a transformer reads and writes fp32 tensors between bf16/fp16 matmuls. At INIT every
-``nn.LayerNorm`` becomes a :class:`LowPrecisionLayerNorm` with the same weights, which, while
+LayerNorm (torch's or timm's) becomes a :class:`LowPrecisionLayerNorm` with the same weights, which, while
 autocast is on, casts its input, weight and bias to the autocast dtype and normalises there: half
 the memory traffic, an output already in the dtype the next matmul wants. Without autocast
 (``precision=fp32``) it is the ordinary LayerNorm. A hand-written subclass because torch has no
@@ -35,12 +35,22 @@ class LowPrecisionLayerNorm(nn.LayerNorm):
             return F.layer_norm(x.to(dtype), self.normalized_shape, weight, bias, self.eps)
 
 
+def plain_layer_norms() -> tuple[type, ...]:
+    """The classes that normalise over the last dimensions as ``nn.LayerNorm`` does: torch's, and
+    timm's (``timm.layers.LayerNorm``, the same with timm's fast-norm switch). A subclass that
+    normalises otherwise (timm's channels-first ``LayerNorm2d``) is not one."""
+    from trainrun.models.timm_models import timm_library
+
+    return nn.LayerNorm, timm_library().layers.LayerNorm
+
+
 def replace_layer_norms(model: nn.Module) -> int:
-    """Swap every ``nn.LayerNorm`` of ``model`` for a :class:`LowPrecisionLayerNorm` with its
-    weights; return how many."""
+    """Swap every LayerNorm of ``model`` (:func:`plain_layer_norms`) for a :class:`LowPrecisionLayerNorm`
+    with its weights; return how many."""
+    plain = plain_layer_norms()
 
     def low_precision(child: nn.Module) -> nn.Module | None:
-        if type(child) is not nn.LayerNorm:
+        if type(child) not in plain:
             return None
         shape, eps, affine, bias = child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None
         return take_tensors(LowPrecisionLayerNorm(shape, eps, affine, bias=bias, device="meta"), child)

@@ -1,4 +1,6 @@
-"""Stochastic depth on torchvision ResNet blocks, with ``torchvision.ops.StochasticDepth``.
+"""Stochastic depth on residual blocks, with ``torchvision.ops.StochasticDepth``: torchvision's ResNet
+blocks, and any block with drop-path layers of its own (every timm family but its ResNets, whose
+``model.kwargs.drop_path_rate`` adds them), whose layers take the method's rates.
 
 At INIT each ``BasicBlock`` / ``Bottleneck`` becomes a :class:`StochasticBlock` whose residual
 branch passes through ``StochasticDepth(p_i)``; with ``distribution=linear`` block i of N gets
@@ -18,6 +20,8 @@ from torchvision.ops import StochasticDepth as DropPath
 
 from trainrun.algorithms.base import ModelSurgery
 from trainrun.algorithms.specs.stochastic_depth import StochasticDepthConfig
+
+DROP_PATH = "drop_path"  # the name timm gives a block's drop-path layers (drop_path, drop_path1, drop_path2)
 
 
 class StochasticBlock(nn.Module):
@@ -48,8 +52,29 @@ def drop_rates(count: int, drop_rate: float, distribution: str) -> list[float]:
     return [(index + 1) / count * drop_rate for index in range(count)]
 
 
-def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> list[StochasticBlock]:
-    """Wrap every residual block in place; return the wrappers in network order."""
+def drop_path_blocks(model: nn.Module) -> list[tuple[nn.Module, list[str]]]:
+    """The blocks that carry their own drop-path layers (timm's ``drop_path``, ``drop_path1``,
+    ``drop_path2``: the identity unless ``drop_path_rate`` is set), with those layers' names, in
+    network order."""
+    found = []
+    for block in model.modules():
+        names = [name for name, child in block.named_children() if name.startswith(DROP_PATH)]
+        if names:
+            found.append((block, names))
+    return found
+
+
+def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> list[nn.Module]:
+    """Wrap every torchvision residual block in place, or set every block's own drop-path layers
+    (a timm model's); return the new modules in network order."""
+    if blocks := drop_path_blocks(model):
+        rates = drop_rates(len(blocks), config.drop_rate, config.distribution)
+        changed = []
+        for (block, names), p in zip(blocks, rates, strict=True):
+            for name in names:
+                setattr(block, name, DropPath(p, "row" if config.mode == "sample" else "batch"))
+                changed.append(getattr(block, name))
+        return changed
     places = [
         (parent, name, child)
         for parent in model.modules()
@@ -67,4 +92,4 @@ def apply_stochastic_depth(model: nn.Module, config: StochasticDepthConfig) -> l
 class StochasticDepth(ModelSurgery):
     name = "stochastic_depth"
     surgery = staticmethod(apply_stochastic_depth)
-    finds = "torchvision residual blocks"
+    finds = "residual blocks (torchvision's, or blocks with drop-path layers, timm's)"

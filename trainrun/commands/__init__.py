@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainrun: error: {error}", file=sys.stderr)
         return 2
     record_command(argv)
+    argv = subcommand_first(argv)
     if not argv or argv[0] not in SUBCOMMANDS:
         from trainrun.commands.train import train_command
 
@@ -46,6 +47,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as error:
         return report_error(error, "--debug" in argv)
+
+
+def subcommand_first(argv: list[str]) -> list[str]:
+    """``trainrun -cd myconf estimate ...`` as ``trainrun estimate -cd myconf ...``: Hydra's config-location
+    flags may come before a subcommand's name, as they come before a run's overrides."""
+    if not argv or not argv[0].startswith(("-c", "--config")):
+        return argv
+    from trainrun.command_line import split_location_flags
+    from trainrun.errors import ConfigError
+
+    try:
+        location, rest = split_location_flags(argv)
+    except ConfigError:
+        return argv  # a flag without its value: the command that reads it says so
+    if location and rest and rest[0] in SUBCOMMANDS and argv[: len(location)] == location:
+        return [rest[0], *location, *rest[1:]]
+    return argv
 
 
 def run_subcommand(name: str, argv: list[str]) -> int:

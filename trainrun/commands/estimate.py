@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainrun.command_line import split_location_flags
 from trainrun.config import check, locate, translate
 from trainrun.core.time import is_budget
 from trainrun.errors import ConfigError
@@ -31,12 +32,13 @@ PLANNED_ENDPOINT = "node0:29400"  # the rendezvous an estimated multi-node run i
 
 
 def estimate_command(argv: list[str]) -> int:
+    location, argv = split_location_flags(argv)  # -cd myconf: a recipe or hardware group of the user's own
     args = _parser().parse_intermixed_args(argv)  # overrides before and after the flags
     check_flags(args)
     hydra_args, overrides, _ = translate(args.overrides)
     if hydra_args:
         raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
-    source, _, overrides = locate([], overrides)
+    source, _, overrides = locate(location, overrides)
     overrides = never_launched(overrides)
     (config,) = check(overrides, files=False, source=source)
     steps, steps_source = target_from(args, config)
@@ -117,9 +119,11 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def _names(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
+    names = [name.strip() for name in text.split(",")]
+    if not any(names):
         raise argparse.ArgumentTypeError(f"'{text}' names no conf/hardware option")
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"'{text}' has an empty option (8xa100_aws,8xh100_aws)")
     return names
 
 

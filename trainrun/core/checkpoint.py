@@ -28,6 +28,34 @@ def directory(run_dir: Path) -> Path:
     return run_dir / run_files.CHECKPOINTS
 
 
+def model_source(model: torch.nn.Module) -> dict[str, str] | None:
+    """The file that defines ``model``'s class and its SHA-256 (a module of the user's own, timm's
+    architecture, trainrun's): what a run's provenance and checkpoints record of the code it trains."""
+    import hashlib
+    import inspect
+
+    try:
+        path = Path(inspect.getsourcefile(type(model)) or "")
+    except TypeError:  # a class defined outside any file
+        return None
+    if not path.is_file():
+        return None
+    return {"file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def changed_source(saved: dict[str, str] | None, model: torch.nn.Module) -> str | None:
+    """One line where the file that defines ``model``'s class differs from the one a checkpoint saved."""
+    now = model_source(model)
+    if not saved or not now or saved == now:
+        return None
+    if saved["file"] != now["file"]:
+        return (
+            f"the model's class is now defined in {now['file']}, not {saved['file']} as when the checkpoint was written"
+        )
+    hashes = f"sha256 {saved['sha256'][:12]} -> {now['sha256'][:12]}"
+    return f"{now['file']} has changed since the checkpoint was written ({hashes})"
+
+
 def checkpoint_name(epoch: int, batch: int, sharded: bool = False) -> str:
     return f"ep{epoch}-ba{batch}" + ("" if sharded else ".pt")
 

@@ -6,15 +6,16 @@ partition, a hung kernel) resets nothing, and every collective would wait its
 whole timeout (an hour here, torch's 10-30 minutes by default) while the other nodes' GPUs idle.
 So the first rank of each node beats a counter in the run's rendezvous store every
 :data:`BEAT_SECONDS`, from a thread of its own, whatever the training thread does (a first
-compile, a checkpoint write, a long collective), and reads every node's counter. A node whose
+compile, a checkpoint write, a long collective), and reads every node's counter in one request. A node whose
 counter has not moved for ``node_timeout`` seconds is lost: the rank names its host and ranks and
 ends (the launcher then stops the node's other ranks and exits 1). A node that cannot reach the
 store for as long is itself the one cut off, and ends naming the store's host. Under Slurm a
 survivor requeues the job (``launcher.requeue``), as for preemption: ``resume=auto`` continues it on
 the nodes Slurm gives it next. Counters, not clocks: the nodes' clocks need not agree. A node whose
 run ends says so before it stops beating, so that a node still at work (rank 0 exporting the
-model) does not take it for lost. Written here because torch's elastic agent checks its peers only
-between rendezvous rounds, not while the workers train.
+model) does not take it for lost; a node whose run crashed does not, so that its peers name it.
+Written here because torch's elastic agent checks its peers only between rendezvous rounds, not
+while the workers train.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class NodeHeartbeat:
     ) -> None:
         self.store, self.place, self.timeout, self.on_lost = store, place, timeout, on_lost
         self.stopped = threading.Event()
+        self.verdict = threading.Lock()  # one verdict, from whichever thread reaches it first
         self.answered = time.monotonic()  # when the store last answered
         self.threads = [
             threading.Thread(target=target, name=f"trainrun-heartbeat-{name}", daemon=True)
@@ -81,15 +83,21 @@ class NodeHeartbeat:
         return f"{PREFIX}/beat/{node}"
 
     def _beat(self) -> None:
-        nodes = range(self.place.nodes)
+        nodes, keys = range(self.place.nodes), [self._key(node) for node in range(self.place.nodes)]
         now = time.monotonic()
         seen = {node: (-1, now) for node in nodes}  # each node's counter, and when it last moved
+        try:
+            for key in keys:  # every counter there before any is read (a read of a missing key waits)
+                self.store.add(key, 0)
+        except Exception:  # noqa: BLE001 (the store is not reached: the watching thread ends the rank)
+            return
         while not self.stopped.wait(BEAT_SECONDS):
             try:
                 self.store.add(self._key(self.place.node), 1)
-                counts = {node: self.store.add(self._key(node), 0) for node in nodes}  # read without waiting
+                read = self.store.multi_get(keys)  # every counter in one request
             except Exception:  # noqa: BLE001 (any store failure: a timeout, a reset, a closed socket)
                 continue  # the watching thread ends the rank once it has lasted
+            counts = dict(zip(nodes, (int(value) for value in read), strict=True))
             now = self.answered = time.monotonic()
             seen = {node: (count, now if count != seen[node][0] else seen[node][1]) for node, count in counts.items()}
             stale = [node for node, (_, moved) in seen.items() if now - moved > self.timeout]
@@ -120,17 +128,23 @@ class NodeHeartbeat:
 
     def _lost(self, line: str, reached: bool) -> None:
         """``reached``: this node still reaches the store (another node is lost), so it can requeue."""
-        if not self.stopped.is_set():
+        with self.verdict:
+            if self.stopped.is_set():
+                return
             self.stopped.set()
-            self.on_lost(line, reached)
+        self.on_lost(line, reached)
 
-    def stop(self) -> None:
-        """This node's run ended: it stops beating and says so, so that a node still at work (rank 0
-        exporting the model, say) does not take it for lost; the saying is bounded by the store's
-        timeout (a node that has itself lost the store ends anyway)."""
-        if self.stopped.is_set():
+    def stop(self, ended: bool = True) -> None:
+        """This node stops beating. Where its run ``ended`` (not a crash), it says so, so that a node
+        still at work (rank 0 exporting the model, say) does not take it for lost; the saying is
+        bounded by the store's timeout (a node that has itself lost the store ends anyway). A node
+        whose run crashed says nothing: its peers name it lost."""
+        with self.verdict:
+            if self.stopped.is_set():
+                return
+            self.stopped.set()
+        if not ended:
             return
-        self.stopped.set()
         done = threading.Thread(target=self._say_done, name="trainrun-heartbeat-done", daemon=True)
         done.start()
         done.join(STORE_TIMEOUT.total_seconds())

@@ -153,7 +153,8 @@ def prepare(
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # the backward starts at once
     if any(parameter.is_meta for parameter in model.parameters()):
         model.to_empty(device=device)
-        model.initialise()  # each weight whole on the host in turn, each rank keeping its shard
+        if hasattr(model, "initialise"):  # a model built to be sharded (trainrun estimate's fake rank: any)
+            model.initialise()  # each weight whole on the host in turn, each rank keeping its shard
     return model
 
 

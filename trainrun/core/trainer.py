@@ -412,6 +412,7 @@ class Trainer:
             "timeline": state.timeline.state_dict() if self.settings.budget else None,  # a budgeted run's plan
             "accounts": state.accounts.state_dict(),
             "window": asdict(window),
+            "model_source": checkpoint.model_source(state.raw_model),
         }
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
@@ -434,6 +435,8 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         if state.precision.scaler and payload["scaler"]:
             state.precision.scaler.load_state_dict(payload["scaler"])
+        if change := checkpoint.changed_source(payload.get("model_source"), state.raw_model):
+            state.warn(change)
         self._algorithm_states = payload["algorithms"]
         for key, value in payload["progress"].items():
             setattr(state, key, value)

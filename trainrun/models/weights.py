@@ -57,6 +57,7 @@ def load_weights(model: nn.Module, path: str) -> None:
             for name, value in model.state_dict().items():
                 value.copy_(state[name])
         return
+    fitting(model, state, path)  # the first weight it lacks or shapes otherwise, named
     try:  # a model built on the meta device (to be sharded) takes the tensors themselves
         model.load_state_dict(state, assign=on_meta)
     except RuntimeError as error:
@@ -85,7 +86,16 @@ def sharded_files_whole(source: Path) -> None:
 
 
 def _weights_file(source: Path, path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file: a trainrun checkpoint's model, or a saved state dict."""
+    """The tensors of a weights file: a ``.safetensors`` file, a trainrun checkpoint's model, or a saved
+    state dict."""
+    if source.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(source)
+        except (OSError, SafetensorError) as error:
+            raise ConfigError(f"bad value for '{KEY}': '{path}' is not a safetensors file ({error})") from None
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for damaged or foreign files
@@ -167,3 +177,11 @@ def hugging_face_tokenizer(tokenizer_file: Path):
     )
     specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, mask_token="[MASK]", **specials)
+
+
+def check_weights_file(model: nn.Module, path: str) -> None:
+    """``model.weights``, a file, fits ``model`` (built on the meta device: shapes, no values), read before
+    any process starts; one line naming the first weight it lacks or shapes otherwise."""
+    source = Path(path).expanduser()
+    if source.is_file():
+        fitting(model, _weights_file(source, path), path)

@@ -107,6 +107,10 @@ class CausalLanguageModeling(SequenceTask):
         if text.tokenizer_file is None:
             unset = "no tokenizer: set data.shards.tokenizer to the shards' tokenizer.json"
             return [f"note: no {directory.name} ({unset})"]
+        if not hasattr(state.raw_model, "export_pretrained"):  # a module of the user's own
+            return [
+                f"note: no {directory.name} (the model has no transformers class); the checkpoints hold its weights"
+            ]
         unwritten = state.raw_model.export_pretrained(text.tokenizer_file, text.separator, directory)
         if unwritten:
             return [f"note: no {directory.name} ({unwritten}); 'trainrun sample' reads the run"]

@@ -8,12 +8,15 @@ the mean cross-entropy, as sums summed over ranks in one all-reduce.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainrun import run_files
+from trainrun.atomic_io import atomic_write
 from trainrun.core.state import State
 from trainrun.schema import DataConfig, TrainConfig
 from trainrun.tasks.base import Evaluator, LossFunction, Task
@@ -86,6 +89,18 @@ class ImageClassification(Task):
 
     def evaluator(self, state: State) -> ClassificationEvaluator:
         return ClassificationEvaluator(state.num_classes, state.device, state.world_size)
+
+    def export(self, state: State, run_dir: Path) -> list[str]:
+        """``<run>/model.safetensors``: the final weights in the model's own layout (timm's for
+        ``model=timm``, as ``model.weights`` and timm's ``pretrained_cfg_overlay=dict(file=...)`` read them)."""
+        from safetensors.torch import save
+
+        path = run_dir / run_files.WEIGHTS
+        weights = {
+            name: value.detach().cpu().contiguous().clone() for name, value in state.raw_model.state_dict().items()
+        }
+        atomic_write(path, lambda handle: handle.write(save(weights)))
+        return [f"wrote {path} (the final weights, for model.weights)"]
 
 
 def build(data: DataConfig | None = None) -> ImageClassification:

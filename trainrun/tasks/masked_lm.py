@@ -150,16 +150,27 @@ class MaskedLanguageModeling(SequenceTask):
 
     def startup_notes(self, state: State) -> list[str]:
         """Which fused attention kernel the device gives this run's BERT at the data's length."""
+        if not hasattr(state.raw_model, "attention_kernels"):  # a model a user brings chooses its own
+            return []
         dtype = state.precision.dtype or torch.float32
         kernels = state.raw_model.attention_kernels(state.data.text.max_seq_len, dtype, state.device)
         return [f"attention: {kernels}"]
 
     def export(self, state: State, run_dir: Path) -> list[str]:
-        """``<run>/hf_model``: the BERT and tokenizer for ``transformers``' ``from_pretrained``."""
+        """``<run>/hf_model``: the BERT (or the transformers model a user brought) and the tokenizer for
+        ``transformers``' ``from_pretrained``."""
         from trainrun.models.weights import export_pretrained
 
-        directory = run_dir / "hf_model"
-        caveats = export_pretrained(state.raw_model, state.data.text.tokenizer_file, directory)
+        directory, text = run_dir / "hf_model", state.data.text
+        if hasattr(state.raw_model, "export_pretrained"):  # a transformers model a user brings: its own class
+            state.raw_model.export_pretrained(text.tokenizer_file, text.separator, directory)
+            written = state.raw_model.transformers_class
+            return [f"wrote {directory} ({written} and its tokenizer, for transformers' from_pretrained)"]
+        if not hasattr(state.raw_model, "bert"):  # a module of the user's own
+            return [
+                f"note: no {directory.name} (the model has no transformers class); the checkpoints hold its weights"
+            ]
+        caveats = export_pretrained(state.raw_model, text.tokenizer_file, directory)
         lines = [f"wrote {directory} (BertForMaskedLM and its tokenizer, for transformers' from_pretrained)"]
         return lines + [f"note: {directory.name}: {caveat}" for caveat in caveats]
 

@@ -18,5 +18,5 @@ SPEC = MethodSpec(
     config=LowPrecisionLayerNormConfig,
     position=250,
     order_reason="replaces every LayerNorm at INIT, including any that surgery added",
-    needs=frozenset({Capability.ENCODER_LAYERS}),
+    needs=frozenset({Capability.LAYER_NORMS}),
 )

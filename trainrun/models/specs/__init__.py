@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from trainrun.errors import ConfigError
+from trainrun.kinds import Capability, KindSpec
 
 
 def refuse_initializers(config: Any, scheme: str) -> None:
@@ -27,3 +30,40 @@ def check_even_heads(kind: str, width: int, heads: int) -> None:
             f"bad value for 'model.{kind}.heads': {heads} heads do not split model.{kind}.width {width} "
             "into heads of an even size"
         )
+
+
+@contextlib.contextmanager
+def refused_arguments(key: str, builder: str) -> Iterator[None]:
+    """A brought model's builder refusing what the run gives it (an unknown keyword, a value it
+    cannot take) as one line naming ``key`` and the builder's own first line."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as error:  # a builder of any library raises what it raises
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        first = f"{type(error).__name__} {first}" if isinstance(error, KeyError) else first  # 'nope' alone says little
+        raise ConfigError(f"bad value for '{key}': {builder} refuses it: {first}") from None
+
+
+def found_capabilities(config: Any) -> frozenset[Capability]:
+    """What a brought model offers, found in its build (:mod:`trainrun.models.found`, imported when asked)."""
+    from trainrun.models.found import found_capabilities as found
+
+    return found(config)
+
+
+def weights_fit(config: Any) -> None:
+    """``model.weights`` fits a brought model as built, before any process starts."""
+    from trainrun.models.found import check_weights
+
+    check_weights(config)
+
+
+def brought_kind(name: str, builder: str, batches: str, check: Any, **more: Any) -> KindSpec:
+    """The spec of a kind of model a user brings: what it offers is found in its build, and starting
+    weights are checked against it (``more``: the spec's other fields)."""
+    return KindSpec(
+        name=name, builder=builder, batches=batches, check=check, finds=found_capabilities, check_files=weights_fit,
+        **more,
+    )  # fmt: skip

@@ -36,6 +36,7 @@ SPECS = (
                 Capability.UNPADDING,
                 Capability.MASKED_HEAD,
                 Capability.ENCODER_LAYERS,
+                Capability.LAYER_NORMS,
                 Capability.HIDDEN_MATRICES,
             }
         ),

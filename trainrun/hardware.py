@@ -1,0 +1,30 @@
+"""The node a run is priced, sized and timed on (``hardware=``, conf/hardware/*.yaml): its devices'
+datasheet, its CPUs, links and price. Torch-free: the schema reads it (``hardware`` in
+:class:`~trainrun.schema.TrainConfig`), as trainrun report and trainrun estimate do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainrun.fields import positive_field
+
+
+@dataclass
+class HardwareConfig:
+    """One node, for cost-to-accuracy reports and what ``trainrun estimate`` sizes and times a run
+    against (conf/hardware/*.yaml; null: not said)."""
+
+    name: str = "unpriced"
+    price_per_hour: float | None = field(default=None, metadata={"min": 0})  # one node, in dollars
+    description: str = ""
+    device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB a device (vendor's)
+    peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
+    peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
+    memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
+    gpu: str | None = None  # the device as trainrun/rates.yaml names it (h100, a100, ...)
+    cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
+    cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
+    cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against rates.yaml's cpu
+    devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
+    link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s a GPU sends the node's others
+    network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # Gbit/s a node sends the others

@@ -1,0 +1,172 @@
+"""What a model a user brings is found to have, read from its build on the meta device.
+
+A shipped model declares what it offers the speed-up methods in its spec; a brought one (any of
+timm's, any of transformers', a module of the user's own) cannot, so it is built once on the meta
+device (:func:`empty_weights`: no weight is kept, a ViT-Huge in about a second) and read: convolutions
+(channels-last), 2-D convolutions (the image methods' surgery), LayerNorms, 2-D hidden matrices
+(Muon) and repeated blocks (FSDP2's units, activation checkpointing's). A method that changes the
+model is tried on a copy of that build (``trainrun.method_list``), so a method that would change
+nothing is refused before any process starts, by what the model contains and never by its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainrun.kinds import Capability
+
+# what the meta device says of an operation it cannot run (autocast has no meta dtype), not of the model
+META_LIMITS = ("meta", "scalarType", "Cannot copy out of meta tensor")
+_BUILT: dict[str, nn.Module] = {}  # a run's meta build, by its model settings and the facts it reads
+
+
+def text_facts(config: Any):
+    """The text facts a sequence model is built with before its data are read: the config's vocabulary
+    and length (the build's shape, not its size, is what is read here); None for other batches."""
+    from trainrun.data.interface import TextFacts
+    from trainrun.kinds import task_spec
+
+    if task_spec(config.task.name).batches not in ("token_windows", "masked_text"):
+        return None
+    return TextFacts(config.data.text.vocab_size, config.data.text.max_seq_len, None, separator=0)
+
+
+@contextlib.contextmanager
+def empty_weights() -> Iterator[None]:
+    """Every parameter and buffer a module registers moved to the meta device as it is registered,
+    while the builder's own arithmetic stays real. Written here because ``torch.device("meta")`` and
+    accelerate's ``init_empty_weights(include_buffers=True)`` move every tensor a builder makes (timm's
+    RegNet computes its widths with ``torch.unique``, which has no meta kernel), and accelerate's
+    default leaves the buffers (BatchNorm's statistics) on the host, where a meta batch cannot meet them."""
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def parameter_on_meta(module: nn.Module, name: str, parameter: nn.Parameter | None) -> None:
+        register_parameter(module, name, parameter)
+        if parameter is not None and not parameter.is_meta:
+            module._parameters[name] = nn.Parameter(parameter.to("meta"), requires_grad=parameter.requires_grad)
+
+    def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        register_buffer(module, name, None if tensor is None else tensor.to("meta"), persistent)
+
+    nn.Module.register_parameter, nn.Module.register_buffer = parameter_on_meta, buffer_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
+
+
+def meta_model(config: Any) -> nn.Module:
+    """``config.model`` built on the meta device, once a run's settings (a copy each time it is asked:
+    a method's trial changes it)."""
+    from trainrun.registry import builder
+
+    text = text_facts(config)
+    key = json.dumps([dataclasses.asdict(config.model), config.task.name, text and dataclasses.asdict(text)],
+                     sort_keys=True, default=str)  # fmt: skip
+    if key not in _BUILT:
+        with empty_weights():
+            _BUILT[key] = builder("model", config.model.name)(config.model, text)
+    return copy.deepcopy(_BUILT[key])
+
+
+def capabilities(model: nn.Module) -> frozenset[Capability]:
+    """What ``model``'s modules offer the methods."""
+    found = set()
+    if any(isinstance(module, nn.modules.conv._ConvNd) for module in model.modules()):
+        found.add(Capability.CONVOLUTIONS)
+    if any(isinstance(module, nn.Conv2d) for module in model.modules()):
+        found.add(Capability.IMAGE_CONVNET)
+    if any(isinstance(module, nn.LayerNorm) for module in model.modules()):
+        found.add(Capability.LAYER_NORMS)
+    if len(list(getattr(model, "blocks", ()))) > 1:
+        found.add(Capability.TRANSFORMER_BLOCKS)
+    if hidden_matrices(model):
+        found.add(Capability.HIDDEN_MATRICES)
+    return frozenset(found)
+
+
+def hidden_matrices(model: nn.Module) -> bool:
+    """Whether ``model`` has 2-D weights of layers between its input and its output (a linear layer's;
+    not an embedding table, nor the last linear layer, its head)."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    return len(linears) > 1
+
+
+def found_capabilities(config: Any) -> frozenset[Capability]:
+    """What the model ``config`` names offers, found in its meta build (a brought kind's ``finds``)."""
+    return capabilities(meta_model(config))
+
+
+def described(config: Any) -> str:
+    """The model as a user names it: ``model=timm convnext_tiny``."""
+    model = config.model
+    return f"model={model.name} {model.arch or model.target or model.path or ''}".rstrip()
+
+
+def example_inputs(config: Any, rows: int = 2) -> Any:
+    """A batch of ``rows`` of the run's model inputs on the meta device, at the run's sizes."""
+    from trainrun.kinds import task_spec
+
+    batches, meta = task_spec(config.task.name).batches, torch.device("meta")
+    if batches == "images":
+        side = config.data.resolution
+        return torch.empty(rows, 3, side, side, device=meta)
+    if batches == "volumes":
+        channels = config.model.unet.in_channels
+        return torch.empty(rows, channels, *config.data.segmentation.patch_size, device=meta)
+    ids = torch.empty(rows, config.data.text.max_seq_len, dtype=torch.long, device=meta)
+    return ids if batches == "token_windows" else {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def expected_shape(config: Any, inputs: Any) -> tuple[tuple[int, ...], str]:
+    """The output shape the run's task scores for ``inputs``, and what its dimensions are."""
+    from trainrun.kinds import task_spec
+
+    batches = task_spec(config.task.name).batches
+    if batches == "images":
+        return (len(inputs), config.model.num_classes), "(batch, classes)"
+    if batches == "volumes":
+        return (len(inputs), config.model.num_classes, *inputs.shape[2:]), "(batch, classes, *patch)"
+    ids = inputs if batches == "token_windows" else inputs["input_ids"]
+    return (*ids.shape, config.data.text.vocab_size), "(batch, sequence, vocabulary)"
+
+
+def check_outputs(config: Any, key: str) -> None:
+    """The model's output for a batch of the run's inputs (on the meta device) has the shape the task
+    scores; else one line naming ``key``, the shapes, or the model's own error."""
+    from trainrun.errors import ConfigError
+
+    model, inputs = meta_model(config), example_inputs(config)
+    try:
+        outputs = model(inputs)
+    except Exception as error:  # a model of any library raises what it raises
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        if isinstance(error, NotImplementedError) or any(word in first for word in META_LIMITS):
+            return  # an operation the meta device cannot run: the first step runs it
+        shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else tuple(inputs["input_ids"].shape)
+        raise ConfigError(
+            f"bad value for '{key}': {described(config)} fails on the run's inputs {shape}: {first}"
+        ) from None
+    shape, dimensions = expected_shape(config, inputs)
+    found = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+    if found != shape:
+        raise ConfigError(
+            f"bad value for '{key}': {described(config)} returns {found} for the run's inputs; task "
+            f"{config.task.name} scores {shape} {dimensions}"
+        )
+
+
+def check_weights(config: Any) -> None:
+    """``model.weights`` fits the model as built, before any process starts."""
+    from trainrun.models.weights import check_weights_file
+
+    if config.model.weights:
+        check_weights_file(meta_model(config), config.model.weights)
