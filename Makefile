@@ -4,16 +4,21 @@
 VENV := .venv
 STAMP := $(VENV)/.trainrun-installed
 
-.PHONY: run test test-bench test-nodes test-floor lint bench mutation install clean
+.PHONY: run test test-slow test-bench test-nodes test-floor lint bench mutation install clean
 
 run: $(STAMP)
 	$(VENV)/bin/trainrun
 
-# two workers, one per core (docs/testing.md); the 15 slowest tests printed at the end
+# two workers, one per core (docs/testing.md); the 15 slowest tests and the machine's kind printed at the
+# end. make test: every test but the end-to-end runs marked slow, which make test-slow runs (CI runs both)
 BENCH_TESTS := tests/test_bench.py
 NODE_TESTS := tests/test_multinode.py tests/test_slurm_nodes.py
+SUITE := -q -n 2 --durations=15 --ignore=$(BENCH_TESTS) $(addprefix --ignore=,$(NODE_TESTS))
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 --ignore=$(BENCH_TESTS) $(addprefix --ignore=,$(NODE_TESTS))
+	$(VENV)/bin/python -m pytest $(SUITE) -m "not slow"
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest $(SUITE) -m slow
 
 # each bench script run tiny on this CPU (its harness, its peers' launches), apart from the suite's budget
 test-bench: $(STAMP)

@@ -164,7 +164,7 @@ def text_windows(split: str) -> torch.Tensor:
     from trainrun.data.causal_text import stream_datasets
     from trainrun.validation import validate
 
-    sets = stream_datasets(validate(compose([*TEXT, "data.num_workers=0"]), files=False).data)
+    sets = stream_datasets(validate(compose([*TEXT, "model=gpt_tiny", "data.num_workers=0"]), files=False).data)
     chosen = sets.train if split == "train" else sets.val
     return torch.stack([chosen[index] for index in range(len(chosen))]), sets.text
 
@@ -173,12 +173,15 @@ def initial_folder(arch: str, out: Path) -> Path:
     """The architecture at :data:`TEXT_SHAPE` over the corpus' vocabulary, random weights, saved once."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from trainrun.models.weights import quiet_transformers
+
     folder = out / f"{arch}-initial"
     if not (folder / "config.json").is_file():
         _, text = text_windows("val")
         torch.manual_seed(0)
         config = AutoConfig.for_model(arch, vocab_size=text.vocab_size, **TEXT_SHAPE)
-        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        with quiet_transformers():
+            AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return folder
 
 
@@ -197,9 +200,12 @@ def trainer_side(folder: Path, out: Path, steps: int, seed: int) -> None:
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
             self.seconds.append(time.perf_counter() - self.started)
 
+    from trainrun.models.weights import quiet_transformers
+
     windows, _ = text_windows("train")
     samples = [{"input_ids": window, "labels": window} for window in windows]
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(folder)
     settings = TrainingArguments(
         output_dir=str(out / "trainer"), per_device_train_batch_size=16, max_steps=steps, learning_rate=1e-3,
         weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=0.0, logging_strategy="no", save_strategy="no",
@@ -207,7 +213,8 @@ def trainer_side(folder: Path, out: Path, steps: int, seed: int) -> None:
     )  # fmt: skip
     clock = StepClock()
     Trainer(model=model, args=settings, train_dataset=samples, callbacks=[clock]).train()
-    model.save_pretrained(out / "model")
+    with quiet_transformers():
+        model.save_pretrained(out / "model")
     (out / "steps.json").write_text(json.dumps(clock.seconds))
 
 
@@ -216,7 +223,10 @@ def held_out_loss(model_folder: Path, windows: torch.Tensor) -> float:
     """The evaluator: the next token's mean cross-entropy over the held-out windows."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    from trainrun.models.weights import quiet_transformers
+
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
     total = count = 0.0
     for batch in windows.split(32):
         logits = model(input_ids=batch[:, :-1]).logits

@@ -212,13 +212,19 @@ def test_the_repeated_blocks_of_a_transformers_model_are_its_sharding_units():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_fsdp_trains_a_transformers_model_to_ddps_weights(tmp_path):
-    """Two ranks, the model's decoder layers sharded: the weights of the same run under DDP."""
+    """Two ranks, the model's decoder layers sharded: the weights of the same run under DDP, and the
+    sharded checkpoint consolidated as transformers' folder (``trainrun consolidate --hf``)."""
     args = [*causal_run(*CAUSAL[0]), "launcher.devices=2", "max_duration=3ba", "eval_interval=3ba", "optimizer=sgd"]
     for name, parallel in (("ddp", "parallel=ddp"), ("fsdp", "parallel=fsdp")):
         result = run_here(*args, parallel, f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
     ddp, fsdp = (load_file(tmp_path / name / "hf_model" / "model.safetensors") for name in ("ddp", "fsdp"))
     assert_equal_to_summation_order(fsdp, ddp)
+    (sharded,) = (tmp_path / "fsdp" / "checkpoints").iterdir()  # a DCP folder of the ranks' shards
+    consolidated = run_here("consolidate", str(sharded), "--hf", str(tmp_path / "consolidated"))
+    assert consolidated.returncode == 0, consolidated.stderr
+    assert "Qwen3ForCausalLM and its tokenizer" in consolidated.stdout
+    assert_equal_to_summation_order(load_file(tmp_path / "consolidated" / "model.safetensors"), fsdp)
 
 
 @pytest.mark.slow

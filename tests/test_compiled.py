@@ -59,6 +59,7 @@ RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_a_compiled_run_has_no_graph_break_and_no_recompile_after_warm_up(name, tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "BACKEND", "eager")
@@ -125,6 +126,7 @@ def compiled_rank(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_blocks_compile_once_under_fsdp_and_ddp_with_checkpointing_and_train_as_eager(tmp_path):
     import torch.multiprocessing as mp
 

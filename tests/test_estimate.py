@@ -32,6 +32,7 @@ def measured_peaks() -> dict[str, float]:
     return peaks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_estimate_is_within_15_percent_of_the_h200s_measured_peak(parallel):
     from trainrun.estimate import estimate
@@ -109,6 +110,7 @@ def test_a_run_that_stops_at_its_target_is_never_priced_to_its_whole_schedule_as
     assert whole["time_to"] == "schedule" and whole["cost"] == pytest.approx(hours * 98.32, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
     """At its real size, estimated here: the per-rank peak is under 80 GB, and a rank's gradients
     between micro-batches are its shard (a whole float32 gradient would be 32 GB)."""
@@ -124,6 +126,7 @@ def test_the_8b_recipe_fits_80gb_because_gradients_stay_sharded():
     assert estimate["peak"].get("temp", 0.0) < 8 * estimate["held"]["gradients"]
 
 
+@pytest.mark.slow
 def test_auto_micro_batches_under_fsdp_are_decided_before_the_run_by_the_estimate(capsys):
     """A pass retried after running out of memory would leave the other ranks in a gather, so under
     fsdp ``auto`` takes the largest micro-batch the estimate fits in the device's memory, at once."""
@@ -264,6 +267,7 @@ def test_the_sliding_windows_of_a_case_are_monais_at_half_overlap_with_every_mir
     assert task([192, 160], [1, 2]).windows_a_case([155, 240, 240]) == 155 * 2 * 2 * 4
 
 
+@pytest.mark.slow
 def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_bound_late():
     """mild on a p4d.24xlarge (48 cores for FFCV's 64 threads): at 88 px the GPUs wait for the decode
     (whose cost hardly depends on the side), at 176 px the decode waits for the GPUs; the time
@@ -285,6 +289,7 @@ def test_a_progressive_resizing_run_on_few_cores_is_loader_bound_early_and_gpu_b
     assert plenty["bottlenecks"] == ["GPU"] and plenty["hours"] < estimate["hours"]
 
 
+@pytest.mark.slow
 def test_an_evaluation_is_the_slower_of_its_forward_passes_and_its_images_through_the_loaders():
     """hot on a p4d evaluates ImageNet's 50,000 validation images every epoch: decoding them at 224 px
     on the loaders' threads (at the efficiency a node's image workers reach) takes longer than their
@@ -311,6 +316,7 @@ def test_an_evaluation_is_the_slower_of_its_forward_passes_and_its_images_throug
     assert "steps and 1 evaluation)" in once.stdout, once.stdout
 
 
+@pytest.mark.slow
 def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_interval():
     """EMA's update of its average (every 20 steps in mild and hot), MixUp's blend and ColOut's slice
     (every step) run on the device besides the model's passes: each is its operations, run once on the
@@ -332,6 +338,7 @@ def test_a_methods_work_beside_the_passes_is_its_operations_spread_over_its_inte
     assert "every step" in found["mixup"] and "every step" in found["colout"]
 
 
+@pytest.mark.slow
 def test_a_budget_is_timed_as_the_steps_its_training_seconds_buy():
     """A wall-clock or money budget trains for the steps its seconds buy at the schedule's mean step
     (the run re-plans to them), its evaluations on top; its methods' intervals in batches are timed."""
@@ -367,6 +374,7 @@ def test_a_target_past_the_schedule_is_timed_to_the_schedules_end():
     assert given["steps"] == 1000 and given["short_of_target"] == 5000 and given["hours"] is not None
 
 
+@pytest.mark.slow
 def test_overrides_may_come_after_the_flags():
     result = run_estimate("recipe=mild", "--json", "launcher.devices=8", "~algorithms.ema")
     assert result.returncode == 0, result.stderr
@@ -374,6 +382,7 @@ def test_overrides_may_come_after_the_flags():
     assert estimate["ranks"] == 8 and not any(note.startswith("ema: ") for note in estimate["notes"])
 
 
+@pytest.mark.slow
 def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
     result = run_estimate("recipe=bert_large", "launcher.devices=8", "hardware=8xa100_80gb", "--json")
     assert result.returncode == 0, result.stderr
@@ -451,6 +460,7 @@ def test_a_rate_row_times_only_runs_checkpointed_as_it_was_measured():
     )
 
 
+@pytest.mark.slow
 def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_path):
     """``--from-runs``: the median samples that runs of the same recipe and stop_at took, as their
     summaries say; runs of another recipe or that never reached the target are not read as such."""
@@ -486,6 +496,7 @@ def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_pat
     assert result["target_source"] == f"the median of 3 finished run(s): {middle:,.0f} samples"
 
 
+@pytest.mark.slow
 def test_compare_puts_the_run_on_each_hardware_option_and_node_count_in_one_table():
     """``--compare``: each option at its node's GPUs (``launcher.devices=auto``), ``--nodes`` on each;
     every figure is the estimate of that option alone; the fastest and the cheapest marked, or under a
@@ -617,6 +628,7 @@ def test_the_loader_costs_the_estimate_reads_are_the_bench_fit_of_its_readings()
         assert per_megapixel >= 0 and ops.at(operation, 200) == pytest.approx((fixed + per_megapixel * 0.04) / 1e3)
 
 
+@pytest.mark.slow
 def test_the_same_gpus_with_other_cpus_differ_where_the_loader_bounds_the_run():
     """The deep dive's Table 3: hot (RandAugment in Composer's 8 workers a GPU) is loader-bound and
     faster on the node with more and free cores; the estimate names the loader and says its node."""
@@ -664,6 +676,7 @@ def gpt_estimate(*overrides: str):
     return estimate(validate(compose([*base, *overrides]), files=False), vocab=50304)
 
 
+@pytest.mark.slow
 def test_the_optimizers_step_is_its_operations_timed_one_by_one():
     """Fused AdamW is a few operations over the weights and their state; Muon's Newton-Schulz
     products (five quintic steps of 4 m^2 n + 2 m^3 FLOPs a matrix) and its per-matrix operations make
@@ -683,6 +696,7 @@ def test_the_optimizers_step_is_its_operations_timed_one_by_one():
     assert adamw_note.startswith("optimizer: 4 operations a step on each rank")  # fused, a group each
 
 
+@pytest.mark.slow
 def test_float8_computes_the_linear_layers_at_the_float8_peak_where_the_hardware_states_it():
     bf16, fp8 = gpt_estimate(), gpt_estimate("precision=fp8")
     assert fp8.step_seconds < bf16.step_seconds
@@ -742,6 +756,7 @@ def mild_on_one_gpu(*overrides: str):
     return estimate(validate(compose([*base, *overrides]), files=False))
 
 
+@pytest.mark.slow
 def test_a_rows_utilisation_moves_with_the_runs_operations_on_the_rows_roofline():
     """At the H100 row's own shape (recipe=mild at 176 px, 256 a GPU) the step computes at the row's
     utilisation; at 96 px its operations reach less of the peak on the roofline (more of them at the

@@ -57,6 +57,7 @@ def indexed_betons(tmp_path_factory):
     return root / "train.beton", root / "val.beton"
 
 
+@pytest.mark.slow
 def test_digits_labels_round_trip_exactly(tmp_path):
     train, _ = datasets(DataConfig(name="digits"), augment=False)
     write_beton(train, tmp_path / "d.beton", RAW)
@@ -147,6 +148,7 @@ def _augmented(data, epoch):
     return {int(y): x[0].clone() for images, labels in data.train_batches(epoch) for x, y in zip(images, labels)}
 
 
+@pytest.mark.slow
 def test_ffcv_augmentation_is_keyed_to_seed_epoch_and_sample(tmp_path):
     """Flip and translation draw from (seed, epoch, sample) alone: the same per sample whatever the
     loader threads or batch size (so whatever the ranks), new each epoch, fair in distribution."""

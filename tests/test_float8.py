@@ -71,6 +71,7 @@ def float8_rank(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_under_fsdp2_float8_weights_gather_in_float8_with_scales_computed_after_each_step():
     import torch.multiprocessing as mp
 

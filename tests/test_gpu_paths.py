@@ -84,6 +84,7 @@ def _train_in_a_gpu_runs_group(rank: int, port: int, run_dir: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_gpu_runs_process_group_serves_every_collective_of_a_run(tmp_path):
     """Evaluation's reductions, the checkpoint's gather of random states and the barriers all pass

@@ -306,6 +306,7 @@ def stepped_weights() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_two_ranks_divide_the_orthogonalisation_and_step_as_one_rank():
     """Each rank orthogonalises its share of the matrices and all-gathers the rest: both ranks end
     with one process's weights (the same batched products: exactly)."""

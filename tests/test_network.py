@@ -118,3 +118,19 @@ def test_a_lost_node_requeues_the_job_only_where_launcher_requeue_allows(requeue
     assert slurm_job.exists() == requeue
     if requeue:
         assert slurm_job.read_text() == "requeue 4242\n"
+
+
+def test_ranks_across_nodes_are_told_to_raise_on_an_nccl_error_rather_than_end(monkeypatch):
+    """NCCL's watchdog would end a rank on a failed collective before the heartbeat names the lost node:
+    the ranks are told to abort the communicator and raise instead, unless the user said otherwise."""
+    route = Route("nodea", "10.1.0.1", "eth0", "10.1.0.2")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    told = launch.node_environment(route)
+    assert told == {
+        "GLOO_SOCKET_IFNAME": "eth0",
+        heartbeat.NODE_ADDRESS: "10.1.0.2",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    }
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in launch.node_environment(route)

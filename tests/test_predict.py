@@ -94,6 +94,7 @@ def test_an_anisotropic_case_is_predicted_back_onto_its_own_grid_as_by_hand(trai
     assert np.array_equal(predicted, np.choose(whole.numpy(), [0, 1, 4]).transpose(2, 1, 0).astype(np.uint8))
 
 
+@pytest.mark.slow
 def test_a_folder_of_channel_files_without_labels_is_segmented_and_a_killed_predict_continues(trained, tmp_path):
     """nnU-Net v2's ``CASE_0000.nii.gz`` files in a plain folder, no labels: one readable label map
     per case; killed after its first file, the same command writes only the missing ones."""

@@ -504,6 +504,7 @@ def store_files(path):
     return {file.name: file.read_bytes() for file in sorted(path.iterdir()) if file.suffix in (".npy", ".json")}
 
 
+@pytest.mark.slow
 def test_cases_prepared_in_worker_processes_give_the_bytes_of_one_process(tmp_path, capsys):
     from trainrun.data.decathlon import write_decathlon
 

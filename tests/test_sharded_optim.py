@@ -148,6 +148,7 @@ def global_batches() -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (8, 17), generator=generator) for _ in range(3)]
 
 
+@pytest.mark.slow
 def test_several_nodes_shard_within_a_node_and_replicate_across_and_train_as_one_rank():
     results = mp.Manager().dict()
     mp.spawn(hsdp_main, args=(free_port(), results), nprocs=4)

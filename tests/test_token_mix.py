@@ -127,6 +127,7 @@ def test_bad_mixtures_are_one_line_before_a_run(stores, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before the run wrote anything
 
 
+@pytest.mark.slow
 def test_two_ranks_train_and_score_a_mixture_as_one_rank(stores, tmp_path):
     """The mixture's order is keyed to (seed, epoch, sample) and each validation window is scored
     by one rank (the second rank's share padded by a repeat that is left out): two gloo ranks give

@@ -297,7 +297,7 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     if config.parallel.name == "fsdp" and config.device_train_microbatch_size == "auto":
         config = microbatch_before_start(config)
     route = route_between_nodes(settings, started_elsewhere)
-    environment = {} if route is None else route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}
+    environment = {} if route is None else node_environment(route)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
         os.environ.update(environment)
         train(config, run_dir, config_yaml)
@@ -306,6 +306,20 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
             settings, processes, train_worker, config, str(run_dir), config_yaml, debug, environment,
             show_failure_logs=debug, route=route,
         )  # fmt: skip
+
+
+# NCCL's watchdog on a failed or timed-out collective: abort the communicator and raise in the training
+# thread (2, CleanUpOnly), rather than end the process (torch's default), so that the heartbeat names a
+# lost node before a rank ends on NCCL's error
+NCCL_ERRORS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+def node_environment(route: Route) -> dict[str, str]:
+    """What the ranks of a run across nodes are told: gloo's interface (the route's), this node's
+    address for the heartbeat, and how NCCL's errors surface (:data:`NCCL_ERRORS`); what the user set
+    is left as set."""
+    told = route.environment() | {heartbeat.NODE_ADDRESS: route.local_address}
+    return told | {name: value for name, value in NCCL_ERRORS.items() if name not in os.environ}
 
 
 def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Route | None:
