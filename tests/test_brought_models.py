@@ -362,11 +362,21 @@ def test_what_a_brought_model_offers_is_found_in_its_build():
 
     vit = capabilities(build(ModelConfig(name="timm", arch="vit_tiny_patch16_224", image_size=32)))
     convnext = capabilities(build(ModelConfig(name="timm", arch="convnext_atto")))
-    assert {Capability.TRANSFORMER_BLOCKS, Capability.LAYER_NORMS, Capability.HIDDEN_MATRICES} <= vit
-    assert {
-        Capability.CONVOLUTIONS,
-        Capability.IMAGE_CONVNET,
-    } <= convnext and Capability.TRANSFORMER_BLOCKS not in convnext
+    assert {Capability.TRANSFORMER_BLOCKS, Capability.LAYER_NORMS} <= vit
+    assert {Capability.CONVOLUTIONS, Capability.IMAGE_CONVNET} <= convnext
+    assert Capability.TRANSFORMER_BLOCKS not in convnext
+    # Muon's own rule of roles: a ViT's patch convolution and class token are weights it cannot take
+    assert Capability.HIDDEN_MATRICES not in vit | convnext
+
+
+def test_muon_is_refused_before_the_run_where_its_rule_of_roles_would_refuse_the_model(tmp_path):
+    """A ViT has a 4-D patch convolution and a 3-D class token: refused in one line before the run (the
+    optimizer's build had refused it inside the run), where a transformers model trains with Muon."""
+    vit = run_here(*timm_run("vit_tiny_patch16_224", 32), "optimizer=muon", f"hydra.run.dir={tmp_path / 'vit'}")
+    assert vit.returncode == 2 and "'muon' takes 2-D matrices" in vit.stderr and not (tmp_path / "vit").exists()
+    qwen = run_here(*causal_run(*CAUSAL[0]), "optimizer=muon", "max_duration=1ba", "eval_interval=1ba",
+                    f"hydra.run.dir={tmp_path / 'qwen'}")  # fmt: skip
+    assert qwen.returncode == 0, qwen.stderr
 
 
 @pytest.mark.slow

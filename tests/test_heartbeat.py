@@ -136,9 +136,20 @@ def test_a_beat_reads_every_nodes_counter_in_one_request(monkeypatch):
     assert beats[: len(beats) // 2 * 2] == ["add", "multi_get"] * (len(beats) // 2)
 
 
+class SlowToSay(threading.Event):
+    """An event whose state takes a while to read: every thread reaching a verdict at once reads it unset
+    before any sets it, unless the verdict is taken under a lock."""
+
+    def is_set(self) -> bool:
+        state = super().is_set()
+        time.sleep(0.02)  # the other threads read it meanwhile
+        return state
+
+
 def test_the_verdict_is_given_once_when_both_threads_reach_it():
     said: list[str] = []
     beat = NodeHeartbeat(CountingStore(), NodePlace(0, 2, 0, 1), 1.0, lambda line, reached: said.append(line))
+    beat.stopped = SlowToSay()
     barrier = threading.Barrier(8)
 
     def judge(index: int) -> None:

@@ -40,7 +40,7 @@ from trainrun.data.interface import TextFacts
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import TrainConfig
-from trainrun.tasks.base import Task
+from trainrun.tasks.base import BatchPlace, Task
 
 GB = 1e9
 COMPUTE_DTYPES = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -212,7 +212,7 @@ class _Rank:
         device, and what the task keeps on the host (its ``host_keys``: counts the host reads) real."""
         from torch._guards import detect_fake_mode
 
-        state = _BatchPlace(torch.device("cpu"), torch.contiguous_format)
+        state = BatchPlace(torch.device("cpu"), torch.contiguous_format)
         inputs, targets, _ = self.task.batch(example, state)
         mode, host = detect_fake_mode(), getattr(self.task, "host_keys", ())
 
@@ -307,14 +307,6 @@ class _Rank:
     def held(self) -> dict[str, float]:
         """GB this rank holds between steps (its gradients as a step leaves them)."""
         return {part: round(held / GB, 3) for part, held in parallel.held_bytes(self.model, self.optimizers).items()}
-
-
-@dataclass
-class _BatchPlace:
-    """What a task's ``batch`` reads of the state: where the batch goes and in which memory format."""
-
-    device: torch.device
-    memory_format: torch.memory_format
 
 
 def _parts(snapshot: dict) -> dict[str, float]:

@@ -8,6 +8,7 @@ is refused in one line naming what the run would get.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -75,10 +76,9 @@ def named_methods(overrides: list[str]) -> set[str]:
     """The methods the command line names: in ``algorithms=[...]`` or by one of their settings."""
     given = given_methods(overrides)
     named = set(given[1]) if given else set()
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key.startswith(("algorithms.", "algorithms/")):
-            named.add(key.split(".", 1)[-1].split("/", 1)[-1].split(".")[0])
+    for override in overrides:  # algorithms.NAME.KEY=..., +algorithms/NAME=...
+        if match := re.match(r"[+~]*algorithms[./](\w+)", override):
+            named.add(match.group(1))
     return named
 
 
@@ -106,11 +106,9 @@ def leave_out_inapplicable(
         if missing := SPECS[name].needs - offered:
             inapplicable[name] = f"needs {'; '.join(need.value for need in missing)}"
             continue
-        probe.algorithms = {
-            name: OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[name].config), methods[name] or {}))
-        }
-        for found_name, finds in changes_nothing(probe).items():
-            inapplicable[found_name] = f"finds no {finds}"
+        params = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SPECS[name].config), methods[name] or {}))
+        if finds := finds_nothing(probe, name, params):
+            inapplicable[name] = f"finds no {finds}"
     for name, why in inapplicable.items():
         if name in named:
             raise ConfigError(f"algorithm '{name}' changes nothing in {described(probe)}: it {why}")
@@ -128,16 +126,15 @@ def leave_out_inapplicable(
                 )
 
 
-def changes_nothing(config: Any) -> dict[str, str]:
-    """The chosen methods that change the model by surgery and find nothing to change in it, each with
-    what it looks for (BlurPool on a ViT: its one strided convolution reads 3 channels)."""
+def finds_nothing(config: Any, name: str, params: Any) -> str | None:
+    """What method ``name`` looks for (BlurPool on a ViT: strided convolutions; its one reads 3
+    channels), where it changes the model by surgery and finds none of it in the run's model as built;
+    None where it changes something or is not a surgery."""
     from trainrun.algorithms import method_class
     from trainrun.algorithms.base import ModelSurgery
     from trainrun.models.found import meta_model
 
-    unchanged = {}
-    for name, params in config.algorithms.items():
-        method = method_class(name)
-        if issubclass(method, ModelSurgery) and not method.surgery(meta_model(config), params):
-            unchanged[name] = method.finds
-    return unchanged
+    method = method_class(name)
+    if issubclass(method, ModelSurgery) and not method.surgery(meta_model(config), params):
+        return method.finds
+    return None

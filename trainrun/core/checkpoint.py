@@ -43,9 +43,9 @@ def model_source(model: torch.nn.Module) -> dict[str, str] | None:
     return {"file": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def changed_source(saved: dict[str, str] | None, model: torch.nn.Module) -> str | None:
-    """One line where the file that defines ``model``'s class differs from the one a checkpoint saved."""
-    now = model_source(model)
+def changed_source(saved: dict[str, str] | None, now: dict[str, str] | None) -> str | None:
+    """One line where the file that defines the model's class (``now``: :func:`model_source`) differs
+    from the one a checkpoint saved."""
     if not saved or not now or saved == now:
         return None
     if saved["file"] != now["file"]:

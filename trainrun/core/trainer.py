@@ -85,6 +85,7 @@ class Trainer:
         self._window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
+        self._model_source = checkpoint.model_source(state.model)  # read once: what every checkpoint records
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         # fp8: float8 linear layers, before sharding (which gathers them in float8)
         state.precision.convert(state.model, sharded=parallel.shards(settings.parallel))
@@ -412,12 +413,11 @@ class Trainer:
             "timeline": state.timeline.state_dict() if self.settings.budget else None,  # a budgeted run's plan
             "accounts": state.accounts.state_dict(),
             "window": asdict(window),
-            "model_source": checkpoint.model_source(state.raw_model),
+            "model_source": self._model_source,
         }
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore checkpoint ``path`` (one file or a folder of shards, written by any number of
-        ranks); return the time accounts to continue."""
+        """Restore checkpoint ``path`` (a file, or a folder of any ranks' shards); the accounts to go on from."""
         state = self.state
         payload = checkpoint.load_checkpoint(path)
         checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.world_size)
@@ -435,7 +435,7 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         if state.precision.scaler and payload["scaler"]:
             state.precision.scaler.load_state_dict(payload["scaler"])
-        if change := checkpoint.changed_source(payload.get("model_source"), state.raw_model):
+        if change := checkpoint.changed_source(payload.get("model_source"), self._model_source):
             state.warn(change)
         self._algorithm_states = payload["algorithms"]
         for key, value in payload["progress"].items():

@@ -94,10 +94,16 @@ def capabilities(model: nn.Module) -> frozenset[Capability]:
 
 
 def hidden_matrices(model: nn.Module) -> bool:
-    """Whether ``model`` has 2-D weights of layers between its input and its output (a linear layer's;
-    not an embedding table, nor the last linear layer, its head)."""
-    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    return len(linears) > 1
+    """Whether Muon takes ``model``: its rule of roles (trainrun/optim/muon.py) finds 2-D matrices
+    and no weight of more dimensions (a convolution's, a ViT's class token) that it could not take."""
+    from trainrun.errors import ConfigError
+    from trainrun.optim.muon import parameter_roles
+    from trainrun.schema import MuonConfig
+
+    try:
+        return bool(parameter_roles(model, MuonConfig().head_modules)["matrices"])
+    except ConfigError:
+        return False
 
 
 def found_capabilities(config: Any) -> frozenset[Capability]:
@@ -112,18 +118,13 @@ def described(config: Any) -> str:
 
 
 def example_inputs(config: Any, rows: int = 2) -> Any:
-    """A batch of ``rows`` of the run's model inputs on the meta device, at the run's sizes."""
-    from trainrun.kinds import task_spec
+    """A batch of ``rows`` of the run's model inputs on the meta device, at the run's sizes: the task's
+    example of what its loader gives, made into inputs as the task makes them."""
+    from trainrun.tasks.base import BatchPlace, build_task
 
-    batches, meta = task_spec(config.task.name).batches, torch.device("meta")
-    if batches == "images":
-        side = config.data.resolution
-        return torch.empty(rows, 3, side, side, device=meta)
-    if batches == "volumes":
-        channels = config.model.unet.in_channels
-        return torch.empty(rows, channels, *config.data.segmentation.patch_size, device=meta)
-    ids = torch.empty(rows, config.data.text.max_seq_len, dtype=torch.long, device=meta)
-    return ids if batches == "token_windows" else {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    task = build_task(config.task.name, config.data)
+    inputs, _, _ = task.batch(task.example_batch(config, rows, text_facts(config)), BatchPlace(torch.device("meta")))
+    return inputs
 
 
 def expected_shape(config: Any, inputs: Any) -> tuple[tuple[int, ...], str]:

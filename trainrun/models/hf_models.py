@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from trainrun.data.interface import TextFacts
-from trainrun.errors import ConfigError
 from trainrun.schema import ModelConfig
 
 AUTO_CLASSES = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM"}  # by the run's task
@@ -119,15 +118,11 @@ def auto_class(head: str) -> Any:
     return getattr(transformers, AUTO_CLASSES[head])
 
 
-def build(config: ModelConfig, text: TextFacts | None = None) -> nn.Module:
+def build(config: ModelConfig, text: TextFacts) -> nn.Module:
     """``model=transformers``: the architecture for the run's task, random weights (``model.path``'s where
     it has them and the model is not being built on the meta device)."""
     from trainrun.models.weights import quiet_transformers
 
-    if text is None:
-        raise ConfigError(
-            "bad value for 'model.name': model=transformers builds language models (task=causal_lm or masked_lm)"
-        )
     architecture, auto, folder = hf_config(config, text), auto_class(config.head), weights_folder(config)
     on_meta = nn.Linear(1, 1).weight.is_meta  # a build on the meta device (trainrun estimate, a method's trial)
     with quiet_transformers():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,6 +23,15 @@ from trainrun.kinds import task_spec
 from trainrun.quality import Quality
 from trainrun.registry import builder
 from trainrun.schema import DataConfig
+
+
+@dataclass
+class BatchPlace:
+    """What a task's ``batch`` reads of the state: where the batch goes and in which memory format (a
+    batch made outside a run: trainrun estimate's fake rank, a brought model's check on the meta device)."""
+
+    device: torch.device
+    memory_format: torch.memory_format = torch.contiguous_format
 
 
 class Evaluator(ABC):
