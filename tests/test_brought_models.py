@@ -28,7 +28,7 @@ TIMM_FAMILIES = [
     ("regnetx_002", 32, "blurpool,label_smoothing"),
     ("densenet121", 32, "blurpool,channels_last"),
     ("vit_tiny_patch16_224", 32, "stochastic_depth,low_precision_layernorm"),
-    ("deit_tiny_patch16_224", 32, "stochastic_depth,label_smoothing"),
+    ("deit_tiny_patch16_224", 32, "stochastic_depth,label_smoothing,gated_linear_units"),
     ("swin_tiny_patch4_window7_224", 56, "stochastic_depth"),
     ("mixer_s16_224", 32, "stochastic_depth,low_precision_layernorm"),
     ("inception_v3", 75, "blurpool"),
@@ -149,6 +149,18 @@ MASKED = [("modernbert", []), ("roberta", []), ("deberta-v2", [])]
 TEXT = ["data.text.max_seq_len=32", "train_batch_size=8", "eval_batch_size=8", "optimizer=adamw", "progress=false"]
 
 
+def tiny_transformers(arch: str, head: str, **settings: object) -> torch.nn.Module:
+    """A transformers architecture at width 32, 2 layers, over a 64-token vocabulary."""
+    from trainrun.data.interface import TextFacts
+    from trainrun.models.hf_models import build
+    from trainrun.schema import ModelConfig
+
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    return build(
+        ModelConfig(name="transformers", arch=arch, head=head, config=shape | settings), TextFacts(64, 16, None, 0)
+    )
+
+
 def causal_run(arch: str, extra: list[str]) -> list[str]:
     return ["task=causal_lm", "data=stdlib_stream", "model=transformers", f"model.arch={arch}", *TINY, *extra, *TEXT,
             "data.text.val_tokens=256"]  # fmt: skip
@@ -207,6 +219,16 @@ def test_the_repeated_blocks_of_a_transformers_model_are_its_sharding_units():
                                  "num_attention_heads": 2})  # fmt: skip
     model = build(config, TextFacts(100, 32, None, 0))
     assert [type(block).__name__ for block in model.blocks] == ["ModernBertEncoderLayer"] * 3  # not the embeddings
+
+
+def test_compile_compiles_a_transformers_model_block_by_block():
+    """``compile=true`` on a transformers model compiles each of its repeated blocks in place (one graph
+    they share), as for trainrun's own transformers; the model around them stays eager."""
+    from trainrun.core.compiled import compile_model, is_compiled
+
+    model = tiny_transformers("qwen3", "causal_lm", num_key_value_heads=1, head_dim=16)
+    assert compile_model(model, print, backend="eager") is model and is_compiled(model)
+    assert all(block._compiled_call_impl is not None for block in model.blocks) and len(model.blocks) == 2
 
 
 @pytest.mark.slow
@@ -377,6 +399,60 @@ def test_muon_is_refused_before_the_run_where_its_rule_of_roles_would_refuse_the
     qwen = run_here(*causal_run(*CAUSAL[0]), "optimizer=muon", "max_duration=1ba", "eval_interval=1ba",
                     f"hydra.run.dir={tmp_path / 'qwen'}")  # fmt: skip
     assert qwen.returncode == 0, qwen.stderr
+
+
+def test_gated_linear_units_find_the_ungated_feed_forwards_of_any_model():
+    """timm's Mlp (a ViT's, a Mixer's for tokens and channels), a Hugging Face encoder's intermediate and a user's
+    Sequential(Linear, GELU, Linear) become GLUs that compute; Qwen3's block, gated already, is not found."""
+    from trainrun.algorithms.gated_linear_units import apply_glu
+    from trainrun.algorithms.specs.gated_linear_units import GatedLinearUnitsConfig
+    from trainrun.models.glu import GatedIntermediate, feed_forwards
+    from trainrun.models.timm_models import build as build_timm
+    from trainrun.schema import ModelConfig
+
+    vit = build_timm(ModelConfig(name="timm", arch="vit_tiny_patch16_224", num_classes=3, image_size=32))
+    mixer = build_timm(ModelConfig(name="timm", arch="mixer_s16_224", num_classes=3, image_size=32))
+    own = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 8))
+    for model, blocks, inputs in ((vit, 12, torch.randn(2, 3, 32, 32)), (mixer, 16, torch.randn(2, 3, 32, 32)),
+                                  (own, 1, torch.randn(2, 8))):  # fmt: skip
+        width = sum(param.numel() for param in model.parameters())
+        assert apply_glu(model, GatedLinearUnitsConfig(), std=0.02) == blocks
+        assert sum(isinstance(module, GatedIntermediate) for module in model.modules()) == blocks
+        assert feed_forwards(model) == [] and sum(param.numel() for param in model.parameters()) > width
+        assert model(inputs).isfinite().all()
+    assert isinstance(vit.blocks[0].mlp.act, torch.nn.Identity) and isinstance(own[1], torch.nn.Identity)
+    assert len(feed_forwards(tiny_transformers("roberta", "masked_lm"))) == 2
+    assert feed_forwards(tiny_transformers("qwen3", "causal_lm", num_key_value_heads=1, head_dim=16)) == []
+
+
+def test_gated_linear_units_on_a_model_gated_already_is_refused_in_one_line(tmp_path):
+    result = run_here(*causal_run(*CAUSAL[0]), "algorithms=[gated_linear_units]", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "'gated_linear_units' changes nothing in model=transformers qwen3: it needs ungated feed-forward" in (
+        result.stderr
+    )
+
+
+def test_muon_gives_the_output_projection_a_brought_model_declares_to_adam():
+    """A transformers model's ``lm_head`` and a timm classifier under another name (``head.fc``,
+    ``classifier``) are the head, by what the model declares, not by the name ``head``."""
+    from trainrun.optim.muon import parameter_roles
+
+    qwen = tiny_transformers("qwen3", "causal_lm", num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    roles = parameter_roles(qwen, ["head"])
+    assert [name.rsplit(".", 1)[0].rsplit(".", 1)[-1] for name, _ in roles["head"]] == ["lm_head"]
+    assert not any("lm_head" in name for name, _ in roles["matrices"])
+
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.classifier = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+        def get_classifier(self) -> torch.nn.Module:
+            return self.classifier
+
+    head = parameter_roles(Classifier(), ["head"])["head"]
+    assert [name for name, _ in head] == ["classifier.weight", "classifier.bias"]
 
 
 @pytest.mark.slow

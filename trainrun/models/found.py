@@ -3,10 +3,11 @@
 A shipped model declares what it offers the speed-up methods in its spec; a brought one (any of
 timm's, any of transformers', a module of the user's own) cannot, so it is built once on the meta
 device (:func:`empty_weights`: no weight is kept, a ViT-Huge in about a second) and read: convolutions
-(channels-last), 2-D convolutions (the image methods' surgery), LayerNorms, 2-D hidden matrices
-(Muon) and repeated blocks (FSDP2's units, activation checkpointing's). A method that changes the
-model is tried on a copy of that build (``trainrun.method_list``), so a method that would change
-nothing is refused before any process starts, by what the model contains and never by its name.
+(channels-last), 2-D convolutions (the image methods' surgery), LayerNorms, ungated feed-forward
+blocks (gated linear units), 2-D hidden matrices (Muon) and repeated blocks (FSDP2's units,
+activation checkpointing's). A method that changes the model is tried on a copy of that build
+(``trainrun.method_list``), so a method that would change nothing is refused before any process
+starts, by what the model contains and never by its name.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from trainrun.kinds import Capability
+from trainrun.models.glu import feed_forwards
 
 # what the meta device says of an operation it cannot run (autocast has no meta dtype), not of the model
 META_LIMITS = ("meta", "scalarType", "Cannot copy out of meta tensor")
@@ -86,6 +88,8 @@ def capabilities(model: nn.Module) -> frozenset[Capability]:
         found.add(Capability.IMAGE_CONVNET)
     if any(isinstance(module, nn.LayerNorm) for module in model.modules()):
         found.add(Capability.LAYER_NORMS)
+    if feed_forwards(model):
+        found.add(Capability.FEED_FORWARDS)
     if len(list(getattr(model, "blocks", ()))) > 1:
         found.add(Capability.TRANSFORMER_BLOCKS)
     if hidden_matrices(model):

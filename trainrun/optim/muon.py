@@ -13,8 +13,9 @@ as before. It takes 2-D matrices only, so the parameters are split by a rule the
 
 - ``embeddings``: every ``nn.Embedding``'s table (a tied output head is the token table) → Adam at
   ``muon.embedding_lr``;
-- ``head``: parameters of a module named in ``muon.head_modules`` (the output projection) → Adam
-  at ``muon.head_lr``;
+- ``head``: parameters of the output projection → Adam at ``muon.head_lr``: a module named in
+  ``muon.head_modules``, or the one the model declares (transformers' ``get_output_embeddings()``,
+  timm's ``get_classifier()``: a ConvNeXt's ``head.fc``, an EfficientNet's ``classifier``);
 - ``scalars``: every parameter below 2-D (norm gains, biases) → Adam at ``muon.scalar_lr``;
 - ``matrices``: every other 2-D parameter → Muon at ``optimizer.lr`` with ``optimizer.momentum``,
   ``optimizer.nesterov`` and decoupled ``optimizer.weight_decay``.
@@ -46,6 +47,7 @@ def parameter_roles(model: nn.Module, head_modules: list[str]) -> dict[str, list
     """The trainable parameters of ``model`` by role (module docstring), each once (tied ones too)."""
     roles: dict[str, list[tuple[str, nn.Parameter]]] = {role: [] for role in ROLES}
     seen: set[int] = set()
+    declared = declared_heads(model)
     modules = sorted(model.named_modules(), key=lambda item: not isinstance(item[1], nn.Embedding))
     for module_name, module in modules:  # embeddings first: a tied head's weight is the token table
         for name, param in module.named_parameters(recurse=False):
@@ -55,7 +57,7 @@ def parameter_roles(model: nn.Module, head_modules: list[str]) -> dict[str, list
             full = f"{module_name}.{name}" if module_name else name
             if isinstance(module, nn.Embedding):
                 role = "embeddings"
-            elif module_name.rsplit(".", 1)[-1] in head_modules:
+            elif module_name.rsplit(".", 1)[-1] in head_modules or id(module) in declared:
                 role = "head"
             elif param.ndim < 2:
                 role = "scalars"
@@ -68,6 +70,18 @@ def parameter_roles(model: nn.Module, head_modules: list[str]) -> dict[str, list
                 )
             roles[role].append((full, param))
     return roles
+
+
+def declared_heads(model: nn.Module) -> set[int]:
+    """The ids of the modules ``model`` (or a model inside it) declares as its output projection."""
+    heads = set()
+    for module in model.modules():
+        for declaring in ("get_output_embeddings", "get_classifier"):
+            head = getattr(module, declaring, None)
+            head = head() if callable(head) else None
+            if isinstance(head, nn.Module):
+                heads.add(id(head))
+    return heads
 
 
 def check_head_modules(model: nn.Module, head_modules: list[str]) -> None:

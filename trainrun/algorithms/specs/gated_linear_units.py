@@ -21,5 +21,5 @@ SPEC = MethodSpec(
     config=GatedLinearUnitsConfig,
     position=240,
     order_reason="rebuilds the feed-forward layers at INIT, before their norms are replaced",
-    needs=frozenset({Capability.ENCODER_LAYERS}),
+    needs=frozenset({Capability.FEED_FORWARDS}),
 )

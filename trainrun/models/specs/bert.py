@@ -36,6 +36,7 @@ SPECS = (
                 Capability.UNPADDING,
                 Capability.MASKED_HEAD,
                 Capability.ENCODER_LAYERS,
+                Capability.FEED_FORWARDS,
                 Capability.LAYER_NORMS,
                 Capability.HIDDEN_MATRICES,
             }
