@@ -1,7 +1,7 @@
 """``trainrun estimate`` against figures nobody here wrote (``bench/published_times.yaml``): each row's
 published minutes or rate beside the estimate's from the same settings, their ratio, the rate row
 the estimate used and what held each run back. The rows that calibrate a family's rate on a GPU
-(``calibrates``) print the utilisation that reproduces them, which ``trainrun/rates.yaml`` holds;
+(``calibrates``) print the utilisation that reproduces them, which ``trainrun/estimate/readings.yaml`` holds;
 every other row is a prediction, within 25 % of its figure or work left (``miss`` says what the
 estimate does not model). A row whose settings were not published says what it ``assumes``; it is
 not counted as a pass.
@@ -97,12 +97,12 @@ def composed(overrides: list[str]) -> Any:
 
 
 def row_roofline(rate: Any) -> tuple[float, float]:
-    """A rate row's roofline (rates.yaml's ``roofline`` and ``memory_gb_s``): the share of its GPU's
+    """A rate row's roofline (readings.yaml's ``roofline`` and ``memory_gb_s``): the share of its GPU's
     peak its shape's training micro-batch reaches on that GPU's roofline, and the GPU's bandwidth;
     for a calibrated row, at the published row's settings and node."""
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.estimate_gpu import Roofline
-    from trainrun.estimate_time import FlopCounts, base_work
+    from trainrun.estimate.device import Roofline
+    from trainrun.estimate.schedule import FlopCounts, base_work
 
     if rate.basis == "calibrated":
         (row,) = [row for row in rows() if row["id"] == rate.shape[0].split()[-1]]
@@ -134,9 +134,9 @@ def measured_mfu(rate: Any) -> float:
     and its methods' work beside the passes (timed one by one as the estimate times them, their
     products at the utilisation found)."""
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.estimate_gpu import methods_seconds, operations_seconds
-    from trainrun.estimate_time import interval_timeline, timeline_of
-    from trainrun.fake_rank import fake_world, measure, pass_flops
+    from trainrun.estimate.device import methods_seconds, operations_seconds
+    from trainrun.estimate.memory import fake_world, measure, pass_flops
+    from trainrun.estimate.schedule import interval_timeline, timeline_of
 
     config = composed(list(rate.shape))
     task = sized_task(config)
@@ -158,7 +158,7 @@ def measured_mfu(rate: Any) -> float:
 
 
 def markdown(checked: list[Checked]) -> str:
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
 
     floor = f"the floor an eager operation costs, {rates().operation_floor_s * 1e6:g} µs"
     efficiency = rates().cpu.image_loader_efficiency
@@ -207,7 +207,7 @@ def main() -> int:
     parser.add_argument("--rates", action="store_true", help="the measured rate rows' MFU, recounted, instead")
     args = parser.parse_args()
     if args.rates:
-        from trainrun.rates import rates
+        from trainrun.estimate.datasheets import rates
 
         for rate in rates().gpu:
             row = f"{rate.key()} {rate.gpu}"

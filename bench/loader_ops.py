@@ -1,5 +1,5 @@
 """What each operation of an image loader costs one thread of this machine, on real photographs:
-the per-operation rates ``trainrun estimate`` composes a loader's time from (``trainrun/rates.yaml``,
+the per-operation rates ``trainrun estimate`` composes a loader's time from (``trainrun/estimate/readings.yaml``,
 ``image_ops``, which this prints).
 
 The images: the natural photographs scikit-image and scikit-learn ship (astronaut, chelsea, coffee,

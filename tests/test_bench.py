@@ -92,8 +92,8 @@ def test_hot_loader_bench_prints_every_folder_path_and_its_rate_per_worker(tmp_p
 
 
 def test_loader_operations_bench_prints_each_operation_at_each_side_and_their_fit():
-    """bench/loader_ops.py on a few photographs: rates.yaml's image_ops block, each operation read at
-    each side and fitted (the test of rates.yaml's block is in tests/test_estimate.py)."""
+    """bench/loader_ops.py on a few photographs: readings.yaml's image_ops block, each operation read at
+    each side and fitted (the test of readings.yaml's block is in tests/test_estimate.py)."""
     import yaml
 
     result = bench("loader_ops.py", "--images", "16", "--sides", "64", "96", "--epoch", "64")
@@ -418,7 +418,7 @@ def test_each_measured_rate_row_is_its_reading_at_trainruns_flop_count(monkeypat
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import estimate_validation
 
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
 
     for row in rates().gpu:
         if row.basis == "measured":

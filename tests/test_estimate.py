@@ -170,7 +170,7 @@ def test_grouped_query_attention_counts_its_flops_at_the_querys_heads():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.fake_rank import attention_flop_formulas
+    from trainrun.estimate.memory import attention_flop_formulas
 
     query = torch.randn(2, 8, 64, 16, requires_grad=True)
     keys, values = torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16)
@@ -190,7 +190,7 @@ def test_attention_counts_model_flops_its_backward_twice_its_forward_by_value():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.fake_rank import attention_flop_formulas
+    from trainrun.estimate.memory import attention_flop_formulas
 
     batch, heads, tokens, width = 2, 8, 64, 16
     query = torch.randn(batch, heads, tokens, width, requires_grad=True)
@@ -225,7 +225,7 @@ def test_each_method_changes_a_steps_work_where_it_acts_along_the_schedule():
     inside its window, SAM's second pass every interval, sequence-length warmup's lengths."""
     from trainrun.algorithms.specs import SPECS
     from trainrun.core.work import StepWork
-    from trainrun.estimate_time import phases_of
+    from trainrun.estimate.schedule import phases_of
     from trainrun.schema import TrainConfig
 
     def config(**methods):
@@ -296,8 +296,8 @@ def test_an_evaluation_is_the_slower_of_its_forward_passes_and_its_images_throug
     forward passes, so each evaluation is the loaders' time, and the output says so; with CPUs to
     spare it is the GPUs' again. A run that evaluates once at the end (eval_interval=1dur) pays one."""
     from trainrun.core.work import StepWork
-    from trainrun.estimate_loader import evaluation_loader_seconds, image_seconds, loader_threads
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
+    from trainrun.estimate.loader import evaluation_loader_seconds, image_seconds, loader_threads
 
     config = loader_config("data.num_workers=8")
     threads = loader_threads(config, 8) * rates().cpu.image_loader_efficiency
@@ -416,7 +416,7 @@ def test_bad_estimate_input_is_one_line_naming_it(arguments, key):
 def test_the_rate_table_has_one_row_a_family_and_gpu_and_each_calibration_names_its_published_row():
     import yaml
 
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
 
     table = rates()
     keys = [(row.key(), row.gpu) for row in table.gpu]
@@ -442,7 +442,7 @@ def test_a_rate_row_times_only_runs_checkpointed_as_it_was_measured():
     """The Llama rows were measured on the 8B recipe's selective checkpointing, whose policy runs in
     Python for every operation of an eager step: a run without checkpointing finds no row (and says
     which it lacks), one with it finds the eager row."""
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
 
     table = rates()
     assert table.gpu_rate("llama", "h200", "bf16", False) is None
@@ -450,7 +450,7 @@ def test_a_rate_row_times_only_runs_checkpointed_as_it_was_measured():
     assert row is not None and row.key() == "llama bf16 eager, selective checkpointing"
     args = ["task=causal_lm", "model=llama3_1b", "data=stdlib_stream", "train_batch_size=2", "precision=bf16"]
     config = validate(compose([*args, "launcher.devices=1", "hardware=8xh200"]), files=False)
-    from trainrun.estimate_gpu import DEFAULT_MFU, gpu_row
+    from trainrun.estimate.device import DEFAULT_MFU, gpu_row
 
     assert gpu_row(config, None) == (
         DEFAULT_MFU,
@@ -572,8 +572,8 @@ def loader_config(*overrides: str):
 def test_a_nodes_loaders_are_worth_the_threads_its_workers_find_free_at_its_cpus_speed():
     """8 ranks of one thread each leave 40 of a p4d's 48 cores; 8 workers a rank fill them and 24 of
     their second threads, each worth smt_yield of a core; -1 starts a rank's share of every thread."""
-    from trainrun.estimate_loader import loader_threads
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
+    from trainrun.estimate.loader import loader_threads
 
     smt = rates().cpu.smt_yield
     assert rates().cpu.trainer_threads == 1
@@ -592,8 +592,8 @@ def test_an_images_loader_cost_is_its_operations_at_the_side_and_randaugments_de
     each slower); the crop's side changes the cost; FFCV's is its stored JPEG and raw shares."""
     from trainrun.core.work import StepWork
     from trainrun.data.write import WriteSettings
-    from trainrun.estimate_loader import image_seconds
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
+    from trainrun.estimate.loader import image_seconds
 
     ops, config = rates().image_ops, loader_config()
     plain = image_seconds(config, StepWork(176, 176))
@@ -610,13 +610,13 @@ def test_an_images_loader_cost_is_its_operations_at_the_side_and_randaugments_de
 
 
 def test_the_loader_costs_the_estimate_reads_are_the_bench_fit_of_its_readings():
-    """rates.yaml's fitted costs are bench/loader_ops.py's fit of the readings beside them, and an
+    """readings.yaml's fitted costs are bench/loader_ops.py's fit of the readings beside them, and an
     operation's cost grows with its output's pixels."""
     import sys
 
     import yaml
 
-    from trainrun.rates import TABLE, rates
+    from trainrun.estimate.datasheets import TABLE, rates
 
     sys.path.insert(0, str(ROOT / "bench"))
     from loader_ops import fitted
@@ -655,7 +655,7 @@ def test_the_operation_log_counts_a_products_flops_and_every_operations_bytes_re
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from trainrun.fake_rank import OperationLog
+    from trainrun.estimate.memory import OperationLog
 
     with FakeTensorMode():
         a, b = torch.empty(64, 32), torch.empty(32, 16)
@@ -682,7 +682,7 @@ def test_the_optimizers_step_is_its_operations_timed_one_by_one():
     products (five quintic steps of 4 m^2 n + 2 m^3 FLOPs a matrix) and its per-matrix operations make
     its step slower than AdamW's by what they cost, and the estimate says so."""
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.fake_rank import fake_world, measure
+    from trainrun.estimate.memory import fake_world, measure
 
     adamw, muon = gpt_estimate("optimizer=adamw"), gpt_estimate("optimizer=muon")
     config = validate(compose(["task=causal_lm", "model=gpt125", "data=stdlib_stream", "optimizer=muon"]), files=False)
@@ -709,7 +709,7 @@ def test_float8_computes_the_linear_layers_at_the_float8_peak_where_the_hardware
 def test_the_roofline_times_each_operation_at_the_slower_of_its_flops_and_its_bytes():
     """An operation of 2 TFLOP and 1 GB on a GPU of 1,000 TFLOP/s and 1,000 GB/s takes 2 ms (compute);
     one of 0 FLOPs and 3 GB takes 3 ms (memory): the two reach 2 of 5 ms' worth of the peak."""
-    from trainrun.estimate_gpu import Roofline
+    from trainrun.estimate.device import Roofline
 
     roofline = Roofline(1e15, 1000)
     assert roofline.utilisation([(2e12, 1e9), (0.0, 3e9)]) == pytest.approx(0.4)
@@ -720,8 +720,8 @@ def test_a_compiled_step_is_timed_as_inductors_kernels_each_element_wise_chain_o
     """Compiled, the element-wise operations between two matrix products are one kernel moving what
     the most moving of them moves (1 and 3 GB: 3 ms where eager takes 4); each product stays its own
     kernel, and a chain pays the floor an operation costs once, not once an operation."""
-    from trainrun.estimate_gpu import Roofline, fused_kernels
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
+    from trainrun.estimate.device import Roofline, fused_kernels
 
     operations = [(2e12, 1e9), (0.0, 1e9), (0.0, 3e9), (2e12, 1e9), (0.0, 2e9)]
     assert fused_kernels(operations) == [(2e12, 1e9), (0.0, 3e9), (2e12, 1e9), (0.0, 2e9)]
@@ -740,7 +740,7 @@ def test_the_operation_log_counts_the_flops_the_flop_counter_counts_attention_in
     """A training pass as its operations (the roofline's) holds the FLOPs ``pass_flops`` counts,
     the fused attention kernels' among them."""
     from trainrun.estimate import run_shape, sized_task
-    from trainrun.fake_rank import pass_flops, pass_operations
+    from trainrun.estimate.memory import pass_flops, pass_operations
 
     overrides = ["task=causal_lm", "model=gpt_tiny", "data=stdlib_stream", "data.text.max_seq_len=64"]
     config = validate(compose([*overrides, "train_batch_size=4", "precision=bf16"]), files=False)
@@ -763,7 +763,7 @@ def test_a_rows_utilisation_moves_with_the_runs_operations_on_the_rows_roofline(
     floor an operation costs), so it computes at less; on an H200 the row's GPU's roofline is kept
     (a sibling's other bandwidth is not read into it), so the step is the H100's. The estimate says
     where it moved."""
-    from trainrun.rates import rates
+    from trainrun.estimate.datasheets import rates
 
     row = rates().gpu_rate("resnet", "h100", "amp", False)
     own, small, h200 = mild_on_one_gpu(), mild_on_one_gpu("data.resolution=96"), mild_on_one_gpu("hardware=8xh200")

@@ -264,7 +264,7 @@ def test_every_fsdp_unit_computes_in_the_runs_precision_and_reduces_gradients_in
     """Under bf16 each unit (every block and the root: embedding, final norm, head) gathers bf16
     weights and reduce-scatters float32 gradients; under fp32 the policy sets neither."""
     from trainrun.core.parallel import Parallelism, prepare
-    from trainrun.fake_rank import fake_world
+    from trainrun.estimate.memory import fake_world
 
     with fake_world(2):
         with torch.device("meta"):
@@ -315,7 +315,7 @@ def test_reshard_after_forward_decides_whether_a_blocks_weights_stay_gathered_fo
     from torch.distributed.tensor import DTensor
 
     from trainrun.core import parallel
-    from trainrun.fake_rank import fake_world
+    from trainrun.estimate.memory import fake_world
     from trainrun.run import parallelism
 
     args = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "parallel=fsdp"]

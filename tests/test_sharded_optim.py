@@ -128,7 +128,7 @@ def test_the_sharding_mesh_shards_within_a_node_and_replicates_across_nodes(rank
     """The ranks of a node (launchers number them consecutively: node n holds n x per-node to the
     next) are one shard group; a rank's replicas are its places on the other nodes (rank 0 of a fake
     process group's view)."""
-    from trainrun.fake_rank import fake_world
+    from trainrun.estimate.memory import fake_world
 
     per_node = ranks // nodes
     with fake_world(ranks):

@@ -21,10 +21,10 @@ class HardwareConfig:
     peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
     peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
     memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
-    gpu: str | None = None  # the device as trainrun/rates.yaml names it (h100, a100, ...)
+    gpu: str | None = None  # the device as trainrun/estimate/readings.yaml names it (h100, a100, ...)
     cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
     cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
-    cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against rates.yaml's cpu
+    cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against readings.yaml's
     devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
     link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s a GPU sends the node's others
     network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # Gbit/s a node sends the others

@@ -79,7 +79,7 @@ class KindSpec:
     # its settings set none: ALiBi's positions); validation holds data.text.max_seq_len to it, or to
     # the bound a chosen method gives instead (a method's spec says which of its settings does)
     positions: Callable[[Any], tuple[int, str] | None] | None = None
-    # a model's architecture family as trainrun's table of measured rates names it (trainrun/rates.yaml)
+    # a model's architecture family as trainrun's table of measured rates names it (trainrun/estimate/readings.yaml)
     family: str | None = None
     # a data kind: the settings its files name (key: (value, what names it)), set as the config is
     # composed (kinds.fill_from_data); {} where the files are not there to read

@@ -285,8 +285,8 @@ def _check_nesterov(config: TrainConfig) -> None:
 
 
 def _check_hardware(hardware: HardwareConfig) -> None:
-    """``hardware.gpu`` is a kind trainrun times (trainrun/rates.yaml's GPUs)."""
-    from trainrun.rates import rates
+    """``hardware.gpu`` is a kind trainrun times (trainrun/estimate/readings.yaml's GPUs)."""
+    from trainrun.estimate.datasheets import rates
 
     known = sorted(rates().architectures)
     if hardware.gpu is not None and hardware.gpu not in known:

@@ -1,5 +1,5 @@
 """A step's samples through the node's loaders, for ``trainrun estimate``: an image by the measured
-costs of its loader's operations (``rates.yaml``'s ``image_ops``, from ``bench/loader_ops.py``), a
+costs of its loader's operations (``readings.yaml``'s ``image_ops``, from ``bench/loader_ops.py``), a
 text window or a volume's crop by its loader's measured rate, each on the threads the node's CPU
 leaves its loaders. Written here because the operations, the workers and the CPU facts are
 trainrun's own.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trainrun import kinds
 from trainrun.core.work import StepWork
-from trainrun.rates import LoaderRate, rates
+from trainrun.estimate.datasheets import LoaderRate, rates
 from trainrun.schema import TrainConfig
 
 
@@ -52,7 +52,7 @@ def image_seconds(config: TrainConfig, work: StepWork) -> float:
 
 def node_image_seconds(config: TrainConfig, work: StepWork, threads: float) -> float:
     """An image's share of a node's loaders: its cost on one thread of the measuring machine over the
-    ``threads`` they are worth, at the efficiency a node's image workers reach (``rates.yaml``'s
+    ``threads`` they are worth, at the efficiency a node's image workers reach (``readings.yaml``'s
     ``cpu.image_loader_efficiency``, fitted on one published run)."""
     return image_seconds(config, work) / (threads * rates().cpu.image_loader_efficiency)
 

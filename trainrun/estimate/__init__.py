@@ -1,8 +1,8 @@
 """What a run needs at its real size, computed on this machine without allocating it
 (``trainrun estimate``): one rank of the run as fake tensors over a fake process group of
-``launcher.devices x launcher.nnodes`` ranks (:mod:`trainrun.fake_rank`), its memory at the peak
+``launcher.devices x launcher.nnodes`` ranks (:mod:`trainrun.estimate.memory`), its memory at the peak
 of a step and of an evaluation micro-batch, and its time along its schedule at the rates trainrun
-has measured (:mod:`trainrun.estimate_time`, :mod:`trainrun.rates`), to its target where the steps
+has measured (:mod:`trainrun.estimate.schedule`, :mod:`trainrun.estimate.datasheets`), to its target where the steps
 to it are known; where it does not fit, the largest setting that does, which is also what
 ``device_train_microbatch_size=auto`` takes under fsdp. Not counted: the CUDA context and the
 allocator's fragmentation.
@@ -19,11 +19,11 @@ from trainrun import kinds
 from trainrun.core.microbatches import Microbatching
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
-from trainrun.estimate_gpu import Traffic, step_traffic
-from trainrun.estimate_time import Timing, target_steps
-from trainrun.estimate_time import as_dict as phase_dict
-from trainrun.estimate_time import timing as run_timing
-from trainrun.fake_rank import Memory, RunShape, fake_world, measure
+from trainrun.estimate.device import Traffic, step_traffic
+from trainrun.estimate.memory import Memory, RunShape, fake_world, measure
+from trainrun.estimate.schedule import Timing, target_steps
+from trainrun.estimate.schedule import as_dict as phase_dict
+from trainrun.estimate.schedule import timing as run_timing
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task, build_task
 
@@ -248,7 +248,7 @@ def estimate(
     steps_source: str = "--steps",
 ) -> Estimate:
     """One rank's memory at the peak of a training step and of an evaluation micro-batch, for
-    ``config`` at its size, and the run's time along its schedule (:mod:`trainrun.estimate_time`)
+    ``config`` at its size, and the run's time along its schedule (:mod:`trainrun.estimate.schedule`)
     at the measured rate that fits (or ``mfu``) of the hardware group's peak (or ``peak_tflops``), to
     the target where its steps are known (``steps``, else the recipe's ``target_samples``), else to
     ``max_duration``. Under ``device_train_microbatch_size=auto`` the micro-batch is the largest that

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from trainrun import kinds
 from trainrun.data.interface import TextFacts
-from trainrun.rates import GpuRate, rates, run_key
+from trainrun.estimate.datasheets import GpuRate, rates, run_key
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
     from trainrun.core.time import Timeline
-    from trainrun.fake_rank import MethodWork
+    from trainrun.estimate.memory import MethodWork
 
 DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
 BACKWARD_SHARE = 2 / 3  # of a step's compute: the backward, which DDP's bucketed all-reduce overlaps
@@ -121,7 +121,7 @@ def float8_share(config: TrainConfig, text: TextFacts | None, per_sample: float)
     linear layers torchao's float8 training converts (:func:`~trainrun.core.precision.float8_eligible`),
     six FLOPs a weight a token forward and backward."""
     from trainrun.core.precision import float8_eligible
-    from trainrun.fake_rank import RunShape, meta_model
+    from trainrun.estimate.memory import RunShape, meta_model
 
     model = meta_model(config, RunShape(1, 1, 1, 1, 1, text, "", "none"))
     weights = sum(module.weight.numel() for name, module in model.named_modules() if float8_eligible(module, name))
@@ -149,7 +149,7 @@ def effective_throughput(config: TrainConfig, throughput: float, float8: float, 
 def operations_seconds(operations: tuple[tuple[float, float], ...], flop_rate: float, bandwidth_gb_s: float) -> float:
     """Seconds of ``operations`` (FLOPs, bytes) on one GPU: each at the slowest of its FLOPs at
     ``flop_rate``, its bytes at the memory's bandwidth, and the floor an eager operation costs however
-    small (``rates.yaml``'s ``operation_floor_s``: its dispatch and launch)."""
+    small (``readings.yaml``'s ``operation_floor_s``: its dispatch and launch)."""
     bandwidth, floor = bandwidth_gb_s * GB, rates().operation_floor_s
     return sum(max(flops / flop_rate, moved / bandwidth, floor) for flops, moved in operations)
 

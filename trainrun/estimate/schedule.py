@@ -2,10 +2,10 @@
 each fiftieth of the run, each method's change to a step's work there
 (:meth:`~trainrun.core.engine.Algorithm.step_work`: a resolution, a sequence length, a share of
 the pixels or samples, passes added), contiguous equal steps grouped into phases; each phase's
-FLOPs counted on the model as the run builds it (:func:`trainrun.fake_rank.pass_flops`), timed
+FLOPs counted on the model as the run builds it (:func:`trainrun.estimate.memory.pass_flops`), timed
 on the GPUs at the rate row that fits with the optimizer's operations and the exchange the compute
-does not hide (:mod:`trainrun.estimate_gpu`), and through the node's loaders
-(:mod:`trainrun.estimate_loader`), the slower of the two being the phase's bottleneck;
+does not hide (:mod:`trainrun.estimate.device`), and through the node's loaders
+(:mod:`trainrun.estimate.loader`), the slower of the two being the phase's bottleneck;
 evaluations at their resolution, interval and windows added. Written here because the schedule,
 the methods and the rates are trainrun's own.
 """
@@ -24,7 +24,8 @@ from trainrun.algorithms import build_algorithms
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
-from trainrun.estimate_gpu import (
+from trainrun.estimate.datasheets import GpuRate
+from trainrun.estimate.device import (
     Roofline,
     Traffic,
     effective_throughput,
@@ -34,7 +35,7 @@ from trainrun.estimate_gpu import (
     methods_seconds,
     optimizer_seconds,
 )
-from trainrun.estimate_loader import (
+from trainrun.estimate.loader import (
     crop_of,
     evaluation_loader_seconds,
     images_decoded,
@@ -44,12 +45,11 @@ from trainrun.estimate_loader import (
     loader_threads,
     loader_timed,
 )
-from trainrun.rates import GpuRate
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.tasks.base import Task
 
 if TYPE_CHECKING:
-    from trainrun.fake_rank import MethodWork
+    from trainrun.estimate.memory import MethodWork
 
 POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
 COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
@@ -233,7 +233,7 @@ class FlopCounts:
         return config, text
 
     def counted_at(self, resolution: int | None, length: int | None, train: bool = True) -> float:
-        from trainrun.fake_rank import pass_flops
+        from trainrun.estimate.memory import pass_flops
 
         key = (resolution, length, train)
         if key not in self.counted:
@@ -243,7 +243,7 @@ class FlopCounts:
 
     def roofline_at(self, resolution: int | None, length: int | None, roofline: Roofline) -> float:
         """The share of the peak a training micro-batch at ``resolution`` or ``length`` reaches on ``roofline``."""
-        from trainrun.fake_rank import pass_operations
+        from trainrun.estimate.memory import pass_operations
 
         key = (resolution, length, roofline)
         if key not in self.rooflines:

@@ -1,4 +1,4 @@
-"""The rates trainrun has measured, which ``trainrun estimate`` times a run with (``rates.yaml``).
+"""The rates trainrun has measured, which ``trainrun estimate`` times a run with (``readings.yaml``).
 
 A GPU row is the model FLOPs utilisation of one architecture family at one precision, compiled or
 not, on one GPU: measured by a command in ``docs/benchmarks.md`` (its rate at its shape, and the
@@ -8,7 +8,7 @@ image loader is timed by its operations (``image_ops``: a decode, the rest of a 
 way, an augmentation operation, FFCV's decode of a JPEG or of raw pixels), each what one thread
 of the measuring machine spends on an image (``bench/loader_ops.py``, on real photographs); a
 text or volume loader by one row of what a thread delivers. A node's loaders do the work of its
-free threads at its CPU's speed (:func:`trainrun.estimate_loader.loader_threads`).
+free threads at its CPU's speed (:func:`trainrun.estimate.loader.loader_threads`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-TABLE = Path(__file__).with_name("rates.yaml")
+TABLE = Path(__file__).with_name("readings.yaml")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class GpuRate:
     # row applies only to runs with the same
     checkpointing: str = "none"
     # the share of the peak ``shape`` reaches on the roofline of the GPU it was read on, at that GPU's
-    # ``memory_gb_s`` (trainrun.estimate_gpu.Roofline): a run at other sides, methods or micro-batches
+    # ``memory_gb_s`` (trainrun.estimate.device.Roofline): a run at other sides, methods or micro-batches
     # moves from ``mfu`` as its own roofline there moves from this
     roofline: float | None = None
     memory_gb_s: float | None = None
@@ -96,7 +96,7 @@ class ImageOps:
 
 @dataclass(frozen=True)
 class Cpu:
-    """How a node's threads add up against the measuring machine's (``rates.yaml``'s ``cpu``)."""
+    """How a node's threads add up against the measuring machine's (``readings.yaml``'s ``cpu``)."""
 
     smt_yield: float  # what a core's second thread adds, as a share of a core
     trainer_threads: int  # threads a training process keeps busy itself (not its loader's)
@@ -140,7 +140,7 @@ class Rates:
 
 @functools.cache
 def rates() -> Rates:
-    """The table in ``rates.yaml``."""
+    """The table in ``readings.yaml``."""
     table = yaml.safe_load(TABLE.read_text())
     gpu = tuple(
         GpuRate(**{**row, "shape": tuple(row["shape"]), "reading": tuple(row["reading"]) if "reading" in row else None})
