@@ -395,39 +395,41 @@ def test_published_load_bench_prints_what_each_way_of_reading_a_folder_adds(tmp_
 
 @pytest.mark.slow
 def test_the_estimate_holds_every_published_row_and_the_documented_table(monkeypatch):
-    """bench/published_times.yaml through trainrun estimate: a calibration reproduces its figure within
-    1 %, at most a quarter of the rows are calibrations, the predictions within 25 % (an assumed row
-    not counted) are no fewer than before; docs/benchmarks.md's table is this run's."""
+    """bench/published_times.yaml through trainrun estimate: each fit row reproduces its figure within
+    1 %, at most one published row a generation is a fit, the counted predictions within 25 % are no
+    fewer than before; docs/estimate.md's table is this run's."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import estimate_validation
 
     checked = [estimate_validation.estimate_row(row) for row in estimate_validation.rows()]
-    calibrations = [item for item in checked if item.row.get("calibrates")]
-    for item in calibrations:
+    fits = [item for item in checked if {"fits", "calibrates"} & item.row.keys()]
+    for item in fits:
         assert item.ratio == pytest.approx(1, abs=0.01), item.row["id"]
-    assert len(calibrations) <= len(checked) / 4
-    counted = [item for item in checked if not ({"calibrates", "assumes"} & item.row.keys())]
-    assert sum(item.within_goal for item in counted) >= 12
+    generations = [item.row["fits"] for item in fits if "fits" in item.row]
+    assert len(generations) == len(set(generations))
+    counted = [item for item in checked if item.counted]
+    assert sum(item.within_goal for item in counted) >= COUNTED_WITHIN_GOAL
     assert estimate_validation.markdown(checked) == estimate_validation.documented()
 
 
 @pytest.mark.slow
-def test_each_measured_rate_row_is_its_reading_at_trainruns_flop_count(monkeypatch):
-    """A measured row's utilisation is its reading at trainrun's FLOP count, and a row's roofline is
-    its shape's on its GPU (a calibrated row's: the published row's settings and node)."""
+def test_the_fit_reproduces_the_generations_from_their_declared_fit_set(monkeypatch):
+    """bench/fit_generations.py on the readings marked ``fit`` gives hopper's shares as
+    generations.yaml holds them, reading no row of the published table but the one each other
+    generation declares."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import estimate_validation
+    import fit_generations
 
     from trainrun.estimate.datasheets import rates
+    from trainrun.estimate.device import generations
 
-    for row in rates().gpu:
-        if row.basis == "measured":
-            assert estimate_validation.measured_mfu(row) == pytest.approx(row.mfu, rel=0.005), row
-        if row.roofline is not None:
-            share, bandwidth = estimate_validation.row_roofline(row)
-            assert (share, bandwidth) == (pytest.approx(row.roofline, rel=0.005), row.memory_gb_s), row
+    steps = [fit_generations.read_step(row) for row in rates().gpu if row.fit]
+    fitted, held = fit_generations.fit_hopper(steps), generations()["hopper"]
+    for name in fit_generations.PARAMETERS:
+        assert getattr(fitted, name) == pytest.approx(getattr(held, name), rel=0.01), name
 
 
+COUNTED_WITHIN_GOAL = 12  # counted predictions within 25 % of their figures: never fewer
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))
 ON_ONE_GPU = {"unet3d_brats": "nnU-Net's batch of 2 trains on one GPU: 8 ranks are refused in one line"}
 

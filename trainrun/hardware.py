@@ -19,9 +19,12 @@ class HardwareConfig:
     description: str = ""
     device_memory_gb: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB a device (vendor's)
     peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
+    peak_fp32_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # float32, no TF32
     peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
     memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
-    gpu: str | None = None  # the device as trainrun/estimate/readings.yaml names it (h100, a100, ...)
+    gpu: str | None = None  # the device's name (h100, a100, ...); trainrun/estimate/readings.yaml's where measured
+    architecture: str | None = None  # its generation (ampere, hopper, blackwell, ...): whose shares time it
+    sm_count: int | None = positive_field(None)  # its streaming multiprocessors (compute units), as its datasheet says
     cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
     cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
     cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against readings.yaml's

@@ -285,12 +285,17 @@ def _check_nesterov(config: TrainConfig) -> None:
 
 
 def _check_hardware(hardware: HardwareConfig) -> None:
-    """``hardware.gpu`` is a kind trainrun times (trainrun/estimate/readings.yaml's GPUs)."""
-    from trainrun.estimate.datasheets import rates
+    """``hardware.architecture`` is a GPU generation trainrun knows (trainrun/estimate/generations.yaml)."""
+    import yaml
 
-    known = sorted(rates().architectures)
-    if hardware.gpu is not None and hardware.gpu not in known:
-        raise ConfigError(f"bad value for 'hardware.gpu': '{hardware.gpu}' (choose from: {', '.join(known)})")
+    from trainrun.estimate.device import GENERATIONS
+
+    table = yaml.safe_load(GENERATIONS.read_text())
+    known = sorted({*table["generations"], *table["nearest"]} - {"default"})
+    if hardware.architecture is not None and hardware.architecture not in known:
+        raise ConfigError(
+            f"bad value for 'hardware.architecture': '{hardware.architecture}' (choose from: {', '.join(known)})"
+        )
 
 
 def _check_run(config: TrainConfig) -> None:

@@ -1,6 +1,6 @@
 """``trainrun estimate [OVERRIDES]``: a run's memory per rank and its time and cost at its real size,
-computed on this machine before a GPU is rented (:mod:`trainrun.estimate`): at the rates trainrun
-has measured, phase by phase of its schedule, naming what holds each phase back (GPU or loader).
+computed on this machine before a GPU is rented (:mod:`trainrun.estimate`): its operations on the
+GPU's datasheet, phase by phase of its schedule, naming what holds each phase back (GPU, loader or links).
 
 The overrides are a run's (``recipe=llama31_8b launcher.devices=8 hardware=8xh100_aws``), composed
 and validated as ``trainrun`` would (the data files need not be here). ``--json`` prints one JSON
@@ -14,7 +14,7 @@ import argparse
 import json
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,11 +57,18 @@ def estimate_command(argv: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainrun estimate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="trainrun estimate",
+        description=__doc__.splitlines()[0],
+        epilog="Hydra's -cd DIR, -cp DIR and -cn NAME name a config folder of your own (a hardware group "
+        "describing your GPU), as for trainrun, before or after the overrides.",
+    )
     parser.add_argument("overrides", nargs="*", help="the run's overrides, as trainrun takes them")
     parser.add_argument("--json", action="store_true", help="one JSON object on standard output")
     parser.add_argument(
-        "--mfu", type=float, help="model FLOPs utilisation to time with (default: the measured rate that fits)"
+        "--mfu",
+        type=float,
+        help="model FLOPs utilisation to time with (default: the step's operations on the GPU's datasheet)",
     )
     parser.add_argument("--peak-tflops", type=float, help="the device's peak (default: the hardware group's)")
     parser.add_argument(
@@ -171,7 +178,10 @@ def comparison_rows(estimates: Iterable[tuple[TrainConfig, Estimate]]) -> list[d
 
 def comparison_row(config: TrainConfig, result: Estimate) -> dict:
     """One option's figures: the time and cost to the target, or to the whole schedule where the run
-    stops at a target whose steps are not known (``time_to``)."""
+    stops at a target whose steps are not known (``time_to``), how its GPUs were timed and the error
+    the validation shows for that."""
+    from trainrun.estimate.device import validation_error
+
     return {
         "hardware": config.hardware.name,
         "nodes": config.launcher.nnodes,
@@ -185,6 +195,8 @@ def comparison_row(config: TrainConfig, result: Estimate) -> dict:
         "hours": result.hours,
         "cost": result.cost,
         "bottlenecks": result.bottlenecks,
+        "basis": result.rate_basis,
+        "error": validation_error(result.rate_basis),
     }
 
 
@@ -204,23 +216,39 @@ def with_scaling(figures: list[dict]) -> None:
 
 def best_options(figures: list[dict], budgeted: bool) -> tuple[tuple[str, dict | None], ...]:
     """The marks of those that fit: the fastest and the cheapest, or where ``budgeted`` (the same time
-    or money on each) the option whose budget buys the most steps."""
+    or money on each) the option whose budget buys the most steps; each only where it leads the next
+    by more than the error the validation shows for how the two were timed (none where unknown)."""
     fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
     if budgeted:
-        return (("most steps", max(fitting, key=lambda row: row["steps"] or 0, default=None)),)
+        return (("most steps", clear_lead(fitting, lambda row: -(row["steps"] or 0))),)
     priced = [row for row in fitting if row["cost"]]
     return (
-        ("fastest", min(fitting, key=lambda row: row["hours"], default=None)),
-        ("cheapest", min(priced, key=lambda row: row["cost"], default=None)),
+        ("fastest", clear_lead(fitting, lambda row: row["hours"])),
+        ("cheapest", clear_lead(priced, lambda row: row["cost"])),
     )
+
+
+def clear_lead(rows: list[dict], key: Callable[[dict], float]) -> dict | None:
+    """The row of least ``key`` where it leads the next by more than the larger of their validation
+    errors (a single row leads none: there is nothing to lead); None otherwise."""
+    ranked = sorted(rows, key=key)
+    if len(ranked) < 2:
+        return ranked[0] if ranked else None
+    best, next_best = ranked[:2]
+    errors = [best["error"], next_best["error"]]
+    if any(error is None for error in errors):
+        return None
+    return best if abs(key(next_best)) > abs(key(best)) * (1 + max(errors)) else None
 
 
 def comparison_table(figures: list[dict]) -> str:
     """The options side by side (:func:`comparison_rows`), the best of those that fit marked."""
     budgeted = any(row["budget"] for row in figures)
     best = best_options(figures, budgeted)
-    header = "| hardware | nodes | ranks | peak / device GB | fits | steps | time | cost | bottleneck | scaling | |"
-    lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+    header = (
+        "| hardware | nodes | ranks | peak / device GB | fits | steps | time | cost | bottleneck | scaling | timed | |"
+    )
+    lines = [header, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- | --- |"]
     for row in figures:
         memory = (
             f"{row['peak_gb']:.1f} / {row['device_memory_gb']:g}"
@@ -235,10 +263,19 @@ def comparison_table(figures: list[dict]) -> str:
         bottleneck = " then ".join(row["bottlenecks"]) or "-"
         place = f"{row['hardware']} | {row['nodes']} | {row['ranks']}"
         scaling = f"{row['scaling']:.0%}" if row.get("scaling") else "-"
+        error = f"±{row['error']:.0%}" if row["error"] is not None else "error not validated"
+        timed = f"{row['basis']}: {error}"
         lines.append(
-            f"| {place} | {memory} | {fits} | {steps} | {time} | {cost} | {bottleneck} | {scaling} | {marks} |"
+            f"| {place} | {memory} | {fits} | {steps} | {time} | {cost} | {bottleneck} | {scaling} | {timed} "
+            f"| {marks} |"
         )
     ends = {row["time_to"] for row in figures}
+    unmarked = [name for name, chosen in best if chosen is None and len(figures) > 1]
+    if unmarked:
+        lines.append(
+            f"not marked {' or '.join(unmarked)}: no option leads the next by more than the error the validation "
+            "shows for how they were timed (docs/estimate.md)"
+        )
     if budgeted:
         lines.append("steps: what the budget (max_duration) buys on each; time and cost with its evaluations on top")
     else:

@@ -1,9 +1,20 @@
-"""What a run needs at its real size, computed on this machine without allocating it
-(``trainrun estimate``): one rank of the run as fake tensors over a fake process group of
-``launcher.devices x launcher.nnodes`` ranks (:mod:`trainrun.estimate.memory`), its memory at the peak
-of a step and of an evaluation micro-batch, and its time along its schedule at the rates trainrun
-has measured (:mod:`trainrun.estimate.schedule`, :mod:`trainrun.estimate.datasheets`), to its target where the steps
-to it are known; where it does not fit, the largest setting that does, which is also what
+"""What a run needs at its real size, computed on this machine without allocating it (``trainrun
+estimate``). Read top to bottom:
+
+- :mod:`~trainrun.estimate.memory`: one rank of the run as fake tensors over a fake process group of
+  ``launcher.devices x launcher.nnodes`` ranks, its memory at the peak of a step and of an evaluation
+  micro-batch, its FLOPs;
+- :mod:`~trainrun.estimate.operations`: every operation a step runs, with its FLOPs, bytes, kind and
+  GEMM shape, attention as a GPU's fused kernel runs it;
+- :mod:`~trainrun.estimate.device`: those operations timed on the GPU its hardware group's datasheet
+  describes, at the shares its architecture generation's kernels reach (``generations.yaml``);
+- :mod:`~trainrun.estimate.loader`: the node's loaders, by their operations' costs on its CPUs;
+- :mod:`~trainrun.estimate.exchange`: what the GPUs exchange, as NCCL runs it, and what the compute hides;
+- :mod:`~trainrun.estimate.schedule`: the run's phases along its schedule, evaluations and budgets;
+- :mod:`~trainrun.estimate.datasheets`: what trainrun has measured (``readings.yaml``).
+
+This module puts them together: the run's time to its target where the steps to it are known, its
+cost, and where it does not fit, the largest setting that does, which is also what
 ``device_train_microbatch_size=auto`` takes under fsdp. Not counted: the CUDA context and the
 allocator's fragmentation.
 """
@@ -11,6 +22,7 @@ allocator's fragmentation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,11 +31,10 @@ from trainrun import kinds
 from trainrun.core.microbatches import Microbatching
 from trainrun.data.interface import TextFacts
 from trainrun.errors import ConfigError
-from trainrun.estimate.device import Traffic, step_traffic
+from trainrun.estimate.device import check_datasheet
+from trainrun.estimate.exchange import Traffic, step_traffic
 from trainrun.estimate.memory import Memory, RunShape, fake_world, measure
-from trainrun.estimate.schedule import Timing, target_steps
-from trainrun.estimate.schedule import as_dict as phase_dict
-from trainrun.estimate.schedule import timing as run_timing
+from trainrun.estimate.schedule import Phase, RunTime, time_run
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import Task, build_task
 
@@ -54,8 +65,8 @@ class Estimate:
     device_memory_gb: float | None
     peak_tflops: float | None
     mfu: float
-    rate: str  # the measured rate row the time scales, in words (or the stated or assumed MFU)
-    rate_basis: str  # measured, calibrated, stated, unmeasured
+    rate: str  # how the GPUs are timed, in words (their datasheet and generation, or the stated MFU)
+    rate_basis: str  # measured, datasheet of a fitted or an unfitted generation, stated, not described
     loader: str | None  # the measured loader row, in words
     step_seconds: float | None  # a plain step on the GPUs at ``mfu``
     phases: list[dict[str, Any]]  # the schedule's phases: share, size, FLOPs, GPU and loader seconds, bottleneck
@@ -186,14 +197,17 @@ def exchanged(config: TrainConfig, shape: RunShape, memory: Memory, notes: list[
     if missing:
         notes.append(f"the exchange between GPUs is not timed: hardware={config.hardware.name} states no {missing[0]}")
         return None
-    return step_traffic(config, memory.held, shape.ranks, shape.nodes)
+    return step_traffic(config, memory.held, shape.ranks, shape.nodes, shape.passes, memory.units)
 
 
 def hardware_gaps(config: TrainConfig, shape: RunShape) -> list[str]:
-    """The facts of ``hardware`` a step of this run needs that it does not state."""
-    hardware, per_node = config.hardware, shape.ranks // shape.nodes
+    """The facts of ``hardware`` a step of this run needs that it does not state: its CPUs where its
+    loader is timed, its links where GPUs exchange within a node, its network where nodes do."""
+    from trainrun.estimate.loader import loader_timed
+
+    hardware, per_node, loads = config.hardware, shape.ranks // shape.nodes, loader_timed(config)
     needed = [
-        ("cpu_cores", True), ("cpu_speed", True), ("link_gb_s", per_node > 1), ("network_gbit_s", shape.nodes > 1),
+        ("cpu_cores", loads), ("cpu_speed", loads), ("link_gb_s", per_node > 1), ("network_gbit_s", shape.nodes > 1),
     ]  # fmt: skip
     return [name for name, needs in needed if needs and getattr(hardware, name) is None]
 
@@ -257,6 +271,7 @@ def estimate(
     check_task_flags(config, task, case_shape, real_token_share)
     share = real_tokens(config, task, real_token_share)
     shape, limit = run_shape(config, vocab, share[0] if share else 1.0), config.hardware.device_memory_gb
+    check_datasheet(config)
     check_hardware(config, shape)
     notes, fitting, auto = [], None, config.device_train_microbatch_size == "auto"
     if share is not None:
@@ -279,11 +294,11 @@ def estimate(
         elif auto:
             notes.append("device_train_microbatch_size=auto keeps the whole per-rank batch here")
     traffic = exchanged(config, shape, memory, notes)
-    timing = run_timing(
-        config, task, shape.text, shape.ranks, mfu, peak_tflops, case_shape, traffic, memory.optimizer, memory.methods,
-        micro_batch=shape.micro_batch,
+    run_time = time_run(
+        config, task, shape.text, shape.ranks, (mfu, peak_tflops), case_shape, traffic, memory.optimizer,
+        memory.methods, micro_batch=shape.micro_batch, checkpointing=shape.checkpointing,
     )  # fmt: skip
-    return timed(config, shape, memory, timing, fitting, notes, (steps, steps_source), share)
+    return assembled(config, shape, memory, run_time, fitting, notes, (steps, steps_source), share)
 
 
 def auto_microbatch(config: TrainConfig, limit: float) -> int | None:
@@ -310,37 +325,37 @@ def mesh_name(config: TrainConfig, shape: RunShape) -> str:
     return f"shards over {shape.ranks}"
 
 
-def run_hours(timing: Timing, to_target: int | None) -> tuple[int | None, float | None, int | None]:
+def run_hours(run_time: RunTime, to_target: int | None) -> tuple[int | None, float | None, int | None]:
     """(steps, hours, evaluations) to the target where its steps are known, else to ``max_duration``;
     where the schedule's length is not known, the given steps at the plain step's time."""
-    counted = to_target if to_target is not None else timing.steps
-    seconds = timing.seconds_to(counted) if counted else None
-    if seconds is None and counted and timing.step_seconds:
-        seconds = counted * timing.step_seconds
-    evaluations = timing.evaluations_to(counted) if counted else None
+    counted = to_target if to_target is not None else run_time.steps
+    seconds = run_time.seconds_to(counted) if counted else None
+    if seconds is None and counted and run_time.step_seconds:
+        seconds = counted * run_time.step_seconds
+    evaluations = run_time.evaluations_to(counted) if counted else None
     return counted, (seconds / 3600 if seconds else None), evaluations
 
 
 def reachable_target(
-    config: TrainConfig, timing: Timing, steps: tuple[int | None, str], notes: list[str]
+    config: TrainConfig, run_time: RunTime, steps: tuple[int | None, str], notes: list[str]
 ) -> tuple[int | None, str | None, int | None]:
     """(steps, source) to the target where known and within the schedule, and the target's steps where
     ``max_duration`` (or what a budget buys) ends the run before them (said)."""
     to_target, source = target_steps(config, *steps)
-    if not (to_target and timing.steps and to_target > timing.steps):
+    if not (to_target and run_time.steps and to_target > run_time.steps):
         return to_target, source, None
     aimed = config.stop_at is not None
     what = f"the target's {to_target:,} steps ({source})" if aimed else f"the {to_target:,} steps of {source}"
     end = f", before stop_at={config.stop_at:g} at the target's pace" if aimed else ""
-    notes.append(f"{what} are past max_duration={config.max_duration}'s {timing.steps:,}: the run ends there{end}")
+    notes.append(f"{what} are past max_duration={config.max_duration}'s {run_time.steps:,}: the run ends there{end}")
     return None, None, to_target
 
 
-def timed(
+def assembled(
     config: TrainConfig,
     shape: RunShape,
     memory: Memory,
-    timing: Timing,
+    run_time: RunTime,
     fitting: str | None,
     notes: list[str],
     steps: tuple[int | None, str] = (None, "--steps"),
@@ -349,8 +364,8 @@ def timed(
     """The estimate with the run's time to the target where its steps are known, else to
     ``max_duration``, and its cost at the hardware's price for every node."""
     hardware = config.hardware
-    to_target, target_source, short_of_target = reachable_target(config, timing, steps, notes)
-    counted, hours, evaluations = run_hours(timing, to_target)
+    to_target, target_source, short_of_target = reachable_target(config, run_time, steps, notes)
+    counted, hours, evaluations = run_hours(run_time, to_target)
     cost = hours * hardware.price_per_hour * config.launcher.nnodes if hours and hardware.price_per_hour else None
     text = shape.text
     return Estimate(
@@ -368,29 +383,43 @@ def timed(
         peak=memory.peak,
         peak_gb=memory.peak["total"],
         eval_peak_gb=round(memory.eval_peak, 3),
-        step_flops=timing.step_flops,
+        step_flops=run_time.step_flops,
         tokens_per_step=config.train_batch_size * text.max_seq_len if text else None,
         device_memory_gb=hardware.device_memory_gb,
-        peak_tflops=timing.peak_tflops,
-        mfu=timing.mfu,
-        rate=timing.rate,
-        rate_basis=timing.rate_basis,
-        loader=timing.loader,
-        step_seconds=timing.step_seconds,
-        phases=[phase_dict(phase) for phase in timing.phases],
-        eval_flops=timing.eval_flops,
-        eval_seconds=timing.eval_seconds,
-        eval_gpu_seconds=timing.eval_gpu_seconds,
-        eval_loader_seconds=timing.eval_loader_seconds,
+        peak_tflops=run_time.peak_tflops,
+        mfu=run_time.mfu,
+        rate=run_time.rate,
+        rate_basis=run_time.rate_basis,
+        loader=run_time.loader,
+        step_seconds=run_time.step_seconds,
+        phases=[phase_dict(phase) for phase in run_time.phases],
+        eval_flops=run_time.eval_flops,
+        eval_seconds=run_time.eval_seconds,
+        eval_gpu_seconds=run_time.eval_gpu_seconds,
+        eval_loader_seconds=run_time.eval_loader_seconds,
         evaluations=evaluations,
-        schedule_steps=timing.steps,
+        schedule_steps=run_time.steps,
         steps=counted,
         hours=hours,
         cost=cost,
         fitting=fitting,
-        notes=notes + timing.notes,
+        notes=notes + run_time.notes,
         time_to="target" if to_target is not None else "schedule",
         target_source=target_source,
         stop_at=config.stop_at,
         short_of_target=short_of_target,
     )
+
+
+def target_steps(config: TrainConfig, steps: int | None, source: str) -> tuple[int | None, str | None]:
+    """The steps to ``stop_at`` where known, and how: ``steps`` (from ``source``: ``--steps``, finished
+    runs), else the recipe's ``target_samples``."""
+    if steps is not None:
+        return steps, source
+    if config.target_samples is not None and config.stop_at is not None:  # the samples to stop_at
+        return math.ceil(config.target_samples / config.train_batch_size), f"target_samples={config.target_samples:,}"
+    return None, None
+
+
+def phase_dict(phase: Phase) -> dict[str, Any]:
+    return dataclasses.asdict(phase) | {"bottleneck": phase.bottleneck, "seconds": phase.seconds}

@@ -1,14 +1,11 @@
-"""The rates trainrun has measured, which ``trainrun estimate`` times a run with (``readings.yaml``).
-
-A GPU row is the model FLOPs utilisation of one architecture family at one precision, compiled or
-not, on one GPU: measured by a command in ``docs/benchmarks.md`` (its rate at its shape, and the
-utilisation that is by trainrun's own FLOP count of that shape), or fitted on one named published
-result where trainrun has not run on that GPU (``calibrated``; at most one a family and GPU). An
-image loader is timed by its operations (``image_ops``: a decode, the rest of a DataLoader worker's
-way, an augmentation operation, FFCV's decode of a JPEG or of raw pixels), each what one thread
-of the measuring machine spends on an image (``bench/loader_ops.py``, on real photographs); a
-text or volume loader by one row of what a thread delivers. A node's loaders do the work of its
-free threads at its CPU's speed (:func:`trainrun.estimate.loader.loader_threads`).
+"""What trainrun has measured (``readings.yaml``): its own readings of a step on a GPU, which the
+GPU generations' shares are fitted on (``bench/fit_generations.py``) and which no estimate reads; and
+its loaders' costs, which the estimate times loaders with. An image loader is timed by its
+operations (``image_ops``: a decode, the rest of a DataLoader worker's way, an augmentation
+operation, FFCV's decode of a JPEG or of raw pixels), each what one thread of the measuring machine
+spends on an image (``bench/loader_ops.py``, on real photographs); a text or volume loader by one row
+of what a thread delivers. A node's loaders do the work of its free threads at its CPU's speed
+(:func:`trainrun.estimate.loader.loader_threads`).
 """
 
 from __future__ import annotations
@@ -24,43 +21,30 @@ TABLE = Path(__file__).with_name("readings.yaml")
 
 
 @dataclass(frozen=True)
-class GpuRate:
-    """A family's utilisation of one GPU's bf16 peak at a precision, compiled or not."""
+class GpuReading:
+    """A step of one architecture family on one GPU, at a precision, compiled or not, as trainrun read it."""
 
     family: str
     gpu: str
     precision: str
     compile: bool
-    mfu: float
-    basis: str  # measured: trainrun's reading; calibrated: fitted on the published result it names
-    rate: str  # the reading (or the published result) in its own units
-    shape: tuple[str, ...]  # the run's overrides it was measured at (its FLOPs are trainrun's count)
-    source: str  # the command, date and device (docs/benchmarks.md), or the publication
-    reading: tuple[float, str] | None = None  # measured: the rate and its unit (img/s, tokens/s, seq/s, crops/s)
+    rate: str  # the reading in words
+    shape: tuple[str, ...]  # the run's overrides it was measured at
+    source: str  # the command, date and device (docs/benchmarks.md)
+    reading: tuple[float, str]  # the rate and its unit (img/s, tokens/s, seq/s, crops/s)
     real_tokens: float | None = None  # measured on masked text: the share of real tokens
     vocab: int | None = None  # measured on text: the vocabulary, where not the model's published one
-    # parallel.activation_checkpointing it was measured with: selective checkpointing's policy runs in
-    # Python for every operation of an eager step, and any recomputes the forward's operations, so a
-    # row applies only to runs with the same
-    checkpointing: str = "none"
-    # the share of the peak ``shape`` reaches on the roofline of the GPU it was read on, at that GPU's
-    # ``memory_gb_s`` (trainrun.estimate.device.Roofline): a run at other sides, methods or micro-batches
-    # moves from ``mfu`` as its own roofline there moves from this
-    roofline: float | None = None
-    memory_gb_s: float | None = None
-
-    def describe(self, gpu: str) -> str:
-        """One line: which row, and on which GPU where it was measured on another of the same architecture."""
-        where = self.gpu if self.gpu == gpu else f"{self.gpu}, applied to {gpu} (same architecture)"
-        return f"{self.key()} on {where}: {self.mfu:.1%} MFU, {self.basis} ({self.rate})"
+    checkpointing: str = "none"  # parallel.activation_checkpointing it was measured with
+    fit: bool = True  # in the fit set of its GPU's generation (bench/fit_generations.py)
+    why: str | None = None  # why a reading is a check and not fitted
 
     def key(self) -> str:
-        """The family, precision, compiled or eager, and checkpointing where any: what a row is for."""
+        """The family, precision, compiled or eager, and checkpointing where any: what a reading is of."""
         return run_key(self.family, self.precision, self.compile, self.checkpointing)
 
 
 def run_key(family: str | None, precision: str, compile: bool, checkpointing: str) -> str:
-    """A run's kind as the rate rows name theirs (``llama bf16 eager, selective checkpointing``)."""
+    """A run's kind as the readings name theirs (``llama bf16 eager, selective checkpointing``)."""
     words = f"{family} {precision} {'compiled' if compile else 'eager'}"
     return words if checkpointing == "none" else f"{words}, {checkpointing} checkpointing"
 
@@ -105,26 +89,10 @@ class Cpu:
 
 @dataclass(frozen=True)
 class Rates:
-    architectures: dict[str, str]
-    gpu: tuple[GpuRate, ...]
+    gpu: tuple[GpuReading, ...]
     loader: tuple[LoaderRate, ...]
     image_ops: ImageOps
     cpu: Cpu
-    operation_floor_s: float  # what a GPU operation costs however small: its dispatch and launch
-
-    def gpu_rate(
-        self, family: str | None, gpu: str | None, precision: str, compile: bool, checkpointing: str = "none"
-    ) -> GpuRate | None:
-        """The row for ``family`` at ``precision`` (fp8 read as bf16, amp as fp16 AMP), compiled or not,
-        with ``checkpointing``, on ``gpu``, else on another GPU of its architecture; None where none
-        was measured."""
-        precision = "bf16" if precision == "fp8" else precision
-        wanted = (family, precision, compile, checkpointing)
-        fitting = [row for row in self.gpu if (row.family, row.precision, row.compile, row.checkpointing) == wanted]
-        same = [row for row in fitting if row.gpu == gpu]
-        architecture = self.architectures.get(gpu or "")
-        sibling = [row for row in fitting if architecture and self.architectures.get(row.gpu) == architecture]
-        return (same or sibling or [None])[0]
 
     def loader_rate(self, task: str, loader: str, crop: tuple[int, ...] | None = None) -> LoaderRate | None:
         """The measured row of ``task``'s ``loader``, for a ``crop`` of as many axes scaled to its
@@ -143,8 +111,7 @@ def rates() -> Rates:
     """The table in ``readings.yaml``."""
     table = yaml.safe_load(TABLE.read_text())
     gpu = tuple(
-        GpuRate(**{**row, "shape": tuple(row["shape"]), "reading": tuple(row["reading"]) if "reading" in row else None})
-        for row in table["gpu"]
+        GpuReading(**{**row, "shape": tuple(row["shape"]), "reading": tuple(row["reading"])}) for row in table["gpu"]
     )
     loader = tuple(
         LoaderRate(**{**row, "crop": tuple(row["crop"]) if row.get("crop") else None}) for row in table["loader"]
@@ -152,4 +119,4 @@ def rates() -> Rates:
     ops = table["image_ops"]
     costs = {name: (fixed / 1e3, per_megapixel / 1e3) for name, (fixed, per_megapixel) in ops["fitted"].items()}
     image_ops = ImageOps(ops["source"], ops["megapixels"], ops["decode_ms_per_mp"] / 1e3, costs)
-    return Rates(table["architectures"], gpu, loader, image_ops, Cpu(**table["cpu"]), table["operation_floor_s"])
+    return Rates(gpu, loader, image_ops, Cpu(**table["cpu"]))

@@ -1,170 +1,241 @@
-"""A step on the GPUs, for ``trainrun estimate``: the utilisation row that fits the run (measured,
-calibrated, stated or assumed), float8's share at its peak, the operations timed one by one (the
-optimizer's step), and what the GPUs exchange a step over their links and network, with what the
-compute does not hide. Written here because the rows and the exchange are trainrun's own model.
+"""A step on one GPU from its operations and the GPU's datasheet, for ``trainrun estimate``.
+
+The fake pass records every aten operation a step runs (:class:`Operation`: its FLOPs, the bytes it
+reads and writes, its kind and the dimensions that decide how well it runs). Each is timed on the
+run's GPU as described by its hardware group's datasheet (:class:`Device`: the dense peak at the
+run's precision, the memory bandwidth, the architecture):
+
+- matrix products and convolutions on the tensor cores, at the share of the peak a large one
+  reaches (``matmul``, ``convolution``), less as each of its GEMM dimensions shrinks: a factor
+  ``d / (d + half_dimension)`` a dimension (a convolution's GEMM is the implicit one, per group);
+- attention as a fused (flash) kernel runs it, at its own share (``attention``), less for short
+  sequences and narrow heads by the same factor;
+- everything else (element-wise operations, norms, reductions, depthwise convolutions, copies) at
+  the share of the memory bandwidth such kernels reach (``memory``);
+- never under the floor an operation costs however small (``floor_s``: its dispatch on the host and
+  its launch), and an eager step under selective activation checkpointing pays its policy's Python
+  time an operation on top (``policy_s``).
+
+A compiled step is timed as inductor's kernels (:func:`fused_kernels`). The shares are one set a GPU
+architecture generation (:class:`Generation`), fitted once on a declared fit set and used unchanged
+for every model: ``generations.yaml``, written by ``bench/fit_generations.py``. A generation
+trainrun has no fit for is timed with the nearest fitted one's, and says so. Written here because
+no library times a training step from a datasheet.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainrun import kinds
-from trainrun.data.interface import TextFacts
-from trainrun.estimate.datasheets import GpuRate, rates, run_key
+import yaml
+
+from trainrun.errors import ConfigError
+from trainrun.estimate.operations import ATTENTION, CONVOLUTION, MATMUL, MEMORY, Operation
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
     from trainrun.core.time import Timeline
     from trainrun.estimate.memory import MethodWork
 
-DEFAULT_MFU = 0.4  # where no rate was measured: the utilisation assumed, said as unmeasured
-BACKWARD_SHARE = 2 / 3  # of a step's compute: the backward, which DDP's bucketed all-reduce overlaps
+GENERATIONS = Path(__file__).with_name("generations.yaml")
+ERRORS = Path(__file__).with_name("errors.yaml")  # the validation's error by basis (bench/estimate_validation.py)
+BASES = ("measured", "datasheet, fitted generation", "datasheet, unfitted generation")
 GB = 1e9
+# what a group must state for its GPU to be timed from its datasheet
+DATASHEET_FACTS = ("peak_tflops", "memory_gb_s", "device_memory_gb", "architecture")
 
 
 @dataclass(frozen=True)
-class Traffic:
-    """What one GPU sends in a step: to the other GPUs of its node and to other nodes (bytes), the
-    GPUs a node (who share its network), and the share of the step's compute that hides it (DDP: the
-    backward; FSDP: the whole step, prefetched)."""
+class Generation:
+    """What one GPU architecture generation's kernels reach (module docstring), and how it is known."""
 
-    within_node: float
-    across_nodes: float
-    per_node: int
-    hidden_by: float
+    name: str
+    matmul: float
+    convolution: float
+    attention: float
+    memory: float
+    half_dimension: float
+    floor_s: float
+    policy_s: float
+    fitted_on: tuple[str, ...]  # the fit set's rows
+    borrowed_from: str | None = None  # an unfitted generation timed with this fitted one's shares
 
-    def seconds(self, config: TrainConfig) -> float:
-        """At the node's link bandwidth and its network's share a GPU (0 where nothing crosses)."""
-        hardware = config.hardware
-        seconds = self.within_node / (hardware.link_gb_s * GB) if self.within_node else 0.0
-        if self.across_nodes:
-            seconds += self.across_nodes / (hardware.network_gbit_s / 8 * GB / self.per_node)
-        return seconds
-
-
-def exposed_seconds(link: float, hidden_by: float, compute: float) -> float:
-    """What of ``link`` seconds of exchange the step's ``compute`` seconds do not hide."""
-    return max(0.0, link - hidden_by * compute)
+    def share(self, kind: str) -> float:
+        return {MATMUL: self.matmul, CONVOLUTION: self.convolution, ATTENTION: self.attention}[kind]
 
 
-def step_traffic(config: TrainConfig, held: dict[str, float], ranks: int, nodes: int) -> Traffic:
-    """A step's exchange as NCCL does it: DDP all-reduces the gradients (reduce-scatter and
-    all-gather within a node, all-reduce of a node's share across nodes); FSDP2 all-gathers the
-    weights for the forward and again for the backward and reduce-scatters the gradients within its
-    shard group, and HSDP all-reduces each shard's gradients across nodes. ``held``: one rank's GB."""
-    per_node = ranks // nodes
-    sharded = config.parallel.name == "fsdp" and ranks > 1
-    group = per_node if sharded and nodes > 1 else ranks if sharded else 1
-    weights, gradients = held.get("weights", 0.0) * group * GB, held.get("gradients", 0.0) * group * GB
-    across = 2 * (nodes - 1) / nodes * gradients / per_node if nodes > 1 else 0.0
-    if sharded:
-        return Traffic((per_node - 1) / per_node * (2 * weights + gradients), across, per_node, 1.0)
-    return Traffic(2 * (per_node - 1) / per_node * gradients, across, per_node, BACKWARD_SHARE)
+@functools.cache
+def generations() -> dict[str, Generation]:
+    """The fitted generations of ``generations.yaml``, by architecture."""
+    table = yaml.safe_load(GENERATIONS.read_text())
+    fitted = {}
+    for name, values in table["generations"].items():
+        fitted[name] = Generation(name=name, **{**values, "fitted_on": tuple(values["fitted_on"])})
+    return fitted
+
+
+def generation_of(architecture: str) -> Generation:
+    """``architecture``'s fitted generation, else the nearest fitted one's shares (``generations.yaml``'s
+    ``nearest``), said in its ``borrowed_from``."""
+    fitted = generations()
+    if architecture in fitted:
+        return fitted[architecture]
+    nearest = yaml.safe_load(GENERATIONS.read_text())["nearest"]
+    borrowed = fitted[nearest.get(architecture, nearest["default"])]
+    return Generation(**{**borrowed.__dict__, "name": architecture, "borrowed_from": borrowed.name})
 
 
 @dataclass(frozen=True)
-class Roofline:
-    """One GPU as a step's operations see it: each at the slower of its FLOPs at the dense peak and
-    its bytes at the memory's bandwidth, never under the floor of its dispatch and launch
-    (:func:`operations_seconds`); ``fused`` (a compiled step): as the kernels :func:`fused_kernels` makes."""
+class Device:
+    """One GPU as a step's operations see it: its peak (FLOP/s) at the run's precision, its memory
+    bandwidth (GB/s), its generation's shares; compiled (inductor's kernels) and under selective
+    checkpointing's policy, or not."""
 
-    peak_flops: float  # FLOP/s
+    peak_flops: float
     bandwidth_gb_s: float
-    fused: bool = False
+    generation: Generation
+    compiled: bool = False
+    checkpoint_policy: bool = False
 
-    def utilisation(self, operations: list[tuple[float, float]]) -> float:
-        """The share of the peak ``operations`` reach on the roofline."""
-        flops = sum(flops for flops, _ in operations)
-        kernels = fused_kernels(operations) if self.fused else operations
-        return flops / (operations_seconds(tuple(kernels), self.peak_flops, self.bandwidth_gb_s) * self.peak_flops)
+    def operation_seconds(self, operation: Operation) -> float:
+        """The slowest of ``operation``'s FLOPs at its share of the peak, its bytes at the memory's
+        share of the bandwidth, and the floor an operation costs."""
+        generation = self.generation
+        moving = operation.moved / (self.bandwidth_gb_s * GB * generation.memory)
+        computing = 0.0
+        if operation.flops and operation.kind != MEMORY:
+            shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
+            computing = operation.flops / (self.peak_flops * generation.share(operation.kind) * shape)
+        floor = generation.floor_s + (generation.policy_s if self.checkpoint_policy else 0.0)
+        return max(computing, moving, floor)
+
+    def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
+        """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled)."""
+        kernels = fused_kernels(operations) if self.compiled else operations
+        return sum(map(self.operation_seconds, kernels))
+
+    def utilisation(self, operations: list[Operation], model_flops: float) -> float:
+        """The share of the peak ``model_flops`` reach when ``operations`` run them (MFU: the
+        operations may recompute, the model's FLOPs count once)."""
+        return model_flops / (self.seconds(operations) * self.peak_flops)
 
 
-def fused_kernels(operations: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """A compiled step's kernels from its eager ``operations`` (FLOPs, bytes), as inductor fuses them:
-    each matrix product, convolution or attention (an operation with FLOPs) its own kernel, and each
-    run of element-wise and reduction operations between them one kernel, whose intermediates stay
-    on chip: it moves what the most moving of them moves (a chain reads its input and writes its
-    output once, where eager each operation reads and writes its own). Written here because inductor
-    says its kernels only for a real GPU's code, not a fake pass's."""
-    kernels: list[tuple[float, float]] = []
+def fused_kernels(operations: list[Operation] | tuple[Operation, ...]) -> list[Operation]:
+    """A compiled step's kernels from its eager ``operations``, as inductor fuses them: each matrix
+    product, convolution or attention its own kernel, and each run of element-wise and reduction
+    operations between them one kernel, whose intermediates stay on chip: it moves what the most
+    moving of them moves. Written here because inductor says its kernels only for a real GPU's code,
+    not a fake pass's."""
+    kernels: list[Operation] = []
     chain = 0.0
-    for flops, moved in operations:
-        if flops:
+    for operation in operations:
+        if operation.kind != MEMORY:
             if chain:
-                kernels.append((0.0, chain))
-            kernels.append((flops, moved))
+                kernels.append(Operation(0.0, chain))
+            kernels.append(operation)
             chain = 0.0
         else:
-            chain = max(chain, moved)
-    return [*kernels, (0.0, chain)] if chain else kernels
+            chain = max(chain, operation.moved)
+    return [*kernels, Operation(0.0, chain)] if chain else kernels
 
 
-def gpu_row(config: TrainConfig, mfu: float | None) -> tuple[float, str, str, GpuRate | None]:
-    """(the utilisation, the row in words, its basis, the row): ``mfu`` where stated, else the
-    measured or calibrated row that fits, else :data:`DEFAULT_MFU` said as unmeasured."""
-    if mfu is not None:
-        return mfu, f"--mfu {mfu:.1%}", "stated", None
-    family = kinds.spec_of("model", config.model.name).family
-    gpu, checkpointing = config.hardware.gpu, config.parallel.activation_checkpointing
-    row = rates().gpu_rate(family, gpu, config.precision, config.compile, checkpointing)
-    if row is not None:
-        return row.mfu, row.describe(gpu), row.basis, row
-    named = family or f"{config.model.name} {config.model.arch or config.model.target or ''}".rstrip()
-    kind = run_key(named, config.precision, config.compile, checkpointing)
-    missing = f"no rate measured for {kind} on {gpu or 'hardware.gpu unset'}"
-    return DEFAULT_MFU, f"{missing}: {DEFAULT_MFU:.0%} MFU assumed (--mfu to state one)", "unmeasured", None
+def datasheet_gaps(config: TrainConfig) -> list[str]:
+    """The datasheet facts of ``hardware`` a step's time needs that it does not state."""
+    return [name for name in DATASHEET_FACTS if getattr(config.hardware, name) is None]
 
 
-def float8_share(config: TrainConfig, text: TextFacts | None, per_sample: float) -> float:
-    """Of a training sample's ``per_sample`` FLOPs, those precision=fp8 computes in float8: the
-    linear layers torchao's float8 training converts (:func:`~trainrun.core.precision.float8_eligible`),
-    six FLOPs a weight a token forward and backward."""
-    from trainrun.core.precision import float8_eligible
-    from trainrun.estimate.memory import RunShape, meta_model
+def check_datasheet(config: TrainConfig) -> None:
+    """A hardware group that names a GPU states its datasheet (:data:`DATASHEET_FACTS`), and
+    ``precision=fp32`` on a GPU needs its float32 peak."""
+    hardware = config.hardware
+    missing = datasheet_gaps(config)
+    if hardware.gpu is not None and missing:
+        raise ConfigError(
+            f"bad value for 'hardware': {hardware.name} names gpu {hardware.gpu} but states no "
+            f"{', '.join(missing)}, which time a step from its datasheet (set hardware.{missing[0]}=...)"
+        )
 
-    model = meta_model(config, RunShape(1, 1, 1, 1, 1, text, "", "none"))
-    weights = sum(module.weight.numel() for name, module in model.named_modules() if float8_eligible(module, name))
-    tokens = text.max_seq_len * (text.real_token_share or 1.0) if text else 1
-    return min(1.0, 6 * weights * tokens / per_sample)
+
+def peak_at(config: TrainConfig) -> float | None:
+    """A GPU's dense peak (TFLOP/s) at the precision the run computes in: bf16's (amp, bf16, fp8's
+    other operations) or float32's (trainrun leaves TF32 off)."""
+    hardware = config.hardware
+    return hardware.peak_fp32_tflops if config.precision == "fp32" else hardware.peak_tflops
 
 
-def effective_throughput(config: TrainConfig, throughput: float, float8: float, notes: list[str]) -> float:
-    """FLOP/s of the run's GPUs with the ``float8`` share of its FLOPs at the hardware's float8 peak
-    (precision=fp8), the rest at ``throughput``; ``throughput`` where there is none, said."""
+def device_of(config: TrainConfig, peak_tflops: float | None = None) -> Device | None:
+    """The run's GPU (``peak_tflops``: a stated peak instead of the datasheet's); None where its
+    hardware group does not describe one."""
+    hardware = config.hardware
+    peak = peak_tflops or peak_at(config)
+    if not peak or datasheet_gaps(config):
+        return None
+    return Device(
+        peak * 1e12,
+        hardware.memory_gb_s,
+        generation_of(hardware.architecture),
+        compiled=config.compile,
+        checkpoint_policy=config.parallel.activation_checkpointing == "selective" and not config.compile,
+    )
+
+
+def basis_of(config: TrainConfig, device: Device) -> str:
+    """How the run's GPU is timed: on a GPU trainrun has readings of, from the datasheet of a
+    generation fitted on others, or from the datasheet of an unfitted generation (borrowing)."""
+    generation = device.generation
+    if generation.borrowed_from:
+        return f"datasheet, unfitted generation ({generation.name}: {generation.borrowed_from}'s shares)"
+    readings = {row.split(":")[0] for row in generation.fitted_on}
+    if config.hardware.gpu in readings:
+        return f"measured ({config.hardware.gpu} readings in the {generation.name} fit)"
+    return f"datasheet, fitted generation ({generation.name})"
+
+
+def basis_kind(basis: str) -> str | None:
+    """Which of :data:`BASES` a run's basis (:func:`basis_of`) is; None where stated or not described."""
+    return next((kind for kind in BASES if basis.startswith(kind)), None)
+
+
+@functools.cache
+def validation_errors() -> dict[str, float | None]:
+    """The median error of the validation's counted predictions by basis (``errors.yaml``, written
+    with the validation's table); None where no counted prediction has that basis."""
+    return yaml.safe_load(ERRORS.read_text())["median_error"]
+
+
+def validation_error(basis: str) -> float | None:
+    """The error the validation shows for runs timed on ``basis``; None where it shows none."""
+    kind = basis_kind(basis)
+    return validation_errors().get(kind) if kind else None
+
+
+def float8_speedup(config: TrainConfig, float8: float, notes: list[str]) -> float:
+    """How much faster the run's products compute with the ``float8`` share of its FLOPs at the
+    hardware's float8 peak (precision=fp8), the rest at bf16's; 1 where there is none, said."""
     hardware = config.hardware
     if not float8:
-        return throughput
+        return 1.0
     if not hardware.peak_fp8_tflops or not hardware.peak_tflops:
         notes.append(f"precision=fp8 timed as bf16: hardware={hardware.name} states no peak_fp8_tflops")
-        return throughput
+        return 1.0
     ratio = hardware.peak_fp8_tflops / hardware.peak_tflops
     notes.append(
         f"precision=fp8: {float8:.0%} of the FLOPs (torchao's float8 linear layers) at the float8 peak, "
-        f"{hardware.peak_fp8_tflops:g} TFLOP/s, at the row's utilisation; the rest at bf16's"
+        f"{hardware.peak_fp8_tflops:g} TFLOP/s; the rest at bf16's"
     )
-    return throughput / (1 - float8 + float8 / ratio)
+    return 1 / (1 - float8 + float8 / ratio)
 
 
-def operations_seconds(operations: tuple[tuple[float, float], ...], flop_rate: float, bandwidth_gb_s: float) -> float:
-    """Seconds of ``operations`` (FLOPs, bytes) on one GPU: each at the slowest of its FLOPs at
-    ``flop_rate``, its bytes at the memory's bandwidth, and the floor an eager operation costs however
-    small (``readings.yaml``'s ``operation_floor_s``: its dispatch and launch)."""
-    bandwidth, floor = bandwidth_gb_s * GB, rates().operation_floor_s
-    return sum(max(flops / flop_rate, moved / bandwidth, floor) for flops, moved in operations)
-
-
-def optimizer_seconds(
-    config: TrainConfig, operations: tuple[tuple[float, float], ...] | None, flop_rate: float, notes: list[str]
-) -> float:
+def optimizer_seconds(device: Device, operations: tuple[Operation, ...] | None, notes: list[str]) -> float:
     """A step's optimizer on each rank, its ``operations`` timed one by one (0 where not known), said."""
     if not operations:
         return 0.0
-    if not config.hardware.memory_gb_s:
-        notes.append(f"the optimizer's step is not timed: hardware={config.hardware.name} states no memory_gb_s")
-        return 0.0
-    seconds = operations_seconds(operations, flop_rate, config.hardware.memory_gb_s)
-    flops, moved = (sum(values) for values in zip(*operations, strict=True))
+    seconds = Device(device.peak_flops, device.bandwidth_gb_s, device.generation).seconds(operations)
+    flops, moved = sum(op.flops for op in operations), sum(op.moved for op in operations)
     notes.append(
         f"optimizer: {len(operations)} operations a step on each rank, {moved / GB:.2f} GB moved and "
         f"{flops / 1e12:.3g} TFLOP: {seconds * 1e3:.2f} ms"
@@ -172,19 +243,12 @@ def optimizer_seconds(
     return seconds
 
 
-def methods_seconds(
-    methods: tuple[MethodWork, ...],
-    flop_rate: float,
-    bandwidth_gb_s: float | None,
-    timeline: Timeline,
-    notes: list[str],
-) -> float:
+def methods_seconds(device: Device, methods: tuple[MethodWork, ...], timeline: Timeline, notes: list[str]) -> float:
     """A step's share of each method's work on the device besides the passes (``Algorithm.device_work``:
     EMA's update of its average, MixUp's and CutMix's blend), its operations timed one by one and
     spread over the steps of its interval on the run's ``timeline``; said."""
-    if not methods or not bandwidth_gb_s:
-        return 0.0
     total = 0.0
+    eager = Device(device.peak_flops, device.bandwidth_gb_s, device.generation)
     for method in methods:
         steps = timeline.to_batches(method.interval)
         if not steps:
@@ -192,8 +256,8 @@ def methods_seconds(
                 f"{method.name}'s work on the device is not timed: its interval {method.interval} has no steps"
             )
             continue
-        seconds = operations_seconds(method.operations, flop_rate, bandwidth_gb_s)
-        moved = sum(moved for _, moved in method.operations)
+        seconds = eager.seconds(method.operations)
+        moved = sum(op.moved for op in method.operations)
         interval = "every step" if steps == 1 else f"every {steps:,} steps"
         notes.append(
             f"{method.name}: {len(method.operations)} operations {interval} on each rank, {moved / GB:.2f} GB moved: "

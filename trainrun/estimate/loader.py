@@ -111,9 +111,15 @@ def loader_notes(config: TrainConfig, threads: float | None) -> list[str]:
     return []
 
 
-def images_decoded(config: TrainConfig) -> bool:
-    """The run's loader hands out images, timed by the operations of decoding ImageNet's files."""
+def image_batches(config: TrainConfig) -> bool:
+    """The run's batches are images (their side is a step's work)."""
     return kinds.spec_of("data", config.data.name).batches == "images"
+
+
+def images_decoded(config: TrainConfig) -> bool:
+    """The run's loader hands out images it decodes from files (a folder's, FFCV's), timed by the
+    operations of decoding ImageNet's; images held in memory or generated (digits, synthetic) are not."""
+    return image_batches(config) and bool(kinds.spec_of("data", config.data.name).reads)
 
 
 def crop_of(config: TrainConfig) -> tuple[int, ...] | None:

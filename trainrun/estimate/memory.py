@@ -26,9 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
-from torch.utils import _pytree as pytree
+from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from trainrun.algorithms import build_algorithms
 from trainrun.core import parallel
@@ -37,6 +36,7 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
+from trainrun.estimate.operations import AsFusedAttention, Operation, OperationLog, attention_flop_formulas
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import TrainConfig
@@ -44,42 +44,6 @@ from trainrun.tasks.base import BatchPlace, Task
 
 GB = 1e9
 COMPUTE_DTYPES = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
-aten = torch.ops.aten
-NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.lift_fresh}
-
-
-def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
-    """A key's or value's (batch, heads, tokens, width) widened to the query's heads."""
-    batch, _, tokens, width = shape
-    return (batch, heads, tokens, width)
-
-
-def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """An attention kernel's forward FLOPs, grouped-query attention counted at the query's heads
-    (the kernel's broadcast of the keys and values)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    heads = query_shape[1]
-    return sdpa_flop_count(query_shape, _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads))
-
-
-def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """An attention kernel's backward model FLOPs: twice its forward's (each of the two products'
-    gradients with respect to both of its operands), as 6N + 12LDT counts them. torch's formula
-    adds the fused kernel's recompute of the scores (2.5x the forward): work the kernel chooses to
-    redo, not the model's, as activation checkpointing's recompute is not."""
-    return 2 * _attention_flops(query_shape, key_shape, value_shape)
-
-
-def attention_flop_formulas() -> dict:
-    """``FlopCounterMode``'s ``custom_mapping`` for the fused attention kernels: the CPU's flash
-    kernel, which the estimate's fake tensors run, and CUDA's, counted as model FLOPs (torch's
-    forward formula; the backward twice the forward) with grouped-query attention's keys and values
-    widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts them so)."""
-    kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
-    ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
-    backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
-    return {**dict.fromkeys(ops, _attention_flops), **dict.fromkeys(backward_ops, _attention_backward_flops)}
 
 
 @dataclass(frozen=True)
@@ -106,7 +70,7 @@ class MethodWork:
 
     name: str
     interval: str  # how often it runs: a duration
-    operations: tuple[tuple[float, float], ...]  # (FLOPs, bytes) of each (OperationLog)
+    operations: tuple[Operation, ...]  # each as OperationLog records it
 
 
 @dataclass(frozen=True)
@@ -117,8 +81,9 @@ class Memory:
     held: dict[str, float]  # between steps: weights, gradients, optimizer state
     peak: dict[str, float]  # at the step's peak, by part, with its total
     eval_peak: float
-    optimizer: tuple[tuple[float, float], ...] = ()  # (FLOPs, bytes) of each operation (OperationLog)
+    optimizer: tuple[Operation, ...] = ()  # each as OperationLog records it
     methods: tuple[MethodWork, ...] = ()
+    units: int = 1  # FSDP2's units (its repeated blocks and the root); 1 unsharded
 
     @property
     def highest(self) -> float:
@@ -249,7 +214,7 @@ class _Rank:
         """The optimizer's state, as its first step makes it."""
         self._optimizer_step(contextlib.nullcontext())
 
-    def optimizer_operations(self) -> tuple[tuple[float, float], ...]:
+    def optimizer_operations(self) -> tuple[Operation, ...]:
         """A step of the optimizer after the first (which made its state) as its operations
         (:class:`OperationLog`): on the rank's shards under fsdp, its share of Muon's products."""
         log = OperationLog()
@@ -344,7 +309,8 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
         with eval_tracker:
             rank.evaluate(eval_inputs)
         eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
-    return Memory(held, peak, eval_peak, operations, methods)
+    units = sum(isinstance(module, FSDPModule) for module in rank.model.modules()) if rank.sharded else 1
+    return Memory(held, peak, eval_peak, operations, methods, units)
 
 
 def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool = True) -> float:
@@ -360,21 +326,33 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
     return float(counter.get_total_flops())
 
 
-def pass_operations(config: TrainConfig, task: Task, text: TextFacts | None, samples: int) -> list[tuple[float, float]]:
-    """A training forward and backward of ``samples`` samples of ``config``'s shapes as its
-    operations (:class:`OperationLog`), on the whole model as :func:`pass_flops` counts it."""
+def pass_operations(
+    config: TrainConfig, task: Task, text: TextFacts | None, samples: int, checkpointing: str = "none"
+) -> list[Operation]:
+    """A training forward and backward of ``samples`` samples of ``config``'s shapes as the GPU runs
+    its operations (:class:`OperationLog`): on the whole model, with ``checkpointing``'s recompute,
+    attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``)."""
+    from trainrun.models.flex import as_fused_kernel
+
     log = OperationLog()
-    _fake_pass(config, task, text, samples, True, log)
+    with AsFusedAttention(text.real_token_share if text else None), as_fused_kernel():
+        _fake_pass(config, task, text, samples, True, log, checkpointing)
     return log.operations
 
 
 def _fake_pass(
-    config: TrainConfig, task: Task, text: TextFacts | None, samples: int, train: bool, under: TorchDispatchMode
+    config: TrainConfig,
+    task: Task,
+    text: TextFacts | None,
+    samples: int,
+    train: bool,
+    under: TorchDispatchMode,
+    checkpointing: str = "none",
 ) -> None:
     """A training pass (or an evaluation forward) of ``samples`` samples on fake tensors, run under ``under``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    shape = RunShape(1, 1, samples, samples, samples, text, "", "none")
+    shape = RunShape(1, 1, samples, samples, samples, text, "", checkpointing)
     model, example = meta_model(config, shape), task.example_batch(config, samples, text)
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, None)
@@ -386,34 +364,13 @@ def _fake_pass(
                 rank.evaluate(inputs)
 
 
-class OperationLog(TorchDispatchMode):
-    """Each aten operation run under it, as (its FLOPs by torch's formulas for matrix products,
-    convolutions and fused attention, as :func:`pass_flops` counts them; the bytes it reads and
-    writes): its tensor arguments read, those it changes in place written again, its new outputs
-    written. Views and allocations, which launch nothing, are left out."""
+def float8_share(config: TrainConfig, text: TextFacts | None, per_sample: float) -> float:
+    """Of a training sample's ``per_sample`` FLOPs, those precision=fp8 computes in float8: the
+    linear layers torchao's float8 training converts (:func:`~trainrun.core.precision.float8_eligible`),
+    six FLOPs a weight a token forward and backward."""
+    from trainrun.core.precision import float8_eligible
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.operations: list[tuple[float, float]] = []
-        custom = {packet: shape_wrapper(formula) for packet, formula in attention_flop_formulas().items()}
-        self.formulas = {**flop_registry, **custom}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
-            return out
-        packet, arguments = func.overloadpacket, func._schema.arguments
-        flops = self.formulas[packet](*args, **kwargs, out_val=out) if packet in self.formulas else 0
-        named = dict(zip((argument.name for argument in arguments), args)) | kwargs
-        written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
-        given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
-        fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
-        self.operations.append((float(flops), float(tensor_bytes((args, kwargs)) + tensor_bytes((written, fresh)))))
-        return out
-
-
-def tensor_bytes(values: Any) -> int:
-    """Bytes of the tensors in ``values`` (a sharded tensor's: its local shard's)."""
-    tensors = [getattr(value, "_local_tensor", value) for value in pytree.tree_leaves(values)]
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors if isinstance(tensor, torch.Tensor))
+    model = meta_model(config, RunShape(1, 1, 1, 1, 1, text, "", "none"))
+    weights = sum(module.weight.numel() for name, module in model.named_modules() if float8_eligible(module, name))
+    tokens = text.max_seq_len * (text.real_token_share or 1.0) if text else 1
+    return min(1.0, 6 * weights * tokens / per_sample)

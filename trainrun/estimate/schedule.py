@@ -3,11 +3,12 @@ each fiftieth of the run, each method's change to a step's work there
 (:meth:`~trainrun.core.engine.Algorithm.step_work`: a resolution, a sequence length, a share of
 the pixels or samples, passes added), contiguous equal steps grouped into phases; each phase's
 FLOPs counted on the model as the run builds it (:func:`trainrun.estimate.memory.pass_flops`), timed
-on the GPUs at the rate row that fits with the optimizer's operations and the exchange the compute
-does not hide (:mod:`trainrun.estimate.device`), and through the node's loaders
+on the GPUs from its operations on their datasheet (:mod:`trainrun.estimate.device`) with the
+optimizer's operations and the exchange the compute does not hide (:mod:`trainrun.estimate.exchange`),
+and through the node's loaders
 (:mod:`trainrun.estimate.loader`), the slower of the two being the phase's bottleneck;
 evaluations at their resolution, interval and windows added. Written here because the schedule,
-the methods and the rates are trainrun's own.
+the methods and the loaders are trainrun's own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,27 +25,29 @@ from trainrun.algorithms import build_algorithms
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.datasheets import GpuRate
 from trainrun.estimate.device import (
-    Roofline,
-    Traffic,
-    effective_throughput,
-    exposed_seconds,
-    float8_share,
-    gpu_row,
+    Device,
+    Operation,
+    basis_of,
+    datasheet_gaps,
+    device_of,
+    float8_speedup,
     methods_seconds,
     optimizer_seconds,
+    peak_at,
 )
+from trainrun.estimate.exchange import NO_TRAFFIC, Traffic
 from trainrun.estimate.loader import (
     crop_of,
     evaluation_loader_seconds,
-    images_decoded,
+    image_batches,
     loader_in_words,
     loader_notes,
     loader_seconds,
     loader_threads,
     loader_timed,
 )
+from trainrun.estimate.memory import float8_share
 from trainrun.schema import TrainConfig, budget_seconds
 from trainrun.tasks.base import Task
 
@@ -65,7 +68,7 @@ class Phase:
     resolution: int | None
     sequence_length: int | None
     step_flops: float  # all ranks
-    gpu_seconds: float | None  # a step on the GPUs at the rate row's utilisation
+    gpu_seconds: float | None  # a step on the GPUs, from its operations
     loader_seconds: float | None  # a step's samples through the node's loaders (None: unmeasured)
     link_seconds: float = 0.0  # a step's gradients and shards between the GPUs and nodes
     exposed_link_seconds: float = 0.0  # of those, what the compute does not hide
@@ -89,13 +92,13 @@ class Phase:
 
 
 @dataclass
-class Timing:
-    """The run's phases, evaluation and rates, and where they came from."""
+class RunTime:
+    """The run's time: its phases, its evaluations, its plain step, and how its GPUs were timed."""
 
     phases: list[Phase]
-    rate: str  # the GPU row used, in words
-    rate_basis: str  # measured, calibrated, stated (--mfu) or unmeasured
-    mfu: float  # the plain step's: the row's, moved by the roofline where the row has one
+    rate: str  # how the GPUs are timed, in words
+    rate_basis: str  # measured, datasheet of a fitted or an unfitted generation, stated (--mfu), not described
+    mfu: float  # the plain step's share of the peak, from its operations (or stated)
     peak_tflops: float | None  # a GPU's
     loader: str | None  # the loader row used, in words (None: no measured loader rate fits)
     steps: int | None  # to max_duration, or what a budget buys (None: epochs without the data's size)
@@ -144,7 +147,7 @@ def mean_step_seconds(phases: list[Phase], until: float = 1.0) -> float | None:
     return sum(max(0.0, min(phase.end, until) - phase.start) * phase.seconds for phase in phases)
 
 
-def timeline_of(config: TrainConfig, notes: list[str]) -> Timeline | None:
+def planned_timeline(config: TrainConfig, notes: list[str]) -> Timeline | None:
     """The run's timeline as the run plans it (:func:`trainrun.run.plan_timeline`'s, with an epoch of
     ``data.samples``); None where ``max_duration`` is a budget, or in epochs of a size not said."""
     duration = Time.parse(config.max_duration)
@@ -162,7 +165,7 @@ def batches_an_epoch(config: TrainConfig) -> int:
     return samples_an_epoch(config) // config.train_batch_size if config.data.samples else 0
 
 
-def bought_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) -> Timeline | None:
+def budget_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) -> Timeline | None:
     """A budget's timeline as the run re-plans it (:mod:`trainrun.core.budget`): the steps its
     training seconds buy at the phases' mean step, which the run's length does not change (phases
     are shares of it); evaluations do not spend a budget. None where ``max_duration`` is not a budget,
@@ -185,7 +188,7 @@ def bought_timeline(config: TrainConfig, phases: list[Phase], notes: list[str]) 
     return Timeline(per_epoch, config.train_batch_size, steps, config.scale_schedule_ratio)
 
 
-def interval_timeline(config: TrainConfig, timeline: Timeline | None) -> Timeline:
+def method_timeline(config: TrainConfig, timeline: Timeline | None) -> Timeline:
     """Where a method's interval becomes steps: the run's ``timeline``, else (a budget, whose length
     the rate decides) one of no planned length, on which ep, ba and sp convert and ``dur`` spans none."""
     return timeline or Timeline(batches_an_epoch(config), config.train_batch_size, max_batches=0)
@@ -193,7 +196,7 @@ def interval_timeline(config: TrainConfig, timeline: Timeline | None) -> Timelin
 
 def base_work(config: TrainConfig, text: TextFacts | None) -> StepWork:
     """A plain step's work at the run's shapes, before the methods change it."""
-    side = config.data.resolution if images_decoded(config) else None
+    side = config.data.resolution if image_batches(config) else None
     return StepWork(full_resolution=side, resolution=side, sequence_length=text.max_seq_len if text else None)
 
 
@@ -215,13 +218,22 @@ def phases_of(config: TrainConfig, work: StepWork) -> list[tuple[float, float, S
 
 class FlopCounts:
     """FLOPs a sample of the run at each size a phase trains at, and the share of its GPU's peak a
-    micro-batch reaches on the roofline there, each found once a size (fitted where there are many:
-    a quadratic in the side or length is exact for FLOPs of convolutions and attention)."""
+    micro-batch's operations reach there (its MFU), each found once a size (fitted where there are
+    many: a quadratic in the side or length is exact for FLOPs of convolutions and attention)."""
 
-    def __init__(self, config: TrainConfig, task: Task, text: TextFacts | None, samples: int, micro_batch: int) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        task: Task,
+        text: TextFacts | None,
+        samples: int,
+        micro_batch: int,
+        checkpointing: str,
+    ) -> None:
         self.config, self.task, self.text, self.samples, self.micro_batch = config, task, text, samples, micro_batch
+        self.checkpointing = checkpointing
         self.counted: dict[tuple, float] = {}
-        self.rooflines: dict[tuple, float] = {}
+        self.utilisations: dict[tuple, float] = {}
 
     def sized(self, resolution: int | None, length: int | None) -> tuple[TrainConfig, TextFacts | None]:
         """The run's config and text at ``resolution`` or ``length`` (None: as the run sets it)."""
@@ -241,23 +253,26 @@ class FlopCounts:
             self.counted[key] = pass_flops(config, self.task, text, self.samples, train) / self.samples
         return self.counted[key]
 
-    def roofline_at(self, resolution: int | None, length: int | None, roofline: Roofline) -> float:
-        """The share of the peak a training micro-batch at ``resolution`` or ``length`` reaches on ``roofline``."""
+    def utilisation_at(self, resolution: int | None, length: int | None, device: Device) -> float:
+        """The share of ``device``'s peak a training micro-batch at ``resolution`` or ``length`` reaches:
+        its model FLOPs over its operations' time there (recompute included)."""
         from trainrun.estimate.memory import pass_operations
 
-        key = (resolution, length, roofline)
-        if key not in self.rooflines:
+        key = (resolution, length, device)
+        if key not in self.utilisations:
             config, text = self.sized(resolution, length)
-            self.rooflines[key] = roofline.utilisation(pass_operations(config, self.task, text, self.micro_batch))
-        return self.rooflines[key]
+            operations = pass_operations(config, self.task, text, self.micro_batch, self.checkpointing)
+            model_flops = self.counted_at(resolution, length) * self.micro_batch
+            self.utilisations[key] = device.utilisation(operations, model_flops)
+        return self.utilisations[key]
 
     def training(self, works: list[StepWork]) -> list[float]:
         """Forward-and-backward FLOPs a sample for each of ``works``."""
         return self.by_size(works, self.counted_at)
 
-    def roofline(self, works: list[StepWork], roofline: Roofline) -> list[float]:
-        """The roofline's share of the peak for each of ``works``."""
-        return self.by_size(works, lambda resolution, length: self.roofline_at(resolution, length, roofline))
+    def utilisation(self, works: list[StepWork], device: Device) -> list[float]:
+        """The share of ``device``'s peak each of ``works`` reaches."""
+        return self.by_size(works, lambda resolution, length: self.utilisation_at(resolution, length, device))
 
     @staticmethod
     def by_size(works: list[StepWork], found: Callable[[int | None, int | None], float]) -> list[float]:
@@ -308,139 +323,126 @@ def evaluation_flops(
 
 @dataclass(frozen=True)
 class Gpus:
-    """The run's GPUs as the estimate times them: the rate row that fits, in words, and what it gives."""
+    """The run's GPUs as the estimate times them: the device its hardware group describes (None: none
+    described), each micro-batch's share of the peak, and how that is known."""
 
-    flop_rate: float | None  # all ranks' FLOP/s (None: no peak said)
-    row: str
-    basis: str  # measured, calibrated, stated (--mfu) or unmeasured
-    mfu: float
-    peak_tflops: float | None
-    reference: GpuRate | None = None  # the rate row, where one fits
+    device: Device | None
+    peak_tflops: float | None  # a GPU's, at the run's precision
+    described: str  # in words
+    basis: str  # measured, datasheet of a fitted or an unfitted generation, stated (--mfu), not described
+    utilisations: list[float]  # of each work asked for, the plain step's last
+
+    def compute_seconds(self, flops: float, ranks: int, utilisation: float) -> float | None:
+        """``flops`` (all ranks) on ``ranks`` GPUs at ``utilisation`` of the peak; None where no peak is known."""
+        return flops / (ranks * self.peak_tflops * 1e12 * utilisation) if self.peak_tflops else None
 
 
 def gpus_of(
     config: TrainConfig,
-    ranks: int,
-    mfu: float | None,
-    peak_tflops: float | None,
+    counts: FlopCounts,
+    works: list[StepWork],
+    stated: tuple[float | None, float | None],
     float8: Callable[[], float],
     notes: list[str],
 ) -> Gpus:
-    """``ranks`` GPUs at the row that fits (or ``mfu``) of ``peak_tflops`` (default: the hardware's),
-    with precision=fp8's ``float8()`` share of the FLOPs at the float8 peak."""
-    utilisation, described, basis, row = gpu_row(config, mfu)
-    peak = peak_tflops or config.hardware.peak_tflops
-    flop_rate = ranks * peak * 1e12 * utilisation if peak else None
-    if flop_rate and config.precision == "fp8":
-        flop_rate = effective_throughput(config, flop_rate, float8(), notes)
-    return Gpus(flop_rate, described, basis, utilisation, peak, row)
-
-
-def roofline_slowdowns(counts: FlopCounts, works: list[StepWork], gpus: Gpus, notes: list[str]) -> list[float]:
-    """For each of ``works`` (the plain step's last), how much slower than the row's utilisation the
-    GPUs compute it: the share of the peak the row's shape reaches on the roofline of the GPU it was
-    read on over the run's own there (smaller sides and micro-batches, memory-bound methods reach
-    less); 1 where the row has no roofline. The row's GPU, not the run's: a sibling's other memory
-    bandwidth moves a published run less than its roofline says (docs/estimate.md)."""
-    row = gpus.reference
-    if row is None or row.roofline is None or row.memory_gb_s is None or not gpus.peak_tflops:
-        return [1.0] * len(works)
-    roofline = Roofline(gpus.peak_tflops * 1e12, row.memory_gb_s, fused=row.compile)
-    shares = counts.roofline(works, roofline)
-    notes.append(
-        f"on the roofline of the row's GPU ({gpus.peak_tflops:g} TFLOP/s, {row.memory_gb_s:g} GB/s) this run's "
-        f"micro-batches of {counts.micro_batch} reach {min(shares):.1%}-{max(shares):.1%} of the peak where the "
-        f"row's shape reaches {row.roofline:.1%}: its utilisation moves with it"
+    """The run's GPUs and the share of their peak each of ``works`` reaches: from their operations on
+    the hardware group's datasheet, or at ``stated``'s MFU (``--mfu``) of its peak (``--peak-tflops``,
+    default the group's); precision=fp8's ``float8()`` share of the FLOPs at the float8 peak."""
+    mfu, peak_tflops = stated
+    device = device_of(config, peak_tflops)
+    peak = peak_tflops or peak_at(config)
+    speedup = float8_speedup(config, float8(), notes) if config.precision == "fp8" and peak else 1.0
+    if mfu is not None:
+        return Gpus(device, peak, f"--mfu {mfu:.1%}", "stated", [mfu * speedup] * len(works))
+    if device is None:
+        missing = ", ".join(datasheet_gaps(config)) or "peak_fp32_tflops"
+        notes.append(
+            f"the GPUs are not timed: hardware={config.hardware.name} states no {missing} (--mfu to state one)"
+        )
+        return Gpus(None, peak, "no GPU described", "not described", [0.0] * len(works))
+    shares = [share * speedup for share in counts.utilisation(works, device)]
+    hardware, generation = config.hardware, device.generation
+    fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {', '.join(generation.fitted_on)})"
+    described = (
+        f"{hardware.gpu or hardware.name} from the datasheet: {peak:g} TFLOP/s at {config.precision}, "
+        f"{hardware.memory_gb_s:g} GB/s, {fitted}"
     )
-    return [row.roofline / share for share in shares]
+    return Gpus(device, peak, described, basis_of(config, device), shares)
 
 
 def beside_passes(
     config: TrainConfig,
-    optimizer: tuple[tuple[float, float], ...] | None,
+    device: Device | None,
+    optimizer: tuple[Operation, ...] | None,
     methods: tuple[MethodWork, ...],
-    flop_rate: float,
     timeline: Timeline | None,
     notes: list[str],
 ) -> float:
     """A rank's step besides its passes: its optimizer's operations and its methods' work, each
-    method's spread over the steps of its interval (on a budget, :func:`interval_timeline`'s)."""
-    seconds = optimizer_seconds(config, optimizer, flop_rate, notes)
-    every = interval_timeline(config, timeline)
-    return seconds + methods_seconds(methods, flop_rate, config.hardware.memory_gb_s, every, notes)
+    method's spread over the steps of its interval (on a budget, :func:`method_timeline`'s)."""
+    if device is None:
+        return 0.0
+    seconds = optimizer_seconds(device, optimizer, notes)
+    return seconds + methods_seconds(device, methods, method_timeline(config, timeline), notes)
 
 
-def timing(
+def time_run(
     config: TrainConfig,
     task: Task,
     text: TextFacts | None,
     ranks: int,
-    mfu: float | None,
-    peak_tflops: float | None,
+    stated: tuple[float | None, float | None] = (None, None),
     case_shape: list[int] | None = None,
     traffic: Traffic | None = None,
-    optimizer: tuple[tuple[float, float], ...] | None = None,
+    optimizer: tuple[Operation, ...] | None = None,
     methods: tuple[MethodWork, ...] = (),
     *,
     micro_batch: int,
-) -> Timing:
-    """The run's phases and evaluations on ``ranks`` GPUs of ``peak_tflops`` (default: the group's) at
-    the row that fits, with each rank's work beside its passes, its loaders, and ``traffic`` at the
-    links (what the compute does not hide); ``micro_batch``: a rank's, on the roofline."""
+    checkpointing: str = "none",
+) -> RunTime:
+    """The run's phases and evaluations on ``ranks`` GPUs, each micro-batch's operations (``micro_batch``,
+    ``checkpointing``: a rank's) timed on the datasheet (or at ``stated``: ``--mfu``, ``--peak-tflops``),
+    with a rank's work beside its passes, its loaders, and ``traffic`` the compute does not hide."""
     base = base_work(config, text)
     read = phases_of(config, base)
-    counts = FlopCounts(config, task, text, samples=2, micro_batch=micro_batch)
+    counts = FlopCounts(config, task, text, 2, micro_batch, checkpointing)
     per_sample = counts.training([work for _, _, work in read])
     plain_sample = counts.counted_at(base.resolution, base.sequence_length)
     notes: list[str] = []
-    timeline = timeline_of(config, notes)
-    gpus = gpus_of(config, ranks, mfu, peak_tflops, lambda: float8_share(config, text, plain_sample), notes)
-    *slowdowns, plain_slowdown = roofline_slowdowns(counts, [work for _, _, work in read] + [base], gpus, notes)
-    throughput = gpus.flop_rate
-    stepping = beside_passes(config, optimizer, methods, throughput / ranks, timeline, notes) if throughput else 0.0
-    per_node = max(1, ranks // config.launcher.nnodes)
-    threads = loader_threads(config, per_node)
-    link, hidden = (traffic.seconds(config), traffic.hidden_by) if traffic is not None else (0.0, 0.0)
-    phases = []
-    for (start, end, work), flops, slowdown in zip(read, per_sample, slowdowns, strict=True):
+    timeline = planned_timeline(config, notes)
+    works, float8 = [work for _, _, work in read] + [base], lambda: float8_share(config, text, plain_sample)
+    *shares, plain_share = (gpus := gpus_of(config, counts, works, stated, float8, notes)).utilisations
+    stepping = beside_passes(config, gpus.device, optimizer, methods, timeline, notes)
+    threads = loader_threads(config, per_node := max(1, ranks // config.launcher.nnodes))
+    traffic, phases = traffic or NO_TRAFFIC, []
+    link = traffic.seconds(config)
+    for (start, end, work), flops, share in zip(read, per_sample, shares, strict=True):
         total = step_flops(work, flops, config.train_batch_size)
-        compute = total / throughput * slowdown if throughput else None
-        exposed = exposed_seconds(link, hidden, compute) if compute is not None else 0.0
+        compute = gpus.compute_seconds(total, ranks, share) if share else None
+        exposed = traffic.exposed(config, compute) if compute is not None else 0.0
         gpu = compute + stepping if compute is not None else None
         loader = loader_seconds(config, work, threads)
         phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
-    timeline = timeline or bought_timeline(config, phases, notes)
+    timeline = timeline or budget_timeline(config, phases, notes)
     plain = plain_sample * config.train_batch_size
     eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
-    plain_compute = plain / throughput * plain_slowdown if throughput else None
-    step = plain_compute + stepping + exposed_seconds(link, hidden, plain_compute) if plain_compute else None
-    return Timing(
+    plain_compute = gpus.compute_seconds(plain, ranks, plain_share) if plain_share else None
+    exposed = traffic.exposed(config, plain_compute) if plain_compute else 0.0
+    step = plain_compute + stepping + exposed if plain_compute else None
+    eval_gpu = gpus.compute_seconds(eval_flops, ranks, plain_share) if plain_share else None
+    return RunTime(
         phases=phases,
-        rate=gpus.row,
+        rate=gpus.described,
         rate_basis=gpus.basis,
-        mfu=gpus.mfu / plain_slowdown,
+        mfu=plain_share,
         peak_tflops=gpus.peak_tflops,
         loader=loader_in_words(config, read[0][2], threads, per_node) if threads and loader_timed(config) else None,
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
         step_seconds=step,
         eval_flops=eval_flops,
-        eval_gpu_seconds=eval_flops / throughput if throughput else None,
+        eval_gpu_seconds=eval_gpu,
         eval_loader_seconds=evaluation_loader_seconds(config, threads),
         eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
         notes=notes + loader_notes(config, threads),
     )
-
-
-def target_steps(config: TrainConfig, steps: int | None, source: str) -> tuple[int | None, str | None]:
-    """The steps to ``stop_at`` where known, and how: ``steps`` (from ``source``: ``--steps``, finished
-    runs), else the recipe's ``target_samples``."""
-    if steps is not None:
-        return steps, source
-    if config.target_samples is not None and config.stop_at is not None:  # the samples to stop_at
-        return math.ceil(config.target_samples / config.train_batch_size), f"target_samples={config.target_samples:,}"
-    return None, None
-
-
-def as_dict(phase: Phase) -> dict[str, Any]:
-    return dataclasses.asdict(phase) | {"bottleneck": phase.bottleneck, "seconds": phase.seconds}

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 
 from trainrun.data.interface import TextFacts
 from trainrun.models.alibi import alibi_slopes
@@ -204,7 +204,7 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         dropout = self.dropout if self.training else 0.0
         if attend.block_mask is not None:
-            kernel = flex_kernel(dynamic=False) if q.is_cuda else flex_attention
+            kernel = flex_kernel(dynamic=False, compiled=q.is_cuda)
             context = kernel(q, k, v, score_mod=attend.score_mod, block_mask=attend.block_mask)
         elif attend.mask is None:
             context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)

@@ -1,0 +1,158 @@
+"""The operations a step runs, as the estimate times them (:mod:`trainrun.estimate.device`): each aten
+operation of a fake pass with its FLOPs, the bytes it reads and writes, its kind and the dimensions
+its speed depends on (:class:`OperationLog`), attention counted and run as the fused kernels a GPU
+runs (:func:`attention_flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP
+counter gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "memory"
+aten = torch.ops.aten
+NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.lift_fresh}
+
+
+class Operation(NamedTuple):
+    """One operation of a step: its FLOPs, the bytes it reads and writes, its kind and the
+    dimensions its efficiency depends on (a GEMM's m, n, k; attention's query and key lengths and
+    head width; none for memory-bound operations)."""
+
+    flops: float
+    moved: float
+    kind: str = MEMORY
+    dims: tuple[int, ...] = ()
+
+
+def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
+    """A key's or value's (batch, heads, tokens, width) widened to the query's heads."""
+    batch, _, tokens, width = shape
+    return (batch, heads, tokens, width)
+
+
+def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    """An attention kernel's forward FLOPs, grouped-query attention counted at the query's heads
+    (the kernel's broadcast of the keys and values)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    heads = query_shape[1]
+    return sdpa_flop_count(query_shape, _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads))
+
+
+def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    """An attention kernel's backward model FLOPs: twice its forward's (each of the two products'
+    gradients with respect to both of its operands), as 6N + 12LDT counts them. torch's formula
+    adds the fused kernel's recompute of the scores (2.5x the forward): work the kernel chooses to
+    redo, not the model's, as activation checkpointing's recompute is not."""
+    return 2 * _attention_flops(query_shape, key_shape, value_shape)
+
+
+def attention_flop_formulas() -> dict:
+    """``FlopCounterMode``'s ``custom_mapping`` for the fused attention kernels: the CPU's flash
+    kernel, which the estimate's fake tensors run, and CUDA's, counted as model FLOPs (torch's
+    forward formula; the backward twice the forward) with grouped-query attention's keys and values
+    widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts them so)."""
+    kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
+    ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
+    backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
+    return {**dict.fromkeys(ops, _attention_flops), **dict.fromkeys(backward_ops, _attention_backward_flops)}
+
+
+class AsFusedAttention(TorchFunctionMode):
+    """``scaled_dot_product_attention`` as a GPU runs it: one fused kernel with its mask and dropout
+    inside. The CPU runs a call with a mask or dropout as the unfused math path (a product, a softmax,
+    a dropout, a product, each through memory), which a GPU's flash or memory-efficient kernel does
+    not; so each call goes to the CPU's flash kernel without them, its stand-in in the operations.
+    Where the mask pads sequences whose ``real_share`` of positions are tokens (a masked language
+    model's), the kernel attends those alone, as the GPU's variable-length kernel does."""
+
+    SIGNATURE = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+    def __init__(self, real_share: float | None = None) -> None:
+        super().__init__()
+        self.real_share = real_share
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **(kwargs or {}))
+        named = dict(zip(self.SIGNATURE, args)) | (kwargs or {})
+        padded = named.get("attn_mask") is not None and self.real_share is not None
+        named |= {"attn_mask": None, "dropout_p": 0.0}
+        if not padded:
+            return func(**named)
+        length = named["query"].shape[-2]
+        real = max(1, round(length * self.real_share))
+        for name in ("query", "key", "value"):
+            named[name] = named[name][..., :real, :]
+        return torch.nn.functional.pad(func(**named), (0, 0, 0, length - real))
+
+
+class OperationLog(TorchDispatchMode):
+    """Each aten operation run under it, as an :class:`~trainrun.estimate.device.Operation`: its FLOPs
+    by torch's formulas for matrix products, convolutions and fused attention (as :func:`pass_flops`
+    counts them), the bytes it reads and writes (its tensor arguments read, those it changes in place
+    written again, its new outputs written), its kind and dimensions (:func:`kind_of`). Views and
+    allocations, which launch nothing, are left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations: list[Operation] = []
+        custom = {packet: shape_wrapper(formula) for packet, formula in attention_flop_formulas().items()}
+        self.formulas = {**flop_registry, **custom}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
+            return out
+        packet, arguments = func.overloadpacket, func._schema.arguments
+        flops = self.formulas[packet](*args, **kwargs, out_val=out) if packet in self.formulas else 0
+        named = dict(zip((argument.name for argument in arguments), args)) | kwargs
+        written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
+        given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
+        fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
+        moved = float(tensor_bytes((args, kwargs)) + tensor_bytes((written, fresh)))
+        kind, dims = kind_of(packet, args, out) if flops else (MEMORY, ())
+        self.operations.append(Operation(float(flops), moved, kind, dims))
+        return out
+
+
+MATMULS = {aten.mm: (0, 1), aten._scaled_mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2)}
+ATTENTION_KERNELS = ("flash_attention", "efficient_attention", "cudnn_attention")
+
+
+def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
+    """An operation with FLOPs as the GPU runs it: a matrix product's (m, n, k), batched ones' batch
+    folded into m; a convolution's implicit GEMM per group (m: the outputs' positions, n: a group's
+    output channels, k: a group's input channels times the kernel's taps), a depthwise one (a channel
+    a group) memory-bound; a fused attention kernel's (query length, key length, head width)."""
+    if packet in MATMULS:
+        left, right = (args[index] for index in MATMULS[packet])
+        rows = math.prod(left.shape[:-1])
+        return MATMUL, (rows, right.shape[-1], left.shape[-1])
+    name = str(packet)
+    if packet in (aten.convolution, aten.convolution_backward):
+        forward = packet is aten.convolution
+        weight, groups = args[1] if forward else args[2], args[8] if forward else args[9]
+        output = out if forward else args[0]
+        if weight.shape[1] == 1 and groups > 1:
+            return MEMORY, ()
+        positions = output.shape[0] * math.prod(output.shape[2:])
+        return CONVOLUTION, (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
+    if "scaled_dot_product" in name and any(kernel in name for kernel in ATTENTION_KERNELS):
+        query, key = (args[0], args[1]) if not name.endswith("_backward") else (args[1], args[2])
+        return ATTENTION, (query.shape[-2], key.shape[-2], query.shape[-1])
+    return MATMUL, ()
+
+
+def tensor_bytes(values: Any) -> int:
+    """Bytes of the tensors in ``values`` (a sharded tensor's: its local shard's)."""
+    tensors = [getattr(value, "_local_tensor", value) for value in pytree.tree_leaves(values)]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors if isinstance(tensor, torch.Tensor))
