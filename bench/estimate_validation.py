@@ -5,7 +5,8 @@ were timed and what held each run back, grouped by what the row predicts that th
 
 A row marked ``fits`` is in a generation's fit set (``bench/fit_generations.py``) or fits the loader's
 efficiency (``calibrates``): it is shown, never counted. Every other row is a prediction, within 25 %
-of its figure or work left (``miss`` says what the estimate does not model). A row whose settings
+of its figure or work left (``miss`` says what the estimate does not model), but a run in software or
+a precision trainrun does not run, shown as an ``exception`` and not counted. A row whose settings
 were not all published says what it ``assumes`` and is not counted; one whose only unknown is its
 node's CPUs (``unnamed_cpus``) is counted where no loader bounds its estimate (the device's step alone
 decides it), else not.
@@ -52,7 +53,7 @@ class Checked:
         """A prediction whose settings are all known, or whose only unknown (the node's CPUs) does not
         change its estimate."""
         row = self.row
-        if "fits" in row or "calibrates" in row or row.get("assumes"):
+        if "fits" in row or "calibrates" in row or row.get("assumes") or row.get("exception"):
             return False
         return not (row.get("unnamed_cpus") and self.loader_bound)
 
@@ -126,6 +127,8 @@ def verdict(item: Checked) -> str:
         return f"fit ({row['fits']}'s convolutions, bench/fit_generations.py)"
     if "calibrates" in row:
         return "fit (a node's image workers' efficiency)"
+    if row.get("exception"):
+        return f"{'yes' if item.within_goal else 'no'} (not counted, an exception: {row['exception']})"
     result = "yes" if item.within_goal else "no: " + row.get("miss", "work left")
     if row.get("assumes"):
         return f"{result} (not counted: assumes {row['assumes']})"
@@ -144,12 +147,12 @@ def summary(checked: list[Checked]) -> str:
     errors = sorted(abs(item.ratio - 1) for item in counted)
     lines = [
         f"{sum(item.within_goal for item in counted)} of {len(counted)} counted predictions within 25 %, "
-        f"median error {errors[len(errors) // 2]:.1%}, largest {errors[-1]:.1%}"
+        f"median error {errors[len(errors) // 2]:.1%}, largest {errors[-1]:.1%}."
     ]
     for kind, words in KINDS.items():
         chosen = [abs(item.ratio - 1) for item in counted if item.row.get("kind") == kind]
         if chosen:
-            lines.append(f"- {words}: {len(chosen)} counted, median error {sorted(chosen)[len(chosen) // 2]:.1%}")
+            lines.append(f"- {words}: {len(chosen)} counted, median error {sorted(chosen)[len(chosen) // 2]:.1%}.")
     return "\n".join(lines)
 
 

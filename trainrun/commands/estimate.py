@@ -14,7 +14,7 @@ import argparse
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -220,25 +220,23 @@ def best_options(figures: list[dict], budgeted: bool) -> tuple[tuple[str, dict |
     by more than the error the validation shows for how the two were timed (none where unknown)."""
     fitting = [row for row in figures if row["fits"] is not False and row["hours"]]
     if budgeted:
-        return (("most steps", clear_lead(fitting, lambda row: -(row["steps"] or 0))),)
+        return (("most steps", clear_lead(fitting, "steps", larger=True)),)
     priced = [row for row in fitting if row["cost"]]
-    return (
-        ("fastest", clear_lead(fitting, lambda row: row["hours"])),
-        ("cheapest", clear_lead(priced, lambda row: row["cost"])),
-    )
+    return (("fastest", clear_lead(fitting, "hours")), ("cheapest", clear_lead(priced, "cost")))
 
 
-def clear_lead(rows: list[dict], key: Callable[[dict], float]) -> dict | None:
-    """The row of least ``key`` where it leads the next by more than the larger of their validation
-    errors (a single row leads none: there is nothing to lead); None otherwise."""
-    ranked = sorted(rows, key=key)
+def clear_lead(rows: list[dict], key: str, larger: bool = False) -> dict | None:
+    """The row of least ``key`` (``larger``: of most) where it leads the next by more than the larger
+    of their validation errors (a single row leads none: there is nothing to lead); None otherwise."""
+    ranked = sorted(rows, key=lambda row: row[key] or 0, reverse=larger)
     if len(ranked) < 2:
         return ranked[0] if ranked else None
-    best, next_best = ranked[:2]
-    errors = [best["error"], next_best["error"]]
-    if any(error is None for error in errors):
+    best, second = ranked[:2]
+    if best["error"] is None or second["error"] is None:
         return None
-    return best if abs(key(next_best)) > abs(key(best)) * (1 + max(errors)) else None
+    margin = 1 + max(best["error"], second["error"])
+    leads = best[key] > second[key] * margin if larger else second[key] > best[key] * margin
+    return best if leads else None
 
 
 def comparison_table(figures: list[dict]) -> str:
