@@ -72,6 +72,28 @@ def test_a_failing_rank_stops_every_rank_within_30_seconds():
     assert failure.value.exit_code != 0
 
 
+def never_runs() -> None:
+    raise AssertionError("no rank starts without its rendezvous")
+
+
+def test_a_node_whose_master_never_comes_ends_in_one_line_within_the_rendezvous_timeout():
+    """Node 1 of two, nobody listening at node 0's address: it ends after launcher.rendezvous_timeout
+    seconds naming the rendezvous, not when it is killed, and torch's store client never retries (and
+    prints its traces)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    settings = LauncherConfig(devices="1", nnodes=2, node_rank=1, master_port=port, rendezvous_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed) as failure:
+        run_workers(settings, 1, never_runs)
+    assert 5 <= time.monotonic() - started < 20 and failure.value.exit_code == 1
+    assert str(failure.value) == (
+        f"node 1 found no rendezvous at 127.0.0.1:{port} within launcher.rendezvous_timeout=5 s: "
+        "is node 0 up there, and reachable?"
+    )
+
+
 @pytest.mark.distributed
 def test_a_port_in_use_is_one_clear_line(tmp_path):
     with socket.socket() as taken:

@@ -496,6 +496,30 @@ def test_a_built_in_corpus_is_written_once_per_identity_into_the_cache(tmp_path,
     assert json.loads((path / "tokenizer.json").read_text())["model"]["type"] == "WordPiece"
 
 
+def test_the_built_in_corpus_and_its_default_tokenizer_are_the_same_on_every_machine(tmp_path, monkeypatch):
+    """The documents are trainrun's shipped snapshot whatever Python is installed, and a store of the
+    default vocabulary takes the shipped tokenizer, so two fresh caches hold the same ids (WordPiece
+    training upstream gives another vocabulary on each try)."""
+    import sysconfig
+
+    from trainrun.data.token_store import builtin_tokenizer_file, file_sha256, read_documents
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path / "no-python")})
+    documents = read_documents("stdlib_docs")
+    assert len(documents) == 5829 and all(documents)
+    stores = []
+    for cache in ("one", "two"):
+        config = DataConfig(name="text", cache_dir=str(tmp_path / cache), text=TextConfig(corpus="stdlib_docs"))
+        stores.append(cached_store(config, SINGLE_PROCESS))
+    shipped = builtin_tokenizer_file("stdlib_docs", "wordpiece", TextConfig().vocab_size)
+    assert file_sha256(stores[0] / "tokenizer.json") == file_sha256(stores[1] / "tokenizer.json")
+    assert (
+        json.loads((stores[0] / "tokenizer.json").read_text())["model"]["vocab"]
+        == json.loads(shipped.read_text())["model"]["vocab"]
+    )
+    assert file_sha256(stores[0] / "train-000000.bin") == file_sha256(stores[1] / "train-000000.bin")
+
+
 class Collectives:
     """torch.distributed's broadcast and barrier as a rank of a multi-node run sees them: rank 0
     sends its tokenizer (checked), every other rank receives it."""
@@ -550,14 +574,23 @@ def test_another_nodes_cache_is_rewritten_with_rank_0s_tokenizer(tmp_path, monke
     assert collectives.barriers == barriers  # one process: no collective at all
 
 
-def test_the_built_in_corpus_cache_is_named_by_corpus_and_python_version(tmp_path, monkeypatch, small_builtin_corpus):
+def test_the_built_in_corpus_cache_is_named_by_the_shipped_corpus_not_the_python(
+    tmp_path, monkeypatch, small_builtin_corpus
+):
+    """The same shipped documents under another Python are the same store; another snapshot of them
+    (scripts/builtin_corpus.py run again) is another."""
     import sys
 
+    import trainrun.data.masked_text as masked_text
+
     config = DataConfig(name="text", cache_dir=str(tmp_path), text=TextConfig(corpus="stdlib_docs", vocab_size=100))
-    monkeypatch.setattr(sys, "version", "3.11.9 (main, Apr  2 2024) [GCC 12.2.0]")
     older = cached_store(config, SINGLE_PROCESS)
     monkeypatch.setattr(sys, "version", "3.12.1 (main, Apr  2 2024) [GCC 12.2.0]")
-    newer = cached_store(config, SINGLE_PROCESS)  # another standard library: other docstrings
+    assert cached_store(config, SINGLE_PROCESS) == older
+    snapshot = tmp_path / "other.jsonl.gz"
+    snapshot.write_bytes(b"another snapshot")
+    monkeypatch.setattr(masked_text, "builtin_corpus_file", lambda corpus: snapshot)
+    newer = cached_store(config, SINGLE_PROCESS)
     assert older != newer and older.name.startswith("stdlib_docs-") and newer.name.startswith("stdlib_docs-")
 
 

@@ -36,7 +36,7 @@ from trainrun.core.distributed import (
 )
 from trainrun.core.precision import check_float8
 from trainrun.errors import ConfigError, TrainrunError, describe_error
-from trainrun.network import Route, is_this_host, route_to
+from trainrun.network import Route, is_this_host, rendezvous_answers, route_to
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size
 
@@ -136,12 +136,14 @@ def launch_config(settings: LauncherConfig, processes: int, route: Route | None 
     node's address as the other nodes reach it."""
     if settings.rdzv_endpoint:
         backend, endpoint = "c10d", settings.rdzv_endpoint
-        options = {} if route is None else {"is_host": is_this_host(route.address)}
+        options = {"join_timeout": settings.rendezvous_timeout}
+        options |= {} if route is None else {"is_host": is_this_host(route.address)}
     else:
         port = settings.master_port or free_port()
         if settings.node_rank == 0:
             check_port_free(port)
-        backend, endpoint, options = "static", f"{settings.master_addr}:{port}", {"rank": settings.node_rank}
+        backend, endpoint = "static", f"{settings.master_addr}:{port}"
+        options = {"rank": settings.node_rank, "timeout": settings.rendezvous_timeout}
     return LaunchConfig(
         min_nodes=settings.nnodes,
         max_nodes=settings.nnodes,
@@ -188,8 +190,20 @@ def run_workers(
     # rank on the 2-core test machines); a later launch in the same process reuses the server
     multiprocessing.set_forkserver_preload(["trainrun.launch", "trainrun.run"])
     preemption.ignore_in_launcher()  # Slurm's notice is the ranks' to act on (they listen again)
+    launch = launch_config(settings, processes, route)
+    hosts = launch.rdzv_configs.get("is_host", settings.node_rank == 0)
     try:
-        elastic_launch(launch_config(settings, processes, route), worker)(*args)
+        if (
+            settings.nnodes > 1
+            and not hosts
+            and not rendezvous_answers(launch.rdzv_endpoint, settings.rendezvous_timeout)
+        ):
+            raise LaunchFailed(
+                f"node {settings.node_rank} found no rendezvous at {launch.rdzv_endpoint} within "
+                f"launcher.rendezvous_timeout={settings.rendezvous_timeout} s: is node 0 up there, and reachable?",
+                1,
+            )
+        elastic_launch(launch, worker)(*args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         if failure.exitcode < 0:

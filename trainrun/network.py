@@ -175,3 +175,21 @@ def check_launcher(launcher: LauncherConfig) -> None:
             f"bad value for 'launcher.master_addr': '{launcher.master_addr}' is this machine on every node; "
             "a multi-node launch needs the address of the node_rank 0 machine that every node can reach"
         )
+
+
+def rendezvous_answers(endpoint: str, timeout: float) -> bool:
+    """Whether the rendezvous at ``endpoint`` (host:port, node 0's or the c10d host's) accepts a
+    connection within ``timeout`` seconds, tried every second. torch's store client would retry as
+    long, then print its own traces in many lines; this lets the launch end in one."""
+    import time
+
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout)):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)

@@ -359,6 +359,8 @@ class LauncherConfig:
     timeout_minutes: float = field(default=60.0, metadata={"min": 1})
     # across nodes: seconds a node may go unheard (its link down, its host hung) before every node ends
     node_timeout: float = field(default=30.0, metadata={"min": 5})
+    # across nodes: seconds a node waits for all to join (the master to come up) before it ends, naming it
+    rendezvous_timeout: int = field(default=600, metadata={"min": 5})
     requeue: bool = True  # under Slurm, a run stopped by SIGUSR1 requeues its job after its checkpoint
 
 

@@ -21,7 +21,6 @@ padding.) Every one of these is per sequence, so micro-batches slice them like t
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +33,15 @@ from trainrun.core.distributed import SINGLE_PROCESS, Placement
 from trainrun.data.cache import cache_prefix, write_once
 from trainrun.data.interface import Datasets, TextFacts
 from trainrun.data.store_writer import write_token_store
-from trainrun.data.token_store import SPECIAL_TOKENS, TokenStore, read_documents, split_documents
+from trainrun.data.token_store import (
+    SPECIAL_TOKENS,
+    TokenStore,
+    builtin_corpus_file,
+    builtin_tokenizer_file,
+    file_sha256,
+    read_documents,
+    split_documents,
+)
 from trainrun.errors import DataError
 from trainrun.schema import DataConfig
 
@@ -173,15 +180,26 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, aug
     return Datasets(training, evaluation, collate_masked, facts)  # predicted positions padded per batch
 
 
+def shipped_tokenizer(config: DataConfig) -> Path | None:
+    """The tokenizer trainrun ships for the run's built-in corpus, where the run trains its default
+    split at a shipped vocabulary (what it would train, the same on every machine); else None."""
+    defaults = DataConfig()
+    if (config.val_fraction, config.split_seed) != (defaults.val_fraction, defaults.split_seed):
+        return None
+    shipped = builtin_tokenizer_file(config.text.corpus, config.text.tokenizer, config.text.vocab_size)
+    return shipped if shipped.is_file() else None
+
+
 def cached_store(config: DataConfig, placement: Placement) -> Path:
-    """A built-in corpus's store in ``cache_dir``, written once per node, every node's with global
-    rank 0's tokenizer: WordPiece training is not deterministic upstream, so nodes that trained
-    their own would give the same word different ids."""
+    """A built-in corpus's store in ``cache_dir``, written once per node with the tokenizer trainrun
+    ships for it (:func:`shipped_tokenizer`), or one trained here, every node's then global rank 0's:
+    WordPiece training is not deterministic upstream, so nodes that trained their own would give the
+    same word different ids."""
     corpus, vocab_size = config.text.corpus, config.text.vocab_size
     kind = config.text.tokenizer
     identity = {"corpus": corpus, "vocab_size": vocab_size, "tokenizer": kind, "val_fraction": config.val_fraction}
     identity["split_seed"] = config.split_seed
-    identity["python"] = sys.version.split()[0]  # the standard library's docstrings change with it
+    identity["documents"] = file_sha256(builtin_corpus_file(corpus))  # the shipped corpus, should it change
     prefix = cache_prefix(config.cache_dir, corpus, identity)
     path = prefix.with_name(f"{prefix.name}-tokens")
     tokenizer_file = path / "tokenizer.json"
@@ -189,7 +207,7 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
     def write(tokenizer: str | None = None) -> None:
         train, val = split_documents(read_documents(corpus), config.val_fraction, config.split_seed)
         with tempfile.TemporaryDirectory() as folder:
-            given = None
+            given = shipped_tokenizer(config)
             if tokenizer is not None:
                 given = Path(folder) / "tokenizer.json"
                 given.write_text(tokenizer)

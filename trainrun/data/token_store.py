@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import ast
 import gc
+import gzip
 import hashlib
+import json
 import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ END_OF_TEXT = "<|endoftext|>"  # a byte-level BPE store's one special token, as 
 SEPARATORS = ("[SEP]", END_OF_TEXT, "<|end_of_text|>", "</s>")
 BYTE_ALPHABET = 256  # a byte-level BPE vocabulary starts from every byte
 BUILTIN_CORPORA = ("stdlib_docs",)
+BUILTIN = Path(__file__).with_name("builtin")  # the built-in corpora and their tokenizers (scripts/builtin_corpus.py)
 TEXT_VAL_FRACTION = 0.05  # documents held out of a corpus (conf/data/stdlib_docs.yaml says the same: a test checks)
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each type holds, smallest first
 
@@ -57,7 +60,8 @@ def parse_python(source: str) -> ast.Module:
 
 def stdlib_docstrings(min_chars: int = 40) -> list[str]:
     """The docstrings of this Python's standard library (modules, classes, functions), read with
-    ``ast`` from the installed sources, in a fixed order: about 1.5 MB of English prose."""
+    ``ast`` from the installed sources, in a fixed order: about 1.5 MB of English prose (the built-in
+    corpus trainrun ships, ``scripts/builtin_corpus.py``)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skipped = {"site-packages", "test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo"}
     documents = []
@@ -76,13 +80,25 @@ def stdlib_docstrings(min_chars: int = 40) -> list[str]:
     return documents
 
 
+def builtin_corpus_file(corpus: str) -> Path:
+    """The documents of built-in ``corpus`` as trainrun ships them (JSON lines, gzipped)."""
+    return BUILTIN / f"{corpus}.jsonl.gz"
+
+
+def builtin_tokenizer_file(corpus: str, kind: str, vocab_size: int) -> Path:
+    """Where trainrun ships built-in ``corpus``'s ``kind`` tokenizer of ``vocab_size`` (which may not exist)."""
+    return BUILTIN / f"{corpus}-{kind}-{vocab_size}.json"
+
+
 def read_documents(source: str) -> list[str]:
-    """Every document of a built-in corpus or of the corpus at ``source`` (:mod:`trainrun.data.corpus`'s
-    kinds), in order, held in memory: for small corpora (the built-in ones, tests)."""
+    """Every document of a built-in corpus (as trainrun ships it: the same on every machine) or of the
+    corpus at ``source`` (:mod:`trainrun.data.corpus`'s kinds), in order, held in memory: for small
+    corpora (the built-in ones, tests)."""
     from trainrun.data.corpus import corpus_files, records
 
     if source in BUILTIN_CORPORA:
-        return stdlib_docstrings()
+        with gzip.open(builtin_corpus_file(source), "rt", encoding="utf-8") as lines:
+            return [json.loads(line)["text"] for line in lines]
     documents = [text for _, text, _, _ in records(corpus_files(source), "text") if text and text.strip()]
     if not documents:
         raise DataError(f"corpus '{source}' has no text")
