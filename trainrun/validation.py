@@ -286,12 +286,9 @@ def _check_nesterov(config: TrainConfig) -> None:
 
 def _check_hardware(hardware: HardwareConfig) -> None:
     """``hardware.architecture`` is a GPU generation trainrun knows (trainrun/estimate/generations.yaml)."""
-    import yaml
+    from trainrun.estimate.device import known_architectures
 
-    from trainrun.estimate.device import GENERATIONS
-
-    table = yaml.safe_load(GENERATIONS.read_text())
-    known = sorted({*table["generations"], *table["nearest"]} - {"default"})
+    known = known_architectures()
     if hardware.architecture is not None and hardware.architecture not in known:
         raise ConfigError(
             f"bad value for 'hardware.architecture': '{hardware.architecture}' (choose from: {', '.join(known)})"

@@ -25,6 +25,7 @@ no library times a training step from a datasheet.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -69,11 +70,23 @@ class Generation:
 
 
 @functools.cache
+def generation_table() -> dict:
+    """``generations.yaml`` as written: the fitted ``generations`` and the ``nearest`` fitted one of
+    each other architecture."""
+    return yaml.safe_load(GENERATIONS.read_text())
+
+
+def known_architectures() -> list[str]:
+    """Every architecture a hardware group may name: the fitted ones and those that borrow."""
+    table = generation_table()
+    return sorted({*table["generations"], *table["nearest"]} - {"default"})
+
+
+@functools.cache
 def generations() -> dict[str, Generation]:
     """The fitted generations of ``generations.yaml``, by architecture."""
-    table = yaml.safe_load(GENERATIONS.read_text())
     fitted = {}
-    for name, values in table["generations"].items():
+    for name, values in generation_table()["generations"].items():
         fitted[name] = Generation(name=name, **{**values, "fitted_on": tuple(values["fitted_on"])})
     return fitted
 
@@ -84,7 +97,7 @@ def generation_of(architecture: str) -> Generation:
     fitted = generations()
     if architecture in fitted:
         return fitted[architecture]
-    nearest = yaml.safe_load(GENERATIONS.read_text())["nearest"]
+    nearest = generation_table()["nearest"]
     borrowed = fitted[nearest.get(architecture, nearest["default"])]
     return Generation(**{**borrowed.__dict__, "name": architecture, "borrowed_from": borrowed.name})
 
@@ -118,6 +131,10 @@ class Device:
         kernels = fused_kernels(operations) if self.compiled else operations
         return sum(map(self.operation_seconds, kernels))
 
+    def eager(self) -> Device:
+        """This GPU running operations one by one (the optimizer's step, a method's work beside the passes)."""
+        return dataclasses.replace(self, compiled=False, checkpoint_policy=False)
+
     def utilisation(self, operations: list[Operation], model_flops: float) -> float:
         """The share of the peak ``model_flops`` reach when ``operations`` run them (MFU: the
         operations may recompute, the model's FLOPs count once)."""
@@ -149,8 +166,7 @@ def datasheet_gaps(config: TrainConfig) -> list[str]:
 
 
 def check_datasheet(config: TrainConfig) -> None:
-    """A hardware group that names a GPU states its datasheet (:data:`DATASHEET_FACTS`), and
-    ``precision=fp32`` on a GPU needs its float32 peak."""
+    """A hardware group that names a GPU states its datasheet (:data:`DATASHEET_FACTS`)."""
     hardware = config.hardware
     missing = datasheet_gaps(config)
     if hardware.gpu is not None and missing:
@@ -234,7 +250,7 @@ def optimizer_seconds(device: Device, operations: tuple[Operation, ...] | None, 
     """A step's optimizer on each rank, its ``operations`` timed one by one (0 where not known), said."""
     if not operations:
         return 0.0
-    seconds = Device(device.peak_flops, device.bandwidth_gb_s, device.generation).seconds(operations)
+    seconds = device.eager().seconds(operations)
     flops, moved = sum(op.flops for op in operations), sum(op.moved for op in operations)
     notes.append(
         f"optimizer: {len(operations)} operations a step on each rank, {moved / GB:.2f} GB moved and "
@@ -248,7 +264,7 @@ def methods_seconds(device: Device, methods: tuple[MethodWork, ...], timeline: T
     EMA's update of its average, MixUp's and CutMix's blend), its operations timed one by one and
     spread over the steps of its interval on the run's ``timeline``; said."""
     total = 0.0
-    eager = Device(device.peak_flops, device.bandwidth_gb_s, device.generation)
+    eager = device.eager()
     for method in methods:
         steps = timeline.to_batches(method.interval)
         if not steps:
