@@ -37,16 +37,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 from estimate_validation import composed, estimate_row, rows  # noqa: E402
 
 GROUPS = {"h100": "8xh100_aws", "h200": "8xh200"}  # the hardware group a reading's GPU is described by
-PARAMETERS = ("matmul", "convolution", "attention", "memory", "half_dimension", "floor_s", "policy_s")
+PARAMETERS = ("matmul", "convolution_intensity", "attention", "memory", "half_dimension", "floor_s", "policy_s")
 # what the field knows before any reading: cuBLAS's large bf16 GEMMs at about 70 % of an H100's dense
-# peak, cuDNN's convolutions at about half, FlashAttention-2 at about 40 % (Dao, 2023: 335-350 of 989
+# peak, cuDNN's convolutions at about a third of an A100's (312 TFLOP/s over 1,555 GB/s at 80 %: 80 FLOPs
+# a byte of their traffic), FlashAttention-2 at about 40 % (Dao, 2023: 335-350 of 989
 # TFLOP/s forward), copies at about 80 % of HBM's bandwidth, a GEMM dimension of 32 at half its rate,
 # 20 µs an eager operation's dispatch and launch, and 50 µs selective checkpointing's policy
-PRIOR = (0.7, 0.5, 0.4, 0.8, 32.0, 2e-5, 5e-5)
+PRIOR = (0.7, 80.0, 0.4, 0.8, 32.0, 2e-5, 5e-5)
 PRIOR_WEIGHT = 0.3  # a parameter's log off its prior by 1 costs as a reading's log off by 0.3
 START = PRIOR
-LOWER = (0.05, 0.05, 0.05, 0.3, 1.0, 1e-6, 1e-7)
-UPPER = (1.0, 1.0, 1.0, 1.0, 1024.0, 1e-3, 1e-3)
+LOWER = (0.05, 5.0, 0.05, 0.3, 1.0, 1e-6, 1e-7)
+UPPER = (1.0, 1000.0, 1.0, 1.0, 1024.0, 1e-3, 1e-3)
 
 
 @dataclass
@@ -127,24 +128,24 @@ def fit_hopper(steps: list[ReadStep]) -> Any:
 
 
 def fit_ampere(hopper: Any, row: dict[str, Any]) -> Any:
-    """Ampere: hopper's shares with the convolutions' (what ``row``, a ResNet, decides) the one that
-    makes ``row``'s estimate its published figure (bisection on its log; the estimate falls as it grows)."""
+    """Ampere: hopper's shares with the convolutions' intensity (what ``row``, a ResNet, decides) the one
+    that makes ``row``'s estimate its published figure (bisection on its log; the estimate falls as it grows)."""
     import trainrun.estimate.device as device
 
-    def scaled(convolution: float) -> Any:
+    def scaled(intensity: float) -> Any:
         note = f"{row['id']}: convolution fitted, the rest hopper's"
-        return dataclasses.replace(hopper, name="ampere", convolution=convolution, fitted_on=(note,))
+        return dataclasses.replace(hopper, name="ampere", convolution_intensity=intensity, fitted_on=(note,))
 
-    def ratio(convolution: float) -> float:
+    def ratio(intensity: float) -> float:
         original = device.generations
-        device.generations = lambda: {"hopper": hopper, "ampere": scaled(convolution)}
+        device.generations = lambda: {"hopper": hopper, "ampere": scaled(intensity)}
         try:
             return estimate_row(row).ratio
         finally:
             device.generations = original
 
-    low, high = math.log(0.05), math.log(1.0)
-    for _ in range(8):
+    low, high = math.log(LOWER[1]), math.log(UPPER[1])
+    for _ in range(12):
         middle = (low + high) / 2
         low, high = (middle, high) if ratio(math.exp(middle)) > 1 else (low, middle)
     return scaled(math.exp((low + high) / 2))

@@ -170,14 +170,14 @@ def test_grouped_query_attention_counts_its_flops_at_the_querys_heads():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.estimate.operations import attention_flop_formulas
+    from trainrun.estimate.operations import flop_formulas
 
     query = torch.randn(2, 8, 64, 16, requires_grad=True)
     keys, values = torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16)
     counts = []
     for grouped in (True, False):
         k, v = (keys, values) if grouped else (keys.repeat_interleave(4, 1), values.repeat_interleave(4, 1))
-        with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as counter:
+        with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:
             F.scaled_dot_product_attention(query, k, v, is_causal=True, enable_gqa=grouped).sum().backward()
         counts.append(counter.get_flop_counts()["Global"])
     assert counts[0] == counts[1] and sum(counts[0].values()) > 0
@@ -190,12 +190,12 @@ def test_attention_counts_model_flops_its_backward_twice_its_forward_by_value():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.estimate.operations import attention_flop_formulas
+    from trainrun.estimate.operations import flop_formulas
 
     batch, heads, tokens, width = 2, 8, 64, 16
     query = torch.randn(batch, heads, tokens, width, requires_grad=True)
     keys, values = (torch.randn(batch, 2, tokens, width, requires_grad=True) for _ in range(2))
-    with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as counter:
+    with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:
         F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True).sum().backward()
     (counts,) = [counter.get_flop_counts()["Global"]]
     forward = 2 * (2 * batch * heads * tokens * tokens * width)
@@ -759,7 +759,7 @@ def hopper_like(**shares: float):
     """A generation whose products reach the whole peak at any shape, copies the whole bandwidth."""
     from trainrun.estimate.device import Generation
 
-    values = dict(matmul=1.0, convolution=1.0, attention=1.0, memory=1.0, half_dimension=0.0, floor_s=1e-5,
+    values = dict(matmul=1.0, convolution_intensity=1e9, attention=1.0, memory=1.0, half_dimension=0.0, floor_s=1e-5,
                   policy_s=4e-5) | shares  # fmt: skip
     return Generation("test", **values, fitted_on=())
 
@@ -780,6 +780,42 @@ def test_an_operation_takes_the_slowest_of_its_flops_its_bytes_and_the_floor():
     assert device.operation_seconds(Operation(1.0, 1.0)) == 1e-5  # the floor
     policy = Device(1e15, 1000, hopper_like(), checkpoint_policy=True)
     assert policy.operation_seconds(Operation(1.0, 1.0)) == pytest.approx(5e-5)  # selective checkpointing's policy
+
+
+def test_a_convolution_is_never_faster_than_its_kernels_traffic_nor_than_a_matrix_product():
+    """2 TFLOP of convolution at 100 FLOPs a byte: on 1,000 TFLOP/s over 1,000 GB/s the traffic bounds
+    it (20 ms, a tenth of the peak); on 10 TFLOP/s over the same memory the products' share does
+    (200 ms): a GPU whose memory keeps up with its peak computes convolutions as matrix products."""
+    from trainrun.estimate.device import Device
+    from trainrun.estimate.operations import CONVOLUTION, MATMUL, Operation
+
+    convolution = Operation(2e12, 1.0, CONVOLUTION, ())
+    fast_compute = Device(1e15, 1000, hopper_like(convolution_intensity=100))
+    assert fast_compute.operation_seconds(convolution) == pytest.approx(0.02)
+    assert fast_compute.operation_seconds(convolution._replace(kind=MATMUL)) == pytest.approx(0.002)
+    balanced = Device(1e13, 1000, hopper_like(convolution_intensity=100))
+    assert balanced.operation_seconds(convolution) == pytest.approx(0.2)
+
+
+def test_a_grouped_convolutions_backward_counts_its_forwards_flops_for_each_gradient():
+    """torch's formula counts a grouped convolution's weight gradient as if it had one group (a
+    depthwise 3 x 3 over 64 channels: 65 forwards); the estimate's, two forwards, one without the
+    input's gradient, and a transposed convolution's the same way."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainrun.estimate.operations import flop_formulas
+
+    for layer in (torch.nn.Conv2d, torch.nn.ConvTranspose2d):
+        for groups in (1, 8, 64):
+            convolution = layer(64, 64, 3, stride=2, padding=1, groups=groups, bias=False)
+            for needs_grad, gradients in ((True, 2), (False, 1)):
+                x = torch.randn(2, 64, 16, 16, requires_grad=needs_grad)
+                with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as forward:
+                    y = convolution(x)
+                with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as backward:
+                    y.sum().backward()
+                assert backward.get_total_flops() == gradients * forward.get_total_flops(), (layer, groups)
 
 
 def test_a_compiled_step_is_timed_as_inductors_kernels_each_element_wise_chain_one():

@@ -162,3 +162,41 @@ def test_the_verdict_is_given_once_when_both_threads_reach_it():
     for thread in threads:
         thread.join()
     assert len(said) == 1
+
+
+NCCL_ABORTED = (
+    "[Rank 0] NCCL communicator was aborted on rank 0. Original reason for failure was: [Rank 0] Watchdog "
+    "caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600000 milliseconds"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "waits"),
+    [
+        (dist.DistBackendError(NCCL_ABORTED), True),  # NCCL's watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+        (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"), True),
+        (ValueError("loss is nan"), False),  # the rank's own failure goes up at once
+    ],
+)
+def test_a_collective_that_fails_as_nccl_fails_waits_for_the_heartbeats_verdict(tmp_path, monkeypatch, error, waits):
+    """Under NCCL with the launcher's TORCH_NCCL_ASYNC_ERROR_HANDLING=2, the watchdog aborts the
+    communicator and the training thread's collective raises (torch's default would end the process
+    before the heartbeat names the lost node). On a run across nodes that exception waits the
+    heartbeat's verdict, as gloo's reset connection does; the rank's own error does not."""
+    from trainrun.config import check
+    from trainrun.core.trainer import Trainer
+    from trainrun.run import train
+
+    waited = []
+
+    def collective_fails(self, offset=None):  # noqa: ANN001, ANN202
+        raise error
+
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setattr(heartbeat, "start", lambda timeout, on_lost: None)
+    monkeypatch.setattr(heartbeat, "await_verdict", waited.append)
+    monkeypatch.setattr(Trainer, "fit", collective_fails)
+    config = check(["data=digits", "model.resnet_small.width=8", "progress=false", "launcher.node_timeout=7"])[0]
+    with pytest.raises(type(error)):
+        train(config, tmp_path, "")
+    assert waited == ([7] if waits else [])

@@ -5,9 +5,13 @@ reads and writes, its kind and the dimensions that decide how well it runs). Eac
 run's GPU as described by its hardware group's datasheet (:class:`Device`: the dense peak at the
 run's precision, the memory bandwidth, the architecture):
 
-- matrix products and convolutions on the tensor cores, at the share of the peak a large one
-  reaches (``matmul``, ``convolution``), less as each of its GEMM dimensions shrinks: a factor
-  ``d / (d + half_dimension)`` a dimension (a convolution's GEMM is the implicit one, per group);
+- matrix products on the tensor cores, at the share of the peak a large one reaches (``matmul``),
+  less as each of its GEMM dimensions shrinks: a factor ``d / (d + half_dimension)`` a dimension;
+- convolutions as the same products (their implicit GEMM, per group), but never faster than their
+  kernels' traffic allows: ``convolution_intensity`` FLOPs for each byte at the memory's share of the
+  bandwidth. cuDNN's implicit GEMMs re-read their tiles, so a GPU whose peak outruns its memory (an
+  A100, an H100) computes a ResNet's convolutions at a third or a quarter of its peak, and one whose
+  memory keeps up (a GeForce part at half the peak) at its matrix products' share;
 - attention as a fused (flash) kernel runs it, at its own share (``attention``), less for short
   sequences and narrow heads by the same factor;
 - everything else (element-wise operations, norms, reductions, depthwise convolutions, copies) at
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from trainrun.errors import ConfigError
-from trainrun.estimate.operations import ATTENTION, CONVOLUTION, MATMUL, MEMORY, Operation
+from trainrun.estimate.operations import ATTENTION, CONVOLUTION, MEMORY, Operation
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
@@ -56,7 +60,7 @@ class Generation:
 
     name: str
     matmul: float
-    convolution: float
+    convolution_intensity: float  # a convolution's FLOPs a byte of its traffic at the memory's share
     attention: float
     memory: float
     half_dimension: float
@@ -64,9 +68,6 @@ class Generation:
     policy_s: float
     fitted_on: tuple[str, ...]  # the fit set's rows
     borrowed_from: str | None = None  # an unfitted generation timed with this fitted one's shares
-
-    def share(self, kind: str) -> float:
-        return {MATMUL: self.matmul, CONVOLUTION: self.convolution, ATTENTION: self.attention}[kind]
 
 
 @functools.cache
@@ -122,9 +123,17 @@ class Device:
         computing = 0.0
         if operation.flops and operation.kind != MEMORY:
             shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
-            computing = operation.flops / (self.peak_flops * generation.share(operation.kind) * shape)
+            computing = operation.flops / (self.rate(operation.kind) * shape)
         floor = generation.floor_s + (generation.policy_s if self.checkpoint_policy else 0.0)
         return max(computing, moving, floor)
+
+    def rate(self, kind: str) -> float:
+        """The FLOP/s a large operation of ``kind`` (matmul, convolution, attention) reaches here."""
+        generation = self.generation
+        if kind == CONVOLUTION:
+            traffic = self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity
+            return min(self.peak_flops * generation.matmul, traffic)
+        return self.peak_flops * (generation.attention if kind == ATTENTION else generation.matmul)
 
     def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
         """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled)."""

@@ -36,7 +36,7 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.operations import AsFusedAttention, Operation, OperationLog, attention_flop_formulas
+from trainrun.estimate.operations import AsFusedAttention, Operation, OperationLog, flop_formulas
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import TrainConfig
@@ -321,7 +321,7 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
     trackers, which the counter inside them would change."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
     _fake_pass(config, task, text, samples, train, counter)
     return float(counter.get_total_flops())
 

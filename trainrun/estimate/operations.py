@@ -1,7 +1,7 @@
 """The operations a step runs, as the estimate times them (:mod:`trainrun.estimate.device`): each aten
 operation of a fake pass with its FLOPs, the bytes it reads and writes, its kind and the dimensions
 its speed depends on (:class:`OperationLog`), attention counted and run as the fused kernels a GPU
-runs (:func:`attention_flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP
+runs (:func:`flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP
 counter gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
 
 from __future__ import annotations
@@ -54,15 +54,31 @@ def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *
     return 2 * _attention_flops(query_shape, key_shape, value_shape)
 
 
-def attention_flop_formulas() -> dict:
-    """``FlopCounterMode``'s ``custom_mapping`` for the fused attention kernels: the CPU's flash
-    kernel, which the estimate's fake tensors run, and CUDA's, counted as model FLOPs (torch's
-    forward formula; the backward twice the forward) with grouped-query attention's keys and values
-    widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts them so)."""
+def _convolution_backward_flops(grad_out_shape, x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    """A convolution's backward FLOPs: its forward's for each gradient it computes (the input's, the
+    weight's). torch's formula counts the weight's gradient as if the convolution had one group, so
+    a grouped one's backward by its groups too much (a depthwise 3 x 3 over 64 channels: 65 times its
+    forward, not 2)."""
+    transposed, output_mask = args[4], args[7]
+    small_side = x_shape if transposed else grad_out_shape  # the positions the forward's GEMM computes
+    forward = 2 * small_side[0] * math.prod(small_side[2:]) * math.prod(w_shape)
+    return forward * sum(map(bool, output_mask[:2]))
+
+
+def flop_formulas() -> dict:
+    """``FlopCounterMode``'s ``custom_mapping`` where torch's own formulas do not count what a GPU's
+    kernel computes: the fused attention kernels (the CPU's flash kernel, which the estimate's fake
+    tensors run, and CUDA's) counted as model FLOPs (torch's forward formula; the backward twice the
+    forward) with grouped-query attention's keys and values widened to the query's heads (torch 2.11's
+    formulas reject unequal heads; later torch counts them so), and a grouped convolution's backward."""
     kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
     ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
     backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
-    return {**dict.fromkeys(ops, _attention_flops), **dict.fromkeys(backward_ops, _attention_backward_flops)}
+    return {
+        **dict.fromkeys(ops, _attention_flops),
+        **dict.fromkeys(backward_ops, _attention_backward_flops),
+        aten.convolution_backward: _convolution_backward_flops,
+    }
 
 
 class AsFusedAttention(TorchFunctionMode):
@@ -104,7 +120,7 @@ class OperationLog(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.operations: list[Operation] = []
-        custom = {packet: shape_wrapper(formula) for packet, formula in attention_flop_formulas().items()}
+        custom = {packet: shape_wrapper(formula) for packet, formula in flop_formulas().items()}
         self.formulas = {**flop_registry, **custom}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
