@@ -15,7 +15,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${STEPS:-peers rates fastpaths env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
+steps=${STEPS:-peers operations rates fastpaths env tests bert128 bert512 alibi compile resnet gpt llama estimate llama_compiled loaders recipes unet}
 
 step() {  # each step stops after STEP_LIMIT seconds (default 300), so one slow step leaves the rest their time
   local name=$1
@@ -90,6 +90,8 @@ for name in $steps; do
     # shellcheck disable=SC2086  # FAST_RECIPES is a list of recipes (100-190 s a run on an H100)
     fastpaths) TAIL=30 step fastpaths python3 bench/fast_paths.py --steps 20 --recipes ${FAST_RECIPES:-gpt_speedrun gpt125} ;;
     estimate) step estimate python3 bench/estimate_check.py ;;  # trainrun estimate against the measured peaks
+    # each kind of operation and whole steps of brought models beside the estimate's times (issue 92's second call)
+    operations) step operations python3 bench/operations.py ;;
     llama_compiled) step llama_compiled python3 bench/sharding.py speed --model llama3_1b --batch 2 --seq 4096 --precisions bf16 fp8 --compile --rounds 1 ;;
     loaders) step loaders python3 bench/loaders.py --hot --images 4000 --workers 8 --sides 300 900 --batch 256 ;;
     # trainrun beside nanoGPT, Trainer and Lightning, four sections of at most 125 s each (one call):

@@ -429,6 +429,19 @@ def test_the_fit_reproduces_the_generations_from_their_declared_fit_set(monkeypa
         assert getattr(fitted, name) == pytest.approx(getattr(held, name), rel=0.01), name
 
 
+def test_operations_bench_times_each_kind_of_operation_and_step_beside_the_estimate():
+    """``bench/operations.py --cpu`` (the GPU window's second call, tiny on this CPU): each kind of
+    operation the estimate times and a whole step of a timm and a transformers model, each with the
+    estimate's time on the H200's group, the time measured here and their ratio."""
+    result = bench("operations.py", "--cpu", "--steps", "4", "--repeats", "2")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ") and " ms |" in line]
+    kinds = {row[0].lstrip("| ") for row in rows}
+    assert kinds == {"matmul", "convolution", "depthwise", "grouped", "attention", "memory", "training step"}
+    assert all(float(row[4].rstrip(" |")) > 0 for row in rows), result.stdout
+    assert "estimated on hardware=8xh200, measured on this CPU" in result.stdout
+
+
 COUNTED_WITHIN_GOAL = 12  # counted predictions within 25 % of their figures: never fewer
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))
 ON_ONE_GPU = {"unet3d_brats": "nnU-Net's batch of 2 trains on one GPU: 8 ranks are refused in one line"}
