@@ -940,3 +940,29 @@ def test_a_multi_node_ddp_step_is_the_gpus_time_and_its_unhidden_exchange_once()
     assert 0 < phase["exposed_link_seconds"] <= phase["link_seconds"]
     assert phase["seconds"] == pytest.approx(phase["gpu_seconds"] + phase["exposed_link_seconds"], rel=1e-9)
     assert estimate["step_seconds"] == pytest.approx(phase["seconds"], rel=1e-9)
+
+
+@pytest.mark.parametrize("limit", [500.0, 120.0, 75.0, 20.0, 5.0])
+def test_the_search_for_a_fitting_micro_batch_starts_where_the_memory_predicts_and_finds_what_halving_finds(
+    monkeypatch, limit
+):
+    """What a rank holds stays and the rest shrinks with the micro-batch: from the whole batch's pass
+    the search measures the halving predicted to fit, and its neighbours, not every halving; its
+    answer is the first of the halvings (then stronger checkpointing) that fits, as one by one."""
+    import trainrun.estimate as estimate_module
+    from trainrun.estimate import RunShape, first_fitting, fitting_shapes
+    from trainrun.estimate.memory import Memory
+
+    def memory(shape: RunShape) -> Memory:
+        relief = {"none": 1.0, "selective": 0.5, "full": 0.2}[shape.checkpointing]
+        peak = 12.0 + 1.3 * 45.0 * shape.micro_batch**0.97 * relief  # held 12 GB, the rest nearly linear
+        return Memory(held={"weights": 4.0, "gradients": 4.0, "optimizer": 4.0}, peak={"total": peak}, eval_peak=1.0)
+
+    measured = []
+    monkeypatch.setattr(estimate_module, "measure", lambda config, shape, task: measured.append(shape) or memory(shape))
+    whole = RunShape(8, 1, 32, 32, 32, None, "", "none")
+    found, _ = first_fitting(None, whole, None, limit, memory(whole))
+    expected = next((shape for shape in fitting_shapes(whole) if memory(shape).highest <= limit), None)
+    assert found == expected
+    if expected is not None and expected.checkpointing == "none":
+        assert len(measured) <= 3  # of six halvings

@@ -241,13 +241,32 @@ def check_task_flags(
 
 
 def first_fitting(
-    config: TrainConfig, shape: RunShape, task: Task, limit: float
+    config: TrainConfig, shape: RunShape, task: Task, limit: float, whole: Memory
 ) -> tuple[RunShape, Memory] | tuple[None, None]:
-    """The first of :func:`fitting_shapes` whose step and evaluation fit ``limit`` GB, and its memory."""
-    for smaller in fitting_shapes(shape):
-        memory = measure(config, smaller, task)
-        if memory.highest <= limit:
-            return smaller, memory
+    """The first of :func:`fitting_shapes` whose step and evaluation fit ``limit`` GB, and its memory.
+    ``whole`` is ``shape``'s, which does not fit: what it holds between steps stays and the rest
+    shrinks with the micro-batch, so the search starts at the largest halving that predicts to fit and
+    walks to the first that does (one pass or two, not one a halving; the same answer while a smaller
+    micro-batch needs no more memory)."""
+    tried = list(fitting_shapes(shape))
+    halvings = sum(candidate.checkpointing == shape.checkpointing for candidate in tried)
+    held = sum(whole.held.values())
+    scales = [tried[index].micro_batch / shape.micro_batch for index in range(halvings)]
+    predicted = [held + (whole.highest - held) * scale for scale in scales]
+    index = next((index for index, peak in enumerate(predicted) if peak <= limit), max(halvings - 1, 0))
+    measured: dict[int, Memory] = {}
+
+    def fits(at: int) -> bool:
+        measured[at] = measured.get(at) or measure(config, tried[at], task)
+        return measured[at].highest <= limit
+
+    if index < halvings and fits(index):
+        while index > 0 and fits(index - 1):
+            index -= 1
+        return tried[index], measured[index]
+    for later in range(index + 1 if index < halvings else 0, len(tried)):
+        if fits(later):
+            return tried[later], measured[later]
     return None, None
 
 
@@ -285,7 +304,7 @@ def estimate(
     with fake_world(shape.ranks):
         memory = measure(config, shape, task)
         if limit and memory.highest > limit:
-            smaller, smaller_memory = first_fitting(config, shape, task, limit)
+            smaller, smaller_memory = first_fitting(config, shape, task, limit, memory)
             if smaller is not None and auto and smaller.checkpointing == shape.checkpointing:
                 notes.append(f"device_train_microbatch_size=auto settles at {smaller.micro_batch} here")
                 shape, memory = smaller, smaller_memory
@@ -307,13 +326,12 @@ def auto_microbatch(config: TrainConfig, limit: float) -> int | None:
     halving from the per-rank batch as ``auto`` does, whose step and evaluation fit ``limit`` GB at
     the run's checkpointing; None if not even one sample does."""
     task, shape = sized_task(config), run_shape(config, None)
-    halved = [smaller for smaller in fitting_shapes(shape) if smaller.checkpointing == shape.checkpointing]
-    candidates = [shape, *halved]
     with fake_world(shape.ranks):
-        for candidate in candidates:
-            if measure(config, candidate, task).highest <= limit:
-                return candidate.micro_batch
-    return None
+        whole = measure(config, shape, task)
+        if whole.highest <= limit:
+            return shape.micro_batch
+        smaller, _ = first_fitting(config, shape, task, limit, whole)
+    return smaller.micro_batch if smaller is not None and smaller.checkpointing == shape.checkpointing else None
 
 
 def mesh_name(config: TrainConfig, shape: RunShape) -> str:
