@@ -508,9 +508,9 @@ def test_the_built_in_corpus_and_its_default_tokenizer_are_the_same_on_every_mac
     documents = read_documents("stdlib_docs")
     assert len(documents) == 5829 and all(documents)
     stores = []
-    for cache in ("one", "two"):
-        config = DataConfig(name="text", cache_dir=str(tmp_path / cache), text=TextConfig(corpus="stdlib_docs"))
-        stores.append(cached_store(config, SINGLE_PROCESS))
+    for cache in ("one", "two"):  # the data as a run composes it (conf/data/stdlib_docs.yaml's split)
+        overrides = ["task=masked_lm", "model=bert_tiny", "data=stdlib_docs", f"data.cache_dir={tmp_path / cache}"]
+        stores.append(cached_store(check(overrides)[0].data, SINGLE_PROCESS))
     shipped = builtin_tokenizer_file("stdlib_docs", "wordpiece", TextConfig().vocab_size)
     assert file_sha256(stores[0] / "tokenizer.json") == file_sha256(stores[1] / "tokenizer.json")
     assert (

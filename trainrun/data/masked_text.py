@@ -35,6 +35,7 @@ from trainrun.data.interface import Datasets, TextFacts
 from trainrun.data.store_writer import write_token_store
 from trainrun.data.token_store import (
     SPECIAL_TOKENS,
+    TEXT_VAL_FRACTION,
     TokenStore,
     builtin_corpus_file,
     builtin_tokenizer_file,
@@ -181,10 +182,10 @@ def text_datasets(config: DataConfig, placement: Placement = SINGLE_PROCESS, aug
 
 
 def shipped_tokenizer(config: DataConfig) -> Path | None:
-    """The tokenizer trainrun ships for the run's built-in corpus, where the run trains its default
-    split at a shipped vocabulary (what it would train, the same on every machine); else None."""
-    defaults = DataConfig()
-    if (config.val_fraction, config.split_seed) != (defaults.val_fraction, defaults.split_seed):
+    """The tokenizer trainrun ships for the run's built-in corpus, where the run trains on the split it
+    was trained on (the corpus's: :data:`~trainrun.data.token_store.TEXT_VAL_FRACTION`, the default
+    seed) at a shipped vocabulary (what it would train, the same on every machine); else None."""
+    if (config.val_fraction, config.split_seed) != (TEXT_VAL_FRACTION, DataConfig().split_seed):
         return None
     shipped = builtin_tokenizer_file(config.text.corpus, config.text.tokenizer, config.text.vocab_size)
     return shipped if shipped.is_file() else None
@@ -200,6 +201,8 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
     identity = {"corpus": corpus, "vocab_size": vocab_size, "tokenizer": kind, "val_fraction": config.val_fraction}
     identity["split_seed"] = config.split_seed
     identity["documents"] = file_sha256(builtin_corpus_file(corpus))  # the shipped corpus, should it change
+    shipped = shipped_tokenizer(config)
+    identity["shipped_tokenizer"] = file_sha256(shipped) if shipped else None  # else one trained here
     prefix = cache_prefix(config.cache_dir, corpus, identity)
     path = prefix.with_name(f"{prefix.name}-tokens")
     tokenizer_file = path / "tokenizer.json"
@@ -207,7 +210,7 @@ def cached_store(config: DataConfig, placement: Placement) -> Path:
     def write(tokenizer: str | None = None) -> None:
         train, val = split_documents(read_documents(corpus), config.val_fraction, config.split_seed)
         with tempfile.TemporaryDirectory() as folder:
-            given = shipped_tokenizer(config)
+            given = shipped
             if tokenizer is not None:
                 given = Path(folder) / "tokenizer.json"
                 given.write_text(tokenizer)
