@@ -65,17 +65,28 @@ CPU_MODELS = {
 }
 
 
+def trained(args: list[str], folder: Path, timeout: int = 600) -> tuple[list[dict], dict] | str:
+    """``trainrun ARGS`` in its own process, its run folder ``folder``: its ``metrics.jsonl`` records
+    and its ``summary.json``, or where it failed its last line (the lines before it printed, for the
+    step's log)."""
+    args = [*args, f"hydra.run.dir={folder}"]
+    done = subprocess.run([sys.executable, "-m", "trainrun", *args], capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        print("\n".join(lines[-25:]), file=sys.stderr, flush=True)
+        return lines[-1]
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return records, json.loads((folder / "summary.json").read_text())
+
+
 def run(recipe: str, overrides: list[str], steps: int, folder: Path) -> dict:
     """One recipe run's figures (rate, peak memory, compile record), or its error."""
     args = [f"recipe={recipe}", *overrides, f"max_duration={steps}ba", f"eval_interval={steps // 2}ba"]
-    args += ["launcher.devices=1", "progress=false", "export=false", f"hydra.run.dir={folder}"]
-    done = subprocess.run([sys.executable, "-m", "trainrun", *args], capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        print("\n".join(lines[-25:]), file=sys.stderr, flush=True)  # the failure's context, in the step's log
-        return {"error": lines[-1]}
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((folder / "summary.json").read_text())
+    args += ["launcher.devices=1", "progress=false", "export=false"]
+    result = trained(args, folder)
+    if isinstance(result, str):
+        return {"error": result}
+    records, summary = result
     config = validate(compose(args), files=False)
     try:
         flops = estimate(config).step_flops

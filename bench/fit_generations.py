@@ -144,7 +144,8 @@ def fit_ampere(hopper: Any, row: dict[str, Any]) -> Any:
         finally:
             device.generations = original
 
-    low, high = math.log(LOWER[1]), math.log(UPPER[1])
+    bound = PARAMETERS.index("convolution_intensity")
+    low, high = math.log(LOWER[bound]), math.log(UPPER[bound])
     for _ in range(12):
         middle = (low + high) / 2
         low, high = (middle, high) if ratio(math.exp(middle)) > 1 else (low, middle)

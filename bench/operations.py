@@ -17,10 +17,7 @@ is ``trainrun`` itself, ``--steps`` steps on one device, the rate of the second 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,10 +26,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from fast_paths import trained
 
 from trainrun.config import compose
 from trainrun.estimate import estimate
-from trainrun.estimate.device import device_of
+from trainrun.estimate.device import Device, device_of
 from trainrun.estimate.operations import AsFusedAttention, OperationLog
 from trainrun.validation import validate
 
@@ -174,11 +172,10 @@ def hardware_group(requested: str | None) -> str:
     return next((group for gpu, group in GROUPS.items() if gpu in name), "8xh200")
 
 
-def predicted_seconds(case: Case, group: str) -> float:
-    """The estimate's time for ``case`` on ``group``'s GPU: its aten operations on fake tensors, eager."""
+def predicted_seconds(case: Case, device: Device) -> float:
+    """The estimate's time for ``case`` on ``device``: its aten operations on fake tensors, eager."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    device = device_of(validate(compose([f"hardware={group}", "precision=bf16"]), files=False))
     log = OperationLog()
     with FakeTensorMode(), AsFusedAttention():
         inputs = case.build(torch.device("cpu"), torch.bfloat16)
@@ -217,15 +214,12 @@ def step_prediction(overrides: list[str], group: str) -> float | None:
 def step_measured(overrides: list[str], steps: int, folder: Path) -> float | str:
     """The run's step on this machine's device: ``trainrun`` for ``steps`` steps, the second half's rate."""
     args = [*overrides, f"max_duration={steps}ba", f"eval_interval={steps // 2}ba", "launcher.devices=1"]
-    args += ["progress=false", "export=false", "checkpoint.interval=null", "stop_at=null", f"hydra.run.dir={folder}"]
-    done = subprocess.run([sys.executable, "-m", "trainrun", *args], capture_output=True, text=True, timeout=900)
-    if done.returncode:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        print("\n".join(lines[-15:]), file=sys.stderr, flush=True)
-        return f"failed: {lines[-1]}"
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    batch = validate(compose(args), files=False).train_batch_size
-    return batch / records[-1]["throughput"]
+    args += ["progress=false", "export=false", "checkpoint.interval=null", "stop_at=null"]
+    result = trained(args, folder, timeout=900)
+    if isinstance(result, str):
+        return f"failed: {result}"
+    records, _ = result
+    return validate(compose(args), files=False).train_batch_size / records[-1]["throughput"]
 
 
 def cell(seconds: float | str | None) -> str:
@@ -256,8 +250,9 @@ def main() -> None:
     print(f"estimated on hardware={group}{measuring}, torch {torch.__version__}")
     print("| kind | shape | estimated | measured | estimated / measured |")
     print("| --- | --- | ---: | ---: | ---: |")
+    gpu = device_of(validate(compose([f"hardware={group}", "precision=bf16"]), files=False))
     for case in operations:
-        predicted = predicted_seconds(case, group)
+        predicted = predicted_seconds(case, gpu)
         measured = None if args.predict else measured_seconds(case, device, dtype, args.repeats)
         print(f"| {case.kind} | {case.name} | {cell(predicted)} | {cell(measured)} | {ratio(predicted, measured)} |")
     with tempfile.TemporaryDirectory() as scratch:

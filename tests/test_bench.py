@@ -440,6 +440,10 @@ def test_operations_bench_times_each_kind_of_operation_and_step_beside_the_estim
     assert kinds == {"matmul", "convolution", "depthwise", "grouped", "attention", "memory", "training step"}
     assert all(float(row[4].rstrip(" |")) > 0 for row in rows), result.stdout
     assert "estimated on hardware=8xh200, measured on this CPU" in result.stdout
+    from trainrun.estimate.device import generations
+
+    (floor,) = [row for row in rows if row[1] == "add of 2 x 1"]  # one element: the floor an operation costs
+    assert floor[2] == f"{generations()['hopper'].floor_s * 1e3:.3f} ms"
 
 
 COUNTED_WITHIN_GOAL = 12  # counted predictions within 25 % of their figures: never fewer

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,8 +182,6 @@ def rendezvous_answers(endpoint: str, timeout: float) -> bool:
     """Whether the rendezvous at ``endpoint`` (host:port, node 0's or the c10d host's) accepts a
     connection within ``timeout`` seconds, tried every second. torch's store client would retry as
     long, then print its own traces in many lines; this lets the launch end in one."""
-    import time
-
     host, port = endpoint.rsplit(":", 1)
     deadline = time.monotonic() + timeout
     while True:

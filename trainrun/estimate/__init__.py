@@ -249,24 +249,23 @@ def first_fitting(
     walks to the first that does (one pass or two, not one a halving; the same answer while a smaller
     micro-batch needs no more memory)."""
     tried = list(fitting_shapes(shape))
-    halvings = sum(candidate.checkpointing == shape.checkpointing for candidate in tried)
+    halvings = [candidate for candidate in tried if candidate.checkpointing == shape.checkpointing]
     held = sum(whole.held.values())
-    scales = [tried[index].micro_batch / shape.micro_batch for index in range(halvings)]
-    predicted = [held + (whole.highest - held) * scale for scale in scales]
-    index = next((index for index, peak in enumerate(predicted) if peak <= limit), max(halvings - 1, 0))
-    measured: dict[int, Memory] = {}
+    predicted = [held + (whole.highest - held) * smaller.micro_batch / shape.micro_batch for smaller in halvings]
+    start = next((index for index, peak in enumerate(predicted) if peak <= limit), len(halvings) - 1)
+    memories: dict[int, Memory] = {}
 
-    def fits(at: int) -> bool:
-        measured[at] = measured.get(at) or measure(config, tried[at], task)
-        return measured[at].highest <= limit
+    def fits(index: int) -> bool:
+        memories[index] = measure(config, tried[index], task)
+        return memories[index].highest <= limit
 
-    if index < halvings and fits(index):
-        while index > 0 and fits(index - 1):
-            index -= 1
-        return tried[index], measured[index]
-    for later in range(index + 1 if index < halvings else 0, len(tried)):
-        if fits(later):
-            return tried[later], measured[later]
+    if halvings and fits(start):
+        while start > 0 and fits(start - 1):
+            start -= 1
+        return tried[start], memories[start]
+    for index in range(start + 1 if halvings else 0, len(tried)):
+        if fits(index):
+            return tried[index], memories[index]
     return None, None
 
 

@@ -26,8 +26,9 @@ from trainrun.kinds import Capability
 from trainrun.models.glu import feed_forwards
 
 # what the meta device says of an operation it cannot run (autocast has no meta dtype; an operation
-# without a meta kernel: "'Meta' backend", "Meta tensors"), not of the model
-META_LIMITS = ("meta", "Meta", "scalarType", "Cannot copy out of meta tensor")
+# without a meta kernel: "'Meta' backend", "Meta tensors", "Cannot copy out of meta tensor"), not of
+# the model; matched in lower case
+META_LIMITS = ("meta", "scalartype")
 _BUILT: dict[str, nn.Module] = {}  # a run's meta build, by its model settings and the facts it reads
 
 
@@ -155,7 +156,7 @@ def check_outputs(config: Any, key: str) -> None:
         outputs = model(inputs)
     except Exception as error:  # a model of any library raises what it raises
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        if any(word in first for word in META_LIMITS):
+        if any(word in first.lower() for word in META_LIMITS):
             return  # an operation the meta device cannot run: the first step runs it
         shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else tuple(inputs["input_ids"].shape)
         raise ConfigError(
