@@ -153,7 +153,7 @@ def test_under_fp16_loss_scaling_skipped_steps_are_tolerated_until_too_many_in_a
     run.state.batch = 3
     run._pending_losses = [torch.tensor(2.0), torch.tensor(float("inf")), torch.tensor(1.0)]
     run._flush_losses()
-    assert run.state.train_loss == 1.0 and run._window.loss_sum == 3.0 and run._window.loss_count == 2
+    assert run.state.train_loss == 1.0 and run.window.loss_sum == 3.0 and run.window.loss_count == 2
     assert [n["text"] for n in run.state.notices] == ["fp16 loss scaling skipped 1 step(s) before step 4"]
     run.state.batch = 3 + MAX_SKIPPED_STEPS
     run._pending_losses = [torch.tensor(float("nan"))] * MAX_SKIPPED_STEPS

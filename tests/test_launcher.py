@@ -18,7 +18,8 @@ from trainrun import launch
 from trainrun.config import register_schema
 from trainrun.core.distributed import check_gpus_for, nodes_from_environment
 from trainrun.errors import ConfigError
-from trainrun.launch import LaunchFailed, adopt_slurm_environment, first_host, run_workers, tasks_per_node
+from trainrun.launch import LaunchFailed, adopt_slurm_environment, run_workers, tasks_per_node
+from trainrun.network import first_host
 from trainrun.schema import LauncherConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -107,6 +107,18 @@ def test_a_multirun_through_the_slurm_launcher_runs_each_job_on_two_nodes(slurm,
         assert (provenance["nodes"], provenance["devices"]) == (2, 4)
 
 
+def checkpointing_job(slurm: Cluster, folder: Path, overrides: str, nodes: str, tasks: str) -> tuple[Path, Path, str]:
+    """A job that keeps the nodes left when one is lost (``--no-kill``, for sbatch and srun) and may be
+    requeued, a checkpoint every 5 steps, once its first is written: its run folder, output and id."""
+    run, output = folder / "run", folder / "job.out"
+    options = ["--exclusive", "--no-kill", "--requeue", "--open-mode=append"]
+    overrides = f"{OVERRIDES} checkpoint.interval=5ba {overrides}"
+    script = sbatch_script(run, output, *options, overrides=overrides, tasks=nodes, srun=f"srun --no-kill {tasks}")
+    job = slurm.submit(script, folder)
+    wait(lambda: any((run / "checkpoints").glob("*.pt")), 180, "the first checkpoint", every=0.1)
+    return run, output, job
+
+
 def test_a_node_set_down_mid_job_ends_it_within_a_minute_and_the_requeue_continues_on_the_other(
     slurm, straight, tmp_path
 ):
@@ -115,15 +127,9 @@ def test_a_node_set_down_mid_job_ends_it_within_a_minute_and_the_requeue_continu
     kills node 1's ranks, the survivors end within a minute naming node 1, rank 0 requeues the job,
     and it starts again on node 0 alone (two ranks), where ``resume=auto`` continues the newest
     checkpoint to the straight job's weights (to float summation order: two ranks sum as four do not)."""
-    run, output = tmp_path / "run", tmp_path / "job.out"
-    options = ["--exclusive", "--no-kill", "--requeue", "--open-mode=append"]
-    overrides = f"{OVERRIDES} checkpoint.interval=5ba launcher.node_timeout=8"
-    srun = "srun --no-kill --ntasks-per-node=2"
-    job = slurm.submit(
-        sbatch_script(run, output, *options, overrides=overrides, tasks="--nodes=1-2", srun=srun), tmp_path
-    )
+    overrides = "launcher.node_timeout=8"
+    run, output, job = checkpointing_job(slurm, tmp_path, overrides, "--nodes=1-2", "--ntasks-per-node=2")
     try:
-        wait(lambda: any((run / "checkpoints").glob("*.pt")), 180, "the first checkpoint", every=0.1)
         first = training_ranks(run)
         slurm.run("scontrol", "update", "nodename=node1", "state=down", "reason=lost", check=True)
         lost_at = time.monotonic()
@@ -138,6 +144,34 @@ def test_a_node_set_down_mid_job_ends_it_within_a_minute_and_the_requeue_continu
     assert state["JobState"] == "COMPLETED" and state["NodeList"] == "node0", (state, said[-1500:])
     assert "lost node 1 (" in said and "requeued Slurm job" in said and "resumed from" in said, said
     assert "2 rank(s)" in said  # the requeued job's banner
+    got, expected = (
+        torch.load(folder / "checkpoints" / LAST, weights_only=True)["model"] for folder in (run, straight / "run")
+    )
+    assert_equal_to_summation_order(got, expected)
+
+
+def test_under_fault_tolerance_a_node_set_down_mid_job_costs_seconds_and_the_job_is_not_requeued(
+    slurm, straight, tmp_path
+):
+    """``launcher.fault_tolerance=replicas`` in the sbatch script, one trainrun a node (``srun
+    --ntasks-per-node=1``: each node's place from Slurm, node 0 the lighthouse): node 1 set down once
+    the first checkpoint is written; node 0 trains node 1's share on and the run completes at the
+    planned step, the job not requeued, with the straight job's weights (to float summation order: the
+    nodes' gradients sum as four ranks' do not); ``summary.json`` names the fault."""
+    overrides = "launcher.devices=2 launcher.fault_tolerance=replicas"
+    run, output, job = checkpointing_job(slurm, tmp_path, overrides, "--nodes=2", "--ntasks-per-node=1")
+    try:
+        slurm.run("scontrol", "update", "nodename=node1", "state=down", "reason=lost", check=True)
+        state = slurm.finished(job)
+    finally:
+        slurm.run("scontrol", "update", "nodename=node1", "state=resume")
+    said = output.read_text()
+    assert state["Restarts"] == "0", (state, said[-1500:])  # srun's code counts node 1's task: Slurm says FAILED
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["batches"] == 30, said[-1500:]
+    assert "4 rank(s) on 2 replica nodes" in said and "node 1 (" in said and "lost at step" in said, said
+    (fault,) = summary["faults"]
+    assert (fault["event"], fault["node"], fault["ranks"]) == ("lost", 1, [2, 3]) and fault["seconds"] < 15
     got, expected = (
         torch.load(folder / "checkpoints" / LAST, weights_only=True)["model"] for folder in (run, straight / "run")
     )

@@ -410,7 +410,8 @@ def _checked_jobs(
         composed_jobs.append(composed)
     if output is not None:
         run_files.check_output_dir(output_key, output)
-        if not multirun and configs[0].resume is None:
+        replicas = configs[0].launcher.fault_tolerance == "replicas"  # checked at launch: a node may join
+        if not multirun and configs[0].resume is None and not replicas:
             run_files.check_no_earlier_run(output)
     return configs, composed_jobs, output
 

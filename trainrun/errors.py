@@ -43,6 +43,12 @@ class WriteError(TrainrunError):
     exit_code = 1
 
 
+class NodeUnreachable(TrainrunError):
+    """Another node of the run, or its lighthouse, did not answer."""
+
+    exit_code = 1
+
+
 def describe_error(error: BaseException) -> tuple[str, int]:
     """The one line (without the ``trainrun: error:`` prefix) and exit code for ``error``."""
     if isinstance(error, TrainrunError):

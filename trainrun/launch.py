@@ -26,8 +26,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from trainrun import replica_groups, run_files
 from trainrun.core import checkpoint, heartbeat, preemption
 from trainrun.core.distributed import (
+    REPLICA,
+    REPLICA_TIMEOUT,
+    REPLICAS,
     check_gpus_for,
     cores_per_process,
     lost_a_peer,
@@ -35,8 +39,9 @@ from trainrun.core.distributed import (
     record_failure,
 )
 from trainrun.core.precision import check_float8
+from trainrun.core.start_store import START_STORE, under_way
 from trainrun.errors import ConfigError, TrainrunError, describe_error
-from trainrun.network import Route, is_this_host, rendezvous_answers, route_to
+from trainrun.network import Route, first_host, is_this_host, rendezvous_answers, route_to
 from trainrun.schema import LauncherConfig, TrainConfig
 from trainrun.validation import check_batch_split, check_microbatch_size
 
@@ -60,15 +65,6 @@ def device_count(devices: str) -> int:
     if devices == "auto":
         return torch.cuda.device_count() or 1
     return int(devices)
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list such as ``gpu[07-09,12],cpu3``."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if match is None:
-        raise ConfigError(f"cannot read the Slurm node list '{nodelist}'")
-    prefix, ranges = match.groups()
-    return prefix + re.split(r"[-,]", ranges)[0] if ranges else prefix
 
 
 def adopt_slurm_environment(settings: LauncherConfig) -> bool:
@@ -290,7 +286,11 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     from trainrun.run import train
 
     settings = config.launcher
-    started_elsewhere = "WORLD_SIZE" in os.environ or adopt_slurm_environment(settings)
+    tolerant = settings.fault_tolerance == "replicas"  # one trainrun a node, which starts the node's ranks
+    if tolerant:
+        config = dataclasses.replace(config, launcher=replica_groups.placed_by_slurm(settings))
+        settings = config.launcher
+    started_elsewhere = "WORLD_SIZE" in os.environ or (not tolerant and adopt_slurm_environment(settings))
     processes = device_count(settings.devices)
     ranks = int(os.environ["WORLD_SIZE"]) if started_elsewhere else processes * settings.nnodes
     resume_path = checkpoint.resolve_resume(config.resume, checkpoint.directory(run_dir))
@@ -310,6 +310,10 @@ def launch(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool = F
     check_microbatch_size(config.device_train_microbatch_size, config.train_batch_size, ranks)
     if config.parallel.name == "fsdp" and config.device_train_microbatch_size == "auto":
         config = microbatch_before_start(config)
+    if tolerant:
+        replica_groups.check(config, started_elsewhere)
+        launch_replica_group(config, run_dir, config_yaml, debug, processes)
+        return
     route = route_between_nodes(settings, started_elsewhere)
     environment = {} if route is None else node_environment(route)
     if started_elsewhere or (processes == 1 and settings.nnodes == 1):
@@ -357,3 +361,38 @@ def route_between_nodes(settings: LauncherConfig, started_elsewhere: bool) -> Ro
     where = f"node {settings.node_rank} of {settings.nnodes}" if not settings.rdzv_endpoint else "this node"
     print(f"trainrun: {where}: {route.describe()}", file=sys.stderr, flush=True)
     return route
+
+
+def launch_replica_group(config: TrainConfig, run_dir: Path, config_yaml: str, debug: bool, processes: int) -> None:
+    """This node as one replica group of a fault-tolerant run (core/replicas.py): its ranks start as a
+    group of their own (a rendezvous at this node's address, whose store the other nodes reach for the
+    exchange between groups); node 0 starts the lighthouse unless ``launcher.lighthouse`` names one."""
+    settings = config.launcher
+    host, port, key = replica_groups.lighthouse_of(settings)
+    starts_lighthouse = settings.lighthouse is None and settings.node_rank == 0
+    route = route_to(host, key, hosts_master=starts_lighthouse)
+    print(f"trainrun: node {settings.node_rank} of {settings.nnodes}: {route.describe()}", file=sys.stderr, flush=True)
+    lighthouse = replica_groups.start_lighthouse(port) if starts_lighthouse else None
+    store = replica_groups.start_store(port) if starts_lighthouse else None
+    local = dataclasses.replace(
+        settings, nnodes=1, node_rank=0, master_addr=route.local_address, master_port=free_port(), rdzv_endpoint=None
+    )
+    if config.resume is None and not under_way(f"{host}:{port + 1}", settings.rendezvous_timeout):
+        run_files.check_no_earlier_run(str(run_dir))  # a fresh run; a node that joins one finds its folder in use
+    environment = node_environment(route) | {
+        REPLICA: str(settings.node_rank),
+        REPLICAS: str(settings.nnodes),
+        REPLICA_TIMEOUT: str(settings.replica_timeout),
+        "TORCHFT_LIGHTHOUSE": f"http://{host}:{port}",
+        START_STORE: f"{host}:{port + 1}",
+        "RUST_LOG": os.environ.get("RUST_LOG", "warn"),  # torchft's quorum lines, every step: RUST_LOG=info
+    }
+    try:
+        run_workers(
+            local, processes, train_worker, config, str(run_dir), config_yaml, debug, environment,
+            show_failure_logs=debug,
+        )  # fmt: skip
+    finally:
+        if lighthouse is not None:
+            lighthouse.shutdown()
+        del store

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -165,6 +166,8 @@ def check_launcher(launcher: LauncherConfig) -> None:
         raise ConfigError(
             f"bad value for 'launcher.node_rank': {launcher.node_rank} (below launcher.nnodes {launcher.nnodes})"
         )
+    if launcher.fault_tolerance == "replicas" and launcher.lighthouse:
+        return  # its nodes meet at the lighthouse (trainrun/replica_groups.py checks it)
     if launcher.nnodes > 1 and launcher.master_port is None and not launcher.rdzv_endpoint:
         raise ConfigError(
             "a multi-node launch needs 'launcher.master_port' (the same on every node) or 'launcher.rdzv_endpoint'"
@@ -192,3 +195,12 @@ def rendezvous_answers(endpoint: str, timeout: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(1.0)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list such as ``gpu[07-09,12],cpu3``."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if match is None:
+        raise ConfigError(f"cannot read the Slurm node list '{nodelist}'")
+    prefix, ranges = match.groups()
+    return prefix + re.split(r"[-,]", ranges)[0] if ranges else prefix

@@ -47,7 +47,9 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def provenance(device: torch.device, world_size: int, model: torch.nn.Module | None = None) -> dict[str, Any]:
+def provenance(
+    device: torch.device, world_size: int, model: torch.nn.Module | None = None, replicas: int = 1
+) -> dict[str, Any]:
     """Everything needed to trace a figure back to what made it (the nodes as the launcher says them;
     the file that defines ``model``'s class, a module of the user's own among them, and its hash)."""
     import torch
@@ -67,7 +69,7 @@ def provenance(device: torch.device, world_size: int, model: torch.nn.Module | N
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "devices": world_size,
-        "nodes": nodes_from_environment(),
+        "nodes": replicas if replicas > 1 else nodes_from_environment(),  # fault_tolerance=replicas: its nodes
         "command": os.environ.get(COMMAND_VARIABLE, shlex.join(sys.argv)),
         "model_source": model_source(model) if model is not None else None,
         "packages": package_versions(),

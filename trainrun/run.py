@@ -68,9 +68,10 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     if config.host_memory == "reuse":
         host_memory.reuse_freed_memory()
     placement, device = distributed.join(config.device, config.deterministic, config.launcher.timeout_minutes)
+    replicas = replica_groups(config, placement, device)
     lost = functools.partial(heartbeat.end_this_rank, requeue=config.launcher.requeue)
     nodes = heartbeat.start(config.launcher.node_timeout, on_lost=lost)
-    console = Console(stderr=False, quiet=placement.rank != 0)
+    console = Console(stderr=False, quiet=not placement.is_main)
     precision = build_precision(config.precision, device, config.compile, console)
     data = build_data(config.data, config.train_batch_size, config.eval_batch_size, config.seed, placement, device)
     model = build_seeded_model(config, data)
@@ -80,16 +81,18 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     logs = RunLogs.build(config, run_dir, task, model, placement, device, console, stop_after, budget)
     state = build_state(config, model, data, task, timeline, precision, placement, device)
     warn_about_the_schedule(config, state, budget)
-    settings = trainer_settings(config, run_dir, stop_after, budget, notice)
+    settings = trainer_settings(config, run_dir, stop_after, budget, notice, replicas)
     engine = Engine(build_algorithms(config.algorithms), logs.callbacks)
     trainer = Trainer(state, optimization(config, timeline), engine, settings)
     offset = resume(config, trainer, logs, console)
-    if placement.rank == 0:
+    if placement.is_main:
         atomic_write_text(run_dir / run_files.CONFIG, config_yaml)
     print_banner(config, run_dir, state, task, console, budget)
     ended = False  # without an error: the heartbeat then says this node is done, not lost
     try:
         trainer.fit(offset)
+        if trainer.replicas is not None:
+            trainer.replicas.ended()
         finished = state.stop_reason != preemption.STATUS
         if finished and config.export and config.checkpoint.save_final and config.profile_prefix is None:
             export(config, state, engine, task, run_dir, console)
@@ -102,11 +105,25 @@ def train_listening(config: TrainConfig, run_dir: Path, config_yaml: str, notice
     finally:
         if nodes is not None:
             nodes.stop(ended)
+        if trainer.replicas is not None:
+            trainer.replicas.shutdown()
         state.model = distributed.unwrapped(state.model)
         distributed.leave()
     if not finished:
         stopped_for_the_scheduler(config, state, placement.rank)
     return state
+
+
+def replica_groups(config: TrainConfig, placement: Placement, device: torch.device) -> Any:
+    """Under ``launcher.fault_tolerance=replicas``, this rank's place among the nodes (torchft, an
+    optional extra, imported only then); None otherwise."""
+    if config.launcher.fault_tolerance != "replicas":
+        return None
+    from trainrun.core.replicas import Replicas
+
+    settings = config.launcher
+    shrink = settings.replica_batch == "shrink"
+    return Replicas(placement, device, settings.node_timeout, settings.rendezvous_timeout, settings.requeue, shrink)
 
 
 def stopped_for_the_scheduler(config: TrainConfig, state: State, rank: int) -> None:
@@ -125,9 +142,9 @@ def export(config: TrainConfig, state: State, engine: Engine, task: Task, run_di
     sharded = parallel.is_sharded(state.raw_model)
     with engine.evaluated_model(state):
         whole = parallel.whole_state(state.raw_model) if sharded else None
-        if state.rank == 0 and not sharded:
+        if state.is_main and not sharded:
             write_export(task, state, run_dir, console)
-    if state.rank == 0 and sharded:
+    if state.is_main and sharded:
         with swapped_model(state, config, whole):
             write_export(task, state, run_dir, console)
 
@@ -232,14 +249,14 @@ class RunLogs:
         stop_after: int | None,
         budget: WallClockBudget | None,
     ) -> RunLogs:
-        rank = placement.rank
+        rank = placement.data_rank  # the run's: under fault_tolerance=replicas, node 0's first rank is 0
         quality = TimeToQualityLogger(
             run_dir,
             task,
             config.quality_targets,
             profile_prefix=stop_after,
             varying_cost=[name for name in config.algorithms if SPECS[name].varying_step_cost],
-            provenance=provenance(device, placement.world_size, model) if rank == 0 else None,
+            provenance=provenance(device, placement.data_ranks, model, placement.replicas) if rank == 0 else None,
             budget_seconds=budget.seconds if budget else None,
         )
         steps = StepTimeLogger(run_dir, config.log_interval)
@@ -285,12 +302,14 @@ def build_state(
         precision=precision,
         rank=placement.rank,
         world_size=placement.world_size,
+        replica=placement.replica,
+        replicas=placement.replicas,
         loss_fn=task.loss(config.loss),
         task=task,
         data=data,
         num_classes=config.model.num_classes,
         train_resolution=config.data.resolution,
-        accounts=TimeAccounts(clock, record_steps=placement.rank == 0),
+        accounts=TimeAccounts(clock, record_steps=placement.is_main),
     )
 
 
@@ -311,6 +330,7 @@ def trainer_settings(
     stop_after: int | None,
     budget: WallClockBudget | None,
     notice: PreemptionSignal,
+    replicas: Any = None,
 ) -> TrainerSettings:
     return TrainerSettings(
         eval_interval=config.eval_interval,
@@ -328,6 +348,7 @@ def trainer_settings(
         parallel=parallelism(config),
         async_checkpoints=config.checkpoint.async_save,
         preemption=notice,
+        replicas=replicas,
     )
 
 
@@ -341,6 +362,8 @@ def resume(config: TrainConfig, trainer: Trainer, logs: RunLogs, console: Consol
         return None
     offset = trainer.load_checkpoint(resume_path)
     state = trainer.state
+    if trainer.replicas is not None:
+        trainer.replicas.start_at(state.batch)
     logs.resume_from(state.batch)
     console.print(f"resumed from {resume_path} at epoch {state.epoch}, batch {state.batch}")
     return offset
@@ -357,7 +380,9 @@ def print_banner(
     )
     console.print(
         f"run dir {run_dir} | {config.model.name} on {config.data.name} ({config.data.loader}) | "
-        f"{state.device} {config.precision} | {state.world_size} rank(s) | {length} of {config.train_batch_size}",
+        f"{state.device} {config.precision} | {state.data_ranks} rank(s)"
+        f"{f' on {state.replicas} replica nodes' if state.replicas > 1 else ''} | "
+        f"{length} of {config.train_batch_size}",
         highlight=False,
         soft_wrap=True,
     )

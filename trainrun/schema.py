@@ -362,6 +362,17 @@ class LauncherConfig:
     # across nodes: seconds a node waits for all to join (the master to come up) before it ends, naming it
     rendezvous_timeout: int = field(default=600, metadata={"min": 5})
     requeue: bool = True  # under Slurm, a run stopped by SIGUSR1 requeues its job after its checkpoint
+    # replicas: each node a replica group (torchft); a lost node's share is trained by the others, and a
+    # node started again joins live; none: a lost node ends the job (resume=auto continues it)
+    fault_tolerance: str = choice_field("none", "none", "replicas")
+    # fault_tolerance=replicas: host:port of `trainrun lighthouse`; null: node 0 starts one at master_port
+    lighthouse: str | None = None
+    # fault_tolerance=replicas: keep: the nodes left train a lost node's share too (the batch and result stay
+    # the uninterrupted run's); shrink: they do not (torchft's way: a smaller batch while it is missing)
+    replica_batch: str = choice_field("keep", "keep", "shrink")
+    # fault_tolerance=replicas: seconds a collective between nodes may wait before its step is redone
+    # without the node that did not answer (bounds the time a node cut off costs)
+    replica_timeout: float = field(default=10.0, metadata={"min": 1})
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """``trainrun``'s entry layer: argv to training (:mod:`.train`) or to a subcommand, each its own
-module here (write and write-text, sweep, report, explore, sample, consolidate, ensemble, predict, estimate). Each
-composes and validates what it runs once, before any heavy import or process start, and hands it on."""
+module here (write and write-text, sweep, report, explore, sample, consolidate, ensemble, predict, estimate,
+lighthouse). Each composes and validates what it runs once, before any heavy import or process start,
+and hands it on."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "ensemble": ("trainrun.commands.ensemble", "ensemble_command"),  # segmentation folds averaged on held-out cases
     "predict": ("trainrun.commands.predict", "predict_command"),  # NIfTI label maps of a folder's images
     "estimate": ("trainrun.commands.estimate", "estimate_command"),  # a run's memory and time at its real size
+    "lighthouse": ("trainrun.commands.lighthouse", "lighthouse_command"),  # fault-tolerant runs' lighthouse
 }
 
 

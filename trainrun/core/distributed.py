@@ -25,20 +25,49 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.errors import ConfigError
 
+REPLICA, REPLICAS = "TRAINRUN_REPLICA", "TRAINRUN_REPLICAS"  # launcher.fault_tolerance=replicas: see Placement
+REPLICA_TIMEOUT = "TRAINRUN_REPLICA_TIMEOUT"  # launcher.replica_timeout, as the launcher tells the ranks
+
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this process is: its global rank, how many ranks there are, its rank on this node."""
+    """Where this process is: its rank in its process group, the group's ranks, its rank on this node.
+
+    Under ``launcher.fault_tolerance=replicas`` the group is one node's (core/replicas.py), one of
+    ``replicas`` planned replica groups; the run's data is divided among every group's ranks.
+    """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    replica: int = 0
+    replicas: int = 1
 
     @classmethod
     def from_environment(cls) -> Placement:
         """From torch.distributed's variables (set by the launcher, torchrun or Slurm adoption)."""
         env = os.environ
-        return cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+        group = (int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+        return cls(*group, int(env.get(REPLICA, "0")), int(env.get(REPLICAS, "1")))
+
+    @property
+    def is_main(self) -> bool:
+        """The run's first rank, which owns the console and every file."""
+        return self.rank == 0 and self.replica == 0
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's share of each step's samples among :attr:`data_ranks`."""
+        return self.replica * self.world_size + self.rank
+
+    @property
+    def data_ranks(self) -> int:
+        """The shares each step's samples are divided into: every planned rank's."""
+        return self.replicas * self.world_size
+
+    def of_replica(self, replica: int) -> Placement:
+        """This rank's counterpart in replica group ``replica``."""
+        return Placement(self.rank, self.world_size, self.local_rank, replica, self.replicas)
 
 
 SINGLE_PROCESS = Placement()

@@ -38,3 +38,15 @@ def seed_step(seed: int, step: int, rank: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":  # a run's device has its index (distributed.select_device)
         torch.cuda.default_generators[device.index].manual_seed(value)
+
+
+def draws_state(device: torch.device) -> list[torch.Tensor]:
+    """The state of the generators a step draws from (torch's CPU one and ``device``'s)."""
+    return [torch.get_rng_state(), *([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])]
+
+
+def restore_draws(saved: list[torch.Tensor], device: torch.device) -> None:
+    """The generators as :func:`draws_state` saved them."""
+    torch.set_rng_state(saved[0])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(saved[1], device)

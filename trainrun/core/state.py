@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainrun.core.accounts import TimeAccounts
 from trainrun.core.compiled import CompileRecord
+from trainrun.core.distributed import Placement
 from trainrun.core.precision import Precision
 from trainrun.core.time import Timeline
 from trainrun.quality import Quality
@@ -59,6 +60,8 @@ class RunData(Protocol):
 
     def unreadable_files(self) -> list[str]: ...
 
+    def for_replica(self, replica: int) -> RunData: ...
+
 
 @dataclass
 class State:
@@ -71,6 +74,8 @@ class State:
     precision: Precision  # autocast and, for fp16, the gradient scaler
     rank: int = 0
     world_size: int = 1
+    replica: int = 0  # launcher.fault_tolerance=replicas: this node's replica group of ``replicas``
+    replicas: int = 1
     # progress (batch counts optimizer steps over the whole run)
     epoch: int = 0
     batch: int = 0
@@ -96,6 +101,7 @@ class State:
     notices: list[dict[str, Any]] = field(default_factory=list)  # shown on the console, kept in summary.json
     unreadable_files: list[str] = field(default_factory=list)  # data files every rank's loaders skipped (at the end)
     compiled: CompileRecord | None = None  # under compile=true: graph breaks, recompiles, seconds
+    faults: list[dict[str, Any]] = field(default_factory=list)  # fault_tolerance=replicas: nodes lost and joined
 
     def notice(self, text: str, level: str = "note") -> None:
         """Record something about the run a person must see: a ``note`` or a ``warning``."""
@@ -116,6 +122,18 @@ class State:
         return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule keeps the original here
 
     @property
+    def placement(self) -> Placement:
+        """This rank's place in the run (local rank aside)."""
+        return Placement(self.rank, self.world_size, 0, self.replica, self.replicas)
+
+    @property
     def is_main(self) -> bool:
-        """Rank 0, the one that owns the console and every file."""
-        return self.rank == 0
+        return self.placement.is_main
+
+    @property
+    def data_rank(self) -> int:  # what its random draws are keyed to
+        return self.placement.data_rank
+
+    @property
+    def data_ranks(self) -> int:
+        return self.placement.data_ranks

@@ -7,7 +7,7 @@ algorithms at the events listed in :class:`~trainrun.core.events.Event`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainrun.core import checkpoint, distributed, parallel, preemption
-from trainrun.core.accounts import train_seconds
+from trainrun.core import checkpoint, distributed, parallel, preemption, progress
 from trainrun.core.budget import WallClockBudget
 from trainrun.core.compiled import CompileRecord, compile_model
 from trainrun.core.engine import Engine
@@ -24,7 +23,8 @@ from trainrun.core.evaluation import evaluated
 from trainrun.core.events import Event
 from trainrun.core.microbatches import Microbatching, StepPlan, average_gradients, take
 from trainrun.core.preemption import PreemptionSignal
-from trainrun.core.seeding import seed_step
+from trainrun.core.progress import Window
+from trainrun.core.seeding import draws_state, restore_draws, seed_step
 from trainrun.core.sharded_checkpoint import ShardedCheckpoints, load_sharded, load_whole
 from trainrun.core.state import State
 from trainrun.errors import CheckpointError, TrainingDiverged, WriteError
@@ -51,16 +51,7 @@ class TrainerSettings:
     parallel: parallel.Parallelism = field(default_factory=parallel.Parallelism)  # whole copies (DDP) or shards
     async_checkpoints: bool = False  # sharded checkpoints written in the background
     preemption: PreemptionSignal | None = None  # a scheduler's notice: checkpoint and stop (core/preemption.py)
-
-
-@dataclass
-class Window:
-    """Training figures since the last evaluation, reported with it."""
-
-    loss_sum: float = 0.0
-    loss_count: int = 0
-    samples: int = 0
-    started: float = 0.0  # training seconds when the window opened
+    replicas: Any = None  # core/replicas.py's Replicas: each node a replica group that trains on when one is lost
 
 
 class Trainer:
@@ -82,10 +73,10 @@ class Trainer:
         self.state = state
         self.engine, self.settings = engine, settings
         self._pending_losses: list[torch.Tensor] = []
-        self._window = Window()
+        self.window = Window()
         self._algorithm_states: dict[str, Any] | None = None  # from a checkpoint, restored after FIT_START
         self._skipped_in_a_row = 0  # fp16: consecutive steps whose loss was not finite (the scaler skipped them)
-        self._model_source = checkpoint.model_source(state.model)  # read once: what every checkpoint records
+        self.model_source = checkpoint.model_source(state.model)  # read once: what every checkpoint records
         engine.run(Event.INIT, state)  # model surgery first: the optimizer must see the final parameters
         # fp8: float8 linear layers, before sharding (which gathers them in float8)
         state.precision.convert(state.model, sharded=parallel.shards(settings.parallel))
@@ -109,6 +100,9 @@ class Trainer:
             if settings.parallel.name == "fsdp"
             else None
         )
+        self.replicas = settings.replicas
+        if self.replicas is not None:
+            self.replicas.attach(state, lambda: self._checkpoint_payload(self.window), self._received)
 
     @property
     def last_batch(self) -> int:
@@ -148,22 +142,23 @@ class Trainer:
         return state
 
     def _train_epoch(self, batches: Iterator) -> None:
-        state, accounts = self.state, self.state.accounts
+        state, accounts, replicas = self.state, self.state.accounts, self.replicas
         while state.batch < self.last_batch:
             accounts.begin_step(state.batch + 1, "data")
+            if replicas is not None and replicas.begin_step(state.batch):
+                return  # this node joined with a live node's state: its data goes on from there
             try:
                 batch = next(batches)
             except StopIteration:
                 break
-            seed_step(self.settings.seed, state.batch, state.rank, state.device)
-            self.engine.run(Event.BATCH_START, state)
-            accounts.switch("to_device")
-            state.inputs, state.targets, samples = state.task.batch(batch, state)
-            self._train_step()
+            samples = self._train_step(batch)
+            while samples is None:  # a node lost in the step: the step again, with the next quorum
+                replicas.begin_step(state.batch)
+                samples = self._train_step(batch)
             state.batch += 1
             state.batch_in_epoch += 1
-            state.samples += samples * state.world_size
-            self._window.samples += samples * state.world_size
+            state.samples += samples * state.data_ranks
+            self.window.samples += samples * state.data_ranks
             self.engine.run(Event.BATCH_END, state)
             if state.batch_in_epoch == state.timeline.batches_per_epoch:
                 self.engine.run(Event.EPOCH_END, state)
@@ -173,29 +168,24 @@ class Trainer:
             if state.batch_in_epoch == 0 or state.stop_reason is not None:
                 break
 
-    def _train_step(self) -> None:
-        """One optimizer step: the batch's passes (in micro-batches where asked; under ``auto``
-        retried smaller when any rank ran out of memory), then the update."""
-        state, run, accounts = self.state, self.engine.run, self.state.accounts
-        scaler, microbatching = state.precision.scaler, self.settings.microbatching
-        accounts.switch("forward")
-        run(Event.AFTER_DATALOADER, state)
-        inputs, targets = state.inputs, state.targets
-        terms = self._terms_on_all_ranks(targets)
-        while True:
-            plan, out_of_memory = microbatching.plan(inputs, state.world_size), False
-            try:
-                loss = self._forward_backward(inputs, targets, plan, terms)
-            except torch.OutOfMemoryError:
-                if not microbatching.may_retry(plan, state.world_size):
-                    raise
-                out_of_memory = True
-            if not microbatching.retry(state, plan, out_of_memory):
-                break
-        if plan.by_hand:
-            average_gradients([p for p in state.raw_model.parameters() if p.requires_grad], state.world_size)
-        microbatching.step_fitted()
-        state.inputs, state.targets, state.loss = inputs, targets, loss
+    def _train_step(self, batch: Any) -> int | None:
+        """One optimizer step over this rank's ``batch`` and the missing nodes' shares it trains
+        (fault_tolerance=replicas); its own share's samples, or None: not committed, gradients dropped."""
+        state, accounts = self.state, self.state.accounts
+        shares = [(state.data_rank, batch), *(self.replicas.missing_batches(state) if self.replicas else [])]
+        prepared = [self._prepared(rank, batch, first=index == 0) for index, (rank, batch) in enumerate(shares)]
+        terms = self._terms_on_all_ranks([targets for _, targets, _, _ in prepared])
+        losses = []
+        for state.inputs, state.targets, _, draws in prepared:
+            restore_draws(draws, state.device)  # each share's passes draw what they would on its own rank
+            losses.append(self._passes(state.inputs, state.targets, terms))
+            if len(prepared) > 1:  # each share's gradients apart, summed as the nodes' are (core/replicas.py)
+                self.replicas.hold_share(self._trainable())
+        if self.replicas is not None and not self.replicas.exchanged(self._trainable()):
+            state.optimizer.zero_grad(set_to_none=True)
+            return None
+        (state.inputs, state.targets, samples, _), scaler, run = prepared[0], state.precision.scaler, self.engine.run
+        state.loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         accounts.switch("optimizer")
         if scaler:
             scaler.unscale_(state.optimizer)
@@ -207,20 +197,55 @@ class Trainer:
         self.scheduler.step()
         self._pending_losses.append(state.loss.detach())
         accounts.switch("other")
+        return samples
 
-    def _terms_on_all_ranks(self, targets: Any) -> torch.Tensor | None:
-        """On several ranks, the step's loss terms over all of them when the task's vary by batch:
-        one all-reduce of a count, on the device (nothing waits on the host), taken before the
-        step's passes so that every rank makes it at the same point. None on one rank (its own
-        count is taken only when the batch is split) and when there is one term per sample."""
+    def _prepared(self, data_rank: int, batch: Any, first: bool) -> tuple[Any, Any, int, list[torch.Tensor]]:
+        """A share's batch as the model takes it (seeded for its data rank), its draws' state after AFTER_DATALOADER."""
+        state, accounts = self.state, self.state.accounts
+        seed_step(self.settings.seed, state.batch, data_rank, state.device)
+        if first:
+            self.engine.run(Event.BATCH_START, state)
+        accounts.switch("to_device")
+        state.inputs, state.targets, samples = state.task.batch(batch, state)
+        accounts.switch("forward")
+        self.engine.run(Event.AFTER_DATALOADER, state)
+        return state.inputs, state.targets, samples, draws_state(state.device)
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.state.raw_model.parameters() if p.requires_grad]
+
+    def _passes(self, inputs: Any, targets: Any, terms: torch.Tensor | None) -> torch.Tensor:
+        """A share's passes (micro-batched; under ``auto`` retried smaller when any rank ran out of memory)."""
+        state, microbatching = self.state, self.settings.microbatching
+        while True:
+            plan, out_of_memory = microbatching.plan(inputs, state.world_size), False
+            try:
+                loss = self._forward_backward(inputs, targets, plan, terms)
+            except torch.OutOfMemoryError:
+                if not microbatching.may_retry(plan, state.world_size):
+                    raise
+                out_of_memory = True
+            if not microbatching.retry(state, plan, out_of_memory):
+                break
+        if plan.by_hand:
+            average_gradients(self._trainable(), state.world_size)
+        microbatching.step_fitted()
+        return loss
+
+    def _terms_on_all_ranks(self, shares: list[Any]) -> torch.Tensor | None:
+        """On several ranks, the step's loss terms over all of them (of each share's targets) when the
+        task's vary by batch: one all-reduce of a count on the device, before the step's passes (every
+        rank makes it at the same point). None on one rank and when there is one term per sample."""
         state = self.state
-        if state.world_size == 1:
+        if state.data_ranks == 1:
             return None
-        terms = state.task.loss_terms(targets)
-        if terms is not None:
-            terms = terms.clone()
+        counts = [state.task.loss_terms(targets) for targets in shares]
+        if counts[0] is None:
+            return None
+        terms = torch.stack(counts).sum(0)
+        if state.world_size > 1:
             dist.all_reduce(terms)
-        return terms
+        return terms if self.replicas is None else self.replicas.summed(terms)
 
     def _loss_share(
         self, part: slice, batch_size: int, parts: int, terms: torch.Tensor | None
@@ -230,7 +255,7 @@ class Trainer:
         ``terms`` (times the ranks), or without them of the samples; None: the loss as it is."""
         if terms is None:
             return None if parts == 1 else (part.stop - part.start) / batch_size
-        return self.state.task.loss_terms(self.state.targets) * self.state.world_size / terms
+        return self.state.task.loss_terms(self.state.targets) * self.state.data_ranks / terms
 
     def _forward_backward(self, inputs: Any, targets: Any, plan: StepPlan, terms: torch.Tensor | None) -> torch.Tensor:
         """Forward and backward over ``plan``'s micro-batches; return the batch's mean loss.
@@ -327,8 +352,8 @@ class Trainer:
             state.notice(f"{preemption.SIGNAL.name} (a scheduler's notice): checkpoint at step {state.batch}, stop")
         if not finite.all():
             state.notice(f"fp16 loss scaling skipped {int((~finite).sum())} step(s) before step {state.batch + 1}")
-        self._window.loss_sum += float(values[finite].sum())
-        self._window.loss_count += int(finite.sum())
+        self.window.loss_sum += float(values[finite].sum())
+        self.window.loss_count += int(finite.sum())
         if finite[-1]:
             state.train_loss = float(values[-1])
 
@@ -336,7 +361,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """The task's metrics on the evaluation set and the window's training figures, over all ranks."""
-        state, window = self.state, self._window
+        state, window = self.state, self.window
         self._flush_losses()
         previous = state.accounts.switch("eval")
         self.engine.run(Event.EVAL_START, state)
@@ -355,14 +380,14 @@ class Trainer:
         if state.compiled is not None:
             state.compiled.end_warm_up()
         self.engine.run(Event.EVAL_END, state)
-        self._window = Window(started=state.accounts.train_seconds())
+        self.window = Window(started=state.accounts.train_seconds())
         state.accounts.switch(previous)
         return state.eval_metrics
 
     def window_throughput(self) -> float:
         """Training samples per second since the last evaluation."""
-        seconds = self.state.accounts.train_seconds() - self._window.started
-        return self._window.samples / seconds if seconds > 0 else 0.0
+        seconds = self.state.accounts.train_seconds() - self.window.started
+        return self.window.samples / seconds if seconds > 0 else 0.0
 
     def save_checkpoint(self) -> None:
         """Rank 0 writes a checkpoint atomically and prunes old ones; all ranks wait for it."""
@@ -373,7 +398,7 @@ class Trainer:
         window = self._global_window()
         name = checkpoint.checkpoint_name(state.epoch, state.batch, sharded=self.shards is not None)
         try:
-            if self.shards:
+            if self.shards and state.replica == 0:  # fault_tolerance=replicas: node 0's ranks write
                 payload = self._checkpoint_payload(window, weights=False)
                 self.shards.save(directory / name, state.raw_model, state.optimizer, payload)
             elif state.is_main:
@@ -389,7 +414,7 @@ class Trainer:
 
     def _global_window(self) -> Window:
         """The window with every rank's losses summed: what a resume on any number of ranks continues."""
-        window, world_size = self._window, self.state.world_size
+        window, world_size = self.window, self.state.world_size
         if world_size == 1:
             return window
         losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64)
@@ -397,30 +422,15 @@ class Trainer:
         return Window(float(losses[0]), int(losses[1]), window.samples, window.started)
 
     def _checkpoint_payload(self, window: Window, weights: bool = True) -> dict[str, Any]:
-        """What a run continues from, on any number of ranks that divides its global batch: no
-        per-rank state (each step's draws are keyed to (seed, step, rank); the samples' order and
-        augmentation to (seed, epoch) and the sample). Without ``weights``: less the model and
-        optimizer state, which a sharded checkpoint's ranks write themselves."""
-        state = self.state
-        kept = {"model": state.raw_model.state_dict(), "optimizer": state.optimizer.state_dict()} if weights else {}
-        return kept | {
-            "format": checkpoint.FORMAT,
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": state.precision.scaler.state_dict() if state.precision.scaler else None,
-            "algorithms": self.engine.state_dict(),
-            "progress": {k: getattr(state, k) for k in ("epoch", "batch", "batch_in_epoch", "samples")},
-            "topology": {"world_size": state.world_size, "global_batch": state.timeline.samples_per_batch},
-            "timeline": state.timeline.state_dict() if self.settings.budget else None,  # a budgeted run's plan
-            "accounts": state.accounts.state_dict(),
-            "window": asdict(window),
-            "model_source": self._model_source,
-        }
+        """What a run continues from (:func:`~trainrun.core.progress.payload`); without ``weights``,
+        less the model and optimizer state, which a sharded checkpoint's ranks write themselves."""
+        return progress.payload(self, window, weights)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore checkpoint ``path`` (a file, or a folder of any ranks' shards); the accounts to go on from."""
         state = self.state
         payload = checkpoint.load_checkpoint(path)
-        checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.world_size)
+        checkpoint.check_topology(payload, state.timeline.samples_per_batch, state.data_ranks)
         checkpoint.check_readable(path, parallel.is_sharded(state.raw_model), state.world_size)
         if checkpoint.is_sharded(path):
             load_sharded(path, state.raw_model, state.optimizer, state.world_size)
@@ -432,19 +442,9 @@ class Trainer:
         else:
             checkpoint.check_model_shapes(state.raw_model.state_dict(), payload["model"])
             load_whole(state.raw_model, state.optimizer, payload["model"], payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if state.precision.scaler and payload["scaler"]:
-            state.precision.scaler.load_state_dict(payload["scaler"])
-        if change := checkpoint.changed_source(payload.get("model_source"), self._model_source):
-            state.warn(change)
-        self._algorithm_states = payload["algorithms"]
-        for key, value in payload["progress"].items():
-            setattr(state, key, value)
-        if self.settings.budget and payload.get("timeline"):
-            state.timeline.load_state_dict(payload["timeline"])
-            self.settings.budget.resume(state, train_seconds(payload["accounts"]["wall"]))
-        window = Window(**payload["window"])
-        if not state.is_main:  # the saved losses are every rank's: counted once, by rank 0
-            window.loss_sum, window.loss_count = 0.0, 0
-        self._window = window
+        self._algorithm_states = progress.restore(self, payload)
         return payload["accounts"]
+
+    def _received(self, payload: dict[str, Any]) -> None:
+        """A live node's payload, its weights and optimizer state already in place: the rest, now."""
+        self.engine.load_state_dict(progress.restore(self, payload))

@@ -23,8 +23,9 @@ def build_data(
 ) -> DataSpec:
     """One rank's data; batch sizes are global and divided among the run's ranks (that they divide
     evenly is checked before any process starts: :func:`trainrun.validation.check_batch_split`)."""
-    world_size, device = placement.world_size, device or torch.device("cpu")
-    per_rank, eval_per_rank = train_batch_size // world_size, eval_batch_size // world_size
+    world_size, device = placement.data_ranks, device or torch.device("cpu")
+    # every replica group evaluates the whole evaluation set among its own ranks
+    per_rank, eval_per_rank = train_batch_size // world_size, eval_batch_size // placement.world_size
     if config.loader == "ffcv":
         from trainrun.data.ffcv import FFCVData
 

@@ -91,7 +91,10 @@ class TorchData(DataSpec):
         rank, world_size = placement.rank, placement.world_size
         train_set, val_set, self.text = sets.train, sets.val, sets.text
         self.train_set = AugmentedDataset(train_set, seed)
-        self.sampler = ResumableSampler(train_set, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        self.sampler = ResumableSampler(
+            train_set, placement.data_ranks, placement.data_rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.replicas = (config, sets, per_rank_batch, eval_batch, seed, placement, device)
         # pinned host batches let the trainer's non-blocking copies overlap the previous step
         on_cuda = device is not None and device.type == "cuda"
         pin_memory = on_cuda if config.pin_memory is None else config.pin_memory
@@ -128,6 +131,14 @@ class TorchData(DataSpec):
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator:
         self.sampler.set_epoch(epoch, skip=skip * self.per_rank_batch)
         return iter(self.train)
+
+    def for_replica(self, replica: int) -> TorchData:
+        """This rank's counterpart's training batches in replica group ``replica`` (its share of each
+        step, which this rank trains while that group is lost), with this rank's transforms."""
+        config, sets, per_rank_batch, eval_batch, seed, placement, device = self.replicas
+        other = TorchData(config, sets, per_rank_batch, eval_batch, seed, placement.of_replica(replica), device)
+        other.train_set.transforms = self.train_set.transforms
+        return other
 
     def eval_batches(self) -> Iterable:
         return self.eval

@@ -94,6 +94,7 @@ class TimeToQualityLogger(Callback):
             "eval_loss": metrics["eval_loss"],
             **{name: metrics[name] for name in self.task.metrics},
             **{name: value for name, value in metrics.items() if "/" in name},  # parts: eval_loss/<corpus>
+            **({"lost_seconds": lost_seconds(state.faults)} if state.faults else {}),
         }
 
     def time_to_targets(self) -> dict[str, dict[str, Any] | None]:
@@ -136,6 +137,7 @@ class TimeToQualityLogger(Callback):
             "peak_memory_gb": peak_device_memory(state.device) if state else None,
             "unreadable_files": state.unreadable_files if state else [],
             "compile": state.compiled.as_dict() if state and state.compiled else None,
+            "faults": state.faults if state else [],  # launcher.fault_tolerance=replicas: nodes lost and joined
             "provenance": self.provenance,
         }
         if state and (bottleneck := find_bottleneck(state.accounts.seconds, state.accounts.device_seconds)):
@@ -181,6 +183,12 @@ class TimeToQualityLogger(Callback):
                 else None
             ),
         }
+
+
+def lost_seconds(faults: list[dict[str, Any]]) -> float:
+    """Seconds the run's lost nodes cost, each from its last step with the others to the next step
+    committed without it (launcher.fault_tolerance=replicas)."""
+    return round(sum(fault["seconds"] or 0.0 for fault in faults if fault["event"] == "lost"), 3)
 
 
 def _finite_or_none(value: float) -> float | None:
