@@ -86,7 +86,7 @@ def main() -> None:
     rows = []
     with made_hosts(3) as hosts, tempfile.TemporaryDirectory() as scratch:
         for tolerant in (True, False):
-            label = "fault_tolerance=replicas" if tolerant else "none (requeued, resume=auto)"
+            label = "replicas" if tolerant else "none (requeued, resume=auto)"
             whole = one_run(hosts, Path(scratch) / f"whole{tolerant}", tolerant, [], args)
             broken = one_run(hosts, Path(scratch) / f"broken{tolerant}", tolerant, kills, args)
             lost = broken["wall"] - whole["wall"]

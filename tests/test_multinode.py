@@ -389,3 +389,16 @@ def test_the_lighthouse_lost_ends_every_node_naming_it_and_resume_continues(thre
     finally:
         resumed.stop()
     assert all(torch.equal(value, uninterrupted["ddp"][name]) for name, value in newest_weights(run.run).items())
+
+
+def test_the_fault_cost_bench_runs_tiny():
+    """bench/fault_cost.py, the measure in docs/distributed.md, at 40 steps with a loss at step 20: its
+    table, every run ending 0, the run with fault tolerance naming its loss."""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / "fault_cost.py"), "--steps", "40", "--every", "20", "--checkpoint", "10"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, **ONE_THREAD},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| replicas |" in result.stdout and "| none (requeued, resume=auto) |" in result.stdout, result.stdout
+    assert result.stdout.count("exit codes [0, 0]") == 2 and '"event": "lost"' in result.stdout, result.stdout
