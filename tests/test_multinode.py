@@ -260,17 +260,19 @@ def uninterrupted(three_hosts, tmp_path_factory) -> dict[str, dict[str, torch.Te
     the bit whichever node trained a share (core/replicas.py), so a run that lost a node and one that
     did not end alike however long they train (a run without fault tolerance sums its ranks'
     gradients in another order, which 240 steps carry far beyond float noise)."""
-    weights = {}
-    for name, args in RUNS.items():
-        made = tmp_path_factory.mktemp(f"uninterrupted_{name}")
-        run = ReplicaRun(three_hosts, args, made)
-        try:
-            assert_both_ended_alike(run.ended(*run.nodes))
-        finally:
-            run.stop()
-        assert faults(run.run) == []
-        weights[name] = newest_weights(run.run)
-    return weights
+    made = tmp_path_factory.mktemp
+    return {name: newest_weights(fault_free(three_hosts, args, made(name))) for name, args in RUNS.items()}
+
+
+def fault_free(hosts: Hosts, args: list[str], folder: Path) -> Path:
+    """``args`` on two nodes to their end without a fault, both alike: the run's folder."""
+    run = ReplicaRun(hosts, args, folder)
+    try:
+        assert_both_ended_alike(run.ended(*run.nodes))
+    finally:
+        run.stop()
+    assert faults(run.run) == []
+    return run.run
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "hsdp"])
@@ -279,15 +281,10 @@ def test_replica_groups_without_a_fault_train_the_weights_of_one_node(three_host
     order to those of one node of four ranks without fault tolerance (DDP, or FSDP2)."""
     args = DDP if parallel == "ddp" else LLAMA
     on_one_host([*args, "launcher.devices=4"], tmp_path / "one", tmp_path)
-    run = ReplicaRun(three_hosts, args, tmp_path)
-    try:
-        assert_both_ended_alike(run.ended(*run.nodes))
-    finally:
-        run.stop()
-    assert faults(run.run) == []
-    provenance = json.loads((run.run / "summary.json").read_text())["provenance"]
+    run = fault_free(three_hosts, args, tmp_path)
+    provenance = json.loads((run / "summary.json").read_text())["provenance"]
     assert (provenance["nodes"], provenance["devices"]) == (2, 4)
-    assert_equal_to_summation_order(newest_weights(run.run), newest_weights(tmp_path / "one"))
+    assert_equal_to_summation_order(newest_weights(run), newest_weights(tmp_path / "one"))
 
 
 @pytest.mark.parametrize("loss", ["killed", "cut_off"])

@@ -10,6 +10,7 @@ guessing ``rank % GPUs``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -67,7 +68,7 @@ class Placement:
 
     def of_replica(self, replica: int) -> Placement:
         """This rank's counterpart in replica group ``replica``."""
-        return Placement(self.rank, self.world_size, self.local_rank, replica, self.replicas)
+        return dataclasses.replace(self, replica=replica)
 
 
 SINGLE_PROCESS = Placement()

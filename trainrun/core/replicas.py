@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map_only
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -152,7 +153,7 @@ class Replicas:
         optimizer state as this rank holds them (its shards under FSDP2)."""
         payload = self._save()
         payload["model"] = {name: _local(value) for name, value in payload["model"].items()}
-        payload["optimizer"] = _mapped(payload["optimizer"], _local)
+        payload["optimizer"] = tree_map_only(torch.Tensor, _local, payload["optimizer"])
         return payload
 
     def _healed_with(self, payload: dict[str, Any]) -> None:
@@ -198,7 +199,7 @@ class Replicas:
         if self.manager.errored():
             return  # the step will not commit; the next quorum tells again
         live = [node for node in range(self.replicas) if rows[node, 0] > 0.5]
-        for node in live:
+        for node in set(live) - set(self.live or []):  # new to the step: read where it is
             self.hosts[node] = bytes(int(v) for v in rows[node, 1:].tolist() if v > 0.5).decode()
         if self.live is None:  # the first step this node takes part in
             self.live, absent = live, [node for node in range(self.replicas) if node not in live]
@@ -299,7 +300,7 @@ class Replicas:
         """Whether every node's step went through (else it is redone); the seconds a loss cost are
         counted at the first step committed after it."""
         committed = self.manager.should_commit()
-        if committed:
+        if committed and self._lost_since:
             now = time.monotonic()
             for node, since in self._lost_since.items():
                 for fault in reversed(self.faults):
@@ -309,7 +310,8 @@ class Replicas:
                         break
             self._record()
             self._lost_since.clear()
-            self._last_commit = now
+        if committed:
+            self._last_commit = time.monotonic()
         return committed
 
     def ended(self) -> None:
@@ -369,17 +371,6 @@ def load_local_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str
                         shape=parameter.shape,
                         stride=parameter.stride(),
                     )
-
-
-def _mapped(tree: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``tree`` (nested dicts and lists) with ``change`` applied to each tensor."""
-    if torch.is_tensor(tree):
-        return change(tree)
-    if isinstance(tree, dict):
-        return {key: _mapped(value, change) for key, value in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_mapped(value, change) for value in tree)
-    return tree
 
 
 def _flat_gradients(parameters: list[torch.nn.Parameter]) -> torch.Tensor:

@@ -102,7 +102,7 @@ class Trainer:
         )
         self.replicas = settings.replicas
         if self.replicas is not None:
-            self.replicas.attach(state, lambda: self._checkpoint_payload(self.window), self._received)
+            self.replicas.attach(state, lambda: progress.payload(self, self.window), self._received)
 
     @property
     def last_batch(self) -> int:
@@ -173,13 +173,15 @@ class Trainer:
         (fault_tolerance=replicas); its own share's samples, or None: not committed, gradients dropped."""
         state, accounts = self.state, self.state.accounts
         shares = [(state.data_rank, batch), *(self.replicas.missing_batches(state) if self.replicas else [])]
-        prepared = [self._prepared(rank, batch, first=index == 0) for index, (rank, batch) in enumerate(shares)]
+        several = len(shares) > 1
+        prepared = [self._prepared(rank, batch, index == 0, several) for index, (rank, batch) in enumerate(shares)]
         terms = self._terms_on_all_ranks([targets for _, targets, _, _ in prepared])
         losses = []
         for state.inputs, state.targets, _, draws in prepared:
-            restore_draws(draws, state.device)  # each share's passes draw what they would on its own rank
+            if several:  # each share's passes draw what they would on its own rank; its gradients kept apart
+                restore_draws(draws, state.device)
             losses.append(self._passes(state.inputs, state.targets, terms))
-            if len(prepared) > 1:  # each share's gradients apart, summed as the nodes' are (core/replicas.py)
+            if several:  # summed as the nodes' are (core/replicas.py)
                 self.replicas.hold_share(self._trainable())
         if self.replicas is not None and not self.replicas.exchanged(self._trainable()):
             state.optimizer.zero_grad(set_to_none=True)
@@ -199,8 +201,9 @@ class Trainer:
         accounts.switch("other")
         return samples
 
-    def _prepared(self, data_rank: int, batch: Any, first: bool) -> tuple[Any, Any, int, list[torch.Tensor]]:
-        """A share's batch as the model takes it (seeded for its data rank), its draws' state after AFTER_DATALOADER."""
+    def _prepared(self, data_rank: int, batch: Any, first: bool, several: bool) -> tuple[Any, Any, int, Any]:
+        """A share's batch as the model takes it (seeded for its data rank); among ``several``, the
+        state its draws are in after AFTER_DATALOADER, which its passes start from."""
         state, accounts = self.state, self.state.accounts
         seed_step(self.settings.seed, state.batch, data_rank, state.device)
         if first:
@@ -209,7 +212,7 @@ class Trainer:
         state.inputs, state.targets, samples = state.task.batch(batch, state)
         accounts.switch("forward")
         self.engine.run(Event.AFTER_DATALOADER, state)
-        return state.inputs, state.targets, samples, draws_state(state.device)
+        return state.inputs, state.targets, samples, draws_state(state.device) if several else None
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.state.raw_model.parameters() if p.requires_grad]
@@ -399,10 +402,10 @@ class Trainer:
         name = checkpoint.checkpoint_name(state.epoch, state.batch, sharded=self.shards is not None)
         try:
             if self.shards and state.replica == 0:  # fault_tolerance=replicas: node 0's ranks write
-                payload = self._checkpoint_payload(window, weights=False)
+                payload = progress.payload(self, window, weights=False)  # the ranks write the weights
                 self.shards.save(directory / name, state.raw_model, state.optimizer, payload)
             elif state.is_main:
-                checkpoint.atomic_torch_save(self._checkpoint_payload(window), directory / name)
+                checkpoint.atomic_torch_save(progress.payload(self, window), directory / name)
                 checkpoint.prune(directory, self.settings.checkpoint_keep)
         except OSError as error:  # disk full, quota, permissions: the older checkpoints are untouched
             raise WriteError(
@@ -420,11 +423,6 @@ class Trainer:
         losses = torch.tensor([window.loss_sum, window.loss_count], dtype=torch.float64)
         dist.all_reduce(losses)  # through gloo: the window lives on the host
         return Window(float(losses[0]), int(losses[1]), window.samples, window.started)
-
-    def _checkpoint_payload(self, window: Window, weights: bool = True) -> dict[str, Any]:
-        """What a run continues from (:func:`~trainrun.core.progress.payload`); without ``weights``,
-        less the model and optimizer state, which a sharded checkpoint's ranks write themselves."""
-        return progress.payload(self, window, weights)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore checkpoint ``path`` (a file, or a folder of any ranks' shards); the accounts to go on from."""

@@ -69,11 +69,6 @@ class DataSpec(ABC):
     def eval_batches(self) -> Iterable:
         """Every evaluation batch of this rank; each sample is seen by exactly one rank."""
 
-    def for_replica(self, replica: int) -> DataSpec:
-        """The training batches of this rank's counterpart in replica group ``replica``
-        (``launcher.fault_tolerance=replicas``: trained here while that group is lost)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot read another replica group's share")
-
     def add_train_transform(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Apply ``transform`` to each uint8 training image (C, H, W) from the first epoch on;
         False if this loader cannot run per-image Python transforms."""

@@ -94,7 +94,7 @@ class TorchData(DataSpec):
         self.sampler = ResumableSampler(
             train_set, placement.data_ranks, placement.data_rank, shuffle=True, seed=seed, drop_last=True
         )
-        self.replicas = (config, sets, per_rank_batch, eval_batch, seed, placement, device)
+        self._built_from = (config, sets, per_rank_batch, eval_batch, seed, placement, device)  # for_replica
         # pinned host batches let the trainer's non-blocking copies overlap the previous step
         on_cuda = device is not None and device.type == "cuda"
         pin_memory = on_cuda if config.pin_memory is None else config.pin_memory
@@ -135,7 +135,7 @@ class TorchData(DataSpec):
     def for_replica(self, replica: int) -> TorchData:
         """This rank's counterpart's training batches in replica group ``replica`` (its share of each
         step, which this rank trains while that group is lost), with this rank's transforms."""
-        config, sets, per_rank_batch, eval_batch, seed, placement, device = self.replicas
+        config, sets, per_rank_batch, eval_batch, seed, placement, device = self._built_from
         other = TorchData(config, sets, per_rank_batch, eval_batch, seed, placement.of_replica(replica), device)
         other.train_set.transforms = self.train_set.transforms
         return other
