@@ -9,7 +9,9 @@ of its figure or work left (``miss`` says what the estimate does not model), but
 a precision trainrun does not run, shown as an ``exception`` and not counted. A row whose settings
 were not all published says what it ``assumes`` and is not counted; one whose only unknown is its
 node's CPUs (``unnamed_cpus``) is counted where no loader bounds its estimate (the device's step alone
-decides it), else not.
+decides it), else not. A setting the estimate asks for that the source does not give (``unknown``: its
+name and values spanning what it could be) is tried at each value: the row is counted where the
+estimate is the same at all of them, and is an assumption where it is not.
 
     .venv/bin/python bench/estimate_validation.py            # the table
     .venv/bin/python bench/estimate_validation.py --write    # into docs/estimate.md
@@ -47,13 +49,25 @@ class Checked:
     bottleneck: str
     mfu: float
     loader_bound: bool  # a phase or the evaluation waits for the loaders
+    indifferent: bool = True  # the same estimate at each value of the row's unknown setting
+
+    @property
+    def assumes(self) -> str | None:
+        """What the row assumes: what it says it assumes, or its unknown setting where that changes its estimate."""
+        row = self.row
+        if row.get("assumes"):
+            return row["assumes"]
+        if not self.indifferent:
+            tried = ", ".join(row["unknown"]["values"])
+            return f"{row['unknown']['what']}, which changes its estimate (tried: {tried})"
+        return None
 
     @property
     def counted(self) -> bool:
         """A prediction whose settings are all known, or whose only unknown (the node's CPUs) does not
         change its estimate."""
         row = self.row
-        if "fits" in row or "calibrates" in row or row.get("assumes") or row.get("exception"):
+        if "fits" in row or "calibrates" in row or self.assumes or row.get("exception"):
             return False
         return not (row.get("unnamed_cpus") and self.loader_bound)
 
@@ -71,10 +85,19 @@ def rows() -> list[dict[str, Any]]:
 
 
 def estimate_row(row: dict[str, Any]) -> Checked:
-    """The estimate of ``row``'s settings, composed as ``trainrun estimate`` composes them."""
+    """The estimate of ``row``'s settings, composed as ``trainrun estimate`` composes them; at each value
+    of its ``unknown`` setting, the first one's kept and whether the others' agree with it (within 0.1 %)."""
+    values = row.get("unknown", {}).get("values", [])
+    first, *others = [estimated_with(row, [value]) for value in values] or [estimated_with(row, [])]
+    first.indifferent = all(abs(other.estimated / first.estimated - 1) <= 1e-3 for other in others)
+    return first
+
+
+def estimated_with(row: dict[str, Any], extra: list[str]) -> Checked:
+    """The estimate of ``row``'s settings and ``extra`` overrides."""
     from trainrun.estimate import estimate
 
-    config = composed([*row["overrides"], *row.get("settings", [])])
+    config = composed([*row["overrides"], *row.get("settings", []), *extra])
     arguments, flags = {}, list(row.get("args", []))
     for flag, value in zip(flags[::2], flags[1::2], strict=True):
         name, kind = FLAGS[flag]
@@ -130,8 +153,12 @@ def verdict(item: Checked) -> str:
     if row.get("exception"):
         return f"{'yes' if item.within_goal else 'no'} (not counted, an exception: {row['exception']})"
     result = "yes" if item.within_goal else "no: " + row.get("miss", "work left")
-    if row.get("assumes"):
-        return f"{result} (not counted: assumes {row['assumes']})"
+    if item.assumes:
+        return f"{result} (not counted: assumes {item.assumes})"
+    if row.get("unknown"):
+        unknown = row["unknown"]
+        tried = " and ".join(unknown["values"])
+        result += f" (counted: {unknown['what']} is not published; the same estimate at {tried})"
     if row.get("unnamed_cpus") and item.loader_bound:
         return (
             f"{result} (not counted: its node's CPUs are not published ({row['unnamed_cpus']}) and a loader bounds it)"

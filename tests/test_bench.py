@@ -393,6 +393,25 @@ def test_published_load_bench_prints_what_each_way_of_reading_a_folder_adds(tmp_
     assert "safetensors file(s)" in result.stdout and len(list(tmp_path.glob("*/*.safetensors"))) > 1
 
 
+def test_a_rows_unknown_setting_is_counted_only_where_it_does_not_change_the_estimate(monkeypatch):
+    """A row whose source leaves a setting out is tried at each value its ``unknown`` names: counted
+    where the estimates agree, an assumption (not counted) where they differ, and it says which."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import estimate_validation
+
+    def estimated(row: dict, extra: list[str]) -> estimate_validation.Checked:
+        value = {"data.samples=[1000,10]": 10.0, "data.samples=[9000,10]": float(row["second"])}[extra[0]]
+        return estimate_validation.Checked(row, 10.0, value, "min", "", "measured", "GPU", 0.5, False)
+
+    monkeypatch.setattr(estimate_validation, "estimated_with", estimated)
+    unknown = {"what": "the training set's size", "values": ["data.samples=[1000,10]", "data.samples=[9000,10]"]}
+    same = estimate_validation.estimate_row({"unknown": unknown, "second": 10.0})
+    other = estimate_validation.estimate_row({"unknown": unknown, "second": 12.0})
+    assert same.counted and "counted: the training set's size is not published" in estimate_validation.verdict(same)
+    assert not other.counted
+    assert "not counted: assumes the training set's size, which changes" in estimate_validation.verdict(other)
+
+
 @pytest.mark.slow
 def test_the_estimate_holds_every_published_row_and_the_documented_table(monkeypatch):
     """bench/published_times.yaml through trainrun estimate: each fit row reproduces its figure within
@@ -446,7 +465,7 @@ def test_operations_bench_times_each_kind_of_operation_and_step_beside_the_estim
     assert floor[2] == f"{generations()['hopper'].floor_s * 1e3:.3f} ms"
 
 
-COUNTED_WITHIN_GOAL = 12  # counted predictions within 25 % of their figures: never fewer
+COUNTED_WITHIN_GOAL = 21  # counted predictions within 25 % of their figures: never fewer
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))
 ON_ONE_GPU = {"unet3d_brats": "nnU-Net's batch of 2 trains on one GPU: 8 ranks are refused in one line"}
 

@@ -5,6 +5,7 @@ says of the real-size recipe; plus the refusals and the exit code a script reads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -715,6 +716,78 @@ def test_the_operation_log_counts_a_products_flops_and_every_operations_bytes_re
     (mm_flops, mm_bytes, *_), (add_flops, add_bytes, *_) = log.operations
     assert (mm_flops, mm_bytes) == (2 * 64 * 32 * 16, 4 * (64 * 32 + 32 * 16 + 64 * 16))
     assert (add_flops, add_bytes) == (0, 4 * 3 * 64 * 16)
+
+
+def test_a_normalizations_statistics_read_its_input_twice_where_they_span_more_than_a_row():
+    """A batch norm in training reads its input once for its statistics and again to normalize, and
+    its backward reads its inputs twice too; in evaluation (running statistics) and a layer norm's
+    forward (a row at a time) read once; a layer norm's backward sums the weights' gradients over rows."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainrun.estimate.operations import OperationLog
+
+    def moved(module: torch.nn.Module, shape: tuple[int, ...], train: bool) -> dict[str, float]:
+        module.train(train)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.empty(shape, requires_grad=True)
+            with OperationLog() as log, log_names() as names:
+                module(x).sum().backward()
+        return {name: op.moved for name, op in zip(names, log.operations)}
+
+    x_bytes = 4 * 8 * 16 * 32 * 32
+    batch = moved(torch.nn.BatchNorm2d(16), (8, 16, 32, 32), train=True)
+    assert batch["native_batch_norm"] == pytest.approx(2 * x_bytes + x_bytes, rel=0.05)
+    assert batch["native_batch_norm_backward"] == pytest.approx(2 * 2 * x_bytes + x_bytes, rel=0.05)
+    evaluated = moved(torch.nn.BatchNorm2d(16), (8, 16, 32, 32), train=False)
+    assert evaluated["native_batch_norm"] == pytest.approx(2 * x_bytes, rel=0.05)
+    layer = moved(torch.nn.LayerNorm(32), (8, 16, 32, 32), train=True)
+    assert layer["native_layer_norm"] == pytest.approx(2 * x_bytes, rel=0.05)
+    assert layer["native_layer_norm_backward"] == pytest.approx(2 * 2 * x_bytes + x_bytes, rel=0.05)
+
+
+@contextlib.contextmanager
+def log_names():
+    """The aten names of the operations an OperationLog records inside it, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainrun.estimate.operations import NO_KERNEL
+
+    names: list[str] = []
+
+    class Names(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            if func.namespace == "aten" and not func.is_view and func.overloadpacket not in NO_KERNEL:
+                names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Names():
+        yield names
+
+
+def test_a_gpus_autocast_runs_norms_and_softmax_in_float32_in_the_operations():
+    """Under autocast a GPU computes a LayerNorm, a softmax and a sum in float32 (CUDA's autocast
+    policy), where CPU autocast, which the fake pass runs under, keeps them in bfloat16: the
+    operations are those of the GPU, casts included; without autocast nothing changes."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainrun.estimate.operations import AsGpuAutocast
+
+    layer_norm = torch.nn.LayerNorm(64)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(4, 64, dtype=torch.bfloat16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cpu_norm = layer_norm(x)
+            with AsGpuAutocast():
+                gpu_norm, gpu_softmax, gpu_sum = layer_norm(x), torch.softmax(x, -1), x.sum()
+                gpu_product = torch.nn.functional.linear(gpu_norm, torch.empty(8, 64))
+        with AsGpuAutocast():
+            plain = torch.softmax(x, -1)
+    assert cpu_norm.dtype == torch.bfloat16
+    assert (gpu_norm.dtype, gpu_softmax.dtype, gpu_sum.dtype) == (torch.float32,) * 3
+    assert gpu_product.dtype == torch.bfloat16  # the products stay in the lower precision
+    assert plain.dtype == torch.bfloat16
 
 
 def gpt_estimate(*overrides: str):

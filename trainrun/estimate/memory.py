@@ -36,7 +36,7 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.operations import AsFusedAttention, Operation, OperationLog, flop_formulas
+from trainrun.estimate.operations import AsFusedAttention, AsGpuAutocast, Operation, OperationLog, flop_formulas
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import TrainConfig
@@ -331,11 +331,12 @@ def pass_operations(
 ) -> list[Operation]:
     """A training forward and backward of ``samples`` samples of ``config``'s shapes as the GPU runs
     its operations (:class:`OperationLog`): on the whole model, with ``checkpointing``'s recompute,
-    attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``)."""
+    attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``), each
+    call in the precision the GPU's autocast gives it (:class:`AsGpuAutocast`)."""
     from trainrun.models.flex import as_fused_kernel
 
     log = OperationLog()
-    with AsFusedAttention(text.real_token_share if text else None), as_fused_kernel():
+    with AsFusedAttention(text.real_token_share if text else None), AsGpuAutocast(), as_fused_kernel():
         _fake_pass(config, task, text, samples, True, log, checkpointing)
     return log.operations
 

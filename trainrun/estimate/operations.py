@@ -1,8 +1,9 @@
 """The operations a step runs, as the estimate times them (:mod:`trainrun.estimate.device`): each aten
 operation of a fake pass with its FLOPs, the bytes it reads and writes, its kind and the dimensions
 its speed depends on (:class:`OperationLog`), attention counted and run as the fused kernels a GPU
-runs (:func:`flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP
-counter gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
+runs (:func:`flop_formulas`, :class:`AsFusedAttention`), in the precisions a GPU's autocast gives
+them (:class:`AsGpuAutocast`). Written here because torch's FLOP counter gives FLOPs alone, not what
+each operation moves or how its GEMM is shaped."""
 
 from __future__ import annotations
 
@@ -110,6 +111,59 @@ class AsFusedAttention(TorchFunctionMode):
         return torch.nn.functional.pad(func(**named), (0, 0, 0, length - real))
 
 
+# torch's CUDA autocast policy (aten/src/ATen/autocast_mode.h), by the Python name a call reaches it
+# through: these compute in float32 from lower-precision inputs cast first (FP32) or read as they are
+# (SET_DTYPE: the kernel's dtype argument). CPU autocast, which the fake pass runs under, lists
+# neither norms nor softmax, so without it a GPU's float32 LayerNorm would be timed at half its bytes.
+GPU_AUTOCAST_FP32 = frozenset(
+    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow __pow__ __rpow__ "
+    "softplus layer_norm group_norm norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss "
+    "hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss "
+    "multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss "
+    "binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp".split()
+)
+GPU_AUTOCAST_SET_DTYPE = frozenset("prod softmax log_softmax cumprod cumsum sum vector_norm matrix_norm".split())
+GPU_AUTOCAST_FLOAT32 = GPU_AUTOCAST_FP32 | GPU_AUTOCAST_SET_DTYPE
+LOWER_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class AsGpuAutocast(TorchFunctionMode):
+    """A fake pass under CPU autocast given the GPU's autocast policy: the calls CUDA's autocast
+    runs in float32 (:data:`GPU_AUTOCAST_FP32`, :data:`GPU_AUTOCAST_SET_DTYPE`) run in float32 here
+    too, so their bytes (and the casts around them) are those the GPU moves."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", None)
+        if name not in GPU_AUTOCAST_FLOAT32 or not torch.is_autocast_enabled("cpu"):
+            return func(*args, **kwargs)
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(leaf, torch.Tensor) and leaf.dtype in LOWER_PRECISION for leaf in leaves):
+            if name in GPU_AUTOCAST_SET_DTYPE:
+                kwargs = {**kwargs, "dtype": kwargs.get("dtype") or torch.float32}
+            else:
+                args, kwargs = pytree.tree_map_only(torch.Tensor, _as_float32, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in LOWER_PRECISION else tensor
+
+
+# normalizations whose statistics (or whose gradients' sums) span more than a kernel holds on chip:
+# they read their inputs once for the sums and again to normalize (two passes, as cuDNN's and torch's
+# batch-norm kernels and torch's layer-norm backward run); a layer norm's forward, a row at a time,
+# reads once
+TWO_PASSES = {
+    aten.native_batch_norm,
+    aten._native_batch_norm_legit,
+    aten.native_batch_norm_backward,
+    aten.native_group_norm,
+    aten.native_group_norm_backward,
+    aten.native_layer_norm_backward,
+}
+
+
 class OperationLog(TorchDispatchMode):
     """Each aten operation run under it, as an :class:`~trainrun.estimate.device.Operation`: its FLOPs
     by torch's formulas for matrix products, convolutions and fused attention (as :func:`pass_flops`
@@ -134,10 +188,16 @@ class OperationLog(TorchDispatchMode):
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
         fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
-        moved = float(tensor_bytes((args, kwargs)) + tensor_bytes((written, fresh)))
+        reads = tensor_bytes((args, kwargs)) * (2 if packet in TWO_PASSES and _training(packet, named) else 1)
+        moved = float(reads + tensor_bytes((written, fresh)))
         kind, dims = kind_of(packet, args, out) if flops else (MEMORY, ())
         self.operations.append(Operation(float(flops), moved, kind, dims))
         return out
+
+
+def _training(packet: Any, named: dict) -> bool:
+    """Whether a normalization computes its statistics (a batch norm in evaluation reads its running ones)."""
+    return named.get("training", True) if packet in (aten.native_batch_norm, aten._native_batch_norm_legit) else True
 
 
 MATMULS = {aten.mm: (0, 1), aten._scaled_mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2)}
