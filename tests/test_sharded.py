@@ -105,6 +105,41 @@ def test_activation_checkpointing_keeps_outputs_and_gradients_and_saves_activati
         assert full < selective
 
 
+def test_selective_checkpointing_of_every_other_product_recomputes_half_the_products_and_saves_more():
+    """parallel.selective_products=alternate (torchtitan's op policy): the backward runs again half of
+    the forward's matrix products, the same gradients come out, and less is kept than when every
+    product is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            self.count += func.overloadpacket is torch.ops.aten.mm
+            return func(*args, **(kwargs or {}))
+
+    tokens = torch.randint(0, 300, (2, 64))
+    runs = {}
+    for products in ("all", "alternate"):
+        torch.manual_seed(0)
+        model = Llama(LlamaConfig(layers=2), vocab_size=300)
+        checkpoint_activations(model, "selective", products=products)
+        loss, backward = model(tokens).logsumexp(-1).mean(), Products()
+        with backward:
+            loss.backward()
+        grads = [parameter.grad for parameter in model.parameters()]
+        runs[products] = (backward.count, grads, saved_activation_bytes(model, tokens)[0])
+    (backward, grads, saved), (alternate_backward, alternate_grads, alternate_saved) = runs.values()
+    recomputed = 2 * (7 // 2)  # of each block's 7 (query, key, value, out, gate, up, down): the 2nd, 4th, 6th
+    assert alternate_backward == backward + recomputed
+    for got, expected in zip(alternate_grads, grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    if SAC_HOOKS:
+        assert alternate_saved < saved
+
+
 def test_every_kth_block_is_checkpointed_and_only_a_model_with_dropout_keeps_its_rng_state(monkeypatch):
     """parallel.checkpoint_every=2 recomputes blocks 0 and 2 of 4 and keeps the others' activations:
     saved bytes between none and every block's; a Llama (no dropout) saves no RNG state for the

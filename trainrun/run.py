@@ -204,7 +204,11 @@ def parallelism(config: TrainConfig) -> parallel.Parallelism:
     """How the run's ranks share its model, as the trainer reads it."""
     settings = config.parallel
     return parallel.Parallelism(
-        settings.name, settings.reshard_after_forward, settings.activation_checkpointing, settings.checkpoint_every
+        settings.name,
+        settings.reshard_after_forward,
+        settings.activation_checkpointing,
+        settings.checkpoint_every,
+        settings.selective_products,
     )
 
 

@@ -335,12 +335,12 @@ class ParallelConfig:
     """How the ranks share the model (conf/parallel/): each a whole copy (ddp) or a shard (fsdp)."""
 
     name: str = choice_field("ddp", "ddp", "fsdp")  # fsdp: FSDP2, per block and on the whole model
-    # fsdp: free each block's gathered weights after its forward and gather them again for the
-    # backward (least memory); false keeps them until the backward (less communication)
+    # fsdp: free each block's gathered weights after its forward, gather again for its backward (false: keep)
     reshard_after_forward: bool = True
-    # recompute activations in the backward: none; selective (each block's matrix products and
-    # attention kept, the cheap element-wise work recomputed); full (each block's input only)
+    # recompute in the backward: none; selective (products, attention kept; element-wise redone); full
     activation_checkpointing: str = choice_field("none", "none", "selective", "full")
+    # selective: keep all of each block's products, or every other one (alternate: torchtitan's op policy)
+    selective_products: str = choice_field("all", "all", "alternate")
     # checkpoint every k-th block only (the first, then each k on; 1: all): less recompute for more memory
     checkpoint_every: int = positive_field(1)
 

@@ -13,6 +13,7 @@ the ranks shard within a node and replicate across nodes (HSDP, :func:`sharding_
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -37,6 +38,7 @@ class Parallelism:
     reshard_after_forward: bool = True  # fsdp: gather each block's weights again for its backward
     activation_checkpointing: str = "none"  # none, selective or full
     checkpoint_every: int = 1  # checkpoint every k-th block (1: all of them)
+    selective_products: str = "all"  # selective: keep all of a block's products, or every other one
 
 
 # What selective activation checkpointing keeps from each block's forward: the matrix products
@@ -70,8 +72,27 @@ SAC_HOOKS = (
 )
 
 
+PRODUCTS = frozenset(getattr(torch.ops.aten, name).default for name in ("mm", "addmm", "bmm", "_scaled_mm"))
+
+
 def _keep_products(context, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keep_every_other_product() -> Callable:
+    """A policy for one block's forward keeping its first, third, ... matrix product and recomputing
+    the others (torchtitan's op policy); the forward and its recompute count their products apart, so
+    both choose the same ones."""
+    seen = collections.Counter()
+
+    def policy(context, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in PRODUCTS:
+            seen[context.is_recompute] += 1
+            if seen[context.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return _keep_products(context, op)
+
+    return policy
 
 
 def draws_random_numbers(module: nn.Module) -> bool:
@@ -85,14 +106,19 @@ def draws_random_numbers(module: nn.Module) -> bool:
     return False
 
 
-def checkpointed(forward: Callable, selective: bool, keeps_rng_state: bool = True) -> Callable:
-    """``forward`` recomputed in the backward pass (all of it, or under ``selective`` its cheap ops);
-    the RNG state is saved for the recompute only where ``keeps_rng_state``. Under ``torch.compile``
-    (a compiled block) the checkpoint and its policy are traced into the block's graph: the policy
-    is applied once, at compile time, not by a dispatch mode on every op of every pass."""
+def checkpointed(
+    forward: Callable, selective: bool, keeps_rng_state: bool = True, every_other_product: bool = False
+) -> Callable:
+    """``forward`` recomputed in the backward pass (all of it, or under ``selective`` its cheap ops,
+    and every other product where ``every_other_product``); the RNG state is saved for the recompute
+    only where ``keeps_rng_state``. Under ``torch.compile`` (a compiled block) the checkpoint and its
+    policy are traced into the block's graph: the policy is applied once, at compile time, not by a
+    dispatch mode on every op of every pass."""
 
     def context():
-        return create_selective_checkpoint_contexts(_keep_products)
+        return create_selective_checkpoint_contexts(
+            _keep_every_other_product() if every_other_product else _keep_products
+        )
 
     options = {"use_reentrant": False, "preserve_rng_state": keeps_rng_state}
 
@@ -105,14 +131,16 @@ def checkpointed(forward: Callable, selective: bool, keeps_rng_state: bool = Tru
     return run
 
 
-def checkpoint_activations(model: nn.Module, mode: str, every: int = 1) -> None:
+def checkpoint_activations(model: nn.Module, mode: str, every: int = 1, products: str = "all") -> None:
     """Recompute the activations of every ``every``-th block (the first, then each ``every`` on) in
-    the backward (``mode``: none, selective or full); the others keep theirs."""
+    the backward (``mode``: none, selective or full; selective keeping ``products``: all, or every
+    other one); the others keep theirs."""
     if mode == "none":
         return
+    alternate = products == "alternate"
     for index, block in enumerate(model.blocks):
         if index % every == 0:
-            block.forward = checkpointed(block.forward, mode == "selective", draws_random_numbers(block))
+            block.forward = checkpointed(block.forward, mode == "selective", draws_random_numbers(block), alternate)
 
 
 def shards(settings: Parallelism) -> bool:
@@ -142,7 +170,9 @@ def prepare(
     :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``) over ``mesh``
     (default :func:`sharding_mesh` of the run's ranks and nodes); a model built on the meta device is
     materialised shard by shard."""
-    checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
+    checkpoint_activations(
+        model, settings.activation_checkpointing, settings.checkpoint_every, settings.selective_products
+    )
     if not shards(settings):
         return model.to(device)
     mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_from_environment())

@@ -160,13 +160,16 @@ class _Rank:
             config.parallel.reshard_after_forward,
             shape.checkpointing,
             config.parallel.checkpoint_every,
+            config.parallel.selective_products,
         )
         self.sharded = mesh is not None
         frozen_as_buffers(model)
         if self.sharded:
             model = parallel.prepare(model, settings, self.dtype, torch.device("cpu"), mesh)
         else:  # as prepare leaves it: checkpointed, whole on the device
-            parallel.checkpoint_activations(model, settings.activation_checkpointing, settings.checkpoint_every)
+            parallel.checkpoint_activations(
+                model, settings.activation_checkpointing, settings.checkpoint_every, settings.selective_products
+            )
             materialise(model)
             if hasattr(model, "initialise"):
                 model.initialise()
