@@ -284,10 +284,12 @@ def _whole_peak_only(tracker: type) -> type:
     ``_update_peak_stats`` also walks each module the step has entered and copies its snapshot where
     its peak rises (half an 8-GPU BERT-Large estimate's time), and the estimate reads no module's peak."""
 
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
     def update_peak_stats(self: Any, peak_state: Any) -> None:
         for device, snapshot in self._curr_mem_snap.items():
-            if self._peak_mem.get(device, 0) < snapshot["Total"]:
-                self._peak_mem[device] = snapshot["Total"]
+            if self._peak_mem.get(device, 0) < snapshot[_TOTAL_KEY]:
+                self._peak_mem[device] = snapshot[_TOTAL_KEY]
                 self._peak_mem_snap[device] = dict(snapshot)
 
     return type(f"WholePeak{tracker.__name__}", (tracker,), {"_update_peak_stats": update_peak_stats})
