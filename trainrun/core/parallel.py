@@ -46,13 +46,10 @@ class Parallelism:
 # reduction: one number a tensor, so its cast is recomputed without reading the tensor again);
 # everything element-wise (norms, activations, rotary, float8's casts) is recomputed. torchtitan's
 # list, less what trainrun does not run (tensor parallelism's reduce-scatter).
-KEPT_OPS = frozenset(
+PRODUCTS = frozenset(getattr(torch.ops.aten, name).default for name in ("mm", "addmm", "bmm", "_scaled_mm"))
+KEPT_OPS = PRODUCTS | frozenset(
     getattr(torch.ops.aten, name).default
     for name in (
-        "mm",
-        "addmm",
-        "bmm",
-        "_scaled_mm",
         "max",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu",
@@ -70,9 +67,6 @@ SAC_HOOKS = (
     if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
     else {}
 )
-
-
-PRODUCTS = frozenset(getattr(torch.ops.aten, name).default for name in ("mm", "addmm", "bmm", "_scaled_mm"))
 
 
 def _keep_products(context, op, *args, **kwargs) -> CheckpointPolicy:
