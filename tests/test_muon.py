@@ -265,8 +265,10 @@ def test_a_stacked_matrix_steps_as_its_parts_would_alone_under_torchs_muon():
     torch.testing.assert_close(qkv.detach(), torch.cat([part.detach() for part in parts]), rtol=0, atol=0)
 
 
-def muon_rank(rank: int, port: int, results) -> None:
-    """One of two gloo ranks holding the same gradients (as DDP leaves them): three Muon steps."""
+def muon_rank(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks holding the same gradients (as DDP leaves them): three Muon steps, its
+    weights and how many matrices it orthogonalised saved to ``out``/rank<rank>.pt (a file: tensors
+    sent through a multiprocessing manager travel as shared memory the manager may fail to open)."""
     import os
 
     import torch.distributed as dist
@@ -274,8 +276,8 @@ def muon_rank(rank: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    results[rank] = stepped_weights()
-    results[("orthogonalised", rank)] = orthogonalised_matrices()
+    result = {"weights": stepped_weights(), "orthogonalised": orthogonalised_matrices()}
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -307,18 +309,18 @@ def stepped_weights() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_ranks_divide_the_orthogonalisation_and_step_as_one_rank():
+def test_two_ranks_divide_the_orthogonalisation_and_step_as_one_rank(tmp_path):
     """Each rank orthogonalises its share of the matrices and all-gathers the rest: both ranks end
     with one process's weights (the same batched products: exactly)."""
     import torch.multiprocessing as mp
 
     from trainrun.launch import free_port
 
-    results = mp.Manager().dict()
-    mp.spawn(muon_rank, args=(free_port(), results), nprocs=2)
+    mp.spawn(muon_rank, args=(free_port(), str(tmp_path)), nprocs=2)
+    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     alone, all_of_them = stepped_weights(), orthogonalised_matrices()
     assert all_of_them == 3 * (2 * 3 + 2 + 2 * 2)  # a step: q, k, v and proj of 2 blocks, 2 up, 2 down
-    assert [results[("orthogonalised", rank)] for rank in range(2)] == [all_of_them // 2] * 2  # each its half
-    for rank in range(2):
+    assert [result["orthogonalised"] for result in results] == [all_of_them // 2] * 2  # each its half
+    for rank, result in enumerate(results):
         for name, weight in alone.items():
-            torch.testing.assert_close(results[rank][name], weight, rtol=0, atol=1e-6, msg=f"rank {rank}: {name}")
+            torch.testing.assert_close(result["weights"][name], weight, rtol=0, atol=1e-6, msg=f"rank {rank}: {name}")

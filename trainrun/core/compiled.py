@@ -61,12 +61,18 @@ def compile_model(model: nn.Module, report: Callable[[str], None], backend: str 
     """``model`` compiled (module docstring: block by block where it has blocks, else whole),
     reporting any later fall-back to eager through ``report``."""
     watch_recompile_limit(report)
-    blocks = getattr(model, "blocks", None)
-    if not blocks:
+    regions = compiled_regions(model)
+    if regions == [model]:
         return torch.compile(model, backend=backend or BACKEND)
-    for block in blocks:
+    for block in regions:
         block.compile(backend=backend or BACKEND)
     return model
+
+
+def compiled_regions(model: nn.Module) -> list[nn.Module]:
+    """The modules :func:`compile_model` compiles: each transformer block where ``model`` has them,
+    else the whole model. What runs outside them (embeddings, the head, the loss) stays eager."""
+    return list(getattr(model, "blocks", None) or [model])
 
 
 def is_compiled(model: nn.Module) -> bool:

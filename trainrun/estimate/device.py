@@ -16,9 +16,10 @@ run's precision, the memory bandwidth, the architecture):
   sequences and narrow heads by the same factor;
 - everything else (element-wise operations, norms, reductions, depthwise convolutions, copies) at
   the share of the memory bandwidth such kernels reach (``memory``);
-- never under the floor an operation costs however small (``floor_s``: its dispatch on the host and
-  its launch), and an eager step under selective activation checkpointing pays its policy's Python
-  time an operation on top (``policy_s``).
+- each issued by the host in the floor an operation costs however small (``floor_s``: its dispatch
+  and launch; an eager step under selective activation checkpointing pays its policy's Python time
+  an operation on top, ``policy_s``), which hides behind the kernels already queued on the GPU: a
+  step is as long as its kernels where they queue up, as long as its issue where they do not.
 
 A compiled step is timed as inductor's kernels (:func:`fused_kernels`). The shares are one set a GPU
 architecture generation (:class:`Generation`), fitted once on a declared fit set and used unchanged
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from trainrun.errors import ConfigError
-from trainrun.estimate.operations import ATTENTION, CONVOLUTION, MEMORY, Operation
+from trainrun.estimate.operations import ATTENTION, CONVOLUTION, FLOAT8, FLOAT8_CAST_BYTES, MEMORY, Operation
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class Generation:
     half_dimension: float
     floor_s: float
     policy_s: float
+    chain_excess: float  # the share a fused chain still moves of its traffic beyond its largest operation's
     fitted_on: tuple[str, ...]  # the fit set's rows
     borrowed_from: str | None = None  # an unfitted generation timed with this fitted one's shares
 
@@ -114,18 +116,23 @@ class Device:
     generation: Generation
     compiled: bool = False
     checkpoint_policy: bool = False
+    float8_flops: float | None = None  # the float8 peak (FLOP/s); None: float8 products at the peak
 
     def operation_seconds(self, operation: Operation) -> float:
-        """The slowest of ``operation``'s FLOPs at its share of the peak, its bytes at the memory's
-        share of the bandwidth, and the floor an operation costs."""
+        """The GPU's time of ``operation``: the slower of its FLOPs at its share of the peak and its
+        bytes at the memory's share of the bandwidth."""
         generation = self.generation
         moving = operation.moved / (self.bandwidth_gb_s * GB * generation.memory)
         computing = 0.0
         if operation.flops and operation.kind != MEMORY:
             shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
             computing = operation.flops / (self.rate(operation.kind) * shape)
-        floor = generation.floor_s + (generation.policy_s if self.checkpoint_policy else 0.0)
-        return max(computing, moving, floor)
+        return max(computing, moving)
+
+    def issue_seconds(self) -> float:
+        """The host's time to issue a kernel: the floor an operation costs (dispatch and launch), and
+        selective checkpointing's policy where it runs in Python."""
+        return self.generation.floor_s + (self.generation.policy_s if self.checkpoint_policy else 0.0)
 
     def rate(self, kind: str) -> float:
         """The FLOP/s a large operation of ``kind`` (matmul, convolution, attention) reaches here."""
@@ -133,12 +140,21 @@ class Device:
         if kind == CONVOLUTION:
             traffic = self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity
             return min(self.peak_flops * generation.matmul, traffic)
+        if kind == FLOAT8:
+            return (self.float8_flops or self.peak_flops) * generation.matmul
         return self.peak_flops * (generation.attention if kind == ATTENTION else generation.matmul)
 
     def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
-        """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled)."""
-        kernels = fused_kernels(operations) if self.compiled else operations
-        return sum(map(self.operation_seconds, kernels))
+        """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled):
+        the host issues them one after another (:meth:`issue_seconds`), and the GPU runs each once it
+        is issued and the one before it has finished, so that a kernel's issue hides behind the
+        kernels queued before it."""
+        kernels = fused_kernels(operations, self.generation.chain_excess) if self.compiled else operations
+        issue, issued, finished = self.issue_seconds(), 0.0, 0.0
+        for kernel in kernels:
+            issued += issue
+            finished = max(finished, issued) + self.operation_seconds(kernel)
+        return finished
 
     def eager(self) -> Device:
         """This GPU running operations one by one (the optimizer's step, a method's work beside the passes)."""
@@ -150,23 +166,26 @@ class Device:
         return model_flops / (self.seconds(operations) * self.peak_flops)
 
 
-def fused_kernels(operations: list[Operation] | tuple[Operation, ...]) -> list[Operation]:
+def fused_kernels(operations: list[Operation] | tuple[Operation, ...], excess: float = 0.0) -> list[Operation]:
     """A compiled step's kernels from its eager ``operations``, as inductor fuses them: each matrix
     product, convolution or attention its own kernel, and each run of element-wise and reduction
-    operations between them one kernel, whose intermediates stay on chip: it moves what the most
-    moving of them moves. Written here because inductor says its kernels only for a real GPU's code,
-    not a fake pass's."""
+    operations between them inside a compiled region one kernel, whose intermediates stay on chip:
+    it moves what the most moving of them moves and ``excess`` of the rest of their traffic (what it
+    still reads and writes: the activations the backward keeps, the inputs a reduction reads again).
+    An operation outside the compiled regions (a blocks-compiled model's embeddings, head and loss)
+    runs as its own kernel. Written here because inductor says its kernels only for a real GPU's
+    code, not a fake pass's."""
     kernels: list[Operation] = []
-    chain = 0.0
+    largest = total = 0.0
     for operation in operations:
-        if operation.kind != MEMORY:
-            if chain:
-                kernels.append(Operation(0.0, chain))
-            kernels.append(operation)
-            chain = 0.0
-        else:
-            chain = max(chain, operation.moved)
-    return [*kernels, Operation(0.0, chain)] if chain else kernels
+        if operation.kind == MEMORY and operation.compiled:
+            largest, total = max(largest, operation.moved), total + operation.moved
+            continue
+        if total:
+            kernels.append(Operation(0.0, largest + excess * (total - largest)))
+        kernels.append(operation)
+        largest = total = 0.0
+    return [*kernels, Operation(0.0, largest + excess * (total - largest))] if total else kernels
 
 
 def datasheet_gaps(config: TrainConfig) -> list[str]:
@@ -205,6 +224,7 @@ def device_of(config: TrainConfig, peak_tflops: float | None = None) -> Device |
         generation_of(hardware.architecture),
         compiled=config.compile,
         checkpoint_policy=config.parallel.activation_checkpointing == "selective" and not config.compile,
+        float8_flops=hardware.peak_fp8_tflops * 1e12 if hardware.peak_fp8_tflops else None,
     )
 
 
@@ -253,6 +273,19 @@ def float8_speedup(config: TrainConfig, float8: float, notes: list[str]) -> floa
         f"{hardware.peak_fp8_tflops:g} TFLOP/s; the rest at bf16's"
     )
     return 1 / (1 - float8 + float8 / ratio)
+
+
+def float8_notes(config: TrainConfig) -> list[str]:
+    """What precision=fp8 is timed as, from the operations; none for another precision."""
+    hardware = config.hardware
+    if config.precision != "fp8":
+        return []
+    if not hardware.peak_fp8_tflops:
+        return [f"precision=fp8 timed as bf16: hardware={hardware.name} states no peak_fp8_tflops"]
+    return [
+        f"precision=fp8: torchao's float8 linear layers' products at the float8 peak, {hardware.peak_fp8_tflops:g} "
+        f"TFLOP/s, with their operands' casts ({FLOAT8_CAST_BYTES} bytes an element); the rest at bf16's"
+    ]
 
 
 def optimizer_seconds(device: Device, operations: tuple[Operation, ...] | None, notes: list[str]) -> float:

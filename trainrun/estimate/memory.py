@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,14 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.operations import AsFusedAttention, AsGpuAutocast, Operation, OperationLog, flop_formulas
+from trainrun.estimate.operations import (
+    AsFusedAttention,
+    AsGpuAutocast,
+    InsideRegions,
+    Operation,
+    OperationLog,
+    flop_formulas,
+)
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.schema import TrainConfig
@@ -353,12 +360,25 @@ def pass_operations(
     """A training forward and backward of ``samples`` samples of ``config``'s shapes as the GPU runs
     its operations (:class:`OperationLog`): on the whole model, with ``checkpointing``'s recompute,
     attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``), each
-    call in the precision the GPU's autocast gives it (:class:`AsGpuAutocast`)."""
+    call in the precision the GPU's autocast gives it (:class:`AsGpuAutocast`); those of the modules
+    a compiled run compiles marked so (:func:`~trainrun.core.compiled.compiled_regions`), and under
+    precision=fp8 the products of the layers torchao trains in float8 as float8 products with their
+    casts (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`)."""
+    from trainrun.core.compiled import compiled_regions
+    from trainrun.core.precision import float8_eligible
     from trainrun.models.flex import as_fused_kernel
 
     log = OperationLog()
+
+    def watch(model: nn.Module) -> None:
+        log.regions = InsideRegions(compiled_regions(model)) if config.compile else None
+        if config.precision == "fp8":
+            log.float8 = InsideRegions(
+                [module for name, module in model.named_modules() if float8_eligible(module, name)]
+            )
+
     with AsFusedAttention(text.real_token_share if text else None), AsGpuAutocast(), as_fused_kernel():
-        _fake_pass(config, task, text, samples, True, log, checkpointing)
+        _fake_pass(config, task, text, samples, True, log, checkpointing, watch)
     return log.operations
 
 
@@ -370,8 +390,10 @@ def _fake_pass(
     train: bool,
     under: TorchDispatchMode,
     checkpointing: str = "none",
+    watch: Callable[[nn.Module], None] | None = None,
 ) -> None:
-    """A training pass (or an evaluation forward) of ``samples`` samples on fake tensors, run under ``under``."""
+    """A training pass (or an evaluation forward) of ``samples`` samples on fake tensors, run under
+    ``under`` (``watch``: called with the rank's model before it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     shape = RunShape(1, 1, samples, samples, samples, text, "", checkpointing)
@@ -379,6 +401,8 @@ def _fake_pass(
     with FakeTensorMode(allow_non_fake_inputs=True):
         rank = _Rank(config, shape, task, model, None)
         inputs, targets = rank.batch(example)
+        if watch:
+            watch(rank.model)
         with under:
             if train:
                 rank.step_passes(inputs, targets, passes=1)

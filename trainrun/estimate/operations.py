@@ -11,12 +11,19 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+from torch.autograd.graph import register_multi_grad_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from trainrun.models.flex import CAUSAL_SHARE
+
 MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "memory"
+FLOAT8 = "float8"  # a matrix product of a layer precision=fp8 trains in float8 (torchao's)
+# what torchao's tensorwise float8 scaling moves for each element of a float8 product's operand: the
+# amax's read, then the cast's read and its float8 write
+FLOAT8_CAST_BYTES = 2 + 2 + 1
 aten = torch.ops.aten
 NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.lift_fresh}
 
@@ -30,6 +37,7 @@ class Operation(NamedTuple):
     moved: float
     kind: str = MEMORY
     dims: tuple[int, ...] = ()
+    compiled: bool = False  # run inside a compiled region: inductor may fuse it with its neighbours
 
 
 def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
@@ -66,20 +74,38 @@ def _convolution_backward_flops(grad_out_shape, x_shape, w_shape, *args, out_sha
     return forward * sum(map(bool, output_mask[:2]))
 
 
+def _attention_kernel_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:  # noqa: ANN001
+    """What a flash attention kernel's backward computes: its five products (the scores recomputed,
+    then the gradients of the probabilities, values, queries and keys) against the forward's two."""
+    return 5 * _attention_flops(query_shape, key_shape, value_shape) // 2
+
+
+# the fused attention kernels: the CPU's flash kernel, which the estimate's fake tensors run, and CUDA's
+FUSED_ATTENTION = ("flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+def _attention_ops(suffix: str = "") -> list[Any]:
+    """The fused attention kernels' aten operations (``suffix`` "_backward": their backwards)."""
+    return [getattr(aten, f"_scaled_dot_product_{kernel}{suffix}") for kernel in FUSED_ATTENTION]
+
+
 def flop_formulas() -> dict:
     """``FlopCounterMode``'s ``custom_mapping`` where torch's own formulas do not count what a GPU's
-    kernel computes: the fused attention kernels (the CPU's flash kernel, which the estimate's fake
-    tensors run, and CUDA's) counted as model FLOPs (torch's forward formula; the backward twice the
-    forward) with grouped-query attention's keys and values widened to the query's heads (torch 2.11's
-    formulas reject unequal heads; later torch counts them so), and a grouped convolution's backward."""
-    kernels = ["flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention"]
-    ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}") for kernel in kernels]
-    backward_ops = [getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}_backward") for kernel in kernels]
+    kernel computes: the fused attention kernels (:data:`FUSED_ATTENTION`) counted as model FLOPs
+    (torch's forward formula; the backward twice the forward) with grouped-query attention's keys and
+    values widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts
+    them so), and a grouped convolution's backward."""
     return {
-        **dict.fromkeys(ops, _attention_flops),
-        **dict.fromkeys(backward_ops, _attention_backward_flops),
+        **dict.fromkeys(_attention_ops(), _attention_flops),
+        **dict.fromkeys(_attention_ops("_backward"), _attention_backward_flops),
         aten.convolution_backward: _convolution_backward_flops,
     }
+
+
+def kernel_formulas() -> dict:
+    """:func:`flop_formulas` with the work a fused attention kernel's backward does rather than the
+    model's FLOPs it counts (:func:`_attention_kernel_backward_flops`): what an operation's time is of."""
+    return flop_formulas() | dict.fromkeys(_attention_ops("_backward"), _attention_kernel_backward_flops)
 
 
 class AsFusedAttention(TorchFunctionMode):
@@ -164,6 +190,41 @@ TWO_PASSES = {
 }
 
 
+class InsideRegions:
+    """Whether the running operation belongs to one of ``regions`` (modules): from a region's forward's
+    start to its end, and in the backward from its outputs' gradients to its inputs' (where its
+    checkpointed forward is recomputed too). torch's ``ModuleTracker`` hooks the same points but
+    names a module by its class path, not by which module it is; so written here."""
+
+    def __init__(self, regions: list[torch.nn.Module]) -> None:
+        self.depth = 0
+        for region in regions:
+            region.register_forward_pre_hook(self._enter)
+            region.register_forward_hook(self._leave)
+
+    @property
+    def inside(self) -> bool:
+        return self.depth > 0
+
+    def _step(self, by: int) -> None:
+        self.depth += by
+
+    def _enter(self, module: torch.nn.Module, inputs: Any) -> None:
+        self._step(1)
+        self._on_gradients(inputs, -1)
+
+    def _leave(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        self._step(-1)
+        self._on_gradients(output, 1)
+
+    def _on_gradients(self, values: Any, by: int) -> None:
+        """Step the depth by ``by`` once every gradient of ``values``' tensors is computed."""
+        leaves = pytree.tree_leaves(values)
+        tensors = [value for value in leaves if isinstance(value, torch.Tensor) and value.requires_grad]
+        if tensors and torch.is_grad_enabled():
+            register_multi_grad_hook(tensors, lambda grads: self._step(by))
+
+
 class OperationLog(TorchDispatchMode):
     """Each aten operation run under it, as an :class:`~trainrun.estimate.device.Operation`: its FLOPs
     by torch's formulas for matrix products, convolutions and fused attention (as :func:`pass_flops`
@@ -171,10 +232,12 @@ class OperationLog(TorchDispatchMode):
     written again, its new outputs written), its kind and dimensions (:func:`kind_of`). Views and
     allocations, which launch nothing, are left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, regions: InsideRegions | None = None, float8: InsideRegions | None = None) -> None:
         super().__init__()
         self.operations: list[Operation] = []
-        custom = {packet: shape_wrapper(formula) for packet, formula in flop_formulas().items()}
+        self.regions = regions  # the compiled regions
+        self.float8 = float8  # the layers precision=fp8 trains in float8
+        custom = {packet: shape_wrapper(formula) for packet, formula in kernel_formulas().items()}
         self.formulas = {**flop_registry, **custom}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -188,11 +251,30 @@ class OperationLog(TorchDispatchMode):
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
         fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
-        reads = tensor_bytes((args, kwargs)) * (2 if packet in TWO_PASSES and _training(packet, named) else 1)
-        moved = float(reads + tensor_bytes((written, fresh)))
+        moved = float(_moved(packet, named, args, kwargs, written, fresh))
         kind, dims = kind_of(packet, args, out) if flops else (MEMORY, ())
-        self.operations.append(Operation(float(flops), moved, kind, dims))
+        if kind == ATTENTION and named.get("is_causal"):  # the kernel skips the key blocks past the diagonal
+            flops, dims = flops * CAUSAL_SHARE, (dims[0], max(1, round(dims[1] * CAUSAL_SHARE)), dims[2])
+        compiled = self.regions is not None and self.regions.inside
+        if kind == MATMUL and self.float8 is not None and self.float8.inside:
+            operands = sum(value.numel() for value in args if isinstance(value, torch.Tensor) and value.dim() == 2)
+            self.operations.append(Operation(0.0, float(FLOAT8_CAST_BYTES * operands), compiled=compiled))
+            kind, moved = FLOAT8, moved / 2  # float8 operands: half bf16's bytes
+        self.operations.append(Operation(float(flops), moved, kind, dims, compiled))
         return out
+
+
+def _moved(packet: Any, named: dict, args: tuple, kwargs: dict, written: list, fresh: list) -> int:
+    """The bytes an operation reads and writes: its tensor arguments read (twice for
+    :data:`TWO_PASSES`), those it changes in place written again, its new outputs written; for an
+    indexed gather or scatter (:data:`GATHERS`, :data:`SCATTERS`), the rows it picks, not its source's
+    or its destination's whole."""
+    if packet in GATHERS:
+        return tensor_bytes((args[1:], kwargs)) + 2 * tensor_bytes(fresh)
+    if packet in SCATTERS:
+        return 2 * tensor_bytes((args[1:], kwargs))
+    reads = tensor_bytes((args, kwargs)) * (2 if packet in TWO_PASSES and _training(packet, named) else 1)
+    return reads + tensor_bytes((written, fresh))
 
 
 def _training(packet: Any, named: dict) -> bool:
@@ -200,8 +282,11 @@ def _training(packet: Any, named: dict) -> bool:
     return named.get("training", True) if packet in (aten.native_batch_norm, aten._native_batch_norm_legit) else True
 
 
+# operations that read (gather) or write in place (scatter) only the rows an index picks from their
+# first argument, as their kernels do: a loss's picked log-probabilities, an embedding's rows
+GATHERS = {aten.index, aten.gather, aten.index_select, aten.embedding, aten.nll_loss_forward, aten.nll_loss2d_forward}
+SCATTERS = {aten.index_put_, aten._index_put_impl_, aten.scatter_, aten.scatter_add_, aten.index_add_, aten.index_copy_}
 MATMULS = {aten.mm: (0, 1), aten._scaled_mm: (0, 1), aten.addmm: (1, 2), aten.bmm: (0, 1), aten.baddbmm: (1, 2)}
-ATTENTION_KERNELS = ("flash_attention", "efficient_attention", "cudnn_attention")
 
 
 def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
@@ -222,7 +307,7 @@ def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
             return MEMORY, ()
         positions = output.shape[0] * math.prod(output.shape[2:])
         return CONVOLUTION, (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
-    if "scaled_dot_product" in name and any(kernel in name for kernel in ATTENTION_KERNELS):
+    if "scaled_dot_product" in name and any(kernel in name for kernel in FUSED_ATTENTION):
         query, key = (args[0], args[1]) if not name.endswith("_backward") else (args[1], args[2])
         return ATTENTION, (query.shape[-2], key.shape[-2], query.shape[-1])
     return MATMUL, ()

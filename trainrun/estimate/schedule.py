@@ -31,6 +31,7 @@ from trainrun.estimate.device import (
     basis_of,
     datasheet_gaps,
     device_of,
+    float8_notes,
     float8_speedup,
     methods_seconds,
     optimizer_seconds,
@@ -347,12 +348,12 @@ def gpus_of(
 ) -> Gpus:
     """The run's GPUs and the share of their peak each of ``works`` reaches: from their operations on
     the hardware group's datasheet, or at ``stated``'s MFU (``--mfu``) of its peak (``--peak-tflops``,
-    default the group's); precision=fp8's ``float8()`` share of the FLOPs at the float8 peak."""
+    default the group's), precision=fp8's ``float8()`` share of the FLOPs at the float8 peak there."""
     mfu, peak_tflops = stated
     device = device_of(config, peak_tflops)
     peak = peak_tflops or peak_at(config)
-    speedup = float8_speedup(config, float8(), notes) if config.precision == "fp8" and peak else 1.0
     if mfu is not None:
+        speedup = float8_speedup(config, float8(), notes) if config.precision == "fp8" and peak else 1.0
         return Gpus(device, peak, f"--mfu {mfu:.1%}", "stated", [mfu * speedup] * len(works))
     if device is None:
         missing = ", ".join(datasheet_gaps(config)) or "peak_fp32_tflops"
@@ -360,7 +361,8 @@ def gpus_of(
             f"the GPUs are not timed: hardware={config.hardware.name} states no {missing} (--mfu to state one)"
         )
         return Gpus(None, peak, "no GPU described", "not described", [0.0] * len(works))
-    shares = [share * speedup for share in counts.utilisation(works, device)]
+    notes.extend(float8_notes(config))
+    shares = counts.utilisation(works, device)
     hardware, generation = config.hardware, device.generation
     fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {', '.join(generation.fitted_on)})"
     described = (
