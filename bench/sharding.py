@@ -80,7 +80,7 @@ def saved_activation_bytes(config: LlamaConfig, vocab: int, mode: str, batch: in
     """What autograd keeps from one forward pass for the backward, under activation checkpointing ``mode``."""
     torch.manual_seed(0)
     model = Llama(config, vocab)
-    parallel.checkpoint_activations(model, mode)
+    parallel.checkpoint_activations(model, parallel.Parallelism(activation_checkpointing=mode))
     saved = 0
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from conftest import on_cpu_beyond_gpus, read_metrics, run_here, wait_for
 from trainrun.atomic_io import read_jsonl
 from trainrun.config import compose
 from trainrun.core import precision as precision_module
-from trainrun.core.parallel import SAC_HOOKS, checkpoint_activations
+from trainrun.core.parallel import SAC_HOOKS, Parallelism, checkpoint_activations
 from trainrun.core.sharded_checkpoint import whole_weights
 from trainrun.errors import ConfigError
 from trainrun.models.llama import Llama
@@ -93,7 +93,7 @@ def test_activation_checkpointing_keeps_outputs_and_gradients_and_saves_activati
     for mode in ("none", "selective", "full"):
         torch.manual_seed(0)
         model = Llama(LlamaConfig(layers=4), vocab_size=300)
-        checkpoint_activations(model, mode)
+        checkpoint_activations(model, Parallelism(activation_checkpointing=mode))
         results[mode] = saved_activation_bytes(model, tokens)
     for mode in ("selective", "full"):
         assert torch.equal(results[mode][1], results["none"][1])
@@ -125,7 +125,7 @@ def test_selective_checkpointing_of_every_other_product_recomputes_half_the_prod
     for products in ("all", "alternate"):
         torch.manual_seed(0)
         model = Llama(LlamaConfig(layers=2), vocab_size=300)
-        checkpoint_activations(model, "selective", products=products)
+        checkpoint_activations(model, Parallelism(activation_checkpointing="selective", selective_products=products))
         loss, backward = model(tokens).logsumexp(-1).mean(), Products()
         with backward:
             loss.backward()
@@ -153,7 +153,7 @@ def test_every_kth_block_is_checkpointed_and_only_a_model_with_dropout_keeps_its
     for every in (1, 2):
         torch.manual_seed(0)
         model = Llama(LlamaConfig(layers=4), vocab_size=300)
-        checkpoint_activations(model, "full", every)
+        checkpoint_activations(model, Parallelism(activation_checkpointing="full", checkpoint_every=every))
         wrapped = [hasattr(block.forward, "__wrapped__") for block in model.blocks]
         assert wrapped == ([True] * 4 if every == 1 else [True, False, True, False])
         saved[every] = saved_activation_bytes(model, tokens)[0]
@@ -166,7 +166,7 @@ def test_every_kth_block_is_checkpointed_and_only_a_model_with_dropout_keeps_its
         parallel, "checkpoint", lambda forward, *args, **kwargs: options.append(kwargs) or forward(*args)
     )
     for model in (Llama(LlamaConfig(), 300), GPT(GPTConfig(dropout=0.1), 300)):
-        checkpoint_activations(model, "selective")
+        checkpoint_activations(model, Parallelism(activation_checkpointing="selective"))
         model(torch.randint(0, 300, (1, 8)))
     assert [kwargs["preserve_rng_state"] for kwargs in options] == [False, False, True, True]
 

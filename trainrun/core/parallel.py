@@ -125,15 +125,16 @@ def checkpointed(
     return run
 
 
-def checkpoint_activations(model: nn.Module, mode: str, every: int = 1, products: str = "all") -> None:
-    """Recompute the activations of every ``every``-th block (the first, then each ``every`` on) in
-    the backward (``mode``: none, selective or full; selective keeping ``products``: all, or every
-    other one); the others keep theirs."""
+def checkpoint_activations(model: nn.Module, settings: Parallelism) -> None:
+    """Recompute the activations of every ``checkpoint_every``-th block (the first, then each k on) in
+    the backward (``activation_checkpointing``: none, selective or full; selective keeping
+    ``selective_products``: all, or every other one); the others keep theirs."""
+    mode = settings.activation_checkpointing
     if mode == "none":
         return
-    alternate = products == "alternate"
+    alternate = settings.selective_products == "alternate"
     for index, block in enumerate(model.blocks):
-        if index % every == 0:
+        if index % settings.checkpoint_every == 0:
             block.forward = checkpointed(block.forward, mode == "selective", draws_random_numbers(block), alternate)
 
 
@@ -164,9 +165,7 @@ def prepare(
     :func:`shards` (DDP wraps it later, after the optimizer and ``torch.compile``) over ``mesh``
     (default :func:`sharding_mesh` of the run's ranks and nodes); a model built on the meta device is
     materialised shard by shard."""
-    checkpoint_activations(
-        model, settings.activation_checkpointing, settings.checkpoint_every, settings.selective_products
-    )
+    checkpoint_activations(model, settings)
     if not shards(settings):
         return model.to(device)
     mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_from_environment())

@@ -265,7 +265,7 @@ def float8_speedup(config: TrainConfig, float8: float, notes: list[str]) -> floa
     if not float8:
         return 1.0
     if not hardware.peak_fp8_tflops or not hardware.peak_tflops:
-        notes.append(f"precision=fp8 timed as bf16: hardware={hardware.name} states no peak_fp8_tflops")
+        notes.append(_no_float8_peak(config))
         return 1.0
     ratio = hardware.peak_fp8_tflops / hardware.peak_tflops
     notes.append(
@@ -275,13 +275,17 @@ def float8_speedup(config: TrainConfig, float8: float, notes: list[str]) -> floa
     return 1 / (1 - float8 + float8 / ratio)
 
 
+def _no_float8_peak(config: TrainConfig) -> str:
+    return f"precision=fp8 timed as bf16: hardware={config.hardware.name} states no peak_fp8_tflops"
+
+
 def float8_notes(config: TrainConfig) -> list[str]:
     """What precision=fp8 is timed as, from the operations; none for another precision."""
     hardware = config.hardware
     if config.precision != "fp8":
         return []
     if not hardware.peak_fp8_tflops:
-        return [f"precision=fp8 timed as bf16: hardware={hardware.name} states no peak_fp8_tflops"]
+        return [_no_float8_peak(config)]
     return [
         f"precision=fp8: torchao's float8 linear layers' products at the float8 peak, {hardware.peak_fp8_tflops:g} "
         f"TFLOP/s, with their operands' casts ({FLOAT8_CAST_BYTES} bytes an element); the rest at bf16's"

@@ -47,6 +47,7 @@ from trainrun.estimate.operations import (
 )
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
+from trainrun.run import parallelism
 from trainrun.schema import TrainConfig
 from trainrun.tasks.base import BatchPlace, Task
 
@@ -162,21 +163,13 @@ class _Rank:
     ) -> None:
         self.config, self.shape, self.task = config, shape, task
         self.dtype = COMPUTE_DTYPES[config.precision]
-        settings = parallel.Parallelism(
-            config.parallel.name,
-            config.parallel.reshard_after_forward,
-            shape.checkpointing,
-            config.parallel.checkpoint_every,
-            config.parallel.selective_products,
-        )
+        settings = dataclasses.replace(parallelism(config), activation_checkpointing=shape.checkpointing)
         self.sharded = mesh is not None
         frozen_as_buffers(model)
         if self.sharded:
             model = parallel.prepare(model, settings, self.dtype, torch.device("cpu"), mesh)
         else:  # as prepare leaves it: checkpointed, whole on the device
-            parallel.checkpoint_activations(
-                model, settings.activation_checkpointing, settings.checkpoint_every, settings.selective_products
-            )
+            parallel.checkpoint_activations(model, settings)
             materialise(model)
             if hasattr(model, "initialise"):
                 model.initialise()
