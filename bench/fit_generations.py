@@ -45,20 +45,18 @@ PARAMETERS = (
     "half_dimension",
     "floor_s",
     "policy_s",
-    "chain_excess",
 )
 # what the field knows before any reading: cuBLAS's large bf16 GEMMs at about 70 % of an H100's dense
 # peak, cuDNN's convolutions at about a third of an A100's (312 TFLOP/s over 1,555 GB/s at 80 %: 80 FLOPs
 # a byte of their traffic), FlashAttention-2 at 35 % (FlashAttention-3's paper, Shah et al. 2024: "only
 # 35 % utilization on H100 GPUs"; FlashAttention-2's own, about 335 of 989 TFLOP/s), copies at about
 # 80 % of HBM's bandwidth, a GEMM dimension of 32 at half its rate, 20 µs an eager operation's dispatch
-# and launch, 50 µs selective checkpointing's policy, and a fused chain moving a quarter of its
-# operations' traffic beyond its largest one's
-PRIOR = (0.7, 80.0, 0.35, 0.8, 32.0, 2e-5, 5e-5, 0.25)
+# and launch, and 50 µs selective checkpointing's policy
+PRIOR = (0.7, 80.0, 0.35, 0.8, 32.0, 2e-5, 5e-5)
 PRIOR_WEIGHT = 0.3  # a parameter's log off its prior by 1 costs as a reading's log off by 0.3
 START = PRIOR
-LOWER = (0.05, 5.0, 0.05, 0.3, 1.0, 1e-6, 1e-7, 1e-3)
-UPPER = (1.0, 1000.0, 1.0, 1.0, 1024.0, 1e-3, 1e-3, 1.0)
+LOWER = (0.05, 5.0, 0.05, 0.3, 1.0, 1e-6, 1e-7)
+UPPER = (1.0, 1000.0, 1.0, 1.0, 1024.0, 1e-3, 1e-3)
 
 
 @dataclass

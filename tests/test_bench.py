@@ -465,7 +465,7 @@ def test_operations_bench_times_each_kind_of_operation_and_step_beside_the_estim
     assert floor[2] == f"{generations()['hopper'].floor_s * 1e3:.3f} ms"
 
 
-COUNTED_WITHIN_GOAL = 24  # counted predictions within 25 % of their figures: never fewer
+COUNTED_WITHIN_GOAL = 25  # counted predictions within 25 % of their figures: never fewer
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))
 ON_ONE_GPU = {"unet3d_brats": "nnU-Net's batch of 2 trains on one GPU: 8 ranks are refused in one line"}
 

@@ -139,3 +139,50 @@ def test_blocks_compile_once_under_fsdp_and_ddp_with_checkpointing_and_train_as_
             eager, compiled_run = results[(name, rank)][False], results[(name, rank)][True]
             assert compiled_run[1:] == (0, 0), (name, compiled_run)  # no graph break, nothing compiled after warm-up
             assert compiled_run[0] == pytest.approx(eager[0], rel=1e-5), name
+
+
+def test_a_blocks_compiled_gpt_compiles_its_logits_tail_and_loss_and_trains_as_eager():
+    """A GPT with a padded vocabulary and soft-capped logits: compiled, its blocks, its logits' tail
+    and its loss (the plain float32 cross-entropy inside the graph, keeping no float32 logits for its
+    backward; the chunked one eager) give the
+    eager model's loss and gradients, without a graph break; a model compiled whole keeps its loss,
+    and so does a task whose loss does not trace whole."""
+    from torch._dynamo.utils import counters
+
+    from trainrun.models.gpt import GPT
+    from trainrun.schema import GPTConfig
+    from trainrun.tasks.causal_lm import CausalLanguageModeling, next_token_cross_entropy
+    from trainrun.tasks.losses import summed_cross_entropy
+    from trainrun.tasks.masked_lm import MaskedLanguageModeling
+
+    def model() -> GPT:
+        torch.manual_seed(0)
+        return GPT(GPTConfig(layers=2, heads=2, width=16, max_seq_len=12, logit_softcap=15.0), vocab_size=50)
+
+    eager, compiled_gpt, tokens = model(), model(), torch.randint(0, 50, (3, 13))
+    assert compiled.compiled_regions(compiled_gpt) == [*compiled_gpt.blocks, compiled_gpt.logit_tail]
+    torch._dynamo.reset()
+    loss_fn = compiled.compile_loss(compiled_gpt, CausalLanguageModeling(), next_token_cross_entropy, backend="eager")
+    compiled.compile_model(compiled_gpt, print, backend="eager")
+    losses = []
+    for net, loss in ((eager, next_token_cross_entropy), (compiled_gpt, loss_fn)):
+        value = loss(net(tokens[:, :-1]), tokens[:, 1:])
+        value.backward()
+        losses.append(value)
+    torch.testing.assert_close(*losses)
+    for (name, mine), theirs in zip(compiled_gpt.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad, msg=name)
+    assert sum(counters["graph_break"].values()) == 0
+    logits, targets = torch.randn(40, 50), torch.randint(0, 50, (40,))  # chunked eager (8 rows a chunk), plain compiled
+    torch.testing.assert_close(
+        summed_cross_entropy(logits, targets, chunk_elements=400),
+        torch.compile(summed_cross_entropy, backend="eager")(logits, targets, chunk_elements=400),
+    )
+    saved = []  # what the compiled loss keeps for its backward (inductor's partitioner): no float32 logits
+    half = logits.bfloat16().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append((x.shape, x.dtype)) or x, lambda x: x):
+        torch.compile(summed_cross_entropy, backend="aot_eager_decomp_partition")(half, targets, chunk_elements=400)
+    assert (half.shape, torch.float32) not in saved and (half.shape, torch.bfloat16) in saved, saved
+    whole = torch.nn.Linear(4, 2)
+    assert compiled.compile_loss(whole, CausalLanguageModeling(), next_token_cross_entropy) is next_token_cross_entropy
+    assert not compiled.compiles_loss(compiled_gpt, MaskedLanguageModeling())  # its loss reads host counts

@@ -1,11 +1,16 @@
 """``torch.compile`` for the run's model, what it compiled recorded, every fall-back to eager reported.
 
-A model with transformer blocks (``model.blocks``: GPT, Llama) has each block compiled in place,
-as torchtitan does: the blocks share one compiled graph (a block's weights are its inputs, not
-constants), activation checkpointing inside a block is compiled with it (the selective policy is
-applied once, when the graph is traced, not by a dispatch mode on every op of every pass), FSDP2's
-hooks stay outside the graphs, and parameter names, checkpoints and exports are those of the eager
-model. Any other model (ResNet, BERT, the UNets) is compiled whole.
+A model with transformer blocks (``model.blocks``: GPT, Llama, BERT) has each block compiled in
+place, as torchtitan does: the blocks share one compiled graph (a block's weights are its inputs,
+not constants), activation checkpointing inside a block is compiled with it (the selective policy
+is applied once, when the graph is traced, not by a dispatch mode on every op of every pass),
+FSDP2's hooks stay outside the graphs, and parameter names, checkpoints and exports are those of
+the eager model. With them the element-wise tail of its logits (``model.logit_tail``: GPT's
+soft-capping), and the loss of a task whose loss traces whole (``loss_compiles``: causal language
+modelling's, as torchtitan compiles its loss; a masked LM's reads host counts): at a 50,000-token
+vocabulary the logits are the step's largest tensor, and eager their cap, float32 casts and
+softmax move nearly four times what inductor's kernels move (``tests/test_estimate.py``).
+Any other model (ResNet, the UNets) is compiled whole, and its loss stays eager.
 
 Past dynamo's recompile limit a compiled function silently runs eager from then on, which
 turns a measured speed-up into a slow-down nobody sees; torch only logs one warning. The
@@ -69,10 +74,28 @@ def compile_model(model: nn.Module, report: Callable[[str], None], backend: str 
     return model
 
 
+def compile_loss(
+    model: nn.Module, task: Any, loss_fn: Callable[..., torch.Tensor], backend: str | None = None
+) -> Callable[..., torch.Tensor]:
+    """``loss_fn`` compiled where :func:`compiles_loss`, else as it is."""
+    return torch.compile(loss_fn, backend=backend or BACKEND) if compiles_loss(model, task) else loss_fn
+
+
 def compiled_regions(model: nn.Module) -> list[nn.Module]:
-    """The modules :func:`compile_model` compiles: each transformer block where ``model`` has them,
-    else the whole model. What runs outside them (embeddings, the head, the loss) stays eager."""
-    return list(getattr(model, "blocks", None) or [model])
+    """The modules :func:`compile_model` compiles: each transformer block and the logits' tail where
+    ``model`` has blocks, else the whole model. What runs outside them (embeddings, the final norm,
+    the head's product) stays eager."""
+    blocks = getattr(model, "blocks", None)
+    if not blocks:
+        return [model]
+    tail = getattr(model, "logit_tail", None)
+    return [*blocks, *([tail] if tail is not None else [])]
+
+
+def compiles_loss(model: nn.Module, task: Any) -> bool:
+    """Whether a compiled run compiles its loss too: where ``model`` is compiled block by block and
+    ``task``'s loss traces whole (its ``loss_compiles``)."""
+    return compiled_regions(model) != [model] and getattr(task, "loss_compiles", False)
 
 
 def is_compiled(model: nn.Module) -> bool:

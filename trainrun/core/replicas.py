@@ -80,7 +80,7 @@ class Replicas:
         requeue: bool,
         shrink: bool = False,
     ) -> None:
-        self.replica, self.replicas, self.shrink = placement.replica, placement.replicas, shrink
+        self.replica, self.replicas, self.shrink, self.device = placement.replica, placement.replicas, shrink, device
         self.rank, self.world_size = placement.rank, placement.world_size
         self.address = os.environ.get(NODE_ADDRESS, "127.0.0.1")
         self.lighthouse = os.environ.get(LIGHTHOUSE, "")
@@ -196,7 +196,7 @@ class Replicas:
         rows[self.replica, 0] = 1
         rows[self.replica, 1 : 1 + len(encoded)] = torch.tensor(list(encoded), dtype=torch.float32)
         self.manager.allreduce(rows, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-        if self.manager.errored():
+        if self._node_failed():
             return  # the step will not commit; the next quorum tells again
         live = [node for node in range(self.replicas) if rows[node, 0] > 0.5]
         for node in set(live) - set(self.live or []):  # new to the step: read where it is
@@ -211,6 +211,18 @@ class Replicas:
             self._lost(node, step)
         for node in sorted(set(live) - set(previous)):
             self._joined(node, step)
+
+    def _node_failed(self) -> bool:
+        """Whether the membership exchange failed on any rank of this node; then every rank of it
+        skips the step's later exchanges. Otherwise a rank whose exchange went through, held at the
+        node's next collective by one whose exchange was timing out, would then wait out its own
+        gradients' exchange: a node lost between two ranks' exchanges cost two timeouts, not one."""
+        failed = torch.tensor([float(self.manager.errored() is not None)], device=self.device)
+        if self.world_size > 1:
+            torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX)
+        if failed.item() and self.manager.errored() is None:
+            self.manager.report_error(RuntimeError("another rank of this node lost the exchange"))
+        return bool(failed.item())
 
     def _ranks_of(self, node: int) -> list[int]:
         return list(range(node * self.world_size, (node + 1) * self.world_size))

@@ -17,7 +17,7 @@ from torch import nn
 
 from trainrun.core import checkpoint, distributed, parallel, preemption, progress
 from trainrun.core.budget import WallClockBudget
-from trainrun.core.compiled import CompileRecord, compile_model
+from trainrun.core.compiled import CompileRecord, compile_loss, compile_model
 from trainrun.core.engine import Engine
 from trainrun.core.evaluation import evaluated
 from trainrun.core.events import Event
@@ -85,6 +85,7 @@ class Trainer:
         state.optimizer, self.scheduler = optimization(state.model)
         if settings.compile:
             state.compiled = CompileRecord()
+            state.loss_fn = compile_loss(state.model, state.task, state.loss_fn)
             state.model = compile_model(state.model, state.warn)
         if state.world_size > 1 and not parallel.is_sharded(state.raw_model):
             # each rank keeps its own batch-norm statistics between evaluations (averaged where read)

@@ -67,7 +67,6 @@ class Generation:
     half_dimension: float
     floor_s: float
     policy_s: float
-    chain_excess: float  # the share a fused chain still moves of its traffic beyond its largest operation's
     fitted_on: tuple[str, ...]  # the fit set's rows
     borrowed_from: str | None = None  # an unfitted generation timed with this fitted one's shares
 
@@ -149,7 +148,7 @@ class Device:
         the host issues them one after another (:meth:`issue_seconds`), and the GPU runs each once it
         is issued and the one before it has finished, so that a kernel's issue hides behind the
         kernels queued before it."""
-        kernels = fused_kernels(operations, self.generation.chain_excess) if self.compiled else operations
+        kernels = fused_kernels(operations) if self.compiled else operations
         issue, issued, finished = self.issue_seconds(), 0.0, 0.0
         for kernel in kernels:
             issued += issue
@@ -166,26 +165,42 @@ class Device:
         return model_flops / (self.seconds(operations) * self.peak_flops)
 
 
-def fused_kernels(operations: list[Operation] | tuple[Operation, ...], excess: float = 0.0) -> list[Operation]:
+def fused_kernels(operations: list[Operation] | tuple[Operation, ...]) -> list[Operation]:
     """A compiled step's kernels from its eager ``operations``, as inductor fuses them: each matrix
     product, convolution or attention its own kernel, and each run of element-wise and reduction
-    operations between them inside a compiled region one kernel, whose intermediates stay on chip:
-    it moves what the most moving of them moves and ``excess`` of the rest of their traffic (what it
-    still reads and writes: the activations the backward keeps, the inputs a reduction reads again).
-    An operation outside the compiled regions (a blocks-compiled model's embeddings, head and loss)
-    runs as its own kernel. Written here because inductor says its kernels only for a real GPU's
-    code, not a fake pass's."""
+    operations between them inside a compiled region one kernel (:func:`fused_bytes`). An operation
+    outside the compiled regions (a blocks-compiled model's embeddings and head) runs as its own
+    kernel. Written here because inductor says its kernels only for a real GPU's code, not a fake
+    pass's."""
+    last_read = {access.storage: index for index, operation in enumerate(operations) for access in operation.reads}
     kernels: list[Operation] = []
-    largest = total = 0.0
-    for operation in operations:
+    chain: list[Operation] = []
+    for index, operation in enumerate(operations):
         if operation.kind == MEMORY and operation.compiled:
-            largest, total = max(largest, operation.moved), total + operation.moved
+            chain.append(operation)
             continue
-        if total:
-            kernels.append(Operation(0.0, largest + excess * (total - largest)))
+        if chain:
+            kernels.append(Operation(0.0, fused_bytes(chain, index - 1, last_read)))
         kernels.append(operation)
-        largest = total = 0.0
-    return [*kernels, Operation(0.0, largest + excess * (total - largest))] if total else kernels
+        chain = []
+    return [*kernels, Operation(0.0, fused_bytes(chain, len(operations) - 1, last_read))] if chain else kernels
+
+
+def fused_bytes(chain: list[Operation], end: int, last_read: dict[int, int]) -> float:
+    """The bytes one fused kernel of ``chain`` (the operations up to index ``end``) moves: each tensor
+    it reads from outside it, once, and each it writes that outlives it (read by a later operation,
+    or never read in the pass: a gradient); a tensor made and used up within it stays on chip. An
+    operation logged without its tensors moves what it moved alone."""
+    made = {storage for operation in chain for storage in operation.made}
+    read = {(a.storage, a.part): a.bytes for operation in chain for a in operation.reads if a.storage not in made}
+    written = {
+        (a.storage, a.part): a.bytes
+        for operation in chain
+        for a in operation.writes
+        if a.storage not in made or last_read.get(a.storage, end + 1) > end
+    }
+    alone = sum(operation.moved for operation in chain if not (operation.reads or operation.writes))
+    return float(sum(read.values()) + sum(written.values()) + alone)
 
 
 def datasheet_gaps(config: TrainConfig) -> list[str]:

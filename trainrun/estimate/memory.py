@@ -175,6 +175,7 @@ class _Rank:
                 model.initialise()
         self.model = model
         self.optimizer = build_optimizer(model, config.optimizer, config.train_batch_size)
+        self.loss_fn = getattr(task, "fake_tensor_loss", task.loss)(config.loss)
 
     def batch(self, example: Any) -> tuple[Any, Any]:
         """``example`` (:func:`example_batch`) as the task hands it to the model: fake tensors on the
@@ -203,13 +204,12 @@ class _Rank:
         size = self.shape.per_rank_batch
         parts = microbatch_slices(size, self.shape.micro_batch)
         parts = parts if len(parts) <= passes else [*parts[: passes - 1], parts[-1]]
-        loss_fn = getattr(self.task, "fake_tensor_loss", self.task.loss)(self.config.loss)
         for index, part in enumerate(parts):
             with parallel.pass_context(self.model, self.model, synchronises=index == len(parts) - 1):
                 with unset_fake_temporarily():  # a batch's host counts stay real: the host reads them
                     part_inputs, part_targets = (take(value, part, size) for value in (inputs, targets))
                 with self.autocast():
-                    loss = loss_fn(self.model(part_inputs), part_targets)
+                    loss = self.loss_fn(self.model(part_inputs), part_targets)
                 (loss * (part.stop - part.start) / size).backward()
             if tracker is not None:
                 tracker.reset_mod_stats()  # the tracker follows one forward per module between resets
@@ -354,17 +354,22 @@ def pass_operations(
     its operations (:class:`OperationLog`): on the whole model, with ``checkpointing``'s recompute,
     attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``), each
     call in the precision the GPU's autocast gives it (:class:`AsGpuAutocast`); those of the modules
-    a compiled run compiles marked so (:func:`~trainrun.core.compiled.compiled_regions`), and under
+    a compiled run compiles marked so (:func:`~trainrun.core.compiled.compiled_regions`, and the loss
+    where :func:`~trainrun.core.compiled.compiles_loss`), and under
     precision=fp8 the products of the layers torchao trains in float8 as float8 products with their
     casts (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`)."""
-    from trainrun.core.compiled import compiled_regions
+    from trainrun.core.compiled import compiled_regions, compiles_loss
     from trainrun.core.precision import float8_eligible
     from trainrun.models.flex import as_fused_kernel
 
     log = OperationLog()
 
-    def watch(model: nn.Module) -> None:
-        log.regions = InsideRegions(compiled_regions(model)) if config.compile else None
+    def watch(rank: _Rank) -> None:
+        model = rank.model
+        if config.compile:
+            log.regions = InsideRegions(compiled_regions(model))
+            if compiles_loss(model, rank.task):
+                rank.loss_fn = log.regions.around(rank.loss_fn)
         if config.precision == "fp8":
             log.float8 = InsideRegions(
                 [module for name, module in model.named_modules() if float8_eligible(module, name)]
@@ -383,10 +388,10 @@ def _fake_pass(
     train: bool,
     under: TorchDispatchMode,
     checkpointing: str = "none",
-    watch: Callable[[nn.Module], None] | None = None,
+    watch: Callable[[_Rank], None] | None = None,
 ) -> None:
     """A training pass (or an evaluation forward) of ``samples`` samples on fake tensors, run under
-    ``under`` (``watch``: called with the rank's model before it)."""
+    ``under`` (``watch``: called with the rank before it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     shape = RunShape(1, 1, samples, samples, samples, text, "", checkpointing)
@@ -395,7 +400,7 @@ def _fake_pass(
         rank = _Rank(config, shape, task, model, None)
         inputs, targets = rank.batch(example)
         if watch:
-            watch(rank.model)
+            watch(rank)
         with under:
             if train:
                 rank.step_passes(inputs, targets, passes=1)

@@ -7,7 +7,9 @@ each operation moves or how its GEMM is shaped."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -25,19 +27,43 @@ FLOAT8 = "float8"  # a matrix product of a layer precision=fp8 trains in float8 
 # amax's read, then the cast's read and its float8 write
 FLOAT8_CAST_BYTES = 2 + 2 + 1
 aten = torch.ops.aten
-NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.lift_fresh}
+# operations that launch no kernel: allocations, and the view torch's matmul takes of a product's
+# output (a view its schema does not mark as one)
+NO_KERNEL = {
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten.lift_fresh,
+    aten._unsafe_view,
+}
+
+
+class Access(NamedTuple):
+    """A tensor an operation reads or writes: which storage (a serial, new each time an operation
+    makes one), which part of it (its offset and shape: a view), and its bytes."""
+
+    storage: int
+    part: tuple
+    bytes: int
 
 
 class Operation(NamedTuple):
     """One operation of a step: its FLOPs, the bytes it reads and writes, its kind and the
     dimensions its efficiency depends on (a GEMM's m, n, k; attention's query and key lengths and
-    head width; none for memory-bound operations)."""
+    head width; none for memory-bound operations); under a compiled run's log, the tensors it reads
+    and writes and the storages it makes, from which a fused kernel's traffic follows
+    (:func:`~trainrun.estimate.device.fused_kernels`)."""
 
     flops: float
     moved: float
     kind: str = MEMORY
     dims: tuple[int, ...] = ()
     compiled: bool = False  # run inside a compiled region: inductor may fuse it with its neighbours
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
+    made: tuple[int, ...] = ()  # the storages of its new outputs
 
 
 def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
@@ -206,14 +232,27 @@ class InsideRegions:
     def inside(self) -> bool:
         return self.depth > 0
 
+    def around(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` as one more region: a compiled loss. Its backward is marked from its output's
+        gradient on, which autograd computes where the output is scaled before ``backward()`` (as a
+        step's loss is: the gradient hooks of the backward's root do not run)."""
+
+        def region(*args: Any) -> Any:
+            self._enter(None, args)
+            output = function(*args)
+            self._leave(None, args, output)
+            return output
+
+        return region
+
     def _step(self, by: int) -> None:
         self.depth += by
 
-    def _enter(self, module: torch.nn.Module, inputs: Any) -> None:
+    def _enter(self, module: torch.nn.Module | None, inputs: Any) -> None:
         self._step(1)
         self._on_gradients(inputs, -1)
 
-    def _leave(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+    def _leave(self, module: torch.nn.Module | None, inputs: Any, output: Any) -> None:
         self._step(-1)
         self._on_gradients(output, 1)
 
@@ -229,8 +268,9 @@ class OperationLog(TorchDispatchMode):
     """Each aten operation run under it, as an :class:`~trainrun.estimate.device.Operation`: its FLOPs
     by torch's formulas for matrix products, convolutions and fused attention (as :func:`pass_flops`
     counts them), the bytes it reads and writes (its tensor arguments read, those it changes in place
-    written again, its new outputs written), its kind and dimensions (:func:`kind_of`). Views and
-    allocations, which launch nothing, are left out."""
+    written again, its new outputs written), its kind and dimensions (:func:`kind_of`); with compiled
+    ``regions``, the tensors themselves (:class:`Access`), which a fused kernel's traffic is counted
+    from. Views and allocations, which launch nothing, are left out."""
 
     def __init__(self, regions: InsideRegions | None = None, float8: InsideRegions | None = None) -> None:
         super().__init__()
@@ -239,11 +279,18 @@ class OperationLog(TorchDispatchMode):
         self.float8 = float8  # the layers precision=fp8 trains in float8
         custom = {packet: shape_wrapper(formula) for packet, formula in kernel_formulas().items()}
         self.formulas = {**flop_registry, **custom}
+        self.storages: dict[int, int] = {}  # a storage's address to its serial (compiled runs: regions given)
+        self.serials = itertools.count(1)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.namespace != "aten" or func.is_view or func.overloadpacket in NO_KERNEL:
+        if func.namespace != "aten" or func.is_view:
+            return out
+        if func.overloadpacket in NO_KERNEL:
+            for value in pytree.tree_leaves(out):  # a new storage, not one that last had its address
+                if isinstance(value, torch.Tensor) and self.regions is not None:
+                    self._storage(value, made=True)
             return out
         packet, arguments = func.overloadpacket, func._schema.arguments
         flops = self.formulas[packet](*args, **kwargs, out_val=out) if packet in self.formulas else 0
@@ -260,8 +307,44 @@ class OperationLog(TorchDispatchMode):
             operands = sum(value.numel() for value in args if isinstance(value, torch.Tensor) and value.dim() == 2)
             self.operations.append(Operation(0.0, float(FLOAT8_CAST_BYTES * operands), compiled=compiled))
             kind, moved = FLOAT8, moved / 2  # float8 operands: half bf16's bytes
-        self.operations.append(Operation(float(flops), moved, kind, dims, compiled))
+        accesses = self._accesses(packet, named, args, kwargs, written, fresh) if self.regions is not None else ()
+        self.operations.append(Operation(float(flops), moved, kind, dims, compiled, *accesses))
         return out
+
+    def _storage(self, tensor: torch.Tensor, made: bool = False) -> int:
+        """The serial of ``tensor``'s storage: a new one where an operation ``made`` it."""
+        local = getattr(tensor, "_local_tensor", tensor)
+        try:
+            address = local.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):  # a tensor without storage of its own
+            address = id(local)
+        if made or address not in self.storages:
+            self.storages[address] = next(self.serials)
+        return self.storages[address]
+
+    def _access(self, tensor: torch.Tensor, made: bool = False, part: tuple = (), size: int | None = None) -> Access:
+        local = getattr(tensor, "_local_tensor", tensor)
+        where = part or (local.storage_offset(), tuple(local.shape))
+        return Access(self._storage(tensor, made), where, tensor_bytes(tensor) if size is None else size)
+
+    def _accesses(
+        self, packet: Any, named: dict, args: tuple, kwargs: dict, written: list, fresh: list
+    ) -> tuple[tuple[Access, ...], tuple[Access, ...], tuple[int, ...]]:
+        """What an operation reads and writes as :class:`Access` es, and the storages it makes, the
+        bytes as :func:`_moved` counts them (a gather's source and a scatter's destination: the rows
+        picked; a two-pass normalization's input: twice)."""
+        tensors = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
+        picked = len(self.operations)  # a gather's or a scatter's rows: this operation's own
+        reads = [self._access(value) for value in tensors]
+        if packet in GATHERS:
+            reads[0] = self._access(tensors[0], part=("picked", picked), size=tensor_bytes(fresh))
+        if packet in TWO_PASSES and _training(packet, named):
+            reads.append(self._access(tensors[0], part=("again", picked)))
+        writes = [self._access(value) for value in written if isinstance(value, torch.Tensor)]
+        if packet in SCATTERS:
+            writes = [self._access(tensors[0], part=("picked", picked), size=tensor_bytes((args[1:], kwargs)))]
+        made = [self._access(value, made=True) for value in fresh if isinstance(value, torch.Tensor)]
+        return tuple(reads), tuple(writes + made), tuple(access.storage for access in made)
 
 
 def _moved(packet: Any, named: dict, args: tuple, kwargs: dict, written: list, fresh: list) -> int:

@@ -33,6 +33,12 @@ def flex_kernel(dynamic: bool, compiled: bool = True) -> Callable[..., torch.Ten
     return flex_attention if not compiled or torch.compiler.is_compiling() else _compiled(dynamic)
 
 
+def attends_through_flex(tensor: torch.Tensor) -> bool:
+    """Whether a model whose masks FlexAttention runs attends through it: on a GPU, and in the
+    estimate's record of a GPU's step (:func:`as_fused_kernel`), which times its fused kernel."""
+    return tensor.is_cuda or _AS_FUSED.get()
+
+
 @contextlib.contextmanager
 def as_fused_kernel() -> Iterator[None]:
     """FlexAttention as :func:`fused_kernel_work` while inside."""

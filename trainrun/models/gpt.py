@@ -37,7 +37,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from trainrun.data.interface import TextFacts
 from trainrun.models.alibi import alibi_slopes
-from trainrun.models.flex import flex_kernel
+from trainrun.models.flex import attends_through_flex, flex_kernel
 from trainrun.schema import GPTConfig, ModelConfig
 
 VOCAB_MULTIPLE = 64  # the embedding and head are padded to a multiple of this (nanoGPT's 50304)
@@ -249,6 +249,23 @@ class Block(nn.Module):
         return x + self.residual_dropout(self.mlp(self.mlp_norm(x)))
 
 
+class LogitTail(nn.Module):
+    """The head's logits as the model returns them: the padding's columns left out and soft-capped
+    (``c · tanh(logits / c)``), element-wise work over the step's largest tensor that a compiled run
+    fuses into one kernel (:func:`~trainrun.core.compiled.compiled_regions`). No parameters: the
+    model's state is the same with or without it."""
+
+    def __init__(self, vocab_size: int, cap: float | None) -> None:
+        super().__init__()
+        self.vocab_size, self.cap = vocab_size, cap
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.shape[-1] > self.vocab_size:  # in a copy: the model returns no view (FSDP2's root hooks its output)
+            logits = logits[..., : self.vocab_size].contiguous()
+        # in the logits' dtype: the loss takes them to float32 a chunk at a time
+        return self.cap * torch.tanh(logits / self.cap) if self.cap else logits
+
+
 class GPT(nn.Module):
     """Token ids (batch, length) to next-token logits (batch, length, vocabulary), in the compute
     dtype (bfloat16 under autocast)."""
@@ -272,6 +289,7 @@ class GPT(nn.Module):
         self.value_embeds = nn.ModuleList(nn.Embedding(padded, config.width) for _ in range(config.value_embeddings))
         self.final_norm = norm_layer(config.norm, config.width)
         self.head = nn.Linear(config.width, padded, bias=False)
+        self.logit_tail = LogitTail(vocab_size, config.logit_softcap)
         if config.tie_head:
             self.head.weight = self.embed.weight
         if config.positions == "rotary":
@@ -364,15 +382,11 @@ class GPT(nn.Module):
             x = x + self.positions(torch.arange(length, device=tokens.device))
         rotary = (self.rotary_cos[:length], self.rotary_sin[:length]) if self.config.positions == "rotary" else None
         x = self.embedding_dropout(x)
-        attend = self.attend(tokens, flex=tokens.is_cuda and not (self.training and self.config.dropout))
+        attend = self.attend(tokens, flex=attends_through_flex(tokens) and not (self.training and self.config.dropout))
         values = [table(tokens) for table in self.value_embeds]
         for block, table in zip(self.blocks, self.value_tables, strict=True):
             x = block(x, rotary, attend, values[table] if table is not None else None)
-        logits = self.head(self.final_norm(x))
-        if logits.shape[-1] > self.vocab_size:  # the padding's columns left out, in a copy: the model returns no
-            logits = logits[..., : self.vocab_size].contiguous()  # view (FSDP2's root hooks its output)
-        cap = self.config.logit_softcap  # in the logits' dtype: the loss takes them to float32 a chunk at a time
-        return cap * torch.tanh(logits / cap) if cap else logits
+        return self.logit_tail(self.head(self.final_norm(x)))
 
 
 def build(config: ModelConfig, text: TextFacts | None = None) -> GPT:

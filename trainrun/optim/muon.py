@@ -20,7 +20,9 @@ as before. It takes 2-D matrices only, so the parameters are split by a rule the
 - ``matrices``: every other 2-D parameter → Muon at ``optimizer.lr`` with ``optimizer.momentum``,
   ``optimizer.nesterov`` and decoupled ``optimizer.weight_decay``.
 
-Adam uses ``optimizer.betas`` and ``optimizer.eps`` and no weight decay. Muon's momentum warms
+Adam uses ``optimizer.betas`` and ``optimizer.eps`` and no weight decay, in torch's fused kernel (one
+pass over a parameter's gradient and state, as the speedrun's Adam; on FSDP2's shards too: the
+kernel has a DTensor rule). Muon's momentum warms
 linearly from ``muon.momentum_start`` to ``optimizer.momentum`` over ``muon.momentum_warmup``
 (the speedrun's 0.85 → 0.95 over 300 steps). Why a class here: torch has no optimizer that
 applies two update rules to one model's groups, and one ``Optimizer`` keeps the schedule, the
@@ -191,7 +193,7 @@ class MuonWithAdam(torch.optim.Optimizer):
         self.steps = 0
         first = self.momentum_at(0)  # Muon's groups always hold the momentum of the next step
         self.muon = MatrixMuon(muon_groups, stacked, momentum=first, nesterov=nesterov, weight_decay=weight_decay)
-        self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, foreach=True)
+        self.adam = torch.optim.Adam(adam_groups, betas=betas, eps=eps, weight_decay=0.0, fused=True)
         super().__init__([*self.muon.param_groups, *self.adam.param_groups], {})
 
     @property

@@ -53,6 +53,8 @@ class Task(ABC):
     name: ClassVar[str]  # the task's registered name: its spec (trainrun/tasks/specs/) says the rest
     metrics: ClassVar[dict[str, str]]
     unit: ClassVar[str]  # what one sample is called in throughputs ("img" for images/s)
+    # whether a compiled run compiles the loss too (trainrun/core/compiled.py): one that traces whole
+    loss_compiles: ClassVar[bool] = False
 
     @property
     def quality_rule(self) -> Quality:

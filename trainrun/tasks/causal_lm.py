@@ -65,6 +65,7 @@ class CausalLanguageModeling(SequenceTask):
     name = "causal_lm"
     metrics = {"eval_loss": "validation loss"}
     unit = "seq"
+    loss_compiles = True  # a vocabulary's logits at every position: the step's largest tensor
 
     def batch(self, batch: Any, state: State) -> tuple[torch.Tensor, Any, int]:
         """Inputs and next tokens of a batch of windows; of a mixture's validation batch, the next

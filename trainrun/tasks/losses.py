@@ -76,10 +76,12 @@ def summed_cross_entropy(
     goes (softmax - one-hot: one buffer of the logits' size and dtype, which the backward scales and
     hands on), so nothing is recomputed. Every position is scored (no ignored index: causal LM's).
     float16 logits (``precision=amp``) take the plain path: their gradient, written before the loss
-    scale multiplies it, would fall below float16's range. Written here because torch has no chunked
-    cross-entropy; Liger's fused linear cross-entropy, which goes further (no logits at all), needs
-    Triton and the head inside the loss."""
+    scale multiplies it, would fall below float16's range. Compiled (a blocks-compiled model's loss:
+    :func:`~trainrun.core.compiled.compile_loss`), the plain form is taken: inductor reads the logits
+    into float32 inside its kernels and recomputes the softmax in the backward, keeping no float32 copy
+    either. Written here because torch has no chunked cross-entropy; Liger's fused linear
+    cross-entropy, which goes further (no logits at all), needs Triton and the head inside the loss."""
     rows = max(1, chunk_elements // logits.shape[-1])
-    if rows >= len(logits) or logits.dtype == torch.float16:  # fp16: gradients below its range before scaling
-        return F.cross_entropy(logits.float(), targets, reduction="sum")
+    if rows >= len(logits) or logits.dtype == torch.float16 or torch.compiler.is_compiling():  # fp16: gradients
+        return F.cross_entropy(logits.float(), targets, reduction="sum")  # below its range before scaling
     return _ChunkedCrossEntropy.apply(logits, targets, rows)
