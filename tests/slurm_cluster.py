@@ -230,7 +230,7 @@ def assert_requeued_and_resumed(slurm: Cluster, job: str, folder: Path, straight
     output = (folder / "job.out").read_text()
     said = {key: state.get(key) for key in ("JobState", "Restarts", "Reason", "ExitCode", "RunTime")}
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (said, output[-400:])
-    assert "trainrun: requeued Slurm job" in output and "resumed from" in output
+    assert "trainrun: requeued Slurm job" in output and "resumed from" in output, output[-2000:]
     stopped = int(re.search(r"checkpoint at step (\d+)", output)[1])  # where every rank stopped
     checkpoints = {path.name for path in (folder / "run" / "checkpoints").glob("*.pt")}
     assert stopped < 30 and {f"ep{stopped // 22}-ba{stopped}.pt", LAST} == checkpoints  # 22 steps an epoch
