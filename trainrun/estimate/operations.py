@@ -16,7 +16,7 @@ import torch
 from torch.autograd.graph import register_multi_grad_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from trainrun.models.flex import CAUSAL_SHARE
@@ -314,10 +314,8 @@ class OperationLog(TorchDispatchMode):
     def _storage(self, tensor: torch.Tensor, made: bool = False) -> int:
         """The serial of ``tensor``'s storage: a new one where an operation ``made`` it."""
         local = getattr(tensor, "_local_tensor", tensor)
-        try:
-            address = local.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):  # a tensor without storage of its own
-            address = id(local)
+        owns_storage = local.layout == torch.strided and not is_traceable_wrapper_subclass(local)
+        address = local.untyped_storage()._cdata if owns_storage else id(local)  # else: no storage of its own
         if made or address not in self.storages:
             self.storages[address] = next(self.serials)
         return self.storages[address]
