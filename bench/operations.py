@@ -1,8 +1,11 @@
 """The estimate's operation model against a GPU: each kind of operation ``trainrun estimate`` times
 (matrix products, convolutions: dense, depthwise and grouped, fused attention, element-wise traffic,
 the floor an operation costs) at the shapes the brought models run, and whole training steps of
-models trainrun has never measured on a GPU (timm's ConvNeXt-T and ViT-B/16, transformers' Qwen3 at
-two shapes), each beside the time the estimate gives it on the GPU's hardware group.
+models trainrun has never measured on a GPU (timm's ConvNeXt-T, ViT-B/16, EfficientNet-B0 and
+RegNetY-1.6GF, transformers' Qwen3 at two shapes), each beside the time the estimate gives it on the
+GPU's hardware group. A depthwise and a grouped convolution are timed forward alone and forward and
+backward: the validation's timm steps with them ran slower than estimated in their backward
+(bench/forward_backward.py).
 
 The estimate's time of an operation is :class:`~trainrun.estimate.device.Device`'s for the aten
 operations the same call records on fake tensors (:class:`~trainrun.estimate.operations.OperationLog`,
@@ -60,8 +63,11 @@ def matmul(m: int, n: int, k: int) -> Case:
     )
 
 
-def convolution(batch: int, channels: int, out: int, side: int, kernel: int, groups: int = 1) -> Case:
-    """A convolution's forward and backward (both gradients), channels-last, as a training step runs it."""
+def convolution(
+    batch: int, channels: int, out: int, side: int, kernel: int, groups: int = 1, backward: bool = True
+) -> Case:
+    """A convolution's forward and backward (both gradients), channels-last, as a training step runs it;
+    its forward alone where not ``backward``."""
 
     def build(device: torch.device, dtype: torch.dtype) -> tuple:
         x = torch.randn(batch, channels, side, side, device=device, dtype=dtype).to(memory_format=torch.channels_last)
@@ -69,10 +75,15 @@ def convolution(batch: int, channels: int, out: int, side: int, kernel: int, gro
         return x.requires_grad_(), weight.to(memory_format=torch.channels_last).requires_grad_()
 
     def run(x: torch.Tensor, weight: torch.Tensor) -> None:
+        if not backward:
+            with torch.no_grad():
+                F.conv2d(x, weight, padding=kernel // 2, groups=groups)
+            return
         F.conv2d(x, weight, padding=kernel // 2, groups=groups).sum().backward()
 
     kind = "depthwise" if groups == channels else "grouped" if groups > 1 else "convolution"
-    return Case(f"{batch} x {channels}->{out} x {side}^2, {kernel}x{kernel}, groups {groups}", kind, build, run)
+    shape = f"{batch} x {channels}->{out} x {side}^2, {kernel}x{kernel}, groups {groups}"
+    return Case(shape if backward else f"{shape}, forward", kind, build, run)
 
 
 def attention(batch: int, heads: int, tokens: int, width: int, causal: bool) -> Case:
@@ -110,6 +121,11 @@ OPERATIONS = [
     convolution(256, 512, 512, 7, 3),  # its last stage
     convolution(256, 96, 96, 56, 7, groups=96),  # ConvNeXt-T's depthwise 7 x 7
     convolution(512, 120, 120, 28, 3, groups=5),  # RegNetY-1.6GF's grouped 3 x 3 (24 channels a group)
+    convolution(512, 120, 120, 28, 3, groups=5, backward=False),
+    convolution(512, 48, 48, 56, 3, groups=2),  # its first stage's: 2 groups
+    convolution(512, 144, 144, 56, 3, groups=144),  # EfficientNet-B0's depthwise 3 x 3 (its second stage)
+    convolution(512, 144, 144, 56, 3, groups=144, backward=False),
+    convolution(512, 240, 240, 28, 5, groups=240),  # its 5 x 5 (third stage)
     attention(2, 32, 8192, 128, causal=True),  # Llama 8B
     attention(192, 12, 197, 64, causal=False),  # ViT-B/16
     elementwise(1 << 28),
@@ -120,6 +136,7 @@ CPU_OPERATIONS = [
     convolution(4, 16, 16, 16, 3),
     convolution(4, 16, 16, 16, 7, groups=16),
     convolution(4, 24, 24, 16, 3, groups=3),
+    convolution(4, 24, 24, 16, 3, groups=3, backward=False),
     attention(2, 4, 64, 16, causal=True),
     elementwise(1 << 16),
     elementwise(1),
@@ -145,6 +162,12 @@ STEPS = {
         *TIMM, "model.arch=convnext_tiny", "train_batch_size=256", "algorithms=[channels_last]"
     ],
     "timm vit_base_patch16_224, batch 192, amp": [*TIMM, "model.arch=vit_base_patch16_224", "train_batch_size=192"],
+    "timm efficientnet_b0, batch 512, amp, channels-last": [
+        *TIMM, "model.arch=efficientnet_b0", "train_batch_size=512", "algorithms=[channels_last]"
+    ],
+    "timm regnety_016, batch 512, amp, channels-last": [
+        *TIMM, "model.arch=regnety_016", "train_batch_size=512", "algorithms=[channels_last]"
+    ],
     "transformers qwen3 0.6B, 8 x 2,048 tokens, bf16": [
         *QWEN3_06B, "data.text.max_seq_len=2048", "train_batch_size=8", "data.text.val_tokens=16384"
     ],

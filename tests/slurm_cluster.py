@@ -59,6 +59,7 @@ class Cluster:
 
     environment: dict[str, str]
     prefix: list[str] = field(default_factory=list)
+    folders: dict[str, Path] = field(default_factory=dict)  # each submitted job's folder
 
     def run(self, *arguments: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -78,10 +79,20 @@ class Cluster:
         (folder / "job.sh").write_text(script)
         result = self.run("sbatch", "--parsable", str(folder / "job.sh"))
         assert result.returncode == 0, result.stderr
-        return result.stdout.strip().split(";")[0]
+        job = result.stdout.strip().split(";")[0]
+        self.folders[job] = folder
+        return job
 
     def finished(self, job: str, seconds: float = 240) -> dict[str, str]:
-        wait(lambda: self.job_state(job).get("JobState") in ENDED, seconds, f"job {job}")
+        """``job``'s fields once it has ended; past ``seconds``, a failure that says its fields, the
+        queue and the end of its output (the ``.out`` files of its folder)."""
+
+        def said() -> str:
+            outputs = sorted(self.folders[job].glob("*.out")) if job in self.folders else []
+            tails = "\n".join(f"{path.name}: {path.read_text()[-1500:]}" for path in outputs)
+            return f"{self.job_state(job)}\nqueue: {self.output('squeue', '-h')}\n{tails}"
+
+        wait(lambda: self.job_state(job).get("JobState") in ENDED, seconds, f"job {job}", said)
         return self.job_state(job)
 
     def restarted(self, job: str, output: Path) -> bool:
@@ -160,10 +171,18 @@ def running_cluster(
         subprocess.run(["munged", "--stop", f"--socket={folder / 'munge.socket'}"], capture_output=True)
 
 
-def wait(condition: Callable[[], object], seconds: float, what: str, every: float = 0.5) -> None:
+def wait(
+    condition: Callable[[], object],
+    seconds: float,
+    what: str,
+    said: Callable[[], str] | None = None,
+    every: float = 0.5,
+) -> None:
+    """Until ``condition`` holds, every ``every`` seconds; past ``seconds``, a failure naming ``what``
+    (and what ``said`` says of it)."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}" + (f": {said()}" if said else "")
         time.sleep(every)
 
 

@@ -457,12 +457,38 @@ def test_operations_bench_times_each_kind_of_operation_and_step_beside_the_estim
     rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ") and " ms |" in line]
     kinds = {row[0].lstrip("| ") for row in rows}
     assert kinds == {"matmul", "convolution", "depthwise", "grouped", "attention", "memory", "training step"}
-    assert all(float(row[4].rstrip(" |")) > 0 for row in rows), result.stdout
+    assert all(float(row[3].removesuffix(" ms")) > 0 and row[4].rstrip(" |") != "-" for row in rows), result.stdout
     assert "estimated on hardware=8xh200, measured on this CPU" in result.stdout
     from trainrun.estimate.device import generations
 
     (floor,) = [row for row in rows if row[1] == "add of 2 x 1"]  # one element: the floor an operation costs
     assert floor[2] == f"{generations()['hopper'].floor_s * 1e3:.3f} ms"
+
+
+def test_forward_backward_bench_splits_a_timm_models_error_between_its_forward_and_its_step():
+    """``bench/forward_backward.py``: a model's published forward and step over the estimate's, and
+    each's step over its forward; its training rates are the validation's where it has the model."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from forward_backward import PUBLISHED
+
+    table = yaml.safe_load((ROOT / "bench" / "published_times.yaml").read_text())["rows"]
+    checked = 0
+    for row in table:
+        model = next((item.split("=")[1] for item in row.get("settings", []) if item.startswith("model.arch=")), None)
+        if row["id"].startswith("timm_3090_") and model in PUBLISHED:
+            assert (row["published"]["rate"], f"train_batch_size={PUBLISHED[model][2]}") == (
+                PUBLISHED[model][1],
+                next(item for item in row["settings"] if item.startswith("train_batch_size=")),
+            )
+            checked += 1
+    assert checked == 5
+    result = bench("forward_backward.py", "--models", "mobilenetv2_100")
+    assert result.returncode == 0, result.stderr
+    (row,) = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| mobilenetv2_100")]
+    forward, step, published, estimated = (float(cell.strip(" |")) for cell in row[1:])
+    assert 0.8 < forward < 1.2 and step > forward and published > 4 > estimated > 3
 
 
 COUNTED_WITHIN_GOAL = 25  # counted predictions within 25 % of their figures: never fewer

@@ -40,7 +40,16 @@ from typing import TYPE_CHECKING
 import yaml
 
 from trainrun.errors import ConfigError
-from trainrun.estimate.operations import ATTENTION, CONVOLUTION, FLOAT8, FLOAT8_CAST_BYTES, MEMORY, Operation
+from trainrun.estimate.operations import (
+    ATTENTION,
+    CONVOLUTION,
+    DEPTHWISE,
+    FLOAT8,
+    FLOAT8_CAST_BYTES,
+    GROUPED,
+    MEMORY,
+    Operation,
+)
 from trainrun.schema import TrainConfig
 
 if TYPE_CHECKING:
@@ -51,6 +60,10 @@ GENERATIONS = Path(__file__).with_name("generations.yaml")
 ERRORS = Path(__file__).with_name("errors.yaml")  # the validation's error by basis (bench/estimate_validation.py)
 BASES = ("measured", "datasheet, fitted generation", "datasheet, unfitted generation")
 GB = 1e9
+# convolutions of several groups, whose kernels the datasheet does not time well: the share of a step
+# above which the estimate says so (:func:`several_groups_notes`), and how its note begins
+SEVERAL_GROUPS, SEVERAL_GROUPS_SHARE = (GROUPED, DEPTHWISE), 0.05
+SEVERAL_GROUPS_NOTE = "depthwise and grouped convolutions"
 # what a group must state for its GPU to be timed from its datasheet
 DATASHEET_FACTS = ("peak_tflops", "memory_gb_s", "device_memory_gb", "architecture")
 
@@ -123,7 +136,7 @@ class Device:
         generation = self.generation
         moving = operation.moved / (self.bandwidth_gb_s * GB * generation.memory)
         computing = 0.0
-        if operation.flops and operation.kind != MEMORY:
+        if operation.flops and operation.kind not in (MEMORY, DEPTHWISE):
             shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
             computing = operation.flops / (self.rate(operation.kind) * shape)
         return max(computing, moving)
@@ -136,7 +149,7 @@ class Device:
     def rate(self, kind: str) -> float:
         """The FLOP/s a large operation of ``kind`` (matmul, convolution, attention) reaches here."""
         generation = self.generation
-        if kind == CONVOLUTION:
+        if kind in (CONVOLUTION, GROUPED):
             traffic = self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity
             return min(self.peak_flops * generation.matmul, traffic)
         if kind == FLOAT8:
@@ -155,6 +168,11 @@ class Device:
             finished = max(finished, issued) + self.operation_seconds(kernel)
         return finished
 
+    def share_in(self, operations: list[Operation], kinds: tuple[str, ...]) -> float:
+        """The share of ``operations``' time here that the operations of ``kinds`` take."""
+        part = sum(self.operation_seconds(operation) for operation in operations if operation.kind in kinds)
+        return part / max(sum(self.operation_seconds(operation) for operation in operations), 1e-12)
+
     def eager(self) -> Device:
         """This GPU running operations one by one (the optimizer's step, a method's work beside the passes)."""
         return dataclasses.replace(self, compiled=False, checkpoint_policy=False)
@@ -167,11 +185,11 @@ class Device:
 
 def fused_kernels(operations: list[Operation] | tuple[Operation, ...]) -> list[Operation]:
     """A compiled step's kernels from its eager ``operations``, as inductor fuses them: each matrix
-    product, convolution or attention its own kernel, and each run of element-wise and reduction
-    operations between them inside a compiled region one kernel (:func:`fused_bytes`). An operation
-    outside the compiled regions (a blocks-compiled model's embeddings and head) runs as its own
-    kernel. Written here because inductor says its kernels only for a real GPU's code, not a fake
-    pass's."""
+    product, convolution (a depthwise one too: inductor calls cuDNN for every convolution) or attention
+    its own kernel, and each run of element-wise and reduction operations between them inside a
+    compiled region one kernel (:func:`fused_bytes`). An operation outside the compiled regions (a
+    blocks-compiled model's embeddings and head) runs as its own kernel. Written here because
+    inductor says its kernels only for a real GPU's code, not a fake pass's."""
     last_read = {access.storage: index for index, operation in enumerate(operations) for access in operation.reads}
     kernels: list[Operation] = []
     chain: list[Operation] = []
@@ -261,10 +279,33 @@ def basis_kind(basis: str) -> str | None:
 
 
 @functools.cache
+def validation_table() -> dict:
+    """``errors.yaml``: what the validation's counted predictions show, written with its table."""
+    return yaml.safe_load(ERRORS.read_text())
+
+
 def validation_errors() -> dict[str, float | None]:
-    """The median error of the validation's counted predictions by basis (``errors.yaml``, written
-    with the validation's table); None where no counted prediction has that basis."""
-    return yaml.safe_load(ERRORS.read_text())["median_error"]
+    """The median error of the validation's counted predictions by basis; None where no counted
+    prediction has that basis."""
+    return validation_table()["median_error"]
+
+
+def several_groups_notes(share: float) -> list[str]:
+    """What the estimate of a step whose depthwise and grouped convolutions take ``share`` of its GPU
+    time (at least :data:`SEVERAL_GROUPS_SHARE`) leaves out, and what the validation's counted steps
+    with such a share showed (``errors.yaml``'s ``several_groups``: their published step over the
+    estimate's)."""
+    if share < SEVERAL_GROUPS_SHARE:
+        return []
+    shown = validation_table().get("several_groups") or {}
+    seen = ""
+    if shown:
+        low, high = min(shown.values()), max(shown.values())
+        seen = f"; the validation's steps with them took {low:.2f}-{high:.2f} times the estimate ({len(shown)} rows)"
+    return [
+        f"{SEVERAL_GROUPS_NOTE}: {share:.0%} of the step's GPU time, timed at the memory's bandwidth and as "
+        f"their groups' products, which cuDNN's kernels for them (their backward most) do not always reach{seen}"
+    ]
 
 
 def validation_error(basis: str) -> float | None:
@@ -342,3 +383,19 @@ def methods_seconds(device: Device, methods: tuple[MethodWork, ...], timeline: T
         )
         total += seconds / steps
     return total
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The run's GPUs as the estimate times them: the device its hardware group describes (None: none
+    described), each micro-batch's share of the peak, and how that is known."""
+
+    device: Device | None
+    peak_tflops: float | None  # a GPU's, at the run's precision
+    described: str  # in words
+    basis: str  # measured, datasheet of a fitted or an unfitted generation, stated (--mfu), not described
+    utilisations: list[float]  # of each work asked for, the plain step's last
+
+    def compute_seconds(self, flops: float, ranks: int, utilisation: float) -> float | None:
+        """``flops`` (all ranks) on ``ranks`` GPUs at ``utilisation`` of the peak; None where no peak is known."""
+        return flops / (ranks * self.peak_tflops * 1e12 * utilisation) if self.peak_tflops else None

@@ -348,16 +348,22 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
 
 
 def pass_operations(
-    config: TrainConfig, task: Task, text: TextFacts | None, samples: int, checkpointing: str = "none"
+    config: TrainConfig,
+    task: Task,
+    text: TextFacts | None,
+    samples: int,
+    checkpointing: str = "none",
+    train: bool = True,
 ) -> list[Operation]:
-    """A training forward and backward of ``samples`` samples of ``config``'s shapes as the GPU runs
-    its operations (:class:`OperationLog`): on the whole model, with ``checkpointing``'s recompute,
-    attention as a fused kernel (:class:`AsFusedAttention`; FlexAttention's: ``as_fused_kernel``), each
-    call in the precision the GPU's autocast gives it (:class:`AsGpuAutocast`); those of the modules
-    a compiled run compiles marked so (:func:`~trainrun.core.compiled.compiled_regions`, and the loss
-    where :func:`~trainrun.core.compiled.compiles_loss`), and under
-    precision=fp8 the products of the layers torchao trains in float8 as float8 products with their
-    casts (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`)."""
+    """A training forward and backward (an evaluation forward: ``train`` false) of ``samples`` samples
+    of ``config``'s shapes as the GPU runs its operations (:class:`OperationLog`): on the whole model,
+    with ``checkpointing``'s recompute, attention as a fused kernel (:class:`AsFusedAttention`;
+    FlexAttention's: ``as_fused_kernel``), each call in the precision the GPU's autocast gives it
+    (:class:`AsGpuAutocast`); those of the modules a compiled run compiles marked so
+    (:func:`~trainrun.core.compiled.compiled_regions`, and the loss where
+    :func:`~trainrun.core.compiled.compiles_loss`), and under precision=fp8 the products of the layers
+    torchao trains in float8 as float8 products with their casts
+    (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`)."""
     from trainrun.core.compiled import compiled_regions, compiles_loss
     from trainrun.core.precision import float8_eligible
     from trainrun.models.flex import as_fused_kernel
@@ -376,7 +382,7 @@ def pass_operations(
             )
 
     with AsFusedAttention(text.real_token_share if text else None), AsGpuAutocast(), as_fused_kernel():
-        _fake_pass(config, task, text, samples, True, log, checkpointing, watch)
+        _fake_pass(config, task, text, samples, train, log, checkpointing, watch)
     return log.operations
 
 

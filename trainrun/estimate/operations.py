@@ -22,6 +22,9 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from trainrun.models.flex import CAUSAL_SHARE
 
 MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "memory"
+# convolutions of several groups, timed as their groups' implicit GEMMs (grouped) or at the memory's
+# bandwidth (depthwise: a channel a group), named apart: cuDNN's kernels for them are not the dense ones
+GROUPED, DEPTHWISE = "grouped convolution", "depthwise convolution"
 FLOAT8 = "float8"  # a matrix product of a layer precision=fp8 trains in float8 (torchao's)
 # what torchao's tensorwise float8 scaling moves for each element of a float8 product's operand: the
 # amax's read, then the cast's read and its float8 write
@@ -373,8 +376,9 @@ MATMULS = {aten.mm: (0, 1), aten._scaled_mm: (0, 1), aten.addmm: (1, 2), aten.bm
 def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
     """An operation with FLOPs as the GPU runs it: a matrix product's (m, n, k), batched ones' batch
     folded into m; a convolution's implicit GEMM per group (m: the outputs' positions, n: a group's
-    output channels, k: a group's input channels times the kernel's taps), a depthwise one (a channel
-    a group) memory-bound; a fused attention kernel's (query length, key length, head width)."""
+    output channels, k: a group's input channels times the kernel's taps; grouped where it has several),
+    a depthwise one (a channel a group) memory-bound; a fused attention kernel's (query length, key
+    length, head width)."""
     if packet in MATMULS:
         left, right = (args[index] for index in MATMULS[packet])
         rows = math.prod(left.shape[:-1])
@@ -385,9 +389,10 @@ def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
         weight, groups = args[1] if forward else args[2], args[8] if forward else args[9]
         output = out if forward else args[0]
         if weight.shape[1] == 1 and groups > 1:
-            return MEMORY, ()
+            return DEPTHWISE, ()
         positions = output.shape[0] * math.prod(output.shape[2:])
-        return CONVOLUTION, (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
+        gemm = (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
+        return GROUPED if groups > 1 else CONVOLUTION, gemm
     if "scaled_dot_product" in name and any(kernel in name for kernel in FUSED_ATTENTION):
         query, key = (args[0], args[1]) if not name.endswith("_backward") else (args[1], args[2])
         return ATTENTION, (query.shape[-2], key.shape[-2], query.shape[-1])

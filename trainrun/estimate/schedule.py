@@ -26,7 +26,9 @@ from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
 from trainrun.estimate.device import (
+    SEVERAL_GROUPS,
     Device,
+    Gpus,
     Operation,
     basis_of,
     datasheet_gaps,
@@ -36,6 +38,7 @@ from trainrun.estimate.device import (
     methods_seconds,
     optimizer_seconds,
     peak_at,
+    several_groups_notes,
 )
 from trainrun.estimate.exchange import NO_TRAFFIC, Traffic
 from trainrun.estimate.loader import (
@@ -235,6 +238,7 @@ class FlopCounts:
         self.checkpointing = checkpointing
         self.counted: dict[tuple, float] = {}
         self.utilisations: dict[tuple, float] = {}
+        self.several_groups: dict[tuple, float] = {}  # depthwise and grouped convolutions' share of the time
 
     def sized(self, resolution: int | None, length: int | None) -> tuple[TrainConfig, TextFacts | None]:
         """The run's config and text at ``resolution`` or ``length`` (None: as the run sets it)."""
@@ -265,6 +269,7 @@ class FlopCounts:
             operations = pass_operations(config, self.task, text, self.micro_batch, self.checkpointing)
             model_flops = self.counted_at(resolution, length) * self.micro_batch
             self.utilisations[key] = device.utilisation(operations, model_flops)
+            self.several_groups[key] = device.share_in(operations, SEVERAL_GROUPS)
         return self.utilisations[key]
 
     def training(self, works: list[StepWork]) -> list[float]:
@@ -322,22 +327,6 @@ def evaluation_flops(
     return config.data.text.val_tokens / text.max_seq_len * counts.counted_at(None, text.max_seq_len, train=False)
 
 
-@dataclass(frozen=True)
-class Gpus:
-    """The run's GPUs as the estimate times them: the device its hardware group describes (None: none
-    described), each micro-batch's share of the peak, and how that is known."""
-
-    device: Device | None
-    peak_tflops: float | None  # a GPU's, at the run's precision
-    described: str  # in words
-    basis: str  # measured, datasheet of a fitted or an unfitted generation, stated (--mfu), not described
-    utilisations: list[float]  # of each work asked for, the plain step's last
-
-    def compute_seconds(self, flops: float, ranks: int, utilisation: float) -> float | None:
-        """``flops`` (all ranks) on ``ranks`` GPUs at ``utilisation`` of the peak; None where no peak is known."""
-        return flops / (ranks * self.peak_tflops * 1e12 * utilisation) if self.peak_tflops else None
-
-
 def gpus_of(
     config: TrainConfig,
     counts: FlopCounts,
@@ -363,6 +352,7 @@ def gpus_of(
         return Gpus(None, peak, "no GPU described", "not described", [0.0] * len(works))
     notes.extend(float8_notes(config))
     shares = counts.utilisation(works, device)
+    notes.extend(several_groups_notes(max(counts.several_groups.values(), default=0.0)))
     hardware, generation = config.hardware, device.generation
     fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {', '.join(generation.fitted_on)})"
     described = (
