@@ -470,20 +470,18 @@ def test_forward_backward_bench_splits_a_timm_models_error_between_its_forward_a
     each's step over its forward; its training rates are the validation's where it has the model."""
     import yaml
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from forward_backward import PUBLISHED
+    with mock.patch.object(sys, "path", [str(ROOT / "bench"), *sys.path]):
+        from forward_backward import PUBLISHED
 
-    table = yaml.safe_load((ROOT / "bench" / "published_times.yaml").read_text())["rows"]
-    checked = 0
-    for row in table:
-        model = next((item.split("=")[1] for item in row.get("settings", []) if item.startswith("model.arch=")), None)
-        if row["id"].startswith("timm_3090_") and model in PUBLISHED:
-            assert (row["published"]["rate"], f"train_batch_size={PUBLISHED[model][2]}") == (
-                PUBLISHED[model][1],
-                next(item for item in row["settings"] if item.startswith("train_batch_size=")),
-            )
-            checked += 1
-    assert checked == 5
+    rows = yaml.safe_load((ROOT / "bench" / "published_times.yaml").read_text())["rows"]
+    settings = [
+        dict(item.split("=") for item in row["settings"]) | row["published"]
+        for row in rows
+        if row["id"].startswith("timm_3090_")
+    ]
+    validated = {row["model.arch"]: (row["rate"], int(row["train_batch_size"])) for row in settings}
+    shared = validated.keys() & PUBLISHED.keys()
+    assert len(shared) == 5 and all(validated[model] == PUBLISHED[model][1:] for model in shared)
     result = bench("forward_backward.py", "--models", "mobilenetv2_100")
     assert result.returncode == 0, result.stderr
     (row,) = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| mobilenetv2_100")]

@@ -217,12 +217,15 @@ class Replicas:
         skips the step's later exchanges. Otherwise a rank whose exchange went through, held at the
         node's next collective by one whose exchange was timing out, would then wait out its own
         gradients' exchange: a node lost between two ranks' exchanges cost two timeouts, not one."""
-        failed = torch.tensor([float(self.manager.errored() is not None)], device=self.device)
-        if self.world_size > 1:
-            torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX)
-        if failed.item() and self.manager.errored() is None:
+        here = self.manager.errored() is not None
+        if self.world_size == 1:
+            return here
+        failed = torch.tensor([float(here)], device=self.device)
+        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX)
+        anywhere = bool(failed.item())
+        if anywhere and not here:
             self.manager.report_error(RuntimeError("another rank of this node lost the exchange"))
-        return bool(failed.item())
+        return anywhere
 
     def _ranks_of(self, node: int) -> list[int]:
         return list(range(node * self.world_size, (node + 1) * self.world_size))

@@ -161,17 +161,20 @@ class Device:
         the host issues them one after another (:meth:`issue_seconds`), and the GPU runs each once it
         is issued and the one before it has finished, so that a kernel's issue hides behind the
         kernels queued before it."""
-        kernels = fused_kernels(operations) if self.compiled else operations
         issue, issued, finished = self.issue_seconds(), 0.0, 0.0
-        for kernel in kernels:
+        for kernel in self.kernels(operations):
             issued += issue
             finished = max(finished, issued) + self.operation_seconds(kernel)
         return finished
 
+    def kernels(self, operations: list[Operation] | tuple[Operation, ...]) -> list[Operation] | tuple[Operation, ...]:
+        """The kernels ``operations`` run as here: inductor's where compiled (:func:`fused_kernels`)."""
+        return fused_kernels(operations) if self.compiled else operations
+
     def share_in(self, operations: list[Operation], kinds: tuple[str, ...]) -> float:
-        """The share of ``operations``' time here that the operations of ``kinds`` take."""
-        part = sum(self.operation_seconds(operation) for operation in operations if operation.kind in kinds)
-        return part / max(sum(self.operation_seconds(operation) for operation in operations), 1e-12)
+        """The share of ``operations``' kernel time here that the kernels of ``kinds`` take."""
+        timed = [(kernel.kind, self.operation_seconds(kernel)) for kernel in self.kernels(operations)]
+        return sum(seconds for kind, seconds in timed if kind in kinds) / max(sum(s for _, s in timed), 1e-12)
 
     def eager(self) -> Device:
         """This GPU running operations one by one (the optimizer's step, a method's work beside the passes)."""
