@@ -887,6 +887,33 @@ def test_a_grouped_convolutions_backward_counts_its_forwards_flops_for_each_grad
                 assert backward.get_total_flops() == gradients * forward.get_total_flops(), (layer, groups)
 
 
+@pytest.mark.parametrize("groups", [1, 16])
+def test_a_convolutions_backward_is_a_kernel_for_each_gradient_each_reading_the_outputs_gradient(groups):
+    """As cuDNN runs it: the input's gradient (reading the output's gradient and the weight), the
+    weight's (reading it and the input), the bias's (a reduction of it); without the input's gradient,
+    no kernel for it. The two products hold the backward's FLOPs, a forward's each."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainrun.estimate.operations import MEMORY, OperationLog
+
+    with FakeTensorMode():
+        convolution = torch.nn.Conv2d(16, 32, 3, padding=1, groups=groups)
+        for needs_grad in (True, False):
+            x = torch.randn(2, 16, 8, 8, requires_grad=needs_grad)
+            y = convolution(x)
+            log = OperationLog()
+            with log:
+                y.backward(torch.ones_like(y))
+            forward = 2 * y.numel() * convolution.weight[0].numel()
+            gradient, weight, bias = 4 * y.numel(), 4 * convolution.weight.numel(), 4 * 32
+            products = [(op.flops, op.moved) for op in log.operations if op.flops]
+            each = (forward, gradient + weight + 4 * x.numel())  # the input's: its gradient's; the weight's: it
+            assert products == [each] * (2 if needs_grad else 1)
+            assert (0.0, gradient + bias) in [(op.flops, op.moved) for op in log.operations if op.kind == MEMORY]
+            convolution.zero_grad(set_to_none=True)
+
+
 def test_a_compiled_step_is_timed_as_inductors_kernels_each_element_wise_chain_one():
     """Compiled, the element-wise operations between two matrix products inside a compiled region are
     one kernel that reads what it takes from outside once (B: 1 GB, read twice) and writes what

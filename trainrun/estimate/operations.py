@@ -306,6 +306,11 @@ class OperationLog(TorchDispatchMode):
         if kind == ATTENTION and named.get("is_causal"):  # the kernel skips the key blocks past the diagonal
             flops, dims = flops * CAUSAL_SHARE, (dims[0], max(1, round(dims[1] * CAUSAL_SHARE)), dims[2])
         compiled = self.regions is not None and self.regions.inside
+        if packet is aten.convolution_backward:
+            self.operations.extend(
+                self._gradient_kernels(args, out, Operation(float(flops), 0.0, kind, dims, compiled))
+            )
+            return out
         if kind == MATMUL and self.float8 is not None and self.float8.inside:
             operands = sum(value.numel() for value in args if isinstance(value, torch.Tensor) and value.dim() == 2)
             self.operations.append(Operation(0.0, float(FLOAT8_CAST_BYTES * operands), compiled=compiled))
@@ -313,6 +318,29 @@ class OperationLog(TorchDispatchMode):
         accesses = self._accesses(packet, named, args, kwargs, written, fresh) if self.regions is not None else ()
         self.operations.append(Operation(float(flops), moved, kind, dims, compiled, *accesses))
         return out
+
+    def _gradient_kernels(self, args: tuple, out: tuple, backward: Operation) -> list[Operation]:
+        """A convolution's ``backward`` as its kernels (cuDNN's, and torch's for a depthwise one): one for
+        each gradient it computes, each reading the output's gradient; the input's (reading the weight)
+        and the weight's (reading the input) each at the forward's FLOPs and GEMM dimensions, the bias's
+        a reduction."""
+        grad_output, inputs, weight, mask = args[0], args[1], args[2], args[10]
+        products = backward._replace(flops=backward.flops / max(1, sum(map(bool, mask[:2]))))
+        reduction = backward._replace(flops=0.0, kind=MEMORY, dims=())
+        kernels = []
+        for reads, gradient, kernel in (
+            ((grad_output, weight), out[0], products),
+            ((grad_output, inputs), out[1], products),
+            ((grad_output,), out[2], reduction),
+        ):
+            if gradient is None:
+                continue
+            kernel = kernel._replace(moved=float(tensor_bytes((reads, gradient))))
+            if self.regions is not None:
+                made = self._access(gradient, made=True)
+                kernel = kernel._replace(reads=tuple(map(self._access, reads)), writes=(made,), made=(made.storage,))
+            kernels.append(kernel)
+        return kernels
 
     def _storage(self, tensor: torch.Tensor, made: bool = False) -> int:
         """The serial of ``tensor``'s storage: a new one where an operation ``made`` it."""
