@@ -1157,6 +1157,27 @@ def test_a_steps_utilisation_is_its_operations_on_the_datasheet():
     assert h200.rate_basis == "measured (h200 readings in the hopper fit)"
 
 
+def test_an_evaluation_is_timed_from_its_forwards_operations_at_its_micro_batch():
+    """An evaluation's forward passes reach the share of the peak their own operations do (no backward,
+    no optimizer, at the evaluation's resolution and micro-batch), not the training step's; where the
+    share is stated (--mfu), the stated one."""
+    from trainrun.estimate import estimate, run_shape, sized_task
+    from trainrun.estimate.counts import FlopCounts
+    from trainrun.estimate.device import device_of
+
+    overrides = ["model=resnet18", "data=synthetic", "data.resolution=128", "data.eval_resolution=224"]
+    overrides += ["data.samples=[10000,1000]", "train_batch_size=128", "eval_batch_size=16", "precision=amp"]
+    config = validate(compose([*overrides, "launcher.devices=1", "hardware=8xh100_aws"]), files=False)
+    result, shape = estimate(config), run_shape(config, None)
+    counts = FlopCounts(config, sized_task(config), None, 2, shape.micro_batch, "none", shape.eval_micro_batch)
+    share = counts.utilisation_at(224, None, device_of(config), train=False)
+    assert shape.eval_micro_batch == 16 and share != pytest.approx(result.mfu, rel=0.05)
+    assert result.eval_flops == pytest.approx(1000 * counts.counted_at(224, None, train=False))
+    assert result.eval_gpu_seconds == pytest.approx(result.eval_flops / (result.peak_tflops * 1e12 * share))
+    stated = estimate(config, mfu=0.3)
+    assert stated.eval_gpu_seconds == pytest.approx(result.eval_flops / (result.peak_tflops * 1e12 * 0.3))
+
+
 @pytest.mark.parametrize("options", ["8xa100_aws,,8xh100_aws", "8xa100_aws,", ","])
 def test_compare_refuses_an_empty_option_in_one_line(options, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's refusal of the flag's value: its usage and one line

@@ -10,6 +10,7 @@ estimate``). Read top to bottom:
   describes, at the shares its architecture generation's kernels reach (``generations.yaml``);
 - :mod:`~trainrun.estimate.loader`: the node's loaders, by their operations' costs on its CPUs;
 - :mod:`~trainrun.estimate.exchange`: what the GPUs exchange, as NCCL runs it, and what the compute hides;
+- :mod:`~trainrun.estimate.counts`: a step's and an evaluation's FLOPs, and the share of the peak they reach;
 - :mod:`~trainrun.estimate.schedule`: the run's phases along its schedule, evaluations and budgets;
 - :mod:`~trainrun.estimate.datasheets`: what trainrun has measured (``readings.yaml``).
 
@@ -321,6 +322,7 @@ def estimate(
     run_time = time_run(
         config, task, shape.text, shape.ranks, (mfu, peak_tflops), case_shape, traffic, memory.optimizer,
         memory.methods, micro_batch=shape.micro_batch, checkpointing=shape.checkpointing,
+        eval_micro_batch=shape.eval_micro_batch,
     )  # fmt: skip
     return assembled(config, shape, memory, run_time, fitting, notes, (steps, steps_source), share)
 

@@ -13,20 +13,17 @@ the methods and the loaders are trainrun's own.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from trainrun.algorithms import build_algorithms
 from trainrun.core.time import Time, Timeline, TimeUnit
 from trainrun.core.work import StepWork
 from trainrun.data.interface import TextFacts
+from trainrun.estimate.counts import FlopCounts, evaluation_flops, step_flops
 from trainrun.estimate.device import (
-    SEVERAL_GROUPS,
     Device,
     Gpus,
     Operation,
@@ -59,7 +56,6 @@ if TYPE_CHECKING:
     from trainrun.estimate.memory import MethodWork
 
 POINTS = 50  # the schedule is read at the middle of each fiftieth of the run
-COUNTED_SIZES = 6  # more distinct sizes than this: FLOPs counted at three, fitted by a quadratic in the size
 LINKS_NAMED = 0.1  # exchange the compute does not hide, as a share of it, that names the links the bottleneck
 
 
@@ -220,111 +216,10 @@ def phases_of(config: TrainConfig, work: StepWork) -> list[tuple[float, float, S
     return read
 
 
-class FlopCounts:
-    """FLOPs a sample of the run at each size a phase trains at, and the share of its GPU's peak a
-    micro-batch's operations reach there (its MFU), each found once a size (fitted where there are
-    many: a quadratic in the side or length is exact for FLOPs of convolutions and attention)."""
-
-    def __init__(
-        self,
-        config: TrainConfig,
-        task: Task,
-        text: TextFacts | None,
-        samples: int,
-        micro_batch: int,
-        checkpointing: str,
-    ) -> None:
-        self.config, self.task, self.text, self.samples, self.micro_batch = config, task, text, samples, micro_batch
-        self.checkpointing = checkpointing
-        self.counted: dict[tuple, float] = {}
-        self.utilisations: dict[tuple, float] = {}
-        self.several_groups: dict[tuple, float] = {}  # depthwise and grouped convolutions' share of the time
-
-    def sized(self, resolution: int | None, length: int | None) -> tuple[TrainConfig, TextFacts | None]:
-        """The run's config and text at ``resolution`` or ``length`` (None: as the run sets it)."""
-        config, text = self.config, self.text
-        if resolution is not None:
-            config = dataclasses.replace(config, data=dataclasses.replace(config.data, resolution=resolution))
-        if length is not None:
-            text = dataclasses.replace(text, max_seq_len=length)
-        return config, text
-
-    def counted_at(self, resolution: int | None, length: int | None, train: bool = True) -> float:
-        from trainrun.estimate.memory import pass_flops
-
-        key = (resolution, length, train)
-        if key not in self.counted:
-            config, text = self.sized(resolution, length)
-            self.counted[key] = pass_flops(config, self.task, text, self.samples, train) / self.samples
-        return self.counted[key]
-
-    def utilisation_at(self, resolution: int | None, length: int | None, device: Device) -> float:
-        """The share of ``device``'s peak a training micro-batch at ``resolution`` or ``length`` reaches:
-        its model FLOPs over its operations' time there (recompute included)."""
-        from trainrun.estimate.memory import pass_operations
-
-        key = (resolution, length, device)
-        if key not in self.utilisations:
-            config, text = self.sized(resolution, length)
-            operations = pass_operations(config, self.task, text, self.micro_batch, self.checkpointing)
-            model_flops = self.counted_at(resolution, length) * self.micro_batch
-            self.utilisations[key] = device.utilisation(operations, model_flops)
-            self.several_groups[key] = device.share_in(operations, SEVERAL_GROUPS)
-        return self.utilisations[key]
-
-    def training(self, works: list[StepWork]) -> list[float]:
-        """Forward-and-backward FLOPs a sample for each of ``works``."""
-        return self.by_size(works, self.counted_at)
-
-    def utilisation(self, works: list[StepWork], device: Device) -> list[float]:
-        """The share of ``device``'s peak each of ``works`` reaches."""
-        return self.by_size(works, lambda resolution, length: self.utilisation_at(resolution, length, device))
-
-    @staticmethod
-    def by_size(works: list[StepWork], found: Callable[[int | None, int | None], float]) -> list[float]:
-        """``found`` at each of ``works``' sizes, or at three of many and fitted by a quadratic in the size."""
-        sizes = sorted(
-            {(work.resolution, work.sequence_length) for work in works}, key=lambda size: size[0] or size[1] or 0
-        )
-        if len(sizes) <= COUNTED_SIZES:
-            return [found(work.resolution, work.sequence_length) for work in works]
-        ends = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
-        side = 0 if sizes[0][0] is not None else 1
-        fit = np.polyfit([size[side] for size in ends], [found(*size) for size in ends], 2)
-        return [float(np.polyval(fit, (work.resolution, work.sequence_length)[side])) for work in works]
-
-
-def step_flops(work: StepWork, per_sample: float, batch: int) -> float:
-    """A step's FLOPs (all ranks) under ``work``: its trained samples forward and backward (again for a
-    second pass), its scoring forwards at a third of that, at the share of pixels kept."""
-    trained = work.trained_share * (1 + work.extra_passes)
-    return batch * work.pixel_share * per_sample * (trained + work.scored_share / 3)
-
-
 def samples_an_epoch(config: TrainConfig) -> int:
     """Training samples an epoch: the data's, or each volume's crops (``samples_per_volume``)."""
     repeats = config.data.segmentation.samples_per_volume if crop_of(config) else 1
     return config.data.samples[0] * repeats
-
-
-def evaluation_flops(
-    config: TrainConfig, task: Task, counts: FlopCounts, images: bool, case_shape: list[int] | None, notes: list[str]
-) -> float:
-    """One evaluation's FLOPs (all ranks): the validation samples forward at the evaluation's
-    resolution, or each case's windows (segmentation); 0 where the validation set's size is not said."""
-    if len(config.data.samples) < 2 and not config.data.text.val_tokens:
-        notes.append("evaluation not counted: its size is not said (data.samples=[TRAIN,VAL])")
-        return 0.0
-    if hasattr(task, "windows_a_case"):
-        if case_shape is None:
-            notes.append("evaluation not counted: whole cases' windows need their shape (--case-shape D H W)")
-            return 0.0
-        return config.data.samples[1] * task.windows_a_case(case_shape) * counts.counted_at(None, None, train=False)
-    if config.data.samples:
-        side = config.data.eval_resolution if images else None
-        return config.data.samples[1] * counts.counted_at(side, None, train=False)
-    text = counts.text
-    return config.data.text.val_tokens / text.max_seq_len * counts.counted_at(None, text.max_seq_len, train=False)
 
 
 def gpus_of(
@@ -391,13 +286,14 @@ def time_run(
     *,
     micro_batch: int,
     checkpointing: str = "none",
+    eval_micro_batch: int = 1,
 ) -> RunTime:
     """The run's phases and evaluations on ``ranks`` GPUs, each micro-batch's operations (``micro_batch``,
     ``checkpointing``: a rank's) timed on the datasheet (or at ``stated``: ``--mfu``, ``--peak-tflops``),
     with a rank's work beside its passes, its loaders, and ``traffic`` the compute does not hide."""
     base = base_work(config, text)
     read = phases_of(config, base)
-    counts = FlopCounts(config, task, text, 2, micro_batch, checkpointing)
+    counts = FlopCounts(config, task, text, 2, micro_batch, checkpointing, eval_micro_batch)
     per_sample = counts.training([work for _, _, work in read])
     plain_sample = counts.counted_at(base.resolution, base.sequence_length)
     notes: list[str] = []
@@ -417,11 +313,10 @@ def time_run(
         phases.append(Phase(start, end, work.resolution, work.sequence_length, total, gpu, loader, link, exposed))
     timeline = timeline or budget_timeline(config, phases, notes)
     plain = plain_sample * config.train_batch_size
-    eval_flops = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
+    evaluation = evaluation_flops(config, task, counts, base.resolution is not None, case_shape, notes)
     plain_compute = gpus.compute_seconds(plain, ranks, plain_share) if plain_share else None
     exposed = traffic.exposed(config, plain_compute) if plain_compute else 0.0
     step = plain_compute + stepping + exposed if plain_compute else None
-    eval_gpu = gpus.compute_seconds(eval_flops, ranks, plain_share) if plain_share else None
     return RunTime(
         phases=phases,
         rate=gpus.described,
@@ -432,8 +327,8 @@ def time_run(
         steps=timeline.max_batches if timeline else None,
         step_flops=plain,
         step_seconds=step,
-        eval_flops=eval_flops,
-        eval_gpu_seconds=eval_gpu,
+        eval_flops=evaluation[0],
+        eval_gpu_seconds=counts.evaluation_seconds(*evaluation, gpus, ranks, plain_share),
         eval_loader_seconds=evaluation_loader_seconds(config, threads),
         eval_interval_steps=timeline.to_batches(config.eval_interval) if timeline else None,  # 0: epochs of no size
         notes=notes + loader_notes(config, threads),
