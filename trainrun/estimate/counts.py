@@ -32,7 +32,7 @@ class FlopCounts:
         samples: int,
         micro_batch: int,
         checkpointing: str,
-        eval_micro_batch: int = 1,
+        eval_micro_batch: int,
     ) -> None:
         self.config, self.task, self.text, self.samples, self.micro_batch = config, task, text, samples, micro_batch
         self.checkpointing = checkpointing

@@ -298,19 +298,19 @@ class OperationLog(TorchDispatchMode):
         packet, arguments = func.overloadpacket, func._schema.arguments
         flops = self.formulas[packet](*args, **kwargs, out_val=out) if packet in self.formulas else 0
         named = dict(zip((argument.name for argument in arguments), args)) | kwargs
-        written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
-        given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
-        fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
-        moved = float(_moved(packet, named, args, kwargs, written, fresh))
         kind, dims = kind_of(packet, args, out) if flops else (MEMORY, ())
         if kind == ATTENTION and named.get("is_causal"):  # the kernel skips the key blocks past the diagonal
             flops, dims = flops * CAUSAL_SHARE, (dims[0], max(1, round(dims[1] * CAUSAL_SHARE)), dims[2])
         compiled = self.regions is not None and self.regions.inside
-        if packet is aten.convolution_backward:
+        if packet is aten.convolution_backward:  # its kernels' bytes and tensors are their own
             self.operations.extend(
                 self._gradient_kernels(args, out, Operation(float(flops), 0.0, kind, dims, compiled))
             )
             return out
+        written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
+        given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
+        fresh = [value for value in pytree.tree_leaves(out) if id(value) not in given]
+        moved = float(_moved(packet, named, args, kwargs, written, fresh))
         if kind == MATMUL and self.float8 is not None and self.float8.inside:
             operands = sum(value.numel() for value in args if isinstance(value, torch.Tensor) and value.dim() == 2)
             self.operations.append(Operation(0.0, float(FLOAT8_CAST_BYTES * operands), compiled=compiled))

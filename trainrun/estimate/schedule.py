@@ -286,7 +286,7 @@ def time_run(
     *,
     micro_batch: int,
     checkpointing: str = "none",
-    eval_micro_batch: int = 1,
+    eval_micro_batch: int,
 ) -> RunTime:
     """The run's phases and evaluations on ``ranks`` GPUs, each micro-batch's operations (``micro_batch``,
     ``checkpointing``: a rank's) timed on the datasheet (or at ``stated``: ``--mfu``, ``--peak-tflops``),
