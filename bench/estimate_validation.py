@@ -21,6 +21,7 @@ estimate is the same at all of them, and is an assumption where it is not.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,8 @@ def estimated_with(row: dict[str, Any], extra: list[str]) -> Checked:
         per_step = config.train_batch_size * (config.data.text.max_seq_len if unit == "tokens/s" else 1)
         if published["over"] == "step":
             estimated = per_step / result.step_seconds
+        elif published["over"] == "evaluation":  # an evaluation's forward passes, its samples already on the GPU
+            estimated = config.data.samples[1] / result.eval_gpu_seconds
         else:  # the schedule's training time, evaluations left out
             seconds = sum((p["end"] - p["start"]) * result.schedule_steps * p["seconds"] for p in result.phases)
             estimated = per_step * result.schedule_steps / seconds
@@ -155,6 +158,10 @@ def verdict(item: Checked) -> str:
     """What a row is to the validation: a fit, a pass or a miss, counted or not, and why."""
     row = item.row
     if "fits" in row:
+        from trainrun.estimate.device import generations
+
+        if math.isinf(generations()[row["fits"]].convolution_intensity):
+            return f"fit ({row['fits']}'s convolutions: no traffic bound reaches the row, bench/fit_generations.py)"
         return f"fit ({row['fits']}'s convolutions, bench/fit_generations.py)"
     if "calibrates" in row:
         return "fit (a node's image workers' efficiency)"
@@ -221,9 +228,11 @@ def errors(checked: list[Checked]) -> dict[str, float | None]:
 
 
 def several_groups(checked: list[Checked]) -> dict[str, float]:
-    """The published step over the estimate's of each counted prediction whose estimate says its
-    depthwise and grouped convolutions' share: what that note says the validation shows."""
-    return {item.row["id"]: round(item.step_ratio, 2) for item in checked if item.counted and item.several_groups}
+    """The published step over the estimate's of each counted prediction of a step (not an evaluation's
+    forward passes) whose estimate says its depthwise and grouped convolutions' share: what that note
+    says the validation shows."""
+    steps = [item for item in checked if item.row["published"].get("over") != "evaluation"]
+    return {item.row["id"]: round(item.step_ratio, 2) for item in steps if item.counted and item.several_groups}
 
 
 def write_errors(checked: list[Checked]) -> None:

@@ -6,9 +6,10 @@ fit set, and nothing else:
   and selective checkpointing's policy time, by least squares on the log of each reading's step
   (the step as the estimate times it: a micro-batch's operations as many times as the step has
   micro-batches, the optimizer's operations, the methods' work beside the passes);
-- **ampere** on the one published row ``bench/published_times.yaml`` marks ``fits: ampere`` (FFCV's
-  ResNet-50 on A100s): hopper's shares with the one its operations decide, the convolutions', found
-  so that the row's whole estimate (loaders, evaluations, exchange and all) equals its figure.
+- **ampere** and **ada** each on the one published row ``bench/published_times.yaml`` marks ``fits:``
+  (FFCV's ResNet-50 on A100s; timm's ResNet-50 forward passes on an RTX 4090): hopper's shares with the
+  one a ResNet's operations decide, the convolutions', found so that the row's whole estimate (loaders,
+  evaluations, exchange and all) equals its figure.
 
 Every other row of ``bench/published_times.yaml`` is a prediction; tests/test_bench.py holds that no
 fit reads one.
@@ -136,28 +137,35 @@ def fit_hopper(steps: list[ReadStep]) -> Any:
     return generation("hopper", np.exp(solved.x), names)
 
 
-def fit_ampere(hopper: Any, row: dict[str, Any]) -> Any:
-    """Ampere: hopper's shares with the convolutions' intensity (what ``row``, a ResNet, decides) the one
-    that makes ``row``'s estimate its published figure (bisection on its log; the estimate falls as it grows)."""
+def fit_convolutions(hopper: Any, fitted: dict[str, Any], row: dict[str, Any]) -> Any:
+    """The generation ``row`` fits (a ResNet's run on it): hopper's shares with the convolutions'
+    intensity (what a ResNet decides) the one that makes ``row``'s estimate its published figure
+    (bisection on its log; the estimate's step falls as it grows); none (infinite) where the row ran
+    faster than its estimate without one: no traffic bound holds its convolutions there."""
     import trainrun.estimate.device as device
 
-    def scaled(intensity: float) -> Any:
-        note = f"{row['id']}: convolution fitted, the rest hopper's"
-        return dataclasses.replace(hopper, name="ampere", convolution_intensity=intensity, fitted_on=(note,))
+    name = row["fits"]
 
-    def ratio(intensity: float) -> float:
+    def scaled(intensity: float) -> Any:
+        found = "no convolution traffic bound reaches it" if math.isinf(intensity) else "convolution fitted"
+        note = f"{row['id']}: {found}, the rest hopper's"
+        return dataclasses.replace(hopper, name=name, convolution_intensity=intensity, fitted_on=(note,))
+
+    def step_ratio(intensity: float) -> float:
         original = device.generations
-        device.generations = lambda: {"hopper": hopper, "ampere": scaled(intensity)}
+        device.generations = lambda: {**fitted, name: scaled(intensity)}
         try:
-            return estimate_row(row).ratio
+            return estimate_row(row).step_ratio
         finally:
             device.generations = original
 
+    if step_ratio(math.inf) < 1:
+        return scaled(math.inf)
     bound = PARAMETERS.index("convolution_intensity")
     low, high = math.log(LOWER[bound]), math.log(UPPER[bound])
     for _ in range(12):
         middle = (low + high) / 2
-        low, high = (middle, high) if ratio(math.exp(middle)) > 1 else (low, middle)
+        low, high = (low, middle) if step_ratio(math.exp(middle)) > 1 else (middle, high)
     return scaled(math.exp((low + high) / 2))
 
 
@@ -190,9 +198,10 @@ def main() -> int:
     hopper = fit_hopper([step for step, rate in zip(steps, rates().gpu, strict=True) if rate.fit])
     for step in steps:
         print(f"{step.name}: measured {step.measured_s * 1e3:.1f} ms, fitted {step.predicted(hopper) * 1e3:.1f} ms")
-    (row,) = [row for row in rows() if row.get("fits") == "ampere"]
-    ampere = fit_ampere(hopper, row)
-    fitted = {"hopper": hopper, "ampere": ampere}
+    fitted = {"hopper": hopper}
+    for row in rows():
+        if "fits" in row:
+            fitted[row["fits"]] = fit_convolutions(hopper, fitted, row)
     print(yaml.safe_dump(as_yaml(fitted), sort_keys=False, width=200))
     if args.write:
         write(fitted)

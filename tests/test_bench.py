@@ -415,15 +415,19 @@ def test_a_rows_unknown_setting_is_counted_only_where_it_does_not_change_the_est
 @pytest.mark.slow
 def test_the_estimate_holds_every_published_row_and_the_documented_table(monkeypatch):
     """bench/published_times.yaml through trainrun estimate: each fit row reproduces its figure within
-    1 %, at most one published row a generation is a fit, the counted predictions within 25 % are no
+    1 % (or, where its generation's convolutions have no traffic bound, is slower than its figure),
+    at most one published row a generation is a fit, the counted predictions within 25 % are no
     fewer than before; docs/estimate.md's table is this run's."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import estimate_validation
 
+    from trainrun.estimate.device import generations
+
     checked = [estimate_validation.estimate_row(row) for row in estimate_validation.rows()]
     fits = [item for item in checked if {"fits", "calibrates"} & item.row.keys()]
-    for item in fits:
-        assert item.ratio == pytest.approx(1, abs=0.01), item.row["id"]
+    for item in fits:  # or, where no traffic bound reaches it, it ran faster than its estimate without one
+        unbounded = "fits" in item.row and math.isinf(generations()[item.row["fits"]].convolution_intensity)
+        assert item.step_ratio < 1 if unbounded else item.ratio == pytest.approx(1, abs=0.01), item.row["id"]
     generations = [item.row["fits"] for item in fits if "fits" in item.row]
     assert len(generations) == len(set(generations))
     counted = [item for item in checked if item.counted]
@@ -477,7 +481,7 @@ def test_forward_backward_bench_splits_a_timm_models_error_between_its_forward_a
     settings = [
         dict(item.split("=") for item in row["settings"]) | row["published"]
         for row in rows
-        if row["id"].startswith("timm_3090_")
+        if row["id"].startswith("timm_3090_") and row["published"]["over"] == "step"
     ]
     validated = {row["model.arch"]: (row["rate"], int(row["train_batch_size"])) for row in settings}
     shared = validated.keys() & PUBLISHED.keys()
@@ -489,7 +493,7 @@ def test_forward_backward_bench_splits_a_timm_models_error_between_its_forward_a
     assert 0.8 < forward < 1.2 and step > forward and published > 4 > estimated > 3
 
 
-COUNTED_WITHIN_GOAL = 25  # counted predictions within 25 % of their figures: never fewer
+COUNTED_WITHIN_GOAL = 36  # counted predictions within 25 % of their figures: never fewer
 RECIPES = sorted(path.stem for path in (ROOT / "recipes").glob("*.yaml"))
 ON_ONE_GPU = {"unet3d_brats": "nnU-Net's batch of 2 trains on one GPU: 8 ranks are refused in one line"}
 

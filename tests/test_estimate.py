@@ -449,7 +449,7 @@ def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_
     so; one that names a GPU without those facts is refused naming the missing ones."""
     group = tmp_path / "hardware" / "mygpu.yaml"
     group.parent.mkdir()
-    datasheet = ["device_memory_gb: 48", "peak_tflops: 362", "memory_gb_s: 864", "architecture: ada"]
+    datasheet = ["device_memory_gb: 48", "peak_tflops: 362", "memory_gb_s: 864", "architecture: turing"]
     node = ["cpu_cores: 32", "cpu_speed: 1.0", "devices: 1"]
     group.write_text("\n".join(["name: mygpu", "gpu: l40s", *datasheet, *node]) + "\n")
     args = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "precision=bf16", "-cd", str(tmp_path)]
@@ -457,7 +457,7 @@ def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_
     result = run_estimate(*args, "--json")
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)
-    assert estimate["rate_basis"] == "datasheet, unfitted generation (ada: ampere's shares)"
+    assert estimate["rate_basis"] == "datasheet, unfitted generation (turing: ampere's shares)"
     assert "l40s from the datasheet: 362 TFLOP/s" in estimate["rate"] and estimate["step_seconds"] > 0
     group.write_text("\n".join(["name: mygpu", "gpu: l40s", "peak_tflops: 362", *node]) + "\n")
     refused = run_estimate(*args)
@@ -466,8 +466,8 @@ def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_
 
 
 def test_every_shipped_group_states_its_gpus_datasheet():
-    """Each shipped group's memory and generation are its vendor's datasheet's (its peaks: the test
-    above, against the GPU bench's table)."""
+    """Each shipped group's memory, generation and, on a GeForce part, its tensor cores' full rate are
+    its vendor's datasheet's (its peaks: the test above, against the GPU bench's table)."""
     import yaml
 
     datasheets = {  # GB/s by memory size (GB), architecture
@@ -477,7 +477,9 @@ def test_every_shipped_group_states_its_gpus_datasheet():
         "b200": ({180: 8000}, "blackwell"),
         "mi355x": ({288: 8000}, "cdna4"),
         "rtx3090": ({24: 936}, "ampere"),
+        "rtx4090": ({24: 1008}, "ada"),
     }
+    full_rates = {"rtx3090": 142.0, "rtx4090": 330.3}  # a GeForce part's FP16-accumulate rate: twice its peak
     for path in sorted((ROOT / "conf" / "hardware").glob("*.yaml")):
         group = yaml.safe_load(path.read_text())
         if "gpu" not in group:
@@ -485,6 +487,7 @@ def test_every_shipped_group_states_its_gpus_datasheet():
         bandwidths, architecture = datasheets[group["gpu"]]
         assert group["architecture"] == architecture, path.name
         assert group["memory_gb_s"] == bandwidths[group["device_memory_gb"]], path.name
+        assert group.get("peak_fp16_accumulate_tflops") == full_rates.get(group["gpu"]), path.name
 
 
 def test_the_steps_to_a_target_can_come_from_finished_runs_of_the_recipe(tmp_path):
@@ -864,6 +867,25 @@ def test_a_convolution_is_never_faster_than_its_kernels_traffic_nor_than_a_matri
     assert fast_compute.operation_seconds(convolution._replace(kind=MATMUL)) == pytest.approx(0.002)
     balanced = Device(1e13, 1000, hopper_like(convolution_intensity=100))
     assert balanced.operation_seconds(convolution) == pytest.approx(0.2)
+
+
+def test_a_geforce_parts_products_are_fed_for_its_tensor_cores_full_rate_and_bounded_by_its_peak():
+    """A part whose peak (FP32 accumulate, as torch computes) is half its tensor cores' full rate, an
+    RTX 3090's 71 of 142 TFLOP/s, computes a large product at its peak where a part whose peak is its
+    full rate reaches its share of it (here 60 %); a narrow product, fed at its share of the full
+    rate less for its shape, twice as fast as there. Float32 runs without the full rate."""
+    from trainrun.estimate.device import Device, device_of
+    from trainrun.estimate.operations import MATMUL, Operation
+
+    large, narrow = Operation(2e12, 1.0, MATMUL, (1 << 20,) * 3), Operation(2e12, 1.0, MATMUL, (32, 1 << 30, 1 << 30))
+    shares = hopper_like(matmul=0.6, half_dimension=32)
+    geforce, datacentre = Device(71e12, 1000, shares, full_rate_flops=142e12), Device(71e12, 1000, shares)
+    assert geforce.operation_seconds(large) == pytest.approx(2e12 / 71e12, rel=1e-5)
+    assert datacentre.operation_seconds(large) == pytest.approx(2e12 / (0.6 * 71e12), rel=1e-3)
+    assert datacentre.operation_seconds(narrow) == pytest.approx(2 * geforce.operation_seconds(narrow), rel=1e-5)
+    rtx3090 = ["model=resnet_small", "data=synthetic", "hardware=1xrtx3090"]
+    assert device_of(validate(compose([*rtx3090, "precision=amp"]), files=False)).full_rate_flops == 142e12
+    assert device_of(validate(compose([*rtx3090, "precision=fp32"]), files=False)).full_rate_flops is None
 
 
 def test_a_grouped_convolutions_backward_counts_its_forwards_flops_for_each_gradient():

@@ -21,6 +21,8 @@ class HardwareConfig:
     peak_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # a device's dense bf16 peak
     peak_fp32_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # float32, no TF32
     peak_fp8_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})  # its dense float8 peak
+    # a GeForce part's dense fp16 with FP16 accumulate: its tensor cores' full rate, twice peak_tflops
+    peak_fp16_accumulate_tflops: float | None = field(default=None, metadata={"exclusive_min": 0})
     memory_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s of a device's memory
     gpu: str | None = None  # the device's name (h100, a100, ...); trainrun/estimate/readings.yaml's where measured
     architecture: str | None = None  # its generation (ampere, hopper, blackwell, ...): whose shares time it

@@ -5,8 +5,10 @@ reads and writes, its kind and the dimensions that decide how well it runs). Eac
 run's GPU as described by its hardware group's datasheet (:class:`Device`: the dense peak at the
 run's precision, the memory bandwidth, the architecture):
 
-- matrix products on the tensor cores, at the share of the peak a large one reaches (``matmul``),
-  less as each of its GEMM dimensions shrinks: a factor ``d / (d + half_dimension)`` a dimension;
+- matrix products on the tensor cores, at the share of their full rate a large one is fed at
+  (``matmul``), less as each of its GEMM dimensions shrinks: a factor ``d / (d + half_dimension)``
+  a dimension; never faster than the peak at the run's precision, which is the full rate but on a
+  GeForce part, whose FP32-accumulate products run at half of it (``peak_fp16_accumulate_tflops``);
 - convolutions as the same products (their implicit GEMM, per group), but never faster than their
   kernels' traffic allows: ``convolution_intensity`` FLOPs for each byte at the memory's share of the
   bandwidth. cuDNN's implicit GEMMs re-read their tiles, so a GPU whose peak outruns its memory (an
@@ -129,17 +131,19 @@ class Device:
     compiled: bool = False
     checkpoint_policy: bool = False
     float8_flops: float | None = None  # the float8 peak (FLOP/s); None: float8 products at the peak
+    full_rate_flops: float | None = None  # the tensor cores' full rate where the peak is half of it; None: the peak
 
     def operation_seconds(self, operation: Operation) -> float:
-        """The GPU's time of ``operation``: the slower of its FLOPs at its share of the peak and its
-        bytes at the memory's share of the bandwidth."""
+        """The GPU's time of ``operation``: the slowest of its FLOPs as its kernel is fed (its share of
+        the full rate, less for narrow shapes), its FLOPs at the peak, and its bytes at the memory's
+        share of the bandwidth."""
         generation = self.generation
         moving = operation.moved / (self.bandwidth_gb_s * GB * generation.memory)
-        computing = 0.0
-        if operation.flops and operation.kind not in (MEMORY, DEPTHWISE):
-            shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
-            computing = operation.flops / (self.rate(operation.kind) * shape)
-        return max(computing, moving)
+        if not operation.flops or operation.kind in (MEMORY, DEPTHWISE):
+            return moving
+        shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
+        peak = (self.float8_flops or self.peak_flops) if operation.kind == FLOAT8 else self.peak_flops
+        return max(operation.flops / (self.rate(operation.kind) * shape), operation.flops / peak, moving)
 
     def issue_seconds(self) -> float:
         """The host's time to issue a kernel: the floor an operation costs (dispatch and launch), and
@@ -147,14 +151,19 @@ class Device:
         return self.generation.floor_s + (self.generation.policy_s if self.checkpoint_policy else 0.0)
 
     def rate(self, kind: str) -> float:
-        """The FLOP/s a large operation of ``kind`` (matmul, convolution, attention) reaches here."""
+        """The FLOP/s a large operation of ``kind`` (matmul, convolution, attention) is fed at here: its
+        kind's share of the tensor cores' full rate (a convolution never faster than its kernels'
+        traffic allows). Where the run's precision computes at half that rate (a GeForce part's
+        FP32-accumulate products), the same kernels keep the halved tensor cores busy, and the peak
+        bounds an operation instead (:meth:`operation_seconds`)."""
         generation = self.generation
-        if kind in (CONVOLUTION, GROUPED):
-            traffic = self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity
-            return min(self.peak_flops * generation.matmul, traffic)
         if kind == FLOAT8:
             return (self.float8_flops or self.peak_flops) * generation.matmul
-        return self.peak_flops * (generation.attention if kind == ATTENTION else generation.matmul)
+        share = generation.attention if kind == ATTENTION else generation.matmul
+        fed = (self.full_rate_flops or self.peak_flops) * share
+        if kind in (CONVOLUTION, GROUPED):
+            return min(fed, self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity)
+        return fed
 
     def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
         """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled):
@@ -261,7 +270,16 @@ def device_of(config: TrainConfig, peak_tflops: float | None = None) -> Device |
         compiled=config.compile,
         checkpoint_policy=config.parallel.activation_checkpointing == "selective" and not config.compile,
         float8_flops=hardware.peak_fp8_tflops * 1e12 if hardware.peak_fp8_tflops else None,
+        full_rate_flops=full_rate_at(config) if peak_tflops is None else None,
     )
+
+
+def full_rate_at(config: TrainConfig) -> float | None:
+    """The tensor cores' full rate (FLOP/s) where the run's products compute at half of it: a
+    GeForce part's FP16-accumulate peak under amp or bf16 (its FP32-accumulate rate, torch's, is
+    half); None where the peak is the full rate, and for float32, which runs without them."""
+    full = config.hardware.peak_fp16_accumulate_tflops
+    return full * 1e12 if full and config.precision != "fp32" else None
 
 
 def basis_of(config: TrainConfig, device: Device) -> str:

@@ -250,8 +250,9 @@ def gpus_of(
     notes.extend(several_groups_notes(max(counts.several_groups.values(), default=0.0)))
     hardware, generation = config.hardware, device.generation
     fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {', '.join(generation.fitted_on)})"
+    full = f" (its tensor cores' full rate {device.full_rate_flops / 1e12:g})" if device.full_rate_flops else ""
     described = (
-        f"{hardware.gpu or hardware.name} from the datasheet: {peak:g} TFLOP/s at {config.precision}, "
+        f"{hardware.gpu or hardware.name} from the datasheet: {peak:g} TFLOP/s at {config.precision}{full}, "
         f"{hardware.memory_gb_s:g} GB/s, {fitted}"
     )
     return Gpus(device, peak, described, basis_of(config, device), shares)
