@@ -1,7 +1,8 @@
 """``trainrun estimate`` against figures nobody here wrote (``bench/published_times.yaml``): each row's
-published minutes or rate beside the estimate's from the same settings, their ratio, how its GPUs
-were timed and what held each run back, grouped by what the row predicts that the fit did not see
-(``kind``: another schedule, recipe, model, shape, GPU, node or node count).
+published minutes or rate (of a training step, or of an evaluation's forward passes) beside the
+estimate's from the same settings, their ratio, how its GPUs were timed and what held each run back,
+grouped by what the row predicts that the fit did not see (``kind``: another schedule, recipe,
+model, shape, GPU, node or node count).
 
 A row marked ``fits`` is in a generation's fit set (``bench/fit_generations.py``) or fits the loader's
 efficiency (``calibrates``): it is shown, never counted. Every other row is a prediction, within 25 %

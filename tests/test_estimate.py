@@ -446,7 +446,8 @@ def test_each_generation_is_fitted_on_its_declared_fit_set_and_no_prediction_row
 
 def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_line(tmp_path):
     """A group of the user's own that states a GPU's datasheet and no reading is timed from it, saying
-    so; one that names a GPU without those facts is refused naming the missing ones."""
+    so; one that names a GPU without those facts is refused naming the missing ones, and one whose
+    tensor cores' full rate is below its peak naming that key."""
     group = tmp_path / "hardware" / "mygpu.yaml"
     group.parent.mkdir()
     datasheet = ["device_memory_gb: 48", "peak_tflops: 362", "memory_gb_s: 864", "architecture: turing"]
@@ -463,6 +464,10 @@ def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_
     refused = run_estimate(*args)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "mygpu names gpu l40s but states no memory_gb_s, device_memory_gb, architecture" in refused.stderr
+    group.write_text("\n".join(["name: mygpu", "gpu: l40s", *datasheet, "peak_fp16_accumulate_tflops: 181", *node]))
+    below = run_estimate(*args)
+    assert below.returncode == 2 and len(below.stderr.strip().splitlines()) == 1
+    assert "'hardware.peak_fp16_accumulate_tflops': 181 is below peak_tflops 362" in below.stderr
 
 
 def test_every_shipped_group_states_its_gpus_datasheet():

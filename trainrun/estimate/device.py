@@ -239,13 +239,20 @@ def datasheet_gaps(config: TrainConfig) -> list[str]:
 
 
 def check_datasheet(config: TrainConfig) -> None:
-    """A hardware group that names a GPU states its datasheet (:data:`DATASHEET_FACTS`)."""
+    """A hardware group that names a GPU states its datasheet (:data:`DATASHEET_FACTS`), and a
+    tensor cores' full rate no lower than its peak."""
     hardware = config.hardware
     missing = datasheet_gaps(config)
     if hardware.gpu is not None and missing:
         raise ConfigError(
             f"bad value for 'hardware': {hardware.name} names gpu {hardware.gpu} but states no "
             f"{', '.join(missing)}, which time a step from its datasheet (set hardware.{missing[0]}=...)"
+        )
+    full, peak = hardware.peak_fp16_accumulate_tflops, hardware.peak_tflops
+    if full is not None and peak is not None and full < peak:
+        raise ConfigError(
+            f"bad value for 'hardware.peak_fp16_accumulate_tflops': {full:g} is below peak_tflops {peak:g}; it is "
+            "the tensor cores' full rate (a GeForce part's FP16-accumulate figure, twice its peak_tflops)"
         )
 
 
