@@ -22,7 +22,6 @@ estimate is the same at all of them, and is an assumption where it is not.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +160,7 @@ def verdict(item: Checked) -> str:
     if "fits" in row:
         from trainrun.estimate.device import generations
 
-        if math.isinf(generations()[row["fits"]].convolution_intensity):
+        if not generations()[row["fits"]].traffic_bound:
             return f"fit ({row['fits']}'s convolutions: no traffic bound reaches the row, bench/fit_generations.py)"
         return f"fit ({row['fits']}'s convolutions, bench/fit_generations.py)"
     if "calibrates" in row:

@@ -76,7 +76,7 @@ class Generation:
 
     name: str
     matmul: float
-    convolution_intensity: float  # a convolution's FLOPs a byte of its traffic at the memory's share
+    convolution_intensity: float  # a convolution's FLOPs a byte of its traffic at the memory's share (inf: none)
     attention: float
     memory: float
     half_dimension: float
@@ -84,6 +84,11 @@ class Generation:
     policy_s: float
     fitted_on: tuple[str, ...]  # the fit set's rows
     borrowed_from: str | None = None  # an unfitted generation timed with this fitted one's shares
+
+    @property
+    def traffic_bound(self) -> bool:
+        """Whether its convolutions are bounded by their kernels' traffic (a fit may find no intensity)."""
+        return math.isfinite(self.convolution_intensity)
 
 
 @functools.cache
@@ -142,8 +147,8 @@ class Device:
         if not operation.flops or operation.kind in (MEMORY, DEPTHWISE):
             return moving
         shape = math.prod(dim / (dim + generation.half_dimension) for dim in operation.dims)
-        peak = (self.float8_flops or self.peak_flops) if operation.kind == FLOAT8 else self.peak_flops
-        return max(operation.flops / (self.rate(operation.kind) * shape), operation.flops / peak, moving)
+        fed = operation.flops / (self.rate(operation.kind) * shape)
+        return max(fed, operation.flops / self.peak(operation.kind), moving)
 
     def issue_seconds(self) -> float:
         """The host's time to issue a kernel: the floor an operation costs (dispatch and launch), and
@@ -157,13 +162,16 @@ class Device:
         FP32-accumulate products), the same kernels keep the halved tensor cores busy, and the peak
         bounds an operation instead (:meth:`operation_seconds`)."""
         generation = self.generation
-        if kind == FLOAT8:
-            return (self.float8_flops or self.peak_flops) * generation.matmul
-        share = generation.attention if kind == ATTENTION else generation.matmul
-        fed = (self.full_rate_flops or self.peak_flops) * share
+        full = self.peak(kind) if kind == FLOAT8 else self.full_rate_flops or self.peak_flops
+        fed = full * (generation.attention if kind == ATTENTION else generation.matmul)
         if kind in (CONVOLUTION, GROUPED):
             return min(fed, self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity)
         return fed
+
+    def peak(self, kind: str) -> float:
+        """The dense peak (FLOP/s) an operation of ``kind`` computes at: the float8 one for a float8
+        product where the datasheet states it, else the run precision's."""
+        return (self.float8_flops or self.peak_flops) if kind == FLOAT8 else self.peak_flops
 
     def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
         """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled):
