@@ -69,6 +69,7 @@ PEAK_TFLOPS = {
     "AMD Instinct MI355X": (157.3, 157.3, 2516.6),  # AMD's MI355X product brief: no TF32; dense bf16
     "NVIDIA GeForce RTX 3090": (35.6, 35.6, 71.0),  # GA102 whitepaper: fp16/bf16 with FP32 accumulate, dense
     "NVIDIA GeForce RTX 4090": (82.6, 82.6, 165.2),  # Ada whitepaper: fp16/bf16 with FP32 accumulate, dense
+    "NVIDIA GeForce RTX 5090": (104.8, 104.8, 209.5),  # RTX Blackwell whitepaper: fp16/bf16 with FP32 accumulate, dense
 }
 SCHEDULE_EPOCHS = 10  # the full step is timed in the last of these: 90-100 % of the schedule
 RECIPE_ALGORITHMS = {

@@ -483,8 +483,10 @@ def test_every_shipped_group_states_its_gpus_datasheet():
         "mi355x": ({288: 8000}, "cdna4"),
         "rtx3090": ({24: 936}, "ampere"),
         "rtx4090": ({24: 1008}, "ada"),
+        "rtx5090": ({32: 1792}, "rtx_blackwell"),
     }
-    full_rates = {"rtx3090": 142.0, "rtx4090": 330.3}  # a GeForce part's FP16-accumulate rate: twice its peak
+    # a GeForce part's FP16-accumulate rate: twice its peak
+    full_rates = {"rtx3090": 142.0, "rtx4090": 330.3, "rtx5090": 419.0}
     for path in sorted((ROOT / "conf" / "hardware").glob("*.yaml")):
         group = yaml.safe_load(path.read_text())
         if "gpu" not in group:

@@ -7,6 +7,7 @@ and evaluation, straight into it (one copy), sparing the first convolution a lay
 """
 
 import torch
+from torch import nn
 
 from trainrun.core.engine import Algorithm
 from trainrun.core.events import Event
@@ -18,7 +19,15 @@ class ChannelsLast(Algorithm):
     events = frozenset({Event.INIT})
 
     def apply(self, event: Event, state: State) -> None:
-        volumetric = any(parameter.dim() == 5 for parameter in state.model.parameters())  # 3-D convolutions
-        memory_format = torch.channels_last_3d if volumetric else torch.channels_last
-        state.model.to(memory_format=memory_format)
-        state.memory_format = memory_format
+        state.memory_format = memory_format_for(state.model)
+        state.model.to(memory_format=state.memory_format)
+
+    def rebuild(self, model: nn.Module) -> None:
+        """The model laid out as the run's (``trainrun estimate`` times its convolutions in it)."""
+        model.to(memory_format=memory_format_for(model))
+
+
+def memory_format_for(model: nn.Module) -> torch.memory_format:
+    """NHWC, or NDHWC where the model has 3-D convolutions."""
+    volumetric = any(parameter.dim() == 5 for parameter in model.parameters())
+    return torch.channels_last_3d if volumetric else torch.channels_last

@@ -37,6 +37,7 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
+from trainrun.estimate.layout import TRANSPOSE, batch_format, inductor_lays_out_channels_last
 from trainrun.estimate.operations import (
     AsFusedAttention,
     AsGpuAutocast,
@@ -182,7 +183,7 @@ class _Rank:
         device, and what the task keeps on the host (its ``host_keys``: counts the host reads) real."""
         from torch._guards import detect_fake_mode
 
-        state = BatchPlace(torch.device("cpu"), torch.contiguous_format)
+        state = BatchPlace(torch.device("cpu"), batch_format(self.model))
         inputs, targets, _ = self.task.batch(example, state)
         mode, host = detect_fake_mode(), getattr(self.task, "host_keys", ())
 
@@ -363,7 +364,8 @@ def pass_operations(
     (:func:`~trainrun.core.compiled.compiled_regions`, and the loss where
     :func:`~trainrun.core.compiled.compiles_loss`), and under precision=fp8 the products of the layers
     torchao trains in float8 as float8 products with their casts
-    (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`)."""
+    (:data:`~trainrun.estimate.operations.FLOAT8_CAST_BYTES`); a channels-first convolution with cuDNN's
+    transposes, but in a graph inductor lays out channels-last (:mod:`trainrun.estimate.layout`)."""
     from trainrun.core.compiled import compiled_regions, compiles_loss
     from trainrun.core.precision import float8_eligible
     from trainrun.models.flex import as_fused_kernel
@@ -383,7 +385,9 @@ def pass_operations(
 
     with AsFusedAttention(text.real_token_share if text else None), AsGpuAutocast(), as_fused_kernel():
         _fake_pass(config, task, text, samples, train, log, checkpointing, watch)
-    return log.operations
+    if not inductor_lays_out_channels_last(log.convolutions, inference=not train):
+        return log.operations
+    return [item for item in log.operations if not (item.kind == TRANSPOSE and item.compiled)]
 
 
 def _fake_pass(

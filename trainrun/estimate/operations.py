@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from trainrun.estimate.layout import TRANSPOSE, Convolution, channels_first
 from trainrun.models.flex import CAUSAL_SHARE
 
 MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "memory"
@@ -284,6 +285,7 @@ class OperationLog(TorchDispatchMode):
         self.formulas = {**flop_registry, **custom}
         self.storages: dict[int, int] = {}  # a storage's address to its serial (compiled runs: regions given)
         self.serials = itertools.count(1)
+        self.convolutions: list[Convolution] = []  # the compiled ones, which inductor lays out
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -303,9 +305,8 @@ class OperationLog(TorchDispatchMode):
             flops, dims = flops * CAUSAL_SHARE, (dims[0], max(1, round(dims[1] * CAUSAL_SHARE)), dims[2])
         compiled = self.regions is not None and self.regions.inside
         if packet is aten.convolution_backward:  # its kernels' bytes and tensors are their own
-            self.operations.extend(
-                self._gradient_kernels(args, out, Operation(float(flops), 0.0, kind, dims, compiled))
-            )
+            kernels = self._gradient_kernels(args, out, Operation(float(flops), 0.0, kind, dims, compiled))
+            self.operations.extend(self._with_transposes(kernels, args[1], args[2], args[4]))
             return out
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
@@ -317,7 +318,21 @@ class OperationLog(TorchDispatchMode):
             kind, moved = FLOAT8, moved / 2  # float8 operands: half bf16's bytes
         accesses = self._accesses(packet, named, args, kwargs, written, fresh) if self.regions is not None else ()
         self.operations.append(Operation(float(flops), moved, kind, dims, compiled, *accesses))
+        if packet is aten.convolution:  # with its transposes; a compiled one noted for inductor's layout
+            kernel = self.operations.pop()
+            self.operations.extend(self._with_transposes([kernel], args[0], args[1], args[3]))
+            if compiled:
+                self.convolutions.append(Convolution(tuple(args[1].shape), args[8], kernel.flops))
         return out
+
+    @staticmethod
+    def _with_transposes(kernels: list[Operation], x: torch.Tensor, weight: torch.Tensor, stride: list) -> list:
+        """A convolution's ``kernels`` with cuDNN's transposes after each product where its input ``x``
+        is channels-first (:func:`channels_first`; not a depthwise one's): what it reads and writes, again."""
+        if kernels[0].kind == DEPTHWISE or not channels_first(x, weight, stride):
+            return kernels
+        again = [Operation(0.0, 2 * item.moved, TRANSPOSE, compiled=item.compiled) for item in kernels if item.flops]
+        return [*kernels, *again]
 
     def _gradient_kernels(self, args: tuple, out: tuple, backward: Operation) -> list[Operation]:
         """A convolution's ``backward`` as its kernels (cuDNN's, and torch's for a depthwise one): one for
