@@ -64,15 +64,24 @@ def matmul(m: int, n: int, k: int) -> Case:
 
 
 def convolution(
-    batch: int, channels: int, out: int, side: int, kernel: int, groups: int = 1, backward: bool = True
+    batch: int,
+    channels: int,
+    out: int,
+    side: int,
+    kernel: int,
+    groups: int = 1,
+    *,
+    backward: bool = True,
+    last: bool = True,
 ) -> Case:
-    """A convolution's forward and backward (both gradients), channels-last, as a training step runs it;
-    its forward alone where not ``backward``."""
+    """A convolution's forward and backward (both gradients), channels-last (channels-first where not
+    ``last``), as a training step runs it; its forward alone where not ``backward``."""
+    layout = torch.channels_last if last else torch.contiguous_format
 
     def build(device: torch.device, dtype: torch.dtype) -> tuple:
-        x = torch.randn(batch, channels, side, side, device=device, dtype=dtype).to(memory_format=torch.channels_last)
+        x = torch.randn(batch, channels, side, side, device=device, dtype=dtype).to(memory_format=layout)
         weight = torch.randn(out, channels // groups, kernel, kernel, device=device, dtype=dtype)
-        return x.requires_grad_(), weight.to(memory_format=torch.channels_last).requires_grad_()
+        return x.requires_grad_(), weight.to(memory_format=layout).requires_grad_()
 
     def run(x: torch.Tensor, weight: torch.Tensor) -> None:
         if not backward:
@@ -82,7 +91,8 @@ def convolution(
         F.conv2d(x, weight, padding=kernel // 2, groups=groups).sum().backward()
 
     kind = "depthwise" if groups == channels else "grouped" if groups > 1 else "convolution"
-    shape = f"{batch} x {channels}->{out} x {side}^2, {kernel}x{kernel}, groups {groups}"
+    layout_words = "" if last else ", channels-first"
+    shape = f"{batch} x {channels}->{out} x {side}^2, {kernel}x{kernel}, groups {groups}{layout_words}"
     return Case(shape if backward else f"{shape}, forward", kind, build, run)
 
 
@@ -117,11 +127,13 @@ OPERATIONS = [
     matmul(8192, 768, 768),  # GPT-2 125M's projection, 8 x 1,024 tokens
     matmul(100352, 64, 64),  # a narrow product
     convolution(256, 64, 64, 56, 3),  # ResNet-50's first stage
+    convolution(256, 64, 64, 56, 3, last=False),  # the same channels-first: cuDNN's transposes
     convolution(256, 256, 64, 56, 1),
     convolution(256, 512, 512, 7, 3),  # its last stage
     convolution(256, 96, 96, 56, 7, groups=96),  # ConvNeXt-T's depthwise 7 x 7
     convolution(512, 120, 120, 28, 3, groups=5),  # RegNetY-1.6GF's grouped 3 x 3 (24 channels a group)
     convolution(512, 120, 120, 28, 3, groups=5, backward=False),
+    convolution(512, 120, 120, 28, 3, groups=5, backward=False, last=False),  # channels-first: its products' time
     convolution(512, 48, 48, 56, 3, groups=2),  # its first stage's: 2 groups
     convolution(512, 144, 144, 56, 3, groups=144),  # EfficientNet-B0's depthwise 3 x 3 (its second stage)
     convolution(512, 144, 144, 56, 3, groups=144, backward=False),

@@ -460,6 +460,7 @@ def test_a_gpu_is_timed_from_its_datasheet_and_one_without_it_is_refused_in_one_
     estimate = json.loads(result.stdout)
     assert estimate["rate_basis"] == "datasheet, unfitted generation (turing: ampere's shares)"
     assert "l40s from the datasheet: 362 TFLOP/s" in estimate["rate"] and estimate["step_seconds"] > 0
+    assert "ampere's shares (fitted on " in estimate["rate"] and "; turing has no fit of its own)" in estimate["rate"]
     group.write_text("\n".join(["name: mygpu", "gpu: l40s", "peak_tflops: 362", *node]) + "\n")
     refused = run_estimate(*args)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1

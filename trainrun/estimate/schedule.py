@@ -249,7 +249,9 @@ def gpus_of(
     shares = counts.utilisation(works, device)
     notes.extend(several_groups_notes(max(counts.several_groups.values(), default=0.0)))
     hardware, generation = config.hardware, device.generation
-    fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {', '.join(generation.fitted_on)})"
+    fitted_on = ", ".join(generation.fitted_on)
+    unfitted = f"; {generation.name} has no fit of its own" if generation.borrowed_from else ""
+    fitted = f"{generation.borrowed_from or generation.name}'s shares (fitted on {fitted_on}{unfitted})"
     full = f" (its tensor cores' full rate {device.full_rate_flops / 1e12:g})" if device.full_rate_flops else ""
     described = (
         f"{hardware.gpu or hardware.name} from the datasheet: {peak:g} TFLOP/s at {config.precision}{full}, "
