@@ -16,11 +16,13 @@ def logged(layer: torch.nn.Module, x: torch.Tensor, backward: bool = False) -> l
     log = OperationLog()
     with FakeTensorMode(allow_non_fake_inputs=True):
         x = x.detach().requires_grad_(backward)
-        with log if not backward else torch.enable_grad():
-            y = layer(x)
-        if backward:
+        if not backward:
             with log:
-                y.backward(torch.ones_like(y))
+                layer(x)
+            return log.operations
+        y = layer(x)
+        with log:
+            y.backward(torch.ones_like(y))
     return log.operations
 
 

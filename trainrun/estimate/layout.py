@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainrun.algorithms.channels_last import memory_format_for
+
 TRANSPOSE = "layout transpose"  # the kind of cuDNN's transposes around a channels-first convolution
 # inductor's measured time of a convolution laid out channels-last over channels-first, by its kind,
 # which weighs an inference graph's choice (torch/_inductor/graph.py, decide_layout_opt)
@@ -27,7 +29,7 @@ SMALL_CHANNELS = 64  # inductor's small convolution: this many input and output 
 @dataclass(frozen=True)
 class Convolution:
     """A compiled graph's convolution as inductor's layout choice reads it: its weight's shape
-    (output channels, input channels a group, the kernel's taps), its groups and its FLOPs."""
+    (output channels, input channels a group, the kernel's height and width), its groups and its FLOPs."""
 
     weight: tuple[int, ...]
     groups: int
@@ -49,10 +51,11 @@ class Convolution:
 
     def kind(self) -> str:
         """Its kind for inductor's measured costs (:data:`INDUCTOR_CHANNELS_LAST_COST`), in inductor's order."""
-        return next(name for name, is_it in self._kinds() if is_it)
-
-    def _kinds(self) -> tuple[tuple[str, bool], ...]:
-        return (("grouped", self.grouped), ("small", self.small), ("in_out", self.narrowing), ("default", True))
+        if self.grouped:
+            return "grouped"
+        if self.small:
+            return "small"
+        return "in_out" if self.narrowing else "default"
 
 
 def channels_first(tensor: torch.Tensor, weight: torch.Tensor, stride: list[int]) -> bool:
@@ -74,10 +77,8 @@ def _channels_last(tensor: torch.Tensor) -> bool:
 
 def batch_format(model: torch.nn.Module) -> torch.memory_format:
     """The memory format of a run's batches: its model's (the channels_last method lays out both)."""
-    for parameter in model.parameters():
-        if parameter.dim() in (4, 5) and _channels_last(parameter):
-            return torch.channels_last if parameter.dim() == 4 else torch.channels_last_3d
-    return torch.contiguous_format
+    laid_out_last = any(_channels_last(parameter) for parameter in model.parameters())
+    return memory_format_for(model) if laid_out_last else torch.contiguous_format
 
 
 def inductor_lays_out_channels_last(convolutions: list[Convolution], inference: bool) -> bool:

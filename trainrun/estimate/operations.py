@@ -317,9 +317,10 @@ class OperationLog(TorchDispatchMode):
             self.operations.append(Operation(0.0, float(FLOAT8_CAST_BYTES * operands), compiled=compiled))
             kind, moved = FLOAT8, moved / 2  # float8 operands: half bf16's bytes
         accesses = self._accesses(packet, named, args, kwargs, written, fresh) if self.regions is not None else ()
-        self.operations.append(Operation(float(flops), moved, kind, dims, compiled, *accesses))
-        if packet is aten.convolution:  # with its transposes; a compiled one noted for inductor's layout
-            kernel = self.operations.pop()
+        kernel = Operation(float(flops), moved, kind, dims, compiled, *accesses)
+        if packet is not aten.convolution:
+            self.operations.append(kernel)
+        else:  # with its transposes; a compiled one noted for inductor's layout
             self.operations.extend(self._with_transposes([kernel], args[0], args[1], args[3]))
             if compiled:
                 self.convolutions.append(Convolution(tuple(args[1].shape), args[8], kernel.flops))
