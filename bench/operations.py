@@ -134,6 +134,7 @@ OPERATIONS = [
     convolution(512, 120, 120, 28, 3, groups=5),  # RegNetY-1.6GF's grouped 3 x 3 (24 channels a group)
     convolution(512, 120, 120, 28, 3, groups=5, backward=False),
     convolution(512, 120, 120, 28, 3, groups=5, backward=False, last=False),  # channels-first: its products' time
+    convolution(512, 128, 128, 28, 3, groups=8, backward=False),  # 16 channels a group (RegNetY-800MF's): tiled
     convolution(512, 48, 48, 56, 3, groups=2),  # its first stage's: 2 groups
     convolution(512, 144, 144, 56, 3, groups=144),  # EfficientNet-B0's depthwise 3 x 3 (its second stage)
     convolution(512, 144, 144, 56, 3, groups=144, backward=False),

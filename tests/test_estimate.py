@@ -765,7 +765,7 @@ def test_a_gpus_autocast_runs_norms_and_softmax_in_float32_in_the_operations():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from trainrun.estimate.operations import AsGpuAutocast
+    from trainrun.estimate.autocast import AsGpuAutocast
 
     layer_norm = torch.nn.LayerNorm(64)
     with FakeTensorMode(allow_non_fake_inputs=True):

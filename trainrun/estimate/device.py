@@ -9,9 +9,11 @@ run's precision, the memory bandwidth, the architecture):
   (``matmul``), less as each of its GEMM dimensions shrinks: a factor ``d / (d + half_dimension)``
   a dimension; never faster than the peak at the run's precision, which is the full rate but on a
   GeForce part, whose FP32-accumulate products run at half of it (``peak_fp16_accumulate_tflops``);
-- convolutions as the same products (their implicit GEMM, per group), but never faster than their
-  kernels' traffic allows: ``convolution_intensity`` FLOPs for each byte at the memory's share of the
-  bandwidth. cuDNN's implicit GEMMs re-read their tiles, so a GPU whose peak outruns its memory (an
+- convolutions as the same products (their implicit GEMM, per group; a grouped one whose groups the
+  tensor cores' tiles do not fit as a float32 run's products, on the CUDA cores at the float32 peak,
+  :mod:`~trainrun.estimate.layout`), but never faster than their kernels' traffic allows:
+  ``convolution_intensity`` FLOPs for each byte at the memory's share of the bandwidth. cuDNN's
+  implicit GEMMs re-read their tiles, so a GPU whose peak outruns its memory (an
   A100, an H100) computes a ResNet's convolutions at a third or a quarter of its peak, and one whose
   memory keeps up (a GeForce part at half the peak) at its matrix products' share;
 - attention as a fused (flash) kernel runs it, at its own share (``attention``), less for short
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from trainrun.errors import ConfigError
+from trainrun.estimate.layout import CUDA_CORES
 from trainrun.estimate.operations import (
     ATTENTION,
     CONVOLUTION,
@@ -64,7 +67,7 @@ BASES = ("measured", "datasheet, fitted generation", "datasheet, unfitted genera
 GB = 1e9
 # convolutions of several groups, whose kernels the datasheet does not time well: the share of a step
 # above which the estimate says so (:func:`several_groups_notes`), and how its note begins
-SEVERAL_GROUPS, SEVERAL_GROUPS_SHARE = (GROUPED, DEPTHWISE), 0.05
+SEVERAL_GROUPS, SEVERAL_GROUPS_SHARE = (GROUPED, DEPTHWISE, CUDA_CORES), 0.05
 SEVERAL_GROUPS_NOTE = "depthwise and grouped convolutions"
 # what a group must state for its GPU to be timed from its datasheet
 DATASHEET_FACTS = ("peak_tflops", "memory_gb_s", "device_memory_gb", "architecture")
@@ -137,6 +140,7 @@ class Device:
     checkpoint_policy: bool = False
     float8_flops: float | None = None  # the float8 peak (FLOP/s); None: float8 products at the peak
     full_rate_flops: float | None = None  # the tensor cores' full rate where the peak is half of it; None: the peak
+    cuda_core_flops: float | None = None  # the float32 peak, of a kernel off the tensor cores; None: the peak
 
     def operation_seconds(self, operation: Operation) -> float:
         """The GPU's time of ``operation``: the slowest of its FLOPs as its kernel is fed (its share of
@@ -162,16 +166,18 @@ class Device:
         FP32-accumulate products), the same kernels keep the halved tensor cores busy, and the peak
         bounds an operation instead (:meth:`operation_seconds`)."""
         generation = self.generation
-        full = self.peak(kind) if kind == FLOAT8 else self.full_rate_flops or self.peak_flops
+        full = self.peak(kind) if kind in (FLOAT8, CUDA_CORES) else self.full_rate_flops or self.peak_flops
         fed = full * (generation.attention if kind == ATTENTION else generation.matmul)
-        if kind in (CONVOLUTION, GROUPED):
+        if kind in (CONVOLUTION, GROUPED, CUDA_CORES):
             return min(fed, self.bandwidth_gb_s * GB * generation.memory * generation.convolution_intensity)
         return fed
 
     def peak(self, kind: str) -> float:
         """The dense peak (FLOP/s) an operation of ``kind`` computes at: the float8 one for a float8
-        product where the datasheet states it, else the run precision's."""
-        return (self.float8_flops or self.peak_flops) if kind == FLOAT8 else self.peak_flops
+        product and the float32 one for a kernel on the CUDA cores where the datasheet states them, else
+        the run precision's."""
+        stated = {FLOAT8: self.float8_flops, CUDA_CORES: self.cuda_core_flops}.get(kind)
+        return stated or self.peak_flops
 
     def seconds(self, operations: list[Operation] | tuple[Operation, ...]) -> float:
         """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled):
@@ -286,6 +292,7 @@ def device_of(config: TrainConfig, peak_tflops: float | None = None) -> Device |
         checkpoint_policy=config.parallel.activation_checkpointing == "selective" and not config.compile,
         float8_flops=hardware.peak_fp8_tflops * 1e12 if hardware.peak_fp8_tflops else None,
         full_rate_flops=full_rate_at(config) if peak_tflops is None else None,
+        cuda_core_flops=hardware.peak_fp32_tflops * 1e12 if hardware.peak_fp32_tflops else None,
     )
 
 
@@ -340,7 +347,8 @@ def several_groups_notes(share: float) -> list[str]:
         seen = f"; the validation's steps with them took {low:.2f}-{high:.2f} times the estimate ({len(shown)} rows)"
     return [
         f"{SEVERAL_GROUPS_NOTE}: {share:.0%} of the step's GPU time, timed at the memory's bandwidth and as "
-        f"their groups' products, which cuDNN's kernels for them (their backward most) do not always reach{seen}"
+        "their groups' products (on the CUDA cores where no tensor-core tile fits a group), which cuDNN's "
+        f"kernels for them (their backward most) do not always reach{seen}"
     ]
 
 

@@ -7,8 +7,17 @@ exists (Composer's method card). A fake pass's tensors carry their strides, so t
 knows which convolutions pay it (:func:`channels_first`): each operand and result read and written
 once more. A depthwise convolution runs its own kernels, channels-first too. A compiled
 graph's convolutions are laid out by inductor (:func:`inductor_lays_out_channels_last`), where no
-transposes are left. Written here because no library says what layout a step's kernels run in
-without a GPU.
+transposes are left.
+
+Channels-last, a grouped convolution runs on the tensor cores only where their kernels tile its
+groups (:func:`off_tensor_cores`), as CUTLASS's grouped implicit GEMMs do
+(cutlass/conv/device/implicit_gemm_convolution.h, ``can_implement``): a tile of output channels
+within one group (a group's channels a multiple of the tile's) or several whole groups in one (the
+tile's a multiple of a group's), a tile being a power of two of at least :data:`TILE_CHANNELS`
+channels. Other group widths (RegNet's 24 channels a group) run as a float32 run's products, on the
+CUDA cores: timm's channels-last RegNets of 24 channels a group run slower than their channels-first
+ones on an RTX 3090 in torch 2.4, those of 16 faster (results/benchmark-infer-amp-*-pt240-cu124-rtx3090.csv).
+Written here because no library says what layout a step's kernels run in without a GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +29,10 @@ import torch
 from trainrun.algorithms.channels_last import memory_format_for
 
 TRANSPOSE = "layout transpose"  # the kind of cuDNN's transposes around a channels-first convolution
+CUDA_CORES = "grouped convolution, CUDA cores"  # the kind of a channels-last one whose groups no tile fits
+# the narrowest tile of output channels a grouped tensor-core convolution runs: not 16, as a group of 112
+# channels (7 of 16) ran 31 times slower channels-last (torch/_inductor/graph.py, decide_layout_opt's note)
+TILE_CHANNELS = 32
 # inductor's measured time of a convolution laid out channels-last over channels-first, by its kind,
 # which weighs an inference graph's choice (torch/_inductor/graph.py, decide_layout_opt)
 INDUCTOR_CHANNELS_LAST_COST = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
@@ -63,10 +76,25 @@ def channels_first(tensor: torch.Tensor, weight: torch.Tensor, stride: list[int]
     precision, neither it nor the weight laid out channels-last (torch runs a convolution channels-last
     where either is; a tensor of one position a channel is both), under a kernel of several taps or
     strides (a pointwise one is a matrix product of each image's channels-first rows)."""
-    half = tensor.dtype in (torch.float16, torch.bfloat16)
     pointwise = weight.shape[2:].numel() == 1 and all(step == 1 for step in stride)
-    laid_out_last = any(_channels_last(item) for item in (tensor, weight))
-    return tensor.dim() == 4 and half and not pointwise and not laid_out_last
+    return tensor.dim() == 4 and _half(tensor) and not pointwise and not laid_out_last(tensor, weight)
+
+
+def laid_out_last(tensor: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether torch runs a convolution of input ``tensor`` and ``weight`` channels-last: either is."""
+    return any(_channels_last(item) for item in (tensor, weight))
+
+
+def off_tensor_cores(tensor: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
+    """Whether a half-precision grouped convolution's groups fit no tile of the tensor cores'
+    kernels where it runs channels-last (module docstring): a group's output channels neither a
+    multiple of :data:`TILE_CHANNELS` nor a power of two below it."""
+    width = weight.shape[0] // groups
+    return groups > 1 and _half(tensor) and width % TILE_CHANNELS != 0 and TILE_CHANNELS % width != 0
+
+
+def _half(tensor: torch.Tensor) -> bool:
+    return tensor.dtype in (torch.float16, torch.bfloat16)
 
 
 def _channels_last(tensor: torch.Tensor) -> bool:
@@ -93,3 +121,14 @@ def inductor_lays_out_channels_last(convolutions: list[Convolution], inference: 
         return weighted <= sum(item.flops for item in convolutions)
     kept_first = any(item.grouped or item.narrowing for item in convolutions)
     return not kept_first and not all(item.small for item in convolutions)
+
+
+def laid_out_channels_last(operations: list, untiled: set[int]) -> list:
+    """A compiled graph's ``operations`` once inductor lays it out channels-last: its convolutions'
+    transposes gone, and its grouped convolutions at the positions ``untiled`` (those whose groups
+    no tile fits) on the CUDA cores."""
+    return [
+        item._replace(kind=CUDA_CORES) if index in untiled else item
+        for index, item in enumerate(operations)
+        if not (item.kind == TRANSPOSE and item.compiled)
+    ]

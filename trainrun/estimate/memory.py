@@ -37,10 +37,10 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.layout import TRANSPOSE, batch_format, inductor_lays_out_channels_last
+from trainrun.estimate.autocast import AsGpuAutocast
+from trainrun.estimate.layout import batch_format, inductor_lays_out_channels_last, laid_out_channels_last
 from trainrun.estimate.operations import (
     AsFusedAttention,
-    AsGpuAutocast,
     InsideRegions,
     Operation,
     OperationLog,
@@ -387,7 +387,7 @@ def pass_operations(
         _fake_pass(config, task, text, samples, train, log, checkpointing, watch)
     if not inductor_lays_out_channels_last(log.convolutions, inference=not train):
         return log.operations
-    return [item for item in log.operations if not (item.kind == TRANSPOSE and item.compiled)]
+    return laid_out_channels_last(log.operations, log.untiled)
 
 
 def _fake_pass(

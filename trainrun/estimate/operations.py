@@ -1,9 +1,8 @@
 """The operations a step runs, as the estimate times them (:mod:`trainrun.estimate.device`): each aten
 operation of a fake pass with its FLOPs, the bytes it reads and writes, its kind and the dimensions
 its speed depends on (:class:`OperationLog`), attention counted and run as the fused kernels a GPU
-runs (:func:`flop_formulas`, :class:`AsFusedAttention`), in the precisions a GPU's autocast gives
-them (:class:`AsGpuAutocast`). Written here because torch's FLOP counter gives FLOPs alone, not what
-each operation moves or how its GEMM is shaped."""
+runs (:func:`flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP counter
+gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-from trainrun.estimate.layout import TRANSPOSE, Convolution, channels_first
+from trainrun.estimate.layout import CUDA_CORES, TRANSPOSE, Convolution, channels_first, laid_out_last, off_tensor_cores
 from trainrun.models.flex import CAUSAL_SHARE
 
 MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "memory"
@@ -167,45 +166,6 @@ class AsFusedAttention(TorchFunctionMode):
         return torch.nn.functional.pad(func(**named), (0, 0, 0, length - real))
 
 
-# torch's CUDA autocast policy (aten/src/ATen/autocast_mode.h), by the Python name a call reaches it
-# through: these compute in float32 from lower-precision inputs cast first (FP32) or read as they are
-# (SET_DTYPE: the kernel's dtype argument). CPU autocast, which the fake pass runs under, lists
-# neither norms nor softmax, so without it a GPU's float32 LayerNorm would be timed at half its bytes.
-GPU_AUTOCAST_FP32 = frozenset(
-    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow __pow__ __rpow__ "
-    "softplus layer_norm group_norm norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss "
-    "hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss "
-    "multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss "
-    "binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp".split()
-)
-GPU_AUTOCAST_SET_DTYPE = frozenset("prod softmax log_softmax cumprod cumsum sum vector_norm matrix_norm".split())
-GPU_AUTOCAST_FLOAT32 = GPU_AUTOCAST_FP32 | GPU_AUTOCAST_SET_DTYPE
-LOWER_PRECISION = (torch.float16, torch.bfloat16)
-
-
-class AsGpuAutocast(TorchFunctionMode):
-    """A fake pass under CPU autocast given the GPU's autocast policy: the calls CUDA's autocast
-    runs in float32 (:data:`GPU_AUTOCAST_FP32`, :data:`GPU_AUTOCAST_SET_DTYPE`) run in float32 here
-    too, so their bytes (and the casts around them) are those the GPU moves."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", None)
-        if name not in GPU_AUTOCAST_FLOAT32 or not torch.is_autocast_enabled("cpu"):
-            return func(*args, **kwargs)
-        leaves = pytree.tree_leaves((args, kwargs))
-        if any(isinstance(leaf, torch.Tensor) and leaf.dtype in LOWER_PRECISION for leaf in leaves):
-            if name in GPU_AUTOCAST_SET_DTYPE:
-                kwargs = {**kwargs, "dtype": kwargs.get("dtype") or torch.float32}
-            else:
-                args, kwargs = pytree.tree_map_only(torch.Tensor, _as_float32, (args, kwargs))
-        return func(*args, **kwargs)
-
-
-def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.float() if tensor.dtype in LOWER_PRECISION else tensor
-
-
 # normalizations whose statistics (or whose gradients' sums) span more than a kernel holds on chip:
 # they read their inputs once for the sums and again to normalize (two passes, as cuDNN's and torch's
 # batch-norm kernels and torch's layer-norm backward run); a layer norm's forward, a row at a time,
@@ -286,6 +246,7 @@ class OperationLog(TorchDispatchMode):
         self.storages: dict[int, int] = {}  # a storage's address to its serial (compiled runs: regions given)
         self.serials = itertools.count(1)
         self.convolutions: list[Convolution] = []  # the compiled ones, which inductor lays out
+        self.untiled: set[int] = set()  # the positions of compiled grouped ones no tile fits, if laid out last
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -306,7 +267,7 @@ class OperationLog(TorchDispatchMode):
         compiled = self.regions is not None and self.regions.inside
         if packet is aten.convolution_backward:  # its kernels' bytes and tensors are their own
             kernels = self._gradient_kernels(args, out, Operation(float(flops), 0.0, kind, dims, compiled))
-            self.operations.extend(self._with_transposes(kernels, args[1], args[2], args[4]))
+            self.operations.extend(self._laid_out(kernels, args[1], args[2], args[4], args[9]))
             return out
         written = [named.get(item.name) for item in arguments if item.alias_info and item.alias_info.is_write]
         given = {id(value) for value in pytree.tree_leaves((args, kwargs))}
@@ -321,16 +282,28 @@ class OperationLog(TorchDispatchMode):
         if packet is not aten.convolution:
             self.operations.append(kernel)
         else:  # with its transposes; a compiled one noted for inductor's layout
-            self.operations.extend(self._with_transposes([kernel], args[0], args[1], args[3]))
+            self.operations.extend(self._laid_out([kernel], args[0], args[1], args[3], args[8]))
             if compiled:
                 self.convolutions.append(Convolution(tuple(args[1].shape), args[8], kernel.flops))
         return out
 
-    @staticmethod
-    def _with_transposes(kernels: list[Operation], x: torch.Tensor, weight: torch.Tensor, stride: list) -> list:
-        """A convolution's ``kernels`` with cuDNN's transposes after each product where its input ``x``
-        is channels-first (:func:`channels_first`; not a depthwise one's): what it reads and writes, again."""
-        if kernels[0].kind == DEPTHWISE or not channels_first(x, weight, stride):
+    def _laid_out(
+        self, kernels: list[Operation], x: torch.Tensor, weight: torch.Tensor, stride: list, groups: int
+    ) -> list:
+        """A convolution's ``kernels`` as its layout runs them (:mod:`~trainrun.estimate.layout`): with
+        cuDNN's transposes after each product where its input ``x`` is channels-first (not a depthwise
+        one's: what it reads and writes, again); a grouped one's products on the CUDA cores where
+        channels-last and no tile fits its groups (a compiled one's positions noted for inductor's layout)."""
+        if kernels[0].kind == DEPTHWISE:
+            return kernels
+        if kernels[0].kind == GROUPED and off_tensor_cores(x, weight, groups):
+            if laid_out_last(x, weight):
+                return [item._replace(kind=CUDA_CORES) if item.kind == GROUPED else item for item in kernels]
+            if kernels[0].compiled:
+                self.untiled.update(
+                    len(self.operations) + at for at, item in enumerate(kernels) if item.kind == GROUPED
+                )
+        if not channels_first(x, weight, stride):
             return kernels
         again = [Operation(0.0, 2 * item.moved, TRANSPOSE, compiled=item.compiled) for item in kernels if item.flops]
         return [*kernels, *again]
