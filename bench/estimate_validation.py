@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -108,9 +107,12 @@ def estimate_row(row: dict[str, Any]) -> Checked:
 
 def estimate_rows(chosen: list[dict[str, Any]], workers: int | None = None) -> Iterator[Checked]:
     """Each of ``chosen``'s estimates (:func:`estimate_row`), in their order, on ``workers`` processes
-    (the machine's cores by default): each row's fake pass is its own, so rows are independent. The
-    processes are spawned, not forked: a fork of a process whose torch has started threads can hang."""
-    workers = min(workers or os.cpu_count() or 1, len(chosen))
+    (the cores this process may use by default): each row's fake pass is its own, so rows are
+    independent. The processes are spawned, not forked: a fork of a process whose torch has started
+    threads can hang."""
+    from trainrun.core.distributed import cores_per_process
+
+    workers = min(workers or cores_per_process(1), len(chosen))
     if workers <= 1:
         yield from map(estimate_row, chosen)
         return
@@ -285,9 +287,9 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [row for row in rows() if not args.rows or row["id"] in args.rows]
     checked = []
-    for row, item in zip(chosen, estimate_rows(chosen, args.workers), strict=True):
+    for item in estimate_rows(chosen, args.workers):
         checked.append(item)
-        line = f"{row['id']}: published {item.published:g} {item.unit}, estimated {item.estimated:.4g}"
+        line = f"{item.row['id']}: published {item.published:g} {item.unit}, estimated {item.estimated:.4g}"
         print(f"{line} ({item.ratio:.3f}, {item.bottleneck})", file=sys.stderr)
     table = markdown(checked)
     print(table)
