@@ -209,6 +209,41 @@ def test_a_masked_task_needs_an_architecture_with_a_masked_head(tmp_path):
     )
 
 
+def test_a_mixture_of_experts_runs_its_experts_in_the_runs_precision():
+    """torch's autocast has no rule for grouped products (a mixture of experts' experts): trainrun's
+    precision gives them one, so their products read bf16 operands, as a dense layer's do, and the
+    float32 weights still get their gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainrun.core.precision import Precision
+
+    class GroupedProducts(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtypes: set[torch.dtype] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten._grouped_mm:
+                self.dtypes |= {args[0].dtype, args[1].dtype}
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_transformers(
+        "qwen3_moe",
+        "causal_lm",
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+    )
+    seen = GroupedProducts()
+    with seen, Precision("bf16", "cpu", torch.bfloat16).autocast():
+        logits = model(torch.randint(0, 64, (2, 16)))
+    logits.float().sum().backward()
+    experts = [parameter for name, parameter in model.named_parameters() if "experts" in name]
+    assert seen.dtypes == {torch.bfloat16}
+    assert experts and all(p.dtype == torch.float32 and p.grad is not None for p in experts)
+
+
 def test_the_repeated_blocks_of_a_transformers_model_are_its_sharding_units():
     from trainrun.data.interface import TextFacts
     from trainrun.models.hf_models import build

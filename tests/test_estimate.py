@@ -172,7 +172,7 @@ def test_grouped_query_attention_counts_its_flops_at_the_querys_heads():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.estimate.operations import flop_formulas
+    from trainrun.estimate.flops import flop_formulas
 
     query = torch.randn(2, 8, 64, 16, requires_grad=True)
     keys, values = torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16)
@@ -192,7 +192,7 @@ def test_attention_counts_model_flops_its_backward_twice_its_forward_by_value():
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.estimate.operations import flop_formulas
+    from trainrun.estimate.flops import flop_formulas
 
     batch, heads, tokens, width = 2, 8, 64, 16
     query = torch.randn(batch, heads, tokens, width, requires_grad=True)
@@ -205,6 +205,79 @@ def test_attention_counts_model_flops_its_backward_twice_its_forward_by_value():
         "_scaled_dot_product_flash_attention_for_cpu": forward,
         "_scaled_dot_product_flash_attention_for_cpu_backward": 2 * forward,
     }
+
+
+def test_a_grouped_product_counts_the_flops_of_its_groups_products_and_their_gemm():
+    """An expert's grouped product (forward, its input's and its weights' gradients) counts what the
+    same products a group at a time count (torch's formulas count none), and is timed as a group's GEMM."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainrun.estimate.flops import flop_formulas
+    from trainrun.estimate.operations import MATMUL, kind_of
+
+    tokens, experts, width, out = 48, 3, 16, 8
+    offsets = torch.tensor([16, 32, 48], dtype=torch.int32)
+    counts = []
+    for grouped in (True, False):
+        rows = torch.randn(tokens, width, requires_grad=True)
+        weights = torch.randn(experts, width, out, requires_grad=True)
+        with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:
+            if grouped:
+                products = torch.nn.functional.grouped_mm(rows, weights, offs=offsets)
+            else:
+                products = torch.cat([rows[16 * e : 16 * (e + 1)] @ weights[e] for e in range(experts)])
+            products.backward(torch.ones(tokens, out))
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] == 3 * 2 * tokens * width * out
+    product = torch.empty(tokens, out)
+    assert kind_of(torch.ops.aten._grouped_mm, (rows, weights, offsets), product) == (MATMUL, (16, out, width))
+    gradient = torch.empty(experts, width, out)
+    assert kind_of(torch.ops.aten._grouped_mm, (rows.T, product, offsets), gradient) == (MATMUL, (width, out, 16))
+
+
+def test_a_grouped_product_runs_as_torchs_grouped_kernel_or_its_loop_of_one_product_a_group():
+    """One kernel for bf16 on a GPU with torch's grouped kernel; elsewhere, or in float32, the host
+    waits for the groups' sizes, then issues a product a group, which no queued kernel hides."""
+    import torch
+
+    from trainrun.estimate.device import device_of
+    from trainrun.estimate.operations import MATMUL, SYNC, Operation, OperationLog
+
+    rows, weights = torch.randn(48, 16), torch.randn(3, 16, 8)
+    offsets = torch.tensor([16, 32, 48], dtype=torch.int32)
+    logged = {}
+    for grouped_kernel, dtype in ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float32)):
+        with OperationLog(grouped_kernel=grouped_kernel) as log:
+            torch.nn.functional.grouped_mm(rows.to(dtype), weights.to(dtype), offs=offsets)
+        logged[grouped_kernel, dtype] = [(op.kind, op.flops) for op in log.operations if op.flops or op.kind == SYNC]
+    product = 2 * 48 * 16 * 8
+    assert logged[True, torch.bfloat16] == [(MATMUL, product)]
+    assert logged[False, torch.bfloat16] == logged[True, torch.float32] == [(SYNC, 0), *[(MATMUL, product / 3)] * 3]
+
+    device = device_of(validate(compose(["hardware=8xh100_aws"]), files=False))
+    long, short = Operation(1e13, 0.0, MATMUL, (8192, 8192, 8192)), Operation(0.0, 1e3)
+    issue, kernel = device.issue_seconds(), device.operation_seconds
+    assert device.seconds([long, short, short]) == pytest.approx(issue + kernel(long) + 2 * kernel(short))
+    waited = device.seconds([long, Operation(0.0, 0.0, SYNC), short, short])
+    assert waited == pytest.approx(issue + kernel(long) + 2 * issue + kernel(short))
+
+
+def test_a_mixture_of_experts_is_estimated_with_its_experts_products():
+    """A transformers mixture of experts (its experts one grouped product, which the fake pass's meta
+    kernels take only in bf16 or fp16) is estimated, its step counting each token's experts: two
+    experts a token cost one expert's 6 x its weights a token more than one."""
+    from trainrun.estimate import estimate
+
+    args = ["task=causal_lm", "data=stdlib_stream", "model=transformers", "model.arch=qwen3_moe",
+            "model.config.hidden_size=64", "model.config.num_hidden_layers=2", "model.config.num_attention_heads=2",
+            "model.config.num_key_value_heads=1", "model.config.num_local_experts=4",
+            "model.config.moe_intermediate_size=32", "data.text.max_seq_len=64", "train_batch_size=4",
+            "launcher.devices=1", "precision=bf16", "hardware=8xh100_aws"]  # fmt: skip
+    flops = [estimate(validate(compose([*args, f"model.config.num_experts_per_tok={k}"]), files=False), vocab=256)
+             for k in (1, 2)]  # fmt: skip
+    expert = 3 * 64 * 32  # gate, up and down projections
+    assert flops[1].step_flops - flops[0].step_flops == 6 * 2 * expert * 4 * 64
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
@@ -903,7 +976,7 @@ def test_a_grouped_convolutions_backward_counts_its_forwards_flops_for_each_grad
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainrun.estimate.operations import flop_formulas
+    from trainrun.estimate.flops import flop_formulas
 
     for layer in (torch.nn.Conv2d, torch.nn.ConvTranspose2d):
         for groups in (1, 8, 64):

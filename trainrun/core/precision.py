@@ -5,6 +5,7 @@ the output head left in bf16, as torchtitan and torchao's recipes do)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import signal
@@ -58,10 +59,46 @@ class Precision:
             precompute_float8_dynamic_scale_for_fsdp(model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Context for the forward pass and the loss."""
+        """Context for the forward pass and the loss: torch's autocast, with its rule for grouped matrix
+        products (:func:`autocast_grouped_products`)."""
         if self.dtype is None:
             return contextlib.nullcontext()
+        autocast_grouped_products(self.device_type)
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+# operations torch's autocast has no rule for that multiply matrices: the grouped products a mixture
+# of experts runs its experts with (transformers' grouped_mm experts; pytorch/pytorch#174763). Without
+# one, an expert's product reads the float32 weights autocast keeps and runs in float32: on a GPU,
+# torch's fallback loop of float32 products instead of its bf16 grouped kernel.
+AUTOCAST_PRODUCTS = ("_grouped_mm",)
+
+
+@functools.cache
+def autocast_grouped_products(device_type: str) -> torch.library.Library:
+    """Give :data:`AUTOCAST_PRODUCTS` autocast's rule for matrix products on ``device_type``, once a
+    process: their floating-point operands cast to autocast's dtype, as every other product's are.
+    torch.library's ``register_autocast`` casts to one dtype fixed when it is registered; a process's
+    runs may autocast to bf16 or fp16, so the kernel reads the dtype as it runs. A rule torch has of
+    its own is kept."""
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    library = torch.library.Library("aten", "IMPL")
+    for name in AUTOCAST_PRODUCTS:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+            continue
+        operation = getattr(torch.ops.aten, name).default
+
+        def kernel(_: object, *args: object, operation: torch._ops.OpOverload = operation) -> torch.Tensor:
+            dtype = torch.get_autocast_dtype(device_type)
+            cast = [
+                value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value for value in args
+            ]
+            with torch._C._ExcludeDispatchKeyGuard(excluded):
+                return operation(*cast)
+
+        library.impl(name, kernel, key, with_keyset=True)
+    return library  # kept: the registration lasts as long as its library
 
 
 _BF16_PROBE = (

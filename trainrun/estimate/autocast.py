@@ -1,7 +1,8 @@
 """A fake pass's calls in the precisions a GPU's autocast gives them (:class:`AsGpuAutocast`), so
 that the operations the estimate times (:mod:`trainrun.estimate.operations`) move the bytes the
-GPU's do. Written here because torch's CPU autocast, which a fake pass runs under, follows the CPU's
-policy, not CUDA's."""
+GPU's do, and in every precision a GPU's kernels take them (:class:`AsGpuGroupedProducts`). Written
+here because torch's CPU autocast, which a fake pass runs under, follows the CPU's policy, not
+CUDA's, and torch's fake grouped products refuse precisions its CUDA kernels run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # torch's CUDA autocast policy (aten/src/ATen/autocast_mode.h), by the Python name a call reaches it
 # through: these compute in float32 from lower-precision inputs cast first (FP32) or read as they are
@@ -48,3 +50,23 @@ class AsGpuAutocast(TorchFunctionMode):
 
 def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in LOWER_PRECISION else tensor
+
+
+class AsGpuGroupedProducts(TorchDispatchMode):
+    """Fake grouped matrix products (a mixture of experts' experts) in float32 and fp16 as well as bf16,
+    as torch's CUDA kernel takes them (its grouped kernel for bf16 on Hopper and Blackwell, a loop of
+    products otherwise). torch's fake kernel takes bf16 alone (fp16 only where cuBLASLt's grouped GEMM
+    runs), so the pass takes its output's shape from a bf16 one, in the operands' precision. Entered
+    just inside the fake mode: the modes above it see the products as they are."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket is not torch.ops.aten._grouped_mm or args[0].dtype == torch.bfloat16:
+            return func(*args, **kwargs)
+        dtype = kwargs.pop("out_dtype", None) or args[0].dtype
+        as_bf16 = pytree.tree_map_only(torch.Tensor, _as_bfloat16, (args, kwargs))
+        return func(*as_bf16[0], **as_bf16[1]).to(dtype)
+
+
+def _as_bfloat16(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor

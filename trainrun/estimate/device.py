@@ -53,6 +53,7 @@ from trainrun.estimate.operations import (
     FLOAT8_CAST_BYTES,
     GROUPED,
     MEMORY,
+    SYNC,
     Operation,
 )
 from trainrun.schema import TrainConfig
@@ -183,9 +184,12 @@ class Device:
         """Seconds of ``operations`` run in order on this GPU (as inductor's kernels where compiled):
         the host issues them one after another (:meth:`issue_seconds`), and the GPU runs each once it
         is issued and the one before it has finished, so that a kernel's issue hides behind the
-        kernels queued before it."""
+        kernels queued before it, but not past a point where the host waits for the GPU (:data:`SYNC`)."""
         issue, issued, finished = self.issue_seconds(), 0.0, 0.0
         for kernel in self.kernels(operations):
+            if kernel.kind == SYNC:  # the host waits for the GPU: nothing is queued past this
+                issued = max(issued, finished)
+                continue
             issued += issue
             finished = max(finished, issued) + self.operation_seconds(kernel)
         return finished

@@ -37,14 +37,15 @@ from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
 from trainrun.data.interface import TextFacts
-from trainrun.estimate.autocast import AsGpuAutocast
+from trainrun.estimate.autocast import AsGpuAutocast, AsGpuGroupedProducts
+from trainrun.estimate.flops import flop_formulas
 from trainrun.estimate.layout import batch_format, inductor_lays_out_channels_last, laid_out_channels_last
 from trainrun.estimate.operations import (
+    GROUPED_KERNEL_ARCHITECTURES,
     AsFusedAttention,
     InsideRegions,
     Operation,
     OperationLog,
-    flop_formulas,
 )
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
@@ -197,7 +198,7 @@ class _Rank:
         return on_device(inputs), on_device(targets)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast("cpu", dtype=self.dtype) if self.dtype else contextlib.nullcontext()
+        return Precision(self.config.precision, "cpu", self.dtype).autocast()
 
     def step_passes(self, inputs: Any, targets: Any, tracker: Any | None = None, passes: int = 2) -> None:
         """A step's forward and backward passes, each micro-batch reduced as the trainer reduces it;
@@ -312,7 +313,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
     examples = [task.example_batch(config, size, shape.text) for size in (shape.per_rank_batch, shape.eval_micro_batch)]
     sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
     mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), AsGpuGroupedProducts():
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
@@ -370,7 +371,7 @@ def pass_operations(
     from trainrun.core.precision import float8_eligible
     from trainrun.models.flex import as_fused_kernel
 
-    log = OperationLog()
+    log = OperationLog(grouped_kernel=config.hardware.architecture in GROUPED_KERNEL_ARCHITECTURES)
 
     def watch(rank: _Rank) -> None:
         model = rank.model
@@ -406,7 +407,7 @@ def _fake_pass(
 
     shape = RunShape(1, 1, samples, samples, samples, text, "", checkpointing)
     model, example = meta_model(config, shape), task.example_batch(config, samples, text)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), AsGpuGroupedProducts():
         rank = _Rank(config, shape, task, model, None)
         inputs, targets = rank.batch(example)
         if watch:

@@ -1,8 +1,8 @@
 """The operations a step runs, as the estimate times them (:mod:`trainrun.estimate.device`): each aten
 operation of a fake pass with its FLOPs, the bytes it reads and writes, its kind and the dimensions
 its speed depends on (:class:`OperationLog`), attention counted and run as the fused kernels a GPU
-runs (:func:`flop_formulas`, :class:`AsFusedAttention`). Written here because torch's FLOP counter
-gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
+runs (:mod:`~trainrun.estimate.flops`, :class:`AsFusedAttention`). Written here because torch's FLOP
+counter gives FLOPs alone, not what each operation moves or how its GEMM is shaped."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from trainrun.estimate.flops import FUSED_ATTENTION, kernel_formulas
 from trainrun.estimate.layout import CUDA_CORES, TRANSPOSE, Convolution, channels_first, laid_out_last, off_tensor_cores
 from trainrun.models.flex import CAUSAL_SHARE
 
@@ -26,6 +27,11 @@ MATMUL, CONVOLUTION, ATTENTION, MEMORY = "matmul", "convolution", "attention", "
 # bandwidth (depthwise: a channel a group), named apart: cuDNN's kernels for them are not the dense ones
 GROUPED, DEPTHWISE = "grouped convolution", "depthwise convolution"
 FLOAT8 = "float8"  # a matrix product of a layer precision=fp8 trains in float8 (torchao's)
+SYNC = "host waits"  # the host reads a result back: it issues nothing more until the GPU has caught up
+# the architectures whose GPUs run torch's grouped matrix product as one kernel (CUTLASS's, for bf16
+# operands on compute capability 9.0 and 10.0); elsewhere, and in other precisions, torch loops over
+# the groups: it reads the groups' sizes back to the host, then issues one product a group
+GROUPED_KERNEL_ARCHITECTURES = frozenset({"hopper", "blackwell"})
 # what torchao's tensorwise float8 scaling moves for each element of a float8 product's operand: the
 # amax's read, then the cast's read and its float8 write
 FLOAT8_CAST_BYTES = 2 + 2 + 1
@@ -67,74 +73,6 @@ class Operation(NamedTuple):
     reads: tuple[Access, ...] = ()
     writes: tuple[Access, ...] = ()
     made: tuple[int, ...] = ()  # the storages of its new outputs
-
-
-def _with_query_heads(shape: torch.Size, heads: int) -> tuple[int, ...]:
-    """A key's or value's (batch, heads, tokens, width) widened to the query's heads."""
-    batch, _, tokens, width = shape
-    return (batch, heads, tokens, width)
-
-
-def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """An attention kernel's forward FLOPs, grouped-query attention counted at the query's heads
-    (the kernel's broadcast of the keys and values)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    heads = query_shape[1]
-    return sdpa_flop_count(query_shape, _with_query_heads(key_shape, heads), _with_query_heads(value_shape, heads))
-
-
-def _attention_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """An attention kernel's backward model FLOPs: twice its forward's (each of the two products'
-    gradients with respect to both of its operands), as 6N + 12LDT counts them. torch's formula
-    adds the fused kernel's recompute of the scores (2.5x the forward): work the kernel chooses to
-    redo, not the model's, as activation checkpointing's recompute is not."""
-    return 2 * _attention_flops(query_shape, key_shape, value_shape)
-
-
-def _convolution_backward_flops(grad_out_shape, x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    """A convolution's backward FLOPs: its forward's for each gradient it computes (the input's, the
-    weight's). torch's formula counts the weight's gradient as if the convolution had one group, so
-    a grouped one's backward by its groups too much (a depthwise 3 x 3 over 64 channels: 65 times its
-    forward, not 2)."""
-    transposed, output_mask = args[4], args[7]
-    small_side = x_shape if transposed else grad_out_shape  # the positions the forward's GEMM computes
-    forward = 2 * small_side[0] * math.prod(small_side[2:]) * math.prod(w_shape)
-    return forward * sum(map(bool, output_mask[:2]))
-
-
-def _attention_kernel_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:  # noqa: ANN001
-    """What a flash attention kernel's backward computes: its five products (the scores recomputed,
-    then the gradients of the probabilities, values, queries and keys) against the forward's two."""
-    return 5 * _attention_flops(query_shape, key_shape, value_shape) // 2
-
-
-# the fused attention kernels: the CPU's flash kernel, which the estimate's fake tensors run, and CUDA's
-FUSED_ATTENTION = ("flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
-
-
-def _attention_ops(suffix: str = "") -> list[Any]:
-    """The fused attention kernels' aten operations (``suffix`` "_backward": their backwards)."""
-    return [getattr(aten, f"_scaled_dot_product_{kernel}{suffix}") for kernel in FUSED_ATTENTION]
-
-
-def flop_formulas() -> dict:
-    """``FlopCounterMode``'s ``custom_mapping`` where torch's own formulas do not count what a GPU's
-    kernel computes: the fused attention kernels (:data:`FUSED_ATTENTION`) counted as model FLOPs
-    (torch's forward formula; the backward twice the forward) with grouped-query attention's keys and
-    values widened to the query's heads (torch 2.11's formulas reject unequal heads; later torch counts
-    them so), and a grouped convolution's backward."""
-    return {
-        **dict.fromkeys(_attention_ops(), _attention_flops),
-        **dict.fromkeys(_attention_ops("_backward"), _attention_backward_flops),
-        aten.convolution_backward: _convolution_backward_flops,
-    }
-
-
-def kernel_formulas() -> dict:
-    """:func:`flop_formulas` with the work a fused attention kernel's backward does rather than the
-    model's FLOPs it counts (:func:`_attention_kernel_backward_flops`): what an operation's time is of."""
-    return flop_formulas() | dict.fromkeys(_attention_ops("_backward"), _attention_kernel_backward_flops)
 
 
 class AsFusedAttention(TorchFunctionMode):
@@ -236,9 +174,12 @@ class OperationLog(TorchDispatchMode):
     ``regions``, the tensors themselves (:class:`Access`), which a fused kernel's traffic is counted
     from. Views and allocations, which launch nothing, are left out."""
 
-    def __init__(self, regions: InsideRegions | None = None, float8: InsideRegions | None = None) -> None:
+    def __init__(
+        self, regions: InsideRegions | None = None, float8: InsideRegions | None = None, grouped_kernel: bool = True
+    ) -> None:
         super().__init__()
         self.operations: list[Operation] = []
+        self.grouped_kernel = grouped_kernel  # the GPU runs a bf16 grouped product as one kernel
         self.regions = regions  # the compiled regions
         self.float8 = float8  # the layers precision=fp8 trains in float8
         custom = {packet: shape_wrapper(formula) for packet, formula in kernel_formulas().items()}
@@ -279,7 +220,9 @@ class OperationLog(TorchDispatchMode):
             kind, moved = FLOAT8, moved / 2  # float8 operands: half bf16's bytes
         accesses = self._accesses(packet, named, args, kwargs, written, fresh) if self.regions is not None else ()
         kernel = Operation(float(flops), moved, kind, dims, compiled, *accesses)
-        if packet is not aten.convolution:
+        if packet is aten._grouped_mm:
+            self.operations.extend(self._grouped(kernel, args[0], named.get("offs")))
+        elif packet is not aten.convolution:
             self.operations.append(kernel)
         else:  # with its transposes; a compiled one noted for inductor's layout
             self.operations.extend(self._laid_out([kernel], args[0], args[1], args[3], args[8]))
@@ -307,6 +250,16 @@ class OperationLog(TorchDispatchMode):
             return kernels
         again = [Operation(0.0, 2 * item.moved, TRANSPOSE, compiled=item.compiled) for item in kernels if item.flops]
         return [*kernels, *again]
+
+    def _grouped(self, product: Operation, a: torch.Tensor, offsets: torch.Tensor | None) -> list[Operation]:
+        """A grouped matrix ``product`` as the GPU runs it (:data:`GROUPED_KERNEL_ARCHITECTURES`): one
+        kernel, or, where the groups' sizes are read back (``offsets``), the host's wait for them and
+        one product a group, each its share of the FLOPs and bytes."""
+        if offsets is None or (self.grouped_kernel and a.dtype == torch.bfloat16):
+            return [product]
+        groups = offsets.numel()
+        each = product._replace(flops=product.flops / groups, moved=product.moved / groups)
+        return [Operation(0.0, 0.0, SYNC, compiled=product.compiled), *[each] * groups]
 
     def _gradient_kernels(self, args: tuple, out: tuple, backward: Operation) -> list[Operation]:
         """A convolution's ``backward`` as its kernels (cuDNN's, and torch's for a depthwise one): one for
@@ -410,10 +363,27 @@ def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
         positions = output.shape[0] * math.prod(output.shape[2:])
         gemm = (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
         return GROUPED if groups > 1 else CONVOLUTION, gemm
+    if packet is aten._grouped_mm:
+        return MATMUL, grouped_gemm(args[0], args[1], out, args[2] if len(args) > 2 else None)
     if "scaled_dot_product" in name and any(kernel in name for kernel in FUSED_ATTENTION):
         query, key = (args[0], args[1]) if not name.endswith("_backward") else (args[1], args[2])
         return ATTENTION, (query.shape[-2], key.shape[-2], query.shape[-1])
     return MATMUL, ()
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor | None) -> tuple[int, ...]:
+    """A grouped product's GEMM for one group (m, n, k), the rows that ``offsets`` split among its
+    groups taken as evenly split (as a balanced mixture of experts routes its tokens): a 2-D operand
+    against a 3-D one's groups (an expert's product, its input's gradient), two 2-D ones summed a
+    group into a 3-D output (the experts' weights' gradient), or two batches of matrices."""
+    groups = offsets.numel() if offsets is not None else out.shape[0]
+    if a.dim() == b.dim() == 2:
+        return a.shape[0], b.shape[1], max(1, a.shape[1] // groups)
+    if a.dim() == 2:
+        return max(1, a.shape[0] // groups), b.shape[-1], a.shape[1]
+    if b.dim() == 2:
+        return a.shape[1], max(1, b.shape[1] // groups), a.shape[2]
+    return a.shape[1], b.shape[2], a.shape[2]
 
 
 def tensor_bytes(values: Any) -> int:
