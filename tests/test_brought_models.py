@@ -89,7 +89,12 @@ def test_stochastic_depth_sets_a_timm_models_own_drop_paths_by_depth():
         (["model.arch=resnet10t", "model.kwargs.widht=3"],
          "bad value for 'model.kwargs': timm.create_model('resnet10t') refuses it"),
         (["model.arch=convnext_atto"], "fails on the run's inputs (2, 3, 8, 8)"),
-        (["model.arch=vit_tiny_patch16_224", "data.resolution=32", "algorithms=[blurpool]"],
+        (["model.arch=vit_tiny_patch16_224", "data.resolution=32"],
+         "'data.eval_resolution': model=timm vit_tiny_patch16_224 fails on the evaluation's inputs (2, 3, 8, 8)"),
+        (["model.arch=vit_tiny_patch16_224", "data.resolution=32", "data.eval_resolution=32",
+          "algorithms=[progressive_resizing]"],
+         "algorithm 'progressive_resizing' changes nothing in model=timm vit_tiny_patch16_224: it needs a model that"),
+        (["model.arch=vit_tiny_patch16_224", "data.resolution=32", "data.eval_resolution=32", "algorithms=[blurpool]"],
          "algorithm 'blurpool' changes nothing in model=timm vit_tiny_patch16_224: it finds no strided convolutions"),
         (["model.arch=resnet10t", "model.weights=WEIGHTS"], "lacks the model's weight 'conv1.0.weight'"),
     ],
@@ -106,12 +111,19 @@ def test_a_timm_run_that_cannot_run_is_refused_in_one_line(args, line, tmp_path)
 
 
 def test_a_recipe_trains_a_timm_model_with_the_methods_that_apply(tmp_path):
-    """``recipe=mild`` on a ViT: BlurPool finds nothing to blur and is left out, saying so; the others stay."""
+    """``recipe=mild`` on a ViT: BlurPool finds nothing to blur, and progressive resizing a model built for
+    one side: both are left out, saying so; the others stay (on a ConvNeXt, every one)."""
     args = ["recipe=mild", *timm_run("vit_tiny_patch16_224", 32), "data.eval_resize=null", "--cfg", "job"]
     result = run_here(*args)
     assert result.returncode == 0, result.stderr
     assert "the recipe's blurpool is left out: it finds no strided convolutions" in result.stderr
-    assert "blurpool:" not in result.stdout and "progressive_resizing:" in result.stdout
+    assert "the recipe's progressive_resizing is left out: it needs a model that takes images of any side" in (
+        result.stderr
+    )
+    assert "blurpool:" not in result.stdout and "progressive_resizing:" not in result.stdout
+    assert "label_smoothing:" in result.stdout and "ema:" in result.stdout
+    convnext = run_here("recipe=mild", *timm_run("convnext_atto", 64), "data.eval_resize=null", "--cfg", "job")
+    assert convnext.returncode == 0 and "progressive_resizing:" in convnext.stdout, convnext.stderr
 
 
 def test_a_recipe_none_of_whose_methods_applies_is_refused(tmp_path):
@@ -424,6 +436,29 @@ def test_what_a_brought_model_offers_is_found_in_its_build():
     assert Capability.TRANSFORMER_BLOCKS not in convnext
     # Muon's own rule of roles: a ViT's patch convolution and class token are weights it cannot take
     assert Capability.HIDDEN_MATRICES not in vit | convnext
+
+
+def test_a_models_blocks_are_the_modules_its_blocks_list_or_hold_in_one_list():
+    """``blocks`` as a list (a timm ViT's), as one module holding them (``nn.TransformerEncoder``: its
+    layers), or as anything else (no blocks): FSDP2's units, checkpointing's, compile's regions."""
+    from torch import nn
+
+    from trainrun.core.compiled import compiled_regions
+    from trainrun.core.parallel import repeated_blocks
+    from trainrun.kinds import Capability
+    from trainrun.models.found import capabilities
+
+    class Net(nn.Module):
+        def __init__(self, blocks: nn.Module) -> None:
+            super().__init__()
+            self.blocks = blocks
+
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 3)
+    held, plain = Net(encoder), Net(nn.Linear(16, 16))
+    assert repeated_blocks(held) == list(encoder.layers) and compiled_regions(held) == list(encoder.layers)
+    assert Capability.TRANSFORMER_BLOCKS in capabilities(held)
+    assert repeated_blocks(plain) == [] and compiled_regions(plain) == [plain]
+    assert Capability.TRANSFORMER_BLOCKS not in capabilities(plain)
 
 
 def test_muon_is_refused_before_the_run_where_its_rule_of_roles_would_refuse_the_model(tmp_path):

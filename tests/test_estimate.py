@@ -280,6 +280,18 @@ def test_a_mixture_of_experts_is_estimated_with_its_experts_products():
     assert flops[1].step_flops - flops[0].step_flops == 6 * 2 * expert * 4 * 64
 
 
+def test_an_evaluation_that_hands_a_view_of_a_weight_to_a_module_is_estimated():
+    """PiT hands its class token, expanded to the batch, to its transformer stages: a view of a weight,
+    which under no_grad alone still requires a gradient (torch's memory tracker refused it)."""
+    from trainrun.estimate import estimate
+
+    args = ["model=timm", "model.arch=pit_ti_224", "data=synthetic", "data.resolution=64", "data.eval_resolution=64",
+            "data.samples=[1000,100]", "max_duration=1ep", "train_batch_size=8", "launcher.devices=1",
+            "hardware=8xh100_aws"]  # fmt: skip
+    result = estimate(validate(compose(args), files=False))
+    assert 0 < result.eval_peak_gb < result.peak_gb
+
+
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
 def test_a_steps_flops_are_the_models_whatever_is_recomputed(checkpointing):
     """6 N + 12 L D T a token, exactly, for a small Llama, with activation checkpointing's recompute

@@ -35,6 +35,7 @@ class Capability(str, Enum):
     """What a task, model or data source offers that a speed-up method may need (``MethodSpec.needs``)."""
 
     CLASS_IMAGES = "image batches with a class per image (mixing, augmenting, resizing, per-sample losses)"
+    ANY_IMAGE_SIDE = "a model that takes images of any side, not one built for a single side (a ViT's)"
     IMAGE_CONVNET = "a 2-D convolutional network whose layers a method may replace (pooling, blocks, norms)"
     CONVOLUTIONS = "convolutions over dense tensors (channels-last memory format)"
     SEQUENCES = "token sequences a method may cut short (sequence-length warmup)"

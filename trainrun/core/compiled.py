@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch._dynamo.utils import calculate_time_spent, counters
 
+from trainrun.core.parallel import repeated_blocks
+
 DYNAMO_LOGGER = "torch._dynamo.convert_frame"  # where torch logs "torch._dynamo hit config.recompile_limit"
 BACKEND = "inductor"  # tests count graphs under "eager": the same tracing, breaks and guards, no code generation
 
@@ -85,7 +87,7 @@ def compiled_regions(model: nn.Module) -> list[nn.Module]:
     """The modules :func:`compile_model` compiles: each transformer block and the logits' tail where
     ``model`` has blocks, else the whole model. What runs outside them (embeddings, the final norm,
     the head's product) stays eager."""
-    blocks = getattr(model, "blocks", None)
+    blocks = repeated_blocks(model)
     if not blocks:
         return [model]
     tail = getattr(model, "logit_tail", None)
@@ -102,7 +104,7 @@ def is_compiled(model: nn.Module) -> bool:
     """Whether ``model`` (or the module a DDP wrapper holds) is compiled, whole or block by block."""
     model = getattr(model, "module", model)
     return hasattr(model, "_orig_mod") or any(
-        getattr(block, "_compiled_call_impl", None) is not None for block in getattr(model, "blocks", ())
+        getattr(block, "_compiled_call_impl", None) is not None for block in repeated_blocks(model)
     )
 
 

@@ -125,6 +125,20 @@ def checkpointed(
     return run
 
 
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """``model``'s blocks (``model.blocks``): FSDP2's units, activation checkpointing's, a compiled run's
+    regions. ``blocks`` lists them (trainrun's models, a transformers model's layers, timm's
+    transformers), or is one module holding them in one list (``nn.TransformerEncoder``'s layers);
+    anything else is no blocks."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.Module) and not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        lists = [child for child in blocks.children() if isinstance(child, (nn.ModuleList, nn.Sequential))]
+        blocks = lists[0] if len(lists) == 1 else None
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential, list, tuple)):
+        return []
+    return [block for block in blocks if isinstance(block, nn.Module)]
+
+
 def checkpoint_activations(model: nn.Module, settings: Parallelism) -> None:
     """Recompute the activations of every ``checkpoint_every``-th block (the first, then each k on) in
     the backward (``activation_checkpointing``: none, selective or full; selective keeping
@@ -133,7 +147,7 @@ def checkpoint_activations(model: nn.Module, settings: Parallelism) -> None:
     if mode == "none":
         return
     alternate = settings.selective_products == "alternate"
-    for index, block in enumerate(model.blocks):
+    for index, block in enumerate(repeated_blocks(model)):
         if index % settings.checkpoint_every == 0:
             block.forward = checkpointed(block.forward, mode == "selective", draws_random_numbers(block), alternate)
 
@@ -171,7 +185,7 @@ def prepare(
     mesh = mesh or sharding_mesh(device.type, torch.distributed.get_world_size(), nodes_from_environment())
     # bf16: compute in bfloat16 from float32 master weights, gradients reduced in float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-    for block in getattr(model, "blocks", ()):
+    for block in repeated_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=settings.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # the backward starts at once
     if any(parameter.is_meta for parameter in model.parameters()):

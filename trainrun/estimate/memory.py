@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,7 @@ from trainrun.estimate.operations import (
     Operation,
     OperationLog,
 )
+from trainrun.estimate.trackers import evaluation_tracker, whole_peak_only, without_gradients
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.run import parallelism
@@ -256,17 +256,20 @@ class _Rank:
 
     def evaluate(self, inputs: Any) -> None:
         self.model.eval()
-        with torch.no_grad(), self.autocast():
+        with torch.no_grad(), self.autocast(), without_gradients(self.model):
             self.task.predict(self.model, inputs)
         self.model.train()
 
-    def tracker(self) -> Any:
+    def tracker(self, evaluation: bool = False) -> Any:
+        """torch's memory tracker of this rank's step (an ``evaluation``'s: :func:`evaluation_tracker`)."""
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed._tools.mem_tracker import MemTracker
 
+        kind = whole_peak_only(FSDPMemTracker if self.sharded else MemTracker)
+        kind = evaluation_tracker(kind) if evaluation else kind
         if self.sharded:
-            return _whole_peak_only(FSDPMemTracker)(self.model, self.optimizer)
-        tracker = _whole_peak_only(MemTracker)()
+            return kind(self.model, self.optimizer)
+        tracker = kind()
         tracker.track_external(self.model, *self.optimizers)
         return tracker
 
@@ -280,24 +283,7 @@ class _Rank:
         return {part: round(held / GB, 3) for part, held in parallel.held_bytes(self.model, self.optimizers).items()}
 
 
-@functools.cache
-def _whole_peak_only(tracker: type) -> type:
-    """torch's memory ``tracker`` keeping the whole rank's peak alone: at every operation torch's own
-    ``_update_peak_stats`` also walks each module the step has entered and copies its snapshot where
-    its peak rises (half an 8-GPU BERT-Large estimate's time), and the estimate reads no module's peak."""
-
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
-
-    def update_peak_stats(self: Any, peak_state: Any) -> None:
-        for device, snapshot in self._curr_mem_snap.items():
-            if self._peak_mem.get(device, 0) < snapshot[_TOTAL_KEY]:
-                self._peak_mem[device] = snapshot[_TOTAL_KEY]
-                self._peak_mem_snap[device] = dict(snapshot)
-
-    return type(f"WholePeak{tracker.__name__}", (tracker,), {"_update_peak_stats": update_peak_stats})
-
-
-def _parts(snapshot: dict) -> dict[str, float]:
+def tracked_parts(snapshot: dict) -> dict[str, float]:
     """A tracker's snapshot of the CPU device as GB by part, the total last."""
     (device_snapshot,) = snapshot.values()
     named = {(key if isinstance(key, str) else key.value).lower(): value / GB for key, value in device_snapshot.items()}
@@ -324,14 +310,14 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
             tracker.track_inputs((inputs,))
         with tracker:
             rank.step_passes(inputs, targets, tracker)
-        peak = _parts(tracker.get_tracker_snapshot("peak"))
+        peak = tracked_parts(tracker.get_tracker_snapshot("peak"))
         held = rank.held()
         rank.optimizer.zero_grad(set_to_none=True)
         eval_inputs, _ = rank.batch(examples[1])
-        eval_tracker = rank.tracker()
+        eval_tracker = rank.tracker(evaluation=True)
         with eval_tracker:
             rank.evaluate(eval_inputs)
-        eval_peak = _parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
+        eval_peak = tracked_parts(eval_tracker.get_tracker_snapshot("peak"))["total"]
     units = sum(isinstance(module, FSDPModule) for module in rank.model.modules()) if rank.sharded else 1
     return Memory(held, peak, eval_peak, operations, methods, units)
 

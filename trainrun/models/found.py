@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainrun.core.parallel import repeated_blocks
 from trainrun.kinds import Capability
 from trainrun.models.glu import feed_forwards
 
@@ -92,7 +93,7 @@ def capabilities(model: nn.Module) -> frozenset[Capability]:
         found.add(Capability.LAYER_NORMS)
     if feed_forwards(model):
         found.add(Capability.FEED_FORWARDS)
-    if len(list(getattr(model, "blocks", ()))) > 1:
+    if len(repeated_blocks(model)) > 1:
         found.add(Capability.TRANSFORMER_BLOCKS)
     if hidden_matrices(model):
         found.add(Capability.HIDDEN_MATRICES)
@@ -113,8 +114,30 @@ def hidden_matrices(model: nn.Module) -> bool:
 
 
 def found_capabilities(config: Any) -> frozenset[Capability]:
-    """What the model ``config`` names offers, found in its meta build (a brought kind's ``finds``)."""
-    return capabilities(meta_model(config))
+    """What the model ``config`` names offers, found in its meta build (a brought kind's ``finds``): an
+    image model takes images of any side where it runs on twice the run's (a model built for one
+    side, a ViT, takes no other; a smaller side could be too small for a convolutional network's)."""
+    from trainrun.kinds import task_spec
+
+    model = meta_model(config)
+    found = capabilities(model)
+    if task_spec(config.task.name).batches == "images":
+        data = config.data
+        larger = dataclasses.replace(config, data=dataclasses.replace(data, resolution=2 * data.resolution))
+        if meta_outputs(model, example_inputs(larger))[1] is None:
+            found |= {Capability.ANY_IMAGE_SIDE}
+    return frozenset(found)
+
+
+def meta_outputs(model: nn.Module, inputs: Any) -> tuple[Any, str | None]:
+    """``model``'s outputs (on the meta device) for ``inputs``, or the first line of the error it raises
+    (outputs and error None where it stops at an operation the meta device cannot run: the first step
+    runs it)."""
+    try:
+        return model(inputs), None
+    except Exception as error:  # a model of any library raises what it raises
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        return None, None if any(word in first.lower() for word in META_LIMITS) else first
 
 
 def described(config: Any) -> str:
@@ -146,29 +169,43 @@ def expected_shape(config: Any, inputs: Any) -> tuple[tuple[int, ...], str]:
     return (*ids.shape, config.data.text.vocab_size), "(batch, sequence, vocabulary)"
 
 
+def input_sides(config: Any, key: str) -> list[tuple[Any, str, str]]:
+    """The runs whose inputs the model takes, each with the key that names it and what its inputs are:
+    the training's, and an image run's evaluation's where its side (``data.eval_resolution``) differs."""
+    from trainrun.kinds import task_spec
+
+    sides = [(config, key, "the run's")]
+    data = config.data
+    if task_spec(config.task.name).batches == "images" and data.eval_resolution != data.resolution:
+        evaluation = dataclasses.replace(config, data=dataclasses.replace(data, resolution=data.eval_resolution))
+        sides.append((evaluation, "data.eval_resolution", "the evaluation's"))
+    return sides
+
+
 def check_outputs(config: Any, key: str) -> None:
-    """The model's output for a batch of the run's inputs (on the meta device) has the shape the task
-    scores; else one line naming ``key``, the shapes, or the model's own error."""
+    """The model's output for a batch of the run's inputs, and of its evaluation's (on the meta device),
+    has the shape the task scores; else one line naming ``key`` (``data.eval_resolution`` for the
+    evaluation's), the shapes, or the model's own error."""
     from trainrun.errors import ConfigError
 
-    model, inputs = meta_model(config), example_inputs(config)
-    try:
-        outputs = model(inputs)
-    except Exception as error:  # a model of any library raises what it raises
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        if any(word in first.lower() for word in META_LIMITS):
-            return  # an operation the meta device cannot run: the first step runs it
-        shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else tuple(inputs["input_ids"].shape)
-        raise ConfigError(
-            f"bad value for '{key}': {described(config)} fails on the run's inputs {shape}: {first}"
-        ) from None
-    shape, dimensions = expected_shape(config, inputs)
-    found = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
-    if found != shape:
-        raise ConfigError(
-            f"bad value for '{key}': {described(config)} returns {found} for the run's inputs; task "
-            f"{config.task.name} scores {shape} {dimensions}"
-        )
+    model = meta_model(config)
+    for side, named, whose in input_sides(config, key):
+        inputs = example_inputs(side)
+        outputs, failure = meta_outputs(model, inputs)
+        if failure is not None:
+            shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else tuple(inputs["input_ids"].shape)
+            raise ConfigError(
+                f"bad value for '{named}': {described(config)} fails on {whose} inputs {shape}: {failure}"
+            )
+        if outputs is None:
+            continue
+        shape, dimensions = expected_shape(config, inputs)
+        found = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+        if found != shape:
+            raise ConfigError(
+                f"bad value for '{named}': {described(config)} returns {found} for {whose} inputs; task "
+                f"{config.task.name} scores {shape} {dimensions}"
+            )
 
 
 def check_weights(config: Any) -> None:

@@ -32,5 +32,5 @@ SPEC = MethodSpec(
     position=50,
     order_reason="sets the full training resolution before progressive resizing scales it",
     check=check,
-    needs=frozenset({Capability.CLASS_IMAGES}),
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.ANY_IMAGE_SIDE}),
 )

@@ -37,5 +37,5 @@ SPEC = MethodSpec(
     order_reason="sizes the batch before ColOut drops rows and columns of it",
     varying_step_cost=True,
     check=check,
-    needs=frozenset({Capability.CLASS_IMAGES}),
+    needs=frozenset({Capability.CLASS_IMAGES, Capability.ANY_IMAGE_SIDE}),
 )

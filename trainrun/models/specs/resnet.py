@@ -12,7 +12,7 @@ SPECS = tuple(
         builder="trainrun.models.resnet:build",
         family="resnet",
         batches="images",
-        offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS}),
+        offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS, Capability.ANY_IMAGE_SIDE}),
     )
     for name in RESNETS
 )

@@ -10,6 +10,6 @@ SPECS = (
         builder="trainrun.models.small:build",
         family="resnet",
         batches="images",
-        offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS}),
+        offers=frozenset({Capability.IMAGE_CONVNET, Capability.CONVOLUTIONS, Capability.ANY_IMAGE_SIDE}),
     ),
 )
