@@ -213,6 +213,17 @@ def test_a_transformers_run_that_cannot_run_is_refused_in_one_line(args, line, t
     assert result.returncode == 2 and line in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_transformers_setting_may_be_the_common_name_its_config_maps(tmp_path):
+    """GPT-2's n_embd, n_layer and n_head are hidden_size, num_hidden_layers and num_attention_heads, as
+    other configs name them (its attribute_map): either name is taken, and sets the same setting."""
+    common = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    args = ["task=causal_lm", "data=stdlib_stream", "model=transformers", "model.arch=gpt2", *TEXT, "--cfg", "job"]
+    result = run_here(*args, *(f"model.config.{key}={value}" for key, value in common.items()))
+    assert result.returncode == 0, result.stderr
+    built = tiny_transformers("gpt2", "causal_lm", num_hidden_layers=3).model.config
+    assert (built.n_layer, built.n_embd) == (3, 32)
+
+
 def test_a_masked_task_needs_an_architecture_with_a_masked_head(tmp_path):
     result = run_here(*masked_run("qwen3", []), f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2
@@ -436,6 +447,23 @@ def test_what_a_brought_model_offers_is_found_in_its_build():
     assert Capability.TRANSFORMER_BLOCKS not in convnext
     # Muon's own rule of roles: a ViT's patch convolution and class token are weights it cannot take
     assert Capability.HIDDEN_MATRICES not in vit | convnext
+
+
+def test_a_model_whose_build_computes_with_its_weights_is_built_on_the_host_then_moved_to_meta():
+    """A build the meta device cannot run (timm's ViTamin mixes a host tensor with a weight) is built
+    as the run builds it, on the host, and checked on the meta device all the same."""
+    from torch import nn
+
+    from trainrun.models.found import built_on_meta
+
+    class Computed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(4) * self.linear.weight.sum(0))
+
+    model = built_on_meta(Computed)
+    assert all(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()])
 
 
 def test_a_models_blocks_are_the_modules_its_blocks_list_or_hold_in_one_list():

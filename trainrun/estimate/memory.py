@@ -118,11 +118,10 @@ def fake_world(ranks: int) -> Iterator[None]:
 def meta_model(config: TrainConfig, shape: RunShape) -> nn.Module:
     """The run's model on the meta device, with its methods' structure (built outside fake mode:
     fake tensors of the meta device do not materialise)."""
-    from trainrun.models.found import empty_weights
+    from trainrun.models.found import built_on_meta
 
     torch.manual_seed(config.seed)
-    with empty_weights():
-        model = build_model(dataclasses.replace(config.model, weights=None), shape.text)
+    model = built_on_meta(lambda: build_model(dataclasses.replace(config.model, weights=None), shape.text))
     for method in build_algorithms(config.algorithms):
         method.rebuild(model)
     return model

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -70,16 +70,35 @@ def empty_weights() -> Iterator[None]:
 
 def meta_model(config: Any) -> nn.Module:
     """``config.model`` built on the meta device, once a run's settings (a copy each time it is asked:
-    a method's trial changes it)."""
+    a method's trial changes it): :func:`built_on_meta`."""
     from trainrun.registry import builder
 
     text = text_facts(config)
     key = json.dumps([dataclasses.asdict(config.model), config.task.name, text and dataclasses.asdict(text)],
                      sort_keys=True, default=str)  # fmt: skip
     if key not in _BUILT:
-        with empty_weights():
-            _BUILT[key] = builder("model", config.model.name)(config.model, text)
+        _BUILT[key] = built_on_meta(lambda: builder("model", config.model.name)(config.model, text))
     return copy.deepcopy(_BUILT[key])
+
+
+def built_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()``'s model with its weights on the meta device (:func:`empty_weights`); a model whose
+    build computes with its weights, which the meta device cannot (timm's ViTamin), built on the host,
+    as the run builds it, and then moved there."""
+    try:
+        with empty_weights():
+            return build()
+    except Exception as error:  # a model of any library raises what it raises
+        if meta_failure(error) is not None:
+            raise
+    return build().to("meta")
+
+
+def meta_failure(error: Exception) -> str | None:
+    """The first line of ``error``, raised by a model on the meta device; None where it says the meta
+    device cannot run an operation (:data:`META_LIMITS`), which the host can."""
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return None if any(word in first.lower() for word in META_LIMITS) else first
 
 
 def capabilities(model: nn.Module) -> frozenset[Capability]:
@@ -136,8 +155,7 @@ def meta_outputs(model: nn.Module, inputs: Any) -> tuple[Any, str | None]:
     try:
         return model(inputs), None
     except Exception as error:  # a model of any library raises what it raises
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        return None, None if any(word in first.lower() for word in META_LIMITS) else first
+        return None, meta_failure(error)
 
 
 def described(config: Any) -> str:

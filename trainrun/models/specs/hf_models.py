@@ -50,8 +50,8 @@ def check(config: Any) -> None:
     head = config.model.head
     if head not in AUTO_CLASSES:
         raise ConfigError(f"bad value for 'model.head': '{head}' (choose from: {', '.join(AUTO_CLASSES)})")
-    defaults = CONFIG_MAPPING[kind]().to_dict()
-    for key in config.model.config:
+    defaults = CONFIG_MAPPING[kind]().to_dict() | getattr(CONFIG_MAPPING[kind], "attribute_map", {})
+    for key in config.model.config:  # its settings, or the common names it maps to them (GPT-2's n_layer)
         if key not in defaults:
             closest = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.6)
             hint = f" (closest: {', '.join(closest)})" if closest else ""
