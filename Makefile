@@ -29,14 +29,17 @@ test-bench: $(STAMP)
 test-nodes: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -p no:xdist --durations=10 $(NODE_TESTS)
 
-# the tests of what older torch broke before (ranks, sharding, checkpoints, compile) under the oldest
-# torch setup.cfg allows, in .venv-floor (scripts/setup_floor_env.sh); .ci/run runs it after test
+# the tests of what older torch broke before (ranks, sharding, checkpoints, compile; grouped products'
+# autocast rule and fake kernel) under the oldest torch setup.cfg allows, in .venv-floor
+# (scripts/setup_floor_env.sh); .ci/run runs it after test
 FLOOR := .venv-floor
 FLOOR_STAMP := $(FLOOR)/.trainrun-installed
 FLOOR_TESTS := tests/test_sharded.py tests/test_sharded_optim.py tests/test_distributed_step.py tests/test_checkpoint.py
 FLOOR_TESTS += tests/test_elastic.py tests/test_launcher.py tests/test_gpu_paths.py
 FLOOR_TESTS += tests/test_bench.py::test_compile_trains_like_eager tests/test_compiled.py
 FLOOR_TESTS += tests/test_estimate.py::test_grouped_query_attention_counts_its_flops_at_the_querys_heads
+FLOOR_TESTS += tests/test_brought_models.py::test_a_mixture_of_experts_runs_its_experts_in_the_runs_precision
+FLOOR_TESTS += tests/test_estimate.py::test_a_mixture_of_experts_is_estimated_with_its_experts_products
 test-floor: $(STAMP) $(FLOOR_STAMP)
 	$(FLOOR)/bin/python -c "import torch; print('floor: torch', torch.__version__)"
 	$(FLOOR)/bin/python -m pytest -q -n 2 $(FLOOR_TESTS)

@@ -155,7 +155,14 @@ CPU_OPERATIONS = [
     elementwise(1),
 ]
 
-TIMM = ["model=timm", "data=synthetic", "data.resolution=224", "precision=amp", "optimizer=sgd"]
+TIMM = [
+    "model=timm",
+    "data=synthetic",
+    "data.resolution=224",
+    "data.eval_resolution=224",
+    "precision=amp",
+    "optimizer=sgd",
+]
 QWEN3_06B = [  # Qwen3-0.6B's shape (its config.json), on the built-in corpus
     "task=causal_lm",
     "data=stdlib_stream",
@@ -190,7 +197,8 @@ STEPS = {
 }  # fmt: skip
 CPU_STEPS = {
     "timm convnext_atto at 32 px, batch 4": [
-        *TIMM, "model.arch=convnext_atto", "data.resolution=32", "train_batch_size=4", "precision=fp32"
+        *TIMM, "model.arch=convnext_atto", "data.resolution=32", "data.eval_resolution=32", "train_batch_size=4",
+        "precision=fp32",
     ],
     "transformers qwen3 tiny, 4 x 32 tokens": [
         *QWEN3_06B[:5], "model.config.hidden_size=32", "model.config.intermediate_size=64",

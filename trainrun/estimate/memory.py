@@ -46,7 +46,7 @@ from trainrun.estimate.operations import (
     Operation,
     OperationLog,
 )
-from trainrun.estimate.trackers import evaluation_tracker, whole_peak_only, without_gradients
+from trainrun.estimate.trackers import evaluation_tracker, forward_only, whole_peak_only
 from trainrun.models.build import build_model
 from trainrun.optim.optimizers import build_optimizer
 from trainrun.run import parallelism
@@ -255,7 +255,7 @@ class _Rank:
 
     def evaluate(self, inputs: Any) -> None:
         self.model.eval()
-        with torch.no_grad(), self.autocast(), without_gradients(self.model):
+        with torch.no_grad(), self.autocast():
             self.task.predict(self.model, inputs)
         self.model.train()
 
@@ -326,10 +326,14 @@ def pass_flops(config: TrainConfig, task: Task, text: TextFacts | None, samples:
     window, the crops): a training forward and backward, or an evaluation forward (``train``
     false), on the whole model as the run builds it with its methods, without activation
     checkpointing's recompute (a run's MFU is of model FLOPs); counted apart from :func:`measure`'s
-    trackers, which the counter inside them would change."""
+    trackers, which the counter inside them would change (an evaluation's module tracker following
+    the forward alone: :func:`~trainrun.estimate.trackers.forward_only`)."""
     from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.module_tracker import ModuleTracker
 
     counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
+    if not train:
+        counter.mod_tracker = forward_only(ModuleTracker)()
     _fake_pass(config, task, text, samples, train, counter)
     return float(counter.get_total_flops())
 

@@ -5,12 +5,13 @@ passes a view of a weight between modules."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils import _pytree as pytree
 
 
 @functools.cache
@@ -32,26 +33,32 @@ def whole_peak_only(tracker: type) -> type:
 
 @functools.cache
 def evaluation_tracker(tracker: type) -> type:
-    """torch's memory ``tracker`` for an evaluation's forward (:func:`without_gradients`): its weights'
-    gradients, which it would hook, are not computed."""
+    """torch's memory ``tracker`` for an evaluation's forward, under no_grad: its module tracker follows
+    the forward alone (:func:`forward_only`)."""
 
-    def track_module_params_and_buffers(self: Any, module: nn.Module, install_grad_hooks: bool = True) -> Any:
-        return tracker._track_module_params_and_buffers(self, module, install_grad_hooks=False)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        tracker.__init__(self, *args, **kwargs)
+        self._mod_tracker = forward_only(ModTracker)()
 
-    name = f"Evaluation{tracker.__name__}"
-    return type(name, (tracker,), {"_track_module_params_and_buffers": track_module_params_and_buffers})
+    return type(f"Evaluation{tracker.__name__}", (tracker,), {"__init__": __init__})
 
 
-@contextlib.contextmanager
-def without_gradients(model: nn.Module) -> Iterator[None]:
-    """``model``'s weights requiring no gradient for an evaluation's forward: under no_grad alone a view
-    of a weight (a class token expanded to the batch, PiT's, CaiT's) still requires one, and torch's
-    module tracker refuses a module input that does with no gradient function."""
-    weights = [weight for weight in model.parameters() if weight.requires_grad]
-    for weight in weights:
-        weight.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for weight in weights:
-            weight.requires_grad_(True)
+@functools.cache
+def forward_only(tracker: type) -> type:
+    """torch's module ``tracker`` (the memory tracker's, the FLOP counter's) for a forward under
+    no_grad. It hooks the gradients of a module's inputs and outputs that require one, to follow the
+    backward; under no_grad a view of a weight (a class token expanded to the batch: PiT's, CaiT's)
+    still requires one but has no gradient function, which the hook refuses. Detached, each is
+    followed as a tensor that needs none, its storage the same."""
+
+    def pre_hook(self: Any, module: nn.Module, inputs: Any) -> None:
+        return tracker._fw_pre_hook(self, module, _detached(inputs))
+
+    def post_hook(self: Any, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        return tracker._fw_post_hook(self, module, _detached(inputs), _detached(outputs))
+
+    return type(f"Forward{tracker.__name__}", (tracker,), {"_fw_pre_hook": pre_hook, "_fw_post_hook": post_hook})
+
+
+def _detached(values: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, values)
