@@ -58,12 +58,15 @@ class Precision:
 
             precompute_float8_dynamic_scale_for_fsdp(model)
 
+    def __post_init__(self) -> None:
+        if self.dtype is not None:  # once a process, not at every forward
+            autocast_grouped_products(self.device_type)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and the loss: torch's autocast, with its rule for grouped matrix
-        products (:func:`autocast_grouped_products`)."""
+        products (:func:`autocast_grouped_products`, given when the precision is made)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        autocast_grouped_products(self.device_type)
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 

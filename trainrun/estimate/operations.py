@@ -364,26 +364,26 @@ def kind_of(packet: Any, args: tuple, out: Any) -> tuple[str, tuple[int, ...]]:
         gemm = (positions, weight.shape[0] // groups, weight.shape[1] * math.prod(weight.shape[2:]))
         return GROUPED if groups > 1 else CONVOLUTION, gemm
     if packet is aten._grouped_mm:
-        return MATMUL, grouped_gemm(args[0], args[1], out, args[2] if len(args) > 2 else None)
+        return MATMUL, grouped_gemm(args[0], args[1], args[2] if len(args) > 2 else None)
     if "scaled_dot_product" in name and any(kernel in name for kernel in FUSED_ATTENTION):
         query, key = (args[0], args[1]) if not name.endswith("_backward") else (args[1], args[2])
         return ATTENTION, (query.shape[-2], key.shape[-2], query.shape[-1])
     return MATMUL, ()
 
 
-def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor | None) -> tuple[int, ...]:
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor | None) -> tuple[int, ...]:
     """A grouped product's GEMM for one group (m, n, k), the rows that ``offsets`` split among its
     groups taken as evenly split (as a balanced mixture of experts routes its tokens): a 2-D operand
     against a 3-D one's groups (an expert's product, its input's gradient), two 2-D ones summed a
-    group into a 3-D output (the experts' weights' gradient), or two batches of matrices."""
-    groups = offsets.numel() if offsets is not None else out.shape[0]
+    group into a 3-D output (the experts' weights' gradient), or two batches of matrices (no offsets)."""
+    if offsets is None:
+        return a.shape[1], b.shape[2], a.shape[2]
+    groups = offsets.numel()
     if a.dim() == b.dim() == 2:
         return a.shape[0], b.shape[1], max(1, a.shape[1] // groups)
     if a.dim() == 2:
         return max(1, a.shape[0] // groups), b.shape[-1], a.shape[1]
-    if b.dim() == 2:
-        return a.shape[1], max(1, b.shape[1] // groups), a.shape[2]
-    return a.shape[1], b.shape[2], a.shape[2]
+    return a.shape[1], max(1, b.shape[1] // groups), a.shape[2]
 
 
 def tensor_bytes(values: Any) -> int:

@@ -141,9 +141,7 @@ def found_capabilities(config: Any) -> frozenset[Capability]:
     model = meta_model(config)
     found = capabilities(model)
     if task_spec(config.task.name).batches == "images":
-        data = config.data
-        larger = dataclasses.replace(config, data=dataclasses.replace(data, resolution=2 * data.resolution))
-        if meta_outputs(model, example_inputs(larger))[1] is None:
+        if meta_outputs(model, example_inputs(at_side(config, 2 * config.data.resolution)))[1] is None:
             found |= {Capability.ANY_IMAGE_SIDE}
     return frozenset(found)
 
@@ -195,9 +193,13 @@ def input_sides(config: Any, key: str) -> list[tuple[Any, str, str]]:
     sides = [(config, key, "the run's")]
     data = config.data
     if task_spec(config.task.name).batches == "images" and data.eval_resolution != data.resolution:
-        evaluation = dataclasses.replace(config, data=dataclasses.replace(data, resolution=data.eval_resolution))
-        sides.append((evaluation, "data.eval_resolution", "the evaluation's"))
+        sides.append((at_side(config, data.eval_resolution), "data.eval_resolution", "the evaluation's"))
     return sides
+
+
+def at_side(config: Any, side: int) -> Any:
+    """``config`` with its images at ``side`` pixels (``data.resolution``)."""
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, resolution=side))
 
 
 def check_outputs(config: Any, key: str) -> None:
