@@ -67,6 +67,22 @@ def test_estimate_is_within_15_percent_of_the_h200s_measured_peak(parallel):
     assert result.step_flops == (6 * blocks_and_head + 12 * 16 * 2048 * 4096) * 2 * 4096
 
 
+def test_attention_dropout_keeps_no_scores_as_the_gpus_fused_kernel_does():
+    """A GPU runs attention with a mask and dropout inside one fused kernel (memory-efficient or
+    flash), which keeps its output and log-sum-exp; the CPU's fake pass would take the math path and
+    keep a score matrix a step of it (BERT-Large's MLPerf recipe at 56 a GPU: 103 GB, not fitting an
+    H100, where NVIDIA trained it on 80 GB A100s). The peak with attention dropout is the peak without."""
+    from trainrun.estimate import estimate
+
+    base = ["task=masked_lm", "data=stdlib_docs", "model=bert_tiny", "data.text.max_seq_len=512", "precision=bf16"]
+    base += ["train_batch_size=8", "eval_batch_size=8", "launcher.devices=1"]
+    peaks = [
+        estimate(validate(compose([*base, f"model.bert.attention_dropout={p}"]), files=False), vocab=8192).peak
+        for p in (0.0, 0.1)
+    ]
+    assert peaks[0] == peaks[1]
+
+
 def run_estimate(*arguments: str) -> subprocess.CompletedProcess:
     """``trainrun estimate ARGUMENTS`` in this process: its output and exit code are what is tested."""
     return run_here("estimate", *arguments)
@@ -628,17 +644,19 @@ def clear_lead(best: dict, second: dict, key: str, more: bool = False) -> bool:
 
 
 def test_compare_puts_the_run_on_each_hardware_option_and_node_count_in_one_table():
-    """``--compare``: each option at its node's GPUs (``launcher.devices=auto``), ``--nodes`` on each;
-    every figure is the estimate of that option alone, with how its GPUs were timed; the fastest and
-    the cheapest marked, or under a budget the option it buys the most steps on, each only where it
-    leads the next by more than the validation's error for how the two were timed."""
+    """``--compare``: each option at its node's GPUs (``launcher.devices=auto``, as a plain estimate on
+    that group), ``--nodes`` on each; every figure is the estimate of that option alone, with how its
+    GPUs were timed; the fastest and the cheapest marked, or under a budget the option it buys the
+    most steps on, each only where it leads the next by more than the validation's error for how the
+    two were timed."""
     base = ["task=causal_lm", "data=stdlib_stream", "model=llama_tiny", "train_batch_size=32", "max_duration=1000ba"]
     result = run_estimate(*base, "--compare", "8xa100_aws,8xh100_aws", "--nodes", "1,2", "--json")
     assert result.returncode == 0, result.stderr
     rows = {(row["hardware"], row["nodes"]): row for row in json.loads(result.stdout)}
     assert sorted(rows) == [("8xa100_aws", 1), ("8xa100_aws", 2), ("8xh100_aws", 1), ("8xh100_aws", 2)]
     assert [rows[key]["ranks"] for key in sorted(rows)] == [8, 16, 8, 16]
-    alone = json.loads(run_estimate(*base, "hardware=8xh100_aws", "launcher.devices=8", "--json").stdout)
+    alone = json.loads(run_estimate(*base, "hardware=8xh100_aws", "--json").stdout)  # auto: the node's 8 GPUs
+    assert alone["ranks"] == 8
     assert rows[("8xh100_aws", 1)]["hours"] == pytest.approx(alone["hours"])
     assert rows[("8xh100_aws", 1)]["cost"] == pytest.approx(alone["hours"] * 98.32)
     assert rows[("8xh100_aws", 2)]["cost"] == pytest.approx(rows[("8xh100_aws", 2)]["hours"] * 98.32 * 2)

@@ -30,6 +30,6 @@ class HardwareConfig:
     cpu_cores: int | None = positive_field(None)  # the node's physical cores, which its loaders share
     cpu_threads: int | None = positive_field(None)  # its hardware threads (null: one a core)
     cpu_speed: float | None = field(default=None, metadata={"exclusive_min": 0})  # a thread's, against readings.yaml's
-    devices: int | None = positive_field(None)  # GPUs a node: what --compare trains on where launcher.devices=auto
+    devices: int | None = positive_field(None)  # GPUs a node: trainrun estimate's ranks a node at launcher.devices=auto
     link_gb_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # GB/s a GPU sends the node's others
     network_gbit_s: float | None = field(default=None, metadata={"exclusive_min": 0})  # Gbit/s a node sends the others

@@ -40,7 +40,7 @@ def estimate_command(argv: list[str]) -> int:
         raise ConfigError(f"trainrun estimate takes a run's overrides, not '{hydra_args[0]}'")
     source, _, overrides = locate(location, overrides)
     overrides = never_launched(overrides)
-    (config,) = check(overrides, files=False, source=source)
+    config = on_every_gpu(overrides, source)
     steps, steps_source = target_from(args, config)
     if args.compare:
         return compare(args, overrides, source, (steps, steps_source))
@@ -106,6 +106,16 @@ def never_launched(overrides: list[str]) -> list[str]:
     return [*overrides, f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}"]
 
 
+def on_every_gpu(overrides: list[str], source) -> TrainConfig:
+    """The run ``overrides`` compose, checked, on every GPU of its hardware group's node where
+    ``launcher.devices`` is ``auto``, as ``trainrun`` launches on such a node (one a node where the
+    group states no ``devices``)."""
+    (config,) = check(overrides, files=False, source=source)
+    if config.launcher.devices == "auto" and config.hardware.devices:
+        (config,) = check([*overrides, f"launcher.devices={config.hardware.devices}"], files=False, source=source)
+    return config
+
+
 def check_flags(args: argparse.Namespace) -> None:
     """The flags' own bounds, before the run is composed."""
     if args.nodes and not args.compare:
@@ -153,10 +163,7 @@ def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple
         for count in nodes:
             extra = [f"hardware={hardware}"] + ([f"launcher.nnodes={count}"] if count else [])
             try:
-                (config,) = check([*overrides, *extra], files=False, source=source)
-                if config.launcher.devices == "auto" and config.hardware.devices:  # every GPU of the node
-                    extra.append(f"launcher.devices={config.hardware.devices}")
-                    (config,) = check([*overrides, *extra], files=False, source=source)
+                config = on_every_gpu([*overrides, *extra], source)
             except ConfigError as error:
                 raise ConfigError(
                     f"bad value for '--compare': {hardware}{f' on {count} nodes' if count else ''}: {error}"

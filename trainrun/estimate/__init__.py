@@ -120,7 +120,7 @@ class Estimate:
 
 
 def world_of(config: TrainConfig) -> tuple[int, int]:
-    """(ranks, nodes) the run trains on: ``launcher.devices`` a node (``auto``: one) times its nodes."""
+    """(ranks, nodes): ``launcher.devices`` a node times its nodes (``auto``: one; the command sets it)."""
     devices = 1 if config.launcher.devices == "auto" else int(config.launcher.devices)
     return devices * config.launcher.nnodes, config.launcher.nnodes
 

@@ -8,9 +8,10 @@ torch's FLOP counter (:func:`pass_flops`). :mod:`trainrun.estimate` sizes runs w
 
 Written here because the rank has to be trainrun's (its builders, its micro-batching, its optimizer);
 it follows torchtitan's ``scripts/estimate/estimation.py``. The tensors are on the CPU device
-(attention as the CPU's flash kernel keeps it: output and log-sum-exp, as CUDA's flash kernel
-does); the optimizer's update is not tracked (torch's fused and foreach kernels update the state in
-place: what the state holds is counted, not a kernel's scratch).
+(attention as the CPU's flash kernel keeps it: output and log-sum-exp, as CUDA's flash and
+memory-efficient kernels do with a mask or dropout inside, where the CPU's math path would keep its
+scores: :class:`AsFusedAttention`); the optimizer's update is not tracked (torch's fused and foreach
+kernels update the state in place: what the state holds is counted, not a kernel's scratch).
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ def measure(config: TrainConfig, shape: RunShape, task: Task) -> Memory:
     examples = [task.example_batch(config, size, shape.text) for size in (shape.per_rank_batch, shape.eval_micro_batch)]
     sharded = parallel.shards(parallel.Parallelism(config.parallel.name))
     mesh = parallel.sharding_mesh("cpu", shape.ranks, shape.nodes) if sharded else None  # made outside fake mode
-    with FakeTensorMode(allow_non_fake_inputs=True), AsGpuGroupedProducts():
+    with FakeTensorMode(allow_non_fake_inputs=True), AsGpuGroupedProducts(), AsFusedAttention():
         rank = _Rank(config, shape, task, model, mesh)
         inputs, targets = rank.batch(examples[0])
         rank.make_optimizer_state()
