@@ -1341,6 +1341,19 @@ def test_estimate_takes_hydras_config_location_flags_in_either_order(order, tmp_
     assert json.loads(own.stdout)["hours"] == pytest.approx(json.loads(shipped_estimate.stdout)["hours"])
 
 
+def test_a_group_of_the_users_own_with_a_value_its_field_refuses_is_one_line_naming_the_key(tmp_path):
+    """A value the schema refuses in a group file of the user's own (``-cd myconf``) is named by its
+    key and value, as on the command line, not by Hydra's first line ("ValidationError raised")."""
+    group = tmp_path / "myconf" / "hardware" / "mygpu.yaml"
+    group.parent.mkdir(parents=True)
+    group.write_text("name: mygpu\ngpu: mygpu\npeak_tflops: fast\nmemory_gb_s: 900\n")
+    refused = run_here(
+        "estimate", "-cd", "myconf", "model=resnet_small", "data=synthetic", "hardware=mygpu", cwd=tmp_path
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "'hardware.peak_tflops'" in refused.stderr and "'fast'" in refused.stderr
+
+
 def test_a_multi_node_ddp_step_is_the_gpus_time_and_its_unhidden_exchange_once():
     """Two nodes of 8 H100s, a model small enough for its gradients' all-reduce across nodes to outlast
     the backward: the step pays the part of the exchange the backward does not hide, once."""

@@ -319,9 +319,9 @@ def _composition_message(error: Exception, source: ConfigSource) -> str:
     parse_error = _yaml_error_in(error)
     if parse_error is not None:  # a config file (--config-name, a recipe, an option) that is not YAML
         return yaml_error_message(parse_error)
-    cause = error.__cause__
+    cause = error.__cause__ or error.__context__  # Hydra re-raises a group file's refusal inside its handler
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
-        cause = cause.__cause__
+        cause = cause.__cause__ or cause.__context__
     if cause is not None:  # a key or value the schema refuses, found while composing
         return describe_omegaconf_error(cause)
     text = " ".join(str(error).split())
