@@ -154,13 +154,12 @@ def estimated_with(row: dict[str, Any], extra: list[str]) -> Checked:
 
 def composed(overrides: list[str]) -> Any:
     """The config of ``overrides``, composed as ``trainrun estimate`` composes it."""
-    from trainrun.commands.estimate import never_launched
-    from trainrun.config import check, locate, translate
+    from trainrun.commands.estimate import never_launched, on_every_gpu
+    from trainrun.config import locate, translate
 
     _, overrides, _ = translate(overrides)
     source, _, overrides = locate([], overrides)
-    (config,) = check(never_launched(overrides), files=False, source=source)
-    return config
+    return on_every_gpu(never_launched(overrides), source)
 
 
 KINDS = {  # what a prediction row changes from its generation's fit set, in the table's order

@@ -5,6 +5,7 @@ exported, sharded, estimated, and refused in one line where they cannot run."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -563,3 +564,53 @@ def test_trainrun_estimate_sizes_a_brought_model(tmp_path):
     estimate = json.loads(result.stdout)
     # ViT-B/16 at 224 px: 17.6 GMACs a forward pass (timm's table), 2 FLOPs a MAC, three passes' worth a sample
     assert estimate["step_flops"] / 256 == pytest.approx(3 * 2 * 17.6e9, rel=0.02)
+
+
+TIMM_IMPORT_WHILE_OTHERS_PARSE = """
+import ast, threading, weakref
+stop = threading.Event()
+
+def parse_deeper(depth):
+    return parse_deeper(depth - 1) if depth else ast.parse("x = 1\\n" * 50)
+
+def parse_until_stopped():  # another thread parsing, as numba's compiler does
+    while not stop.is_set():
+        try:
+            parse_deeper(16)
+        except SystemError:
+            pass
+
+class Cycle:
+    pass
+
+def garbage_until_stopped():  # garbage whose collection runs Python code
+    while not stop.is_set():
+        for _ in range(200):
+            cycle = Cycle()
+            cycle.itself = cycle
+            weakref.finalize(cycle, sum, range(100)).atexit = False
+            del cycle
+
+threads = [threading.Thread(target=work) for work in (parse_until_stopped, garbage_until_stopped)]
+for thread in threads:
+    thread.start()
+try:
+    from trainrun.models.timm_models import timm_library
+    timm_library()
+finally:
+    stop.set()
+    for thread in threads:
+        thread.join()
+"""
+
+
+@pytest.mark.slow
+def test_timm_is_imported_while_other_threads_parse_python(tmp_path):
+    """timm's import parses Python (pydantic reads W&B's settings' source for its docstrings); with
+    another thread parsing and garbage collected inside it, CPython 3.11 failed it with 'AST
+    constructor recursion depth mismatch' (two tries of three here, and twice in make test-bench's
+    forward/backward bench) unless the collector was paused. A fresh interpreter: timm not imported."""
+    script = tmp_path / "import_timm.py"
+    script.write_text(TIMM_IMPORT_WHILE_OTHERS_PARSE)
+    imported = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-2000:]

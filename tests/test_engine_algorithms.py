@@ -22,7 +22,7 @@ from trainrun.core.events import Event
 from trainrun.core.precision import Precision
 from trainrun.core.state import State
 from trainrun.core.time import Timeline
-from trainrun.data.token_store import parse_python
+from trainrun.python_parsing import parse_python
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

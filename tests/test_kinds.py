@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 from trainrun import kinds
 from trainrun.algorithms.specs import SPECS
-from trainrun.data.token_store import parse_python
 from trainrun.errors import ConfigError
 from trainrun.kinds import Capability, KindSpec, TaskSpec
+from trainrun.python_parsing import parse_python
 from trainrun.validation import validate
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainrun"

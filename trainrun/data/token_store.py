@@ -14,7 +14,6 @@ the tokenizer's SHA-256, each split's shards).
 from __future__ import annotations
 
 import ast
-import gc
 import gzip
 import hashlib
 import json
@@ -28,6 +27,7 @@ import numpy as np
 from trainrun.atomic_io import read_json
 from trainrun.data.token_pieces import ConcatenatedTokens, MappedTokens, one_array
 from trainrun.errors import ConfigError, DataError, FileFormatError
+from trainrun.python_parsing import parse_python
 
 FORMATS = ("trainrun-tokens/1", "trainrun-tokens/2")  # what a store says it is: one file per split, shards
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # a WordPiece store's, which masked LM reads
@@ -40,22 +40,6 @@ BUILTIN_CORPORA = ("stdlib_docs",)
 BUILTIN = Path(__file__).with_name("builtin")  # the built-in corpora and their tokenizers (scripts/builtin_corpus.py)
 TEXT_VAL_FRACTION = 0.05  # documents held out of a corpus (conf/data/stdlib_docs.yaml says the same: a test checks)
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each type holds, smallest first
-
-
-def parse_python(source: str) -> ast.Module:
-    """``ast.parse`` with the garbage collector paused, so that no Python code runs inside it.
-
-    CPython 3.11 counts the AST constructor's depth in one counter per interpreter. A collection
-    during the parse runs finalizers, Python code that may hand the interpreter to another thread
-    parsing too (numba does, compiling a function), and the parse then fails with ``SystemError:
-    AST constructor recursion depth mismatch`` (python/cpython#106905)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return ast.parse(source)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def stdlib_docstrings(min_chars: int = 40) -> list[str]:

@@ -32,6 +32,7 @@ from trainrun.atomic_io import atomic_write_json, read_json, read_jsonl
 from trainrun.core.engine import Callback
 from trainrun.core.events import Event
 from trainrun.core.state import State
+from trainrun.python_parsing import collector_paused
 from trainrun.schema import TrainConfig
 
 RUN_FILE = "wandb.json"  # the W&B run this run logs to, so that a resumed run continues it
@@ -58,7 +59,8 @@ class WandbLogger(Callback):
         atomic_write_json(saved, {"id": self.run.id, "project": self.run.project, "entity": self.run.entity})
 
     def _start(self, run_id: str | None, config: dict) -> Any:
-        import wandb
+        with collector_paused():  # its import parses Python (trainrun.python_parsing)
+            import wandb
 
         start = float(os.environ.get("WANDB_INIT_TIMEOUT", START_SECONDS))
         settings = wandb.Settings(console="off", silent=True, init_timeout=start, finish_timeout=FINISH_SECONDS)

@@ -13,14 +13,16 @@ from typing import Any
 from torch import nn
 
 from trainrun.data.interface import TextFacts
+from trainrun.python_parsing import collector_paused
 from trainrun.schema import ModelConfig
 
 IMAGE_CHANNELS = 3  # the image loaders' RGB
 
 
 def timm_library() -> ModuleType:
-    """timm, imported without the deprecation warning torch gives for its TorchScript interfaces."""
-    with warnings.catch_warnings():
+    """timm, imported without the deprecation warning torch gives for its TorchScript interfaces, and
+    with the collector paused (its import parses Python: :mod:`trainrun.python_parsing`)."""
+    with warnings.catch_warnings(), collector_paused():
         warnings.filterwarnings("ignore", message=".*torch.jit.interface", category=FutureWarning)
         import timm
 
