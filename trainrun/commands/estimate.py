@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainrun.command_line import split_location_flags
-from trainrun.config import check, locate, translate
+from trainrun.config import ConfigSource, check, locate, translate
 from trainrun.core.time import is_budget
 from trainrun.errors import ConfigError
 
@@ -106,7 +106,7 @@ def never_launched(overrides: list[str]) -> list[str]:
     return [*overrides, f"launcher.rdzv_endpoint={PLANNED_ENDPOINT}"]
 
 
-def on_every_gpu(overrides: list[str], source) -> TrainConfig:
+def on_every_gpu(overrides: list[str], source: ConfigSource) -> TrainConfig:
     """The run ``overrides`` compose, checked, on every GPU of its hardware group's node where
     ``launcher.devices`` is ``auto``, as ``trainrun`` launches on such a node (one a node where the
     group states no ``devices``)."""
@@ -151,7 +151,7 @@ def _counts(text: str) -> list[int]:
     return [int(count) for count in counts]
 
 
-def compare(args: argparse.Namespace, overrides: list[str], source, steps: tuple[int | None, str]) -> int:
+def compare(args: argparse.Namespace, overrides: list[str], source: ConfigSource, steps: tuple[int | None, str]) -> int:
     """``--compare``: the run on each hardware option (and node count), one table: whether it fits, its
     time and cost to the target (or the schedule), what holds it back; the cheapest and the fastest
     marked. Every option is composed and checked before any is estimated."""
