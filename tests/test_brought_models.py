@@ -134,6 +134,11 @@ def test_a_recipe_none_of_whose_methods_applies_is_refused(tmp_path):
     result = run_here(*args)
     assert result.returncode == 2, result.stderr
     assert "none of the recipe's methods applies to model=timm vit_tiny_patch16_224 (blurpool finds no" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.rstrip().endswith(
+        "algorithms=[] trains with the rest of the recipe"
+    )
+    rest = run_here(*args, "algorithms=[]", "--cfg", "job")  # the recipe's other settings, no method
+    assert rest.returncode == 0 and "blurpool" not in rest.stdout, rest.stderr
 
 
 @pytest.mark.slow

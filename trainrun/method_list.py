@@ -88,7 +88,8 @@ def leave_out_inapplicable(
     """For a model a user brings: a recipe's method that does not apply to it (the model lacks what it
     needs, or its surgery finds nothing to change) is left out of ``composed``, with a note; one the
     command line names is refused in one line naming it and the model, and so is a recipe none of
-    whose methods applies. ``validate``: the schema's check of a composed config."""
+    whose methods applies (saying how to train with the rest of it: its optimizer, schedule and
+    settings). ``validate``: the schema's check of a composed config."""
     from omegaconf import OmegaConf, open_dict
 
     from trainrun.algorithms.specs import SPECS
@@ -115,7 +116,8 @@ def leave_out_inapplicable(
     if inapplicable and len(inapplicable) == len(methods):
         raise ConfigError(
             f"bad value for 'algorithms': none of the recipe's methods applies to {described(probe)} "
-            f"({'; '.join(f'{name} {why}' for name, why in inapplicable.items())})"
+            f"({'; '.join(f'{name} {why}' for name, why in inapplicable.items())}); "
+            "algorithms=[] trains with the rest of the recipe"
         )
     with open_dict(composed):
         for name, why in inapplicable.items():
