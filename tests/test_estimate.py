@@ -513,12 +513,15 @@ def test_a_recipe_with_published_samples_to_its_target_is_timed_to_the_target():
         (["hardware.architecture=hoper"], "hardware.architecture"),
         (["--real-tokens", "0.5"], "--real-tokens"),  # a causal LM pads nothing
         (["--case-shape", "64", "64", "64"], "--case-shape"),  # nor has it cases to window
+        (["train_batch_size=12", "hardware=8xh100_aws"], "train_batch_size"),  # auto: the node's 8 GPUs, said
     ],
 )
 def test_bad_estimate_input_is_one_line_naming_it(arguments, key):
     result = run_estimate("task=causal_lm", "data=stdlib_stream", "model=llama_tiny", *arguments)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"'{key}'" in result.stderr
+    if "hardware=8xh100_aws" in arguments:  # processes the user never named: where they came from
+        assert "launcher.devices=auto is hardware=8xh100_aws's 8 GPUs" in result.stderr
 
 
 def test_each_generation_is_fitted_on_its_declared_fit_set_and_no_prediction_row():

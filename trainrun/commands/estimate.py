@@ -111,8 +111,15 @@ def on_every_gpu(overrides: list[str], source: ConfigSource) -> TrainConfig:
     ``launcher.devices`` is ``auto``, as ``trainrun`` launches on such a node (one a node where the
     group states no ``devices``)."""
     (config,) = check(overrides, files=False, source=source)
-    if config.launcher.devices == "auto" and config.hardware.devices:
-        (config,) = check([*overrides, f"launcher.devices={config.hardware.devices}"], files=False, source=source)
+    hardware = config.hardware
+    if config.launcher.devices == "auto" and hardware.devices:
+        try:
+            (config,) = check([*overrides, f"launcher.devices={hardware.devices}"], files=False, source=source)
+        except ConfigError as error:  # said of processes the user never named
+            raise ConfigError(
+                f"{error}: launcher.devices=auto is hardware={hardware.name}'s {hardware.devices} GPUs "
+                "(set launcher.devices=N for fewer)"
+            ) from None
     return config
 
 
