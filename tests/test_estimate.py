@@ -521,7 +521,7 @@ def test_bad_estimate_input_is_one_line_naming_it(arguments, key):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"'{key}'" in result.stderr
     if "hardware=8xh100_aws" in arguments:  # processes the user never named: where they came from
-        assert "launcher.devices=auto is hardware=8xh100_aws's 8 GPUs" in result.stderr
+        assert "launcher.devices=auto is 8xh100_aws's 8 GPUs; set it for fewer" in result.stderr
 
 
 def test_each_generation_is_fitted_on_its_declared_fit_set_and_no_prediction_row():

@@ -108,19 +108,15 @@ def never_launched(overrides: list[str]) -> list[str]:
 
 def on_every_gpu(overrides: list[str], source: ConfigSource) -> TrainConfig:
     """The run ``overrides`` compose, checked, on every GPU of its hardware group's node where
-    ``launcher.devices`` is ``auto``, as ``trainrun`` launches on such a node (one a node where the
-    group states no ``devices``)."""
+    ``launcher.devices`` is ``auto``, as ``trainrun`` launches there (one where it states no ``devices``)."""
     (config,) = check(overrides, files=False, source=source)
-    hardware = config.hardware
-    if config.launcher.devices == "auto" and hardware.devices:
-        try:
-            (config,) = check([*overrides, f"launcher.devices={hardware.devices}"], files=False, source=source)
-        except ConfigError as error:  # said of processes the user never named
-            raise ConfigError(
-                f"{error}: launcher.devices=auto is hardware={hardware.name}'s {hardware.devices} GPUs "
-                "(set launcher.devices=N for fewer)"
-            ) from None
-    return config
+    devices, name = config.hardware.devices, config.hardware.name
+    if config.launcher.devices != "auto" or not devices:
+        return config
+    try:
+        return check([*overrides, f"launcher.devices={devices}"], files=False, source=source)[0]
+    except ConfigError as error:  # said of processes the user never named
+        raise ConfigError(f"{error}: launcher.devices=auto is {name}'s {devices} GPUs; set it for fewer") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:
